@@ -1,0 +1,228 @@
+"""The MQTT adapter (paho-mqtt 2.x): requests in, retained state, events and responses out.
+
+Speaks MQTT 5 (mosquitto) and MQTT 3.1.1 (amqtt 0.12, which answers an MQTT 5 CONNECT with
+"Unsupported protocol version"; ``mqtt.protocol = "auto"`` then falls back). The session is
+persistent (fixed client id, ``clean_start``/``clean_session`` false, MQTT 5 session expiry)
+and incoming QoS 1 requests are acknowledged by hand, only after the service has committed
+them (PRODUCT 4.1), so a request published while the service was away is delivered when it
+comes back. The Last Will publishes a retained ``offline`` on ``<base>/status``.
+
+paho's network thread only queues what arrives (:attr:`Bridge.inbox`) and wakes the service
+through a socket pair; every decision is taken on the service's own thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import socket
+import ssl
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from .config import MqttSettings
+from .errors import BrokerUnavailable
+from .topics import OFFLINE, ONLINE, Topics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Incoming:
+    """A message on ``<base>/request/#`` as paho delivered it."""
+
+    topic: str
+    command: str
+    payload: bytes
+    retain: bool
+    qos: int
+    mid: int
+    response_topic: str | None = None
+    correlation_data: bytes | None = None
+
+
+@dataclass(slots=True)
+class Connected:
+    """The bridge (re)connected: the service republishes its retained state (PRODUCT 3 rule 2)."""
+
+    protocol: str
+
+
+class Bridge:
+    """One paho client for the service.
+
+    Args:
+        settings: the ``[mqtt]`` section.
+        topics: the topic set of ``mqtt.base_topic``.
+        client_id: overrides ``settings.client_id`` (tests run several services at once).
+    """
+
+    def __init__(self, settings: MqttSettings, topics: Topics, client_id: str | None = None) -> None:
+        self.settings = settings
+        self.topics = topics
+        self.client_id = client_id or settings.client_id
+        self.inbox: queue.SimpleQueue[Incoming | Connected] = queue.SimpleQueue()
+        self.wake_r, self._wake_w = socket.socketpair()
+        self.wake_r.setblocking(False)
+        self.protocol = mqtt.MQTTv311 if settings.protocol == "3.1.1" else mqtt.MQTTv5
+        self.connected = threading.Event()
+        self._refused: str | None = None
+        self._client = self._make_client()
+
+    @property
+    def protocol_name(self) -> str:
+        return "5" if self.protocol == mqtt.MQTTv5 else "3.1.1"
+
+    def _make_client(self) -> mqtt.Client:
+        v5 = self.protocol == mqtt.MQTTv5
+        client = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=self.client_id,
+            protocol=self.protocol,
+            clean_session=None if v5 else False,
+            manual_ack=True,
+        )
+        client.max_queued_messages_set(0)
+        client.max_inflight_messages_set(100)
+        client.reconnect_delay_set(min_delay=1, max_delay=30)
+        s = self.settings
+        if s.username:
+            client.username_pw_set(s.username, s.password.get_secret_value() if s.password else None)
+        if s.tls.enabled:
+            client.tls_set(
+                ca_certs=str(s.tls.ca_file) if s.tls.ca_file else None,
+                certfile=str(s.tls.cert_file) if s.tls.cert_file else None,
+                keyfile=str(s.tls.key_file) if s.tls.key_file else None,
+                cert_reqs=ssl.CERT_NONE if s.tls.insecure else ssl.CERT_REQUIRED,
+            )
+            client.tls_insecure_set(s.tls.insecure)
+        client.will_set(self.topics.status, OFFLINE, qos=1, retain=True)
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_message = self._on_message
+        return client
+
+    # -- paho's thread ------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except (BlockingIOError, OSError):
+            pass  # the socket buffer is full: the service is awake anyway
+
+    def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any,
+                    properties: Any) -> None:
+        if reason.is_failure:
+            self._refused = str(reason)
+            log.error("broker refused the connection: %s", reason)
+            if str(reason) == "Unsupported protocol version":
+                self.connected.set()  # wakes connect(), which falls back to 3.1.1
+            return
+        self._refused = None
+        v5 = self.protocol == mqtt.MQTTv5
+        if v5:
+            opts = SubscribeOptions(qos=1, noLocal=True, retainAsPublished=True)
+            client.subscribe(self.topics.requests, options=opts)
+        else:
+            client.subscribe(self.topics.requests, 1)
+        # ONLINE only after the subscription is on its way: requests published after a
+        # client sees "online" are not missed.
+        client.publish(self.topics.status, ONLINE, qos=1, retain=True)
+        log.info("connected to %s:%s (MQTT %s, session present: %s)", self.settings.host,
+                 self.settings.port, self.protocol_name, getattr(flags, "session_present", None))
+        self.connected.set()
+        self.inbox.put(Connected(self.protocol_name))
+        self._wake()
+
+    def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any,
+                       properties: Any) -> None:
+        self.connected.clear()
+        if reason.is_failure or str(reason) != "Normal disconnection":
+            log.warning("disconnected from the broker (%s); reconnecting", reason)
+
+    def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        command = self.topics.parse_request(msg.topic)
+        if command is None:
+            client.ack(msg.mid, msg.qos)
+            return
+        props = getattr(msg, "properties", None)
+        response_topic = getattr(props, "ResponseTopic", None) if props else None
+        correlation = getattr(props, "CorrelationData", None) if props else None
+        self.inbox.put(Incoming(msg.topic, command, bytes(msg.payload), bool(msg.retain), msg.qos,
+                                msg.mid, response_topic, correlation))
+        self._wake()
+
+    # -- service thread -----------------------------------------------------------------
+
+    def connect(self, timeout_s: float = 10.0, *, wait: bool = True) -> None:
+        """Connect and start paho's network thread; paho reconnects with backoff from then on.
+
+        With ``wait``, block until the first CONNACK; raises :class:`BrokerUnavailable` when
+        none arrives in ``timeout_s`` seconds or the broker refuses (bad credentials).
+        """
+        s = self.settings
+        props = None
+        if self.protocol == mqtt.MQTTv5:
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = s.session_expiry_s
+        self.connected.clear()
+        self._client.connect_async(s.host, s.port, keepalive=s.keepalive_s, clean_start=False,
+                                   properties=props)
+        self._client.loop_start()
+        if not wait:
+            return
+        if not self.connected.wait(timeout_s):
+            raise BrokerUnavailable(f"no MQTT broker answered at {s.host}:{s.port} within {timeout_s} s")
+        if self._refused == "Unsupported protocol version" and s.protocol == "auto":
+            log.info("the broker does not speak MQTT 5; using MQTT 3.1.1")
+            self._client.loop_stop()
+            self._client.disconnect()
+            self.protocol = mqtt.MQTTv311
+            self._client = self._make_client()
+            self.connect(timeout_s)
+        elif self._refused:
+            self._client.loop_stop()
+            raise BrokerUnavailable(f"the broker at {s.host}:{s.port} refused us: {self._refused}")
+
+    def drain_wake(self) -> None:
+        try:
+            while self.wake_r.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def publish(self, topic: str, payload: bytes | str, *, retain: bool = False) -> None:
+        """Publish at QoS 1. paho queues it while the broker is away (no limit is set)."""
+        self._client.publish(topic, payload, qos=1, retain=retain)
+
+    def respond(self, topic: str, payload: bytes, *, correlation_data: bytes | None = None) -> None:
+        props = None
+        if correlation_data is not None and self.protocol == mqtt.MQTTv5:
+            props = Properties(PacketTypes.PUBLISH)
+            props.CorrelationData = correlation_data
+        self._client.publish(topic, payload, qos=1, retain=False, properties=props)
+
+    def ack(self, msg: Incoming) -> None:
+        """Send the PUBACK of a QoS 1 request: call only once its effects are committed."""
+        if msg.qos > 0:
+            self._client.ack(msg.mid, msg.qos)
+
+    def close(self, *, offline: bool = True, timeout_s: float = 5.0) -> None:
+        """Publish ``offline`` (retained), wait for it to be sent, then disconnect."""
+        try:
+            if offline and self.connected.is_set():
+                info = self._client.publish(self.topics.status, OFFLINE, qos=1, retain=True)
+                info.wait_for_publish(timeout_s)
+        except (RuntimeError, ValueError) as e:
+            log.warning("could not publish offline: %s", e)
+        self._client.disconnect()
+        self._client.loop_stop()
+        self.wake_r.close()
+        self._wake_w.close()

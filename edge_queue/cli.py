@@ -1,0 +1,293 @@
+"""The ``edge-queue`` command line: a thin layer over the service, the broker and the client.
+
+Exit codes: 0 success; 1 a job did not succeed or a request was answered with an error;
+2 bad usage or configuration; 3 no broker answered.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from .config import Settings, load_settings
+from .errors import BrokerUnavailable, ConfigError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="edge-queue: an MQTT-native job queue for media work on home and edge boxes.")
+config_app = typer.Typer(no_args_is_help=True, help="Check the configuration.")
+app.add_typer(config_app, name="config")
+
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", envvar="EDGE_QUEUE_CONFIG",
+                                                help="TOML file (default /etc/edge-queue/config.toml if present)")]
+MediaRootOpt = Annotated[list[Path] | None, typer.Option("--media-root", "-m",
+                                                         help="add a media root (repeatable)")]
+
+EXIT_FAILED, EXIT_USAGE, EXIT_NO_BROKER = 1, 2, 3
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def _settings(config: Path | None, media_roots: list[Path] | None = None) -> Settings:
+    try:
+        settings = load_settings(config)
+    except ConfigError as e:
+        typer.echo(f"edge-queue: {e.message}", err=True)
+        raise typer.Exit(EXIT_USAGE) from e
+    if media_roots:
+        roots = [*settings.media_roots, *(p.expanduser().resolve() for p in media_roots)]
+        settings = settings.model_copy(update={"media_roots": roots})
+    _logging(settings.log_level)
+    return settings
+
+
+def _logging(level: str) -> None:
+    # journald adds the time; one line per event on stderr.
+    logging.basicConfig(level=level, stream=sys.stderr, force=True,
+                        format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("amqtt", "transitions"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))
+
+
+def _client(settings: Settings) -> Any:
+    from .client import RequestClient
+
+    try:
+        return RequestClient(settings.mqtt)
+    except BrokerUnavailable as e:
+        typer.echo(f"edge-queue: {e.message}", err=True)
+        raise typer.Exit(EXIT_NO_BROKER) from e
+
+
+def _request(settings: Settings, command: str, body: dict[str, Any]) -> dict[str, Any]:
+    client = _client(settings)
+    try:
+        resp = client.request(command, body)
+    except TimeoutError as e:
+        typer.echo(f"edge-queue: {e}", err=True)
+        raise typer.Exit(EXIT_NO_BROKER) from e
+    finally:
+        client.close()
+    if resp.get("status") != "ok":
+        err = resp.get("error", {})
+        typer.echo(f"error: {err.get('code')}: {err.get('message')}", err=True)
+        raise typer.Exit(EXIT_FAILED)
+    return dict(resp["data"])
+
+
+@app.command()
+def serve(config: ConfigOpt = None, media_root: MediaRootOpt = None) -> None:
+    """Run the service against the configured broker (systemd's ExecStart)."""
+    from .service import serve as run_service
+
+    settings = _settings(config, media_root)
+    try:
+        raise typer.Exit(run_service(settings))
+    except BrokerUnavailable as e:
+        typer.echo(f"edge-queue: {e.message}", err=True)
+        raise typer.Exit(EXIT_NO_BROKER) from e
+
+
+@app.command()
+def broker(config: ConfigOpt = None) -> None:
+    """Run the embedded amqtt broker on mqtt.host:mqtt.port until interrupted."""
+    import asyncio
+    import signal
+
+    from .embedded_broker import broker_config, serve as serve_broker
+
+    settings = _settings(config)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve_broker(broker_config(settings.mqtt.host, settings.mqtt.port), stop)
+
+    asyncio.run(main())
+
+
+@app.command()
+def up(config: ConfigOpt = None, media_root: MediaRootOpt = None) -> None:
+    """Start the embedded broker (when configured, or when none answers) and the service."""
+    from .embedded_broker import BrokerThread, broker_config, port_open
+    from .service import Service
+
+    settings = _settings(config, media_root)
+    mode, host, port = settings.broker.embedded, settings.mqtt.host, settings.mqtt.port
+    embedded = None
+    if mode == "true" or (mode == "auto" and not port_open(host, port)):
+        embedded = BrokerThread(broker_config(host, port))
+        try:
+            embedded.start()
+        except RuntimeError as e:
+            typer.echo(f"edge-queue: {e}", err=True)
+            raise typer.Exit(EXIT_NO_BROKER) from e
+    else:
+        logging.getLogger("edge_queue").info("using the MQTT broker at %s:%s", host, port)
+    try:
+        code = Service(settings).run()
+    except BrokerUnavailable as e:
+        typer.echo(f"edge-queue: {e.message}", err=True)
+        code = EXIT_NO_BROKER
+    finally:
+        if embedded is not None:
+            embedded.stop()
+    raise typer.Exit(code)
+
+
+def _parse_options(pairs: list[str] | None) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"{pair!r}: use KEY=VALUE", param_hint="--option")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    return options
+
+
+@app.command()
+def submit(
+    files: Annotated[list[str], typer.Argument(help="media files (paths as the service sees them)")],
+    kind: Annotated[str | None, typer.Option("--kind", "-k", help="job kind (default: default_kind)")] = None,
+    option: Annotated[list[str] | None, typer.Option("--option", "-o", help="KEY=VALUE kind option (JSON value)")] = None,
+    priority: Annotated[int, typer.Option(help="higher runs first, -100..100")] = 0,
+    wait: Annotated[bool, typer.Option("--wait", "-w", help="show progress until every job ends")] = False,
+    timeout: Annotated[float, typer.Option(help="seconds to wait with --wait")] = 24 * 3600,
+    config: ConfigOpt = None,
+) -> None:
+    """Submit FILE... as jobs; with --wait, exit 0 only if every job succeeded."""
+    settings = _settings(config)
+    body: dict[str, Any] = {"kind": kind or settings.default_kind, "options": _parse_options(option),
+                            "priority": priority}
+    paths = [p if p.startswith("/") else os.path.abspath(p) for p in files]
+    if len(paths) == 1:
+        body["input"] = paths[0]
+    else:
+        body["inputs"] = paths
+    client = _client(settings)
+    try:
+        try:
+            resp = client.request("submit", body)
+        except TimeoutError as e:
+            typer.echo(f"edge-queue: {e}", err=True)
+            raise typer.Exit(EXIT_NO_BROKER) from e
+        if resp.get("status") != "ok":
+            err = resp["error"]
+            for r in err.get("rejected", []):
+                typer.echo(f"rejected {r['input']}: {r['code']}: {r['message']}", err=True)
+            if not err.get("rejected"):
+                typer.echo(f"error: {err['code']}: {err['message']}", err=True)
+            raise typer.Exit(EXIT_FAILED)
+        data = resp["data"]
+        for r in data["rejected"]:
+            typer.echo(f"rejected {r['input']}: {r['code']}: {r['message']}", err=True)
+        for j in data["jobs"]:
+            typer.echo(f"{j['job_id']}  {j['input']}{'  (duplicate)' if j['duplicate'] else ''}")
+        if data.get("batch_id"):
+            typer.echo(f"batch {data['batch_id']}")
+        if not wait:
+            raise typer.Exit(EXIT_FAILED if data["rejected"] else 0)
+        ok = _wait(client, [j["job_id"] for j in data["jobs"]], timeout)
+        raise typer.Exit(0 if ok and not data["rejected"] else EXIT_FAILED)
+    finally:
+        client.close()
+
+
+def _wait(client: Any, job_ids: list[str], timeout: float) -> bool:
+    """Progress bars (rich) until every job is terminal; True when all succeeded."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+
+    states: dict[str, dict[str, Any]] = {}
+    seqs: dict[str, int] = {}
+    for job_id in job_ids:
+        client.subscribe(client.topics.job(job_id))
+    console = Console(stderr=True)
+    with Progress(TextColumn("{task.fields[job]}"), BarColumn(), TaskProgressColumn(),
+                  TextColumn("{task.fields[state]}"), TimeRemainingColumn(), console=console) as bar:
+        tasks = {j: bar.add_task("", total=100, job=j, state="…") for j in job_ids}
+        for job_id, job in client.job_updates(timeout):
+            if job is not None and job_id in tasks and job.get("seq", 0) >= seqs.get(job_id, 0):
+                seqs[job_id] = job["seq"]
+                states[job_id] = job
+                label = job["state"] + (f" ({job['stage']})" if job.get("stage") and job["state"] == "running" else "")
+                done = 100 if job["state"] == "succeeded" else job.get("progress") or 0
+                bar.update(tasks[job_id], completed=done, state=label)
+            if len(states) == len(job_ids) and all(s["state"] in TERMINAL for s in states.values()):
+                break
+    all_ok = True
+    for job_id in job_ids:
+        job = states.get(job_id)
+        if job is None or job["state"] != "succeeded":
+            all_ok = False
+            reason = (job or {}).get("error") or {"code": "timeout", "message": "still not finished"}
+            typer.echo(f"{job_id} {job['state'] if job else 'unknown'}: {reason.get('code')}: "
+                       f"{reason.get('message')}", err=True)
+        else:
+            text = (job.get("result") or {}).get("text")
+            typer.echo(f"{job_id} succeeded" + (f": {text}" if text else ""))
+    return all_ok
+
+
+@app.command()
+def jobs(
+    state: Annotated[str | None, typer.Option(help="only jobs in this state")] = None,
+    kind: Annotated[str | None, typer.Option(help="only jobs of this kind")] = None,
+    limit: Annotated[int, typer.Option(help="at most this many, newest first")] = 20,
+    config: ConfigOpt = None,
+) -> None:
+    """List jobs, newest first."""
+    from rich.console import Console
+    from rich.table import Table
+
+    settings = _settings(config)
+    body: dict[str, Any] = {"limit": limit}
+    if state:
+        body["state"] = state
+    if kind:
+        body["kind"] = kind
+    data = _request(settings, "list", body)
+    table = Table("job", "kind", "state", "progress", "attempt", "input", "updated")
+    for j in data["jobs"]:
+        table.add_row(j["job_id"], j["kind"], j["state"], f"{j['progress'] or 0:.0f}%",
+                      f"{j['attempt']}/{j['max_attempts']}", j["input"] or "", j["updated_at"])
+    Console().print(table)
+
+
+@app.command()
+def show(job_id: str, config: ConfigOpt = None) -> None:
+    """Print one job object as JSON, with its full result."""
+    typer.echo(json.dumps(_request(_settings(config), "get", {"job_id": job_id}), indent=2,
+                          ensure_ascii=False))
+
+
+@app.command()
+def cancel(job_id: str, config: ConfigOpt = None) -> None:
+    """Cancel a job: at once when queued, at its next checkpoint when running."""
+    data = _request(_settings(config), "cancel", {"job_id": job_id})
+    typer.echo(json.dumps(data))
+
+
+@config_app.command("check")
+def config_check(file: Annotated[Path | None, typer.Argument(help="TOML file to check")] = None) -> None:
+    """Validate a configuration file (and the environment); name every invalid key."""
+    try:
+        settings = load_settings(file)
+    except ConfigError as e:
+        typer.echo(e.message, err=True)
+        raise typer.Exit(EXIT_USAGE) from e
+    typer.echo(f"ok: data_dir={settings.data_dir} broker={settings.mqtt.host}:{settings.mqtt.port} "
+               f"base_topic={settings.mqtt.base_topic} media_roots={[str(p) for p in settings.media_roots]}")
+
+
+def main() -> None:
+    app()

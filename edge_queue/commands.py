@@ -1,0 +1,249 @@
+"""Request commands (PRODUCT 3.1): decode, execute against the store, build the response.
+
+:meth:`Commands.execute` is the one place where request errors become error responses: every
+request gets exactly one response, whatever its payload.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from . import payloads
+from .errors import EdgeQueueError, ErrorCode, InputError, NotFoundError, RequestError
+from .states import ACTIVE, JobState, is_terminal
+from .store import JobSpec, iso, parse_iso
+from .topics import COMMANDS, valid_id
+
+if TYPE_CHECKING:
+    from .service import Service
+
+log = logging.getLogger(__name__)
+
+
+def check_input(raw: str, media_roots: list[Path]) -> str:
+    """Resolve ``raw`` (symlinks, ``..``) and confine it to ``media_roots`` (PRODUCT 6).
+
+    Returns the resolved absolute path. Raises :class:`InputError` with
+    ``input_outside_media_roots`` (relative path, or outside every root; checked first, so
+    the answer does not reveal which files exist outside the roots) or ``input_not_found``
+    (missing, or not a regular file).
+    """
+    if "\x00" in raw or not os.path.isabs(raw):
+        raise InputError(f"input must be an absolute path inside media_roots: {raw[:200]!r}",
+                         code=ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS, field="input")
+    resolved = Path(os.path.realpath(raw))
+    roots = [Path(os.path.realpath(r)) for r in media_roots]
+    if not any(resolved == r or resolved.is_relative_to(r) for r in roots):
+        raise InputError(f"{raw[:200]} is outside media_roots", code=ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS,
+                         field="input")
+    if not resolved.is_file():
+        raise InputError(f"{raw[:200]} does not exist or is not a file",
+                         code=ErrorCode.INPUT_NOT_FOUND, field="input")
+    return str(resolved)
+
+
+class Commands:
+    """The request handlers of one service."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    def execute(self, command: str, raw: bytes) -> tuple[dict[str, Any], str | None]:
+        """Run ``command`` with payload ``raw``; returns ``(response, reply_to)``.
+
+        ``reply_to`` is the request's validated ``reply_to`` topic, or ``None``.
+        """
+        svc = self.service
+        transaction, reply_to = payloads.peek_envelope(raw)
+        if reply_to is not None and not svc.topics.valid_reply_to(reply_to):
+            log.warning("request %s rejected: invalid_request (reply_to)", command[:64])
+            return payloads.error(ErrorCode.INVALID_REQUEST,
+                                  "reply_to must be a topic without wildcards, not under the base "
+                                  "topic except <base>/reply/...", transaction, "reply_to"), None
+        try:
+            request = payloads.decode_request(command, raw, max_bytes=svc.settings.max_payload_bytes,
+                                              default_kind=svc.settings.default_kind)
+            transaction = request.transaction
+            data = getattr(self, f"do_{command}")(request)
+            return payloads.ok(data, transaction), reply_to
+        except RequestError as e:
+            log.warning("request %s rejected: %s: %s", command[:64], e.code, e.message)
+            resp = payloads.error(e.code, e.message, transaction, e.field)
+            if isinstance(e, _AllRejected):
+                resp["error"]["rejected"] = e.rejected
+            return resp, reply_to
+        except EdgeQueueError as e:
+            log.warning("request %s failed: %s: %s", command[:64], e.code, e.message)
+            return payloads.error(e.code, e.message, transaction), reply_to
+        except Exception as e:  # a bug must cost one response, not the service
+            log.exception("request %s: internal error", command[:64])
+            return payloads.error(ErrorCode.INTERNAL_ERROR, f"{type(e).__name__}: {e}", transaction), reply_to
+
+    # -- submit -------------------------------------------------------------------------
+
+    def do_submit(self, req: payloads.SubmitRequest) -> dict[str, Any]:
+        svc = self.service
+        assert req.kind is not None
+        kind = svc.kinds.get(req.kind)
+        if kind is None:
+            raise RequestError(f"unknown kind {req.kind[:64]!r}; known: {', '.join(sorted(svc.kinds))}",
+                               code=ErrorCode.UNKNOWN_KIND, field="kind")
+        try:
+            options = kind.Options.model_validate(req.options).model_dump(mode="json", exclude_defaults=True)
+        except ValidationError as e:
+            err = e.errors()[0]
+            field = "options." + ".".join(str(p) for p in err["loc"])
+            raise RequestError(f"{field}: {err['msg']}", field=field) from e
+        raw_inputs = req.input_list()
+        if kind.needs_input and raw_inputs == [None]:
+            raise RequestError(f"kind {kind.name} needs an input file", field="input")
+        specs, rejected = [], []
+        for raw in raw_inputs:
+            try:
+                path = check_input(raw, svc.settings.media_roots) if kind.needs_input and raw else raw
+            except InputError as e:
+                rejected.append({"input": raw, "code": str(e.code), "message": e.message})
+                log.warning("submit: input rejected: %s: %s", e.code, e.message)
+                continue
+            specs.append(JobSpec(
+                kind=kind.name, input=path, options=options, priority=req.priority,
+                max_attempts=req.max_attempts or svc.settings.retry.max_attempts,
+                timeout_s=req.timeout_s, run_at=req.run_at_ts()))
+        if not specs:
+            raise _AllRejected(rejected)
+        batch_id, created = svc._store().submit(
+            specs, svc.clock(), idempotency_key=req.idempotency_key, as_batch=len(raw_inputs) > 1)
+        for c in created:
+            if not c.duplicate:
+                log.info("job %s queued: %s %s", c.job["job_id"], c.job["kind"], c.job["input"] or "")
+                svc.publish_job(c.job, "new")
+        jobs = [{"job_id": c.job["job_id"], "input": c.job["input"], "duplicate": c.duplicate}
+                for c in created]
+        return {"batch_id": batch_id, "jobs": jobs, "rejected": rejected}
+
+    # -- job control --------------------------------------------------------------------
+
+    def _job(self, job_id: str) -> dict[str, Any]:
+        if not valid_id(job_id):
+            raise NotFoundError(f"no job {job_id[:64]!r}")
+        return self.service._store().get(job_id)
+
+    def do_get(self, req: payloads.JobRef) -> dict[str, Any]:
+        job = payloads.job_object(self._job(req.job_id))
+        result = job.get("result") or {}
+        txt = (result.get("outputs") or {}).get("txt")
+        if result.get("text_truncated") and txt and os.path.isfile(txt):
+            with open(txt, encoding="utf-8") as fh:
+                job["result"] = {**result, "text": " ".join(line.strip() for line in fh).strip(),
+                                 "text_truncated": False}
+        return job
+
+    def do_list(self, req: payloads.ListRequest) -> dict[str, Any]:
+        if req.state is not None and req.state not in {s.value for s in JobState}:
+            raise RequestError(f"unknown state {req.state[:32]!r}", field="state")
+        rows = self.service._store().list_jobs(state=req.state, kind=req.kind, batch_id=req.batch_id,
+                                               before=req.before, limit=req.limit)
+        jobs = [payloads.job_object(r) for r in rows]
+        return {"jobs": jobs, "next_before": jobs[-1]["job_id"] if len(jobs) == req.limit else None}
+
+    def do_cancel(self, req: payloads.CancelRequest) -> dict[str, Any]:
+        svc, store = self.service, self.service._store()
+        chosen = sum(x is not None and x is not False for x in (req.job_id, req.batch_id, req.all or None))
+        if chosen != 1:
+            raise RequestError("give exactly one of job_id, batch_id, all: true", field="job_id")
+        if req.job_id is not None:
+            job = self._job(req.job_id)
+            if is_terminal(job["state"]):
+                raise RequestError(f"job {req.job_id} is already {job['state']}", code=ErrorCode.CONFLICT,
+                                   field="job_id")
+            targets = [req.job_id]
+        elif req.batch_id is not None:
+            if not valid_id(req.batch_id):
+                raise NotFoundError(f"no batch {req.batch_id[:64]!r}")
+            targets = store.batch(req.batch_id)["job_ids"]
+        else:
+            targets = [j["job_id"] for s in ACTIVE for j in store.list_jobs(state=s.value, limit=10**9)]
+        cancelled, cancelling = [], []
+        now = svc.clock()
+        for job_id in targets:
+            job = store.get(job_id)
+            state = JobState(job["state"])
+            if state in (JobState.QUEUED, JobState.RETRYING):
+                job = store.transition(job_id, JobState.CANCELLED, now, detail={"reason": "cancel"},
+                                       error={"code": "cancelled", "message": "cancelled", "retryable": False})
+                cancelled.append(job_id)
+            elif state == JobState.RUNNING:
+                job = store.transition(job_id, JobState.CANCELLING, now, detail={"reason": "cancel"})
+                svc.supervisor.cancel(job_id, svc.settings.cancel_grace_s)
+                cancelling.append(job_id)
+            else:
+                continue
+            log.info("job %s %s by request", job_id, job["state"])
+            svc.publish_job(job)
+        return {"cancelled": cancelled, "cancelling": cancelling}
+
+    def do_retry(self, req: payloads.JobRef) -> dict[str, Any]:
+        svc = self.service
+        job = self._job(req.job_id)
+        if job["state"] not in (JobState.FAILED, JobState.CANCELLED):
+            raise RequestError(f"only failed or cancelled jobs can be retried; {req.job_id} is "
+                               f"{job['state']}", code=ErrorCode.CONFLICT, field="job_id")
+        job = svc._store().transition(req.job_id, JobState.QUEUED, svc.clock(), detail={"reason": "retry"},
+                                      attempt=0, crashes=0, error=None, result=None, progress=0.0,
+                                      stage=None, eta_s=None, started_at=None, retry_at=None)
+        svc.publish_job(job)
+        return payloads.job_object(job)
+
+    def do_pause(self, req: payloads.EmptyRequest) -> dict[str, Any]:
+        self.service.paused = True
+        self.service.publish_queue(self.service.clock())
+        return {"paused": True}
+
+    def do_resume(self, req: payloads.EmptyRequest) -> dict[str, Any]:
+        self.service.paused = False
+        self.service.publish_queue(self.service.clock())
+        return {"paused": False}
+
+    def do_purge(self, req: payloads.PurgeRequest) -> dict[str, Any]:
+        svc, store = self.service, self.service._store()
+        if (req.job_id is None) == (req.older_than_s is None):
+            raise RequestError("give either job_id or older_than_s", field="job_id")
+        if req.job_id is not None:
+            job = self._job(req.job_id)
+            if not is_terminal(job["state"]):
+                raise RequestError(f"job {req.job_id} is {job['state']}; only terminal jobs are purged",
+                                   code=ErrorCode.CONFLICT, field="job_id")
+            ids = [req.job_id]
+        else:
+            assert req.older_than_s is not None
+            cutoff = iso(svc.clock() - req.older_than_s)
+            states = req.states or ["succeeded", "failed", "cancelled"]
+            ids = [j["job_id"] for s in states for j in store.list_jobs(state=s, limit=10**9)
+                   if j["finished_at"] and parse_iso(j["finished_at"]) <= parse_iso(cutoff)]
+        gone = store.delete(ids)
+        for job_id in gone:
+            svc.bridge.publish(svc.topics.job(job_id), b"", retain=True)
+        svc._queue_dirty = True
+        return {"purged": gone}
+
+    def do_republish(self, req: payloads.EmptyRequest) -> dict[str, Any]:
+        self.service.republish()
+        return {"republished": True}
+
+
+class _AllRejected(RequestError):
+    """Every input of a submit was rejected: the response is an error with the first code."""
+
+    def __init__(self, rejected: list[dict[str, Any]]) -> None:
+        first = rejected[0]
+        msg = first["message"] if len(rejected) == 1 else f"all {len(rejected)} inputs were rejected"
+        super().__init__(msg, code=ErrorCode(first["code"]), field="input")
+        self.rejected = rejected
+
+
+assert all(hasattr(Commands, f"do_{c}") for c in COMMANDS)

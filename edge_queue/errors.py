@@ -1,0 +1,133 @@
+"""The exception tree of edge-queue, and the closed vocabulary of error codes.
+
+Every exception raised on purpose by edge-queue derives from :class:`EdgeQueueError` and
+carries one code of the product's error vocabulary (PRODUCT 3.2), so the one place that turns
+exceptions into responses or job states (``service`` for requests, ``worker`` for jobs) never
+has to guess.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    """Error codes of the wire contract (PRODUCT 3.2). Extend deliberately, and document."""
+
+    INVALID_JSON = "invalid_json"
+    INVALID_REQUEST = "invalid_request"
+    UNKNOWN_COMMAND = "unknown_command"
+    UNKNOWN_KIND = "unknown_kind"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    NOT_FOUND = "not_found"
+    CONFLICT = "conflict"
+    INPUT_NOT_FOUND = "input_not_found"
+    INPUT_OUTSIDE_MEDIA_ROOTS = "input_outside_media_roots"
+    UNSUPPORTED_MEDIA = "unsupported_media"
+    NO_AUDIO_STREAM = "no_audio_stream"
+    TRUNCATED_MEDIA = "truncated_media"
+    DECODE_ERROR = "decode_error"
+    OUTPUT_EXISTS = "output_exists"
+    TIMEOUT = "timeout"
+    WORKER_LOST = "worker_lost"
+    CRASH_LOOP = "crash_loop"
+    CANCELLED = "cancelled"
+    INTERNAL_ERROR = "internal_error"
+
+
+#: Codes a later attempt cannot fix: a job failing with one of these fails at once (PRODUCT 4.4).
+NON_RETRYABLE: frozenset[ErrorCode] = frozenset(
+    {
+        ErrorCode.INVALID_REQUEST,
+        ErrorCode.UNKNOWN_KIND,
+        ErrorCode.INPUT_NOT_FOUND,
+        ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS,
+        ErrorCode.UNSUPPORTED_MEDIA,
+        ErrorCode.NO_AUDIO_STREAM,
+        ErrorCode.TRUNCATED_MEDIA,
+        ErrorCode.DECODE_ERROR,
+        ErrorCode.OUTPUT_EXISTS,
+        ErrorCode.CANCELLED,
+        ErrorCode.CRASH_LOOP,
+    }
+)
+
+
+class EdgeQueueError(Exception):
+    """Root of every edge-queue exception.
+
+    Attributes:
+        code: the wire error code (:class:`ErrorCode`).
+        message: a sentence for people; never a stack trace.
+    """
+
+    code: ErrorCode = ErrorCode.INTERNAL_ERROR
+
+    def __init__(self, message: str, *, code: ErrorCode | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+    @property
+    def retryable(self) -> bool:
+        """True when another attempt could succeed (the code is not in :data:`NON_RETRYABLE`)."""
+        return self.code not in NON_RETRYABLE
+
+
+class ConfigError(EdgeQueueError):
+    """The configuration file or environment holds an unknown key or a bad value."""
+
+    code = ErrorCode.INVALID_REQUEST
+
+
+class RequestError(EdgeQueueError):
+    """A request cannot be executed as sent; ``code`` says why, ``field`` names the culprit."""
+
+    code = ErrorCode.INVALID_REQUEST
+
+    def __init__(
+        self, message: str, *, code: ErrorCode | None = None, field: str | None = None
+    ) -> None:
+        super().__init__(message, code=code)
+        self.field = field
+
+
+class InputError(RequestError):
+    """One input of a submit is unusable (missing, outside ``media_roots``); others go on."""
+
+
+class StoreError(EdgeQueueError):
+    """The store refused an operation (unknown job, illegal state transition)."""
+
+
+class NotFoundError(StoreError):
+    """No job or batch has this id."""
+
+    code = ErrorCode.NOT_FOUND
+
+
+class TransitionError(StoreError):
+    """A state change that the transition table (``states.TRANSITIONS``) does not allow."""
+
+    code = ErrorCode.CONFLICT
+
+
+class JobError(EdgeQueueError):
+    """Raised by a job kind: the attempt failed with ``code``; ``retryable`` follows the code."""
+
+
+class MediaError(JobError):
+    """The input file cannot be used as media (zero-length, not media, truncated, no audio)."""
+
+    code = ErrorCode.UNSUPPORTED_MEDIA
+
+
+class JobCancelled(JobError):
+    """The job saw its cancel flag at a checkpoint and stopped."""
+
+    code = ErrorCode.CANCELLED
+
+
+class BrokerUnavailable(EdgeQueueError):
+    """No MQTT broker answered at the configured address within the connect timeout."""

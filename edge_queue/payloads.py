@@ -1,0 +1,233 @@
+"""Wire payloads, version 1 (PRODUCT 3): requests in, responses and state out.
+
+Requests are decoded and validated at the edge with pydantic (``extra="forbid"``); a failure
+raises :class:`RequestError` with the code (``invalid_json``, ``invalid_request``,
+``payload_too_large``) and, for a bad field, its name. Outgoing payloads are plain dicts that
+always carry ``"v": 1``.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import ErrorCode, RequestError
+
+VERSION = 1
+
+JsonValue = Any
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    transaction: JsonValue = None
+    reply_to: str | None = Field(None, max_length=1024)
+
+
+class SubmitRequest(_Request):
+    """``submit``: one job per input; several inputs make a batch."""
+
+    kind: str | None = Field(None, min_length=1, max_length=64)
+    input: str | None = Field(None, min_length=1, max_length=4096)
+    inputs: list[str] | None = Field(None, min_length=1, max_length=1000)
+    options: dict[str, Any] = {}
+    priority: int = Field(0, ge=-100, le=100)
+    idempotency_key: str | None = Field(None, min_length=1, max_length=200)
+    max_attempts: int | None = Field(None, ge=1, le=100)
+    timeout_s: float | None = Field(None, gt=0, le=7 * 86400)
+    run_at: str | None = None
+
+    @field_validator("inputs")
+    @classmethod
+    def _inputs(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and any(not s or len(s) > 4096 for s in v):
+            raise ValueError("every input must be a non-empty path of at most 4096 characters")
+        return v
+
+    @field_validator("run_at")
+    @classmethod
+    def _run_at(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                parsed = datetime.fromisoformat(v.replace("Z", "+00:00"))
+            except ValueError as e:
+                raise ValueError("run_at must be an RFC 3339 timestamp") from e
+            if parsed.tzinfo is None:
+                raise ValueError("run_at must carry a time zone (e.g. Z)")
+        return v
+
+    def run_at_ts(self) -> float | None:
+        if self.run_at is None:
+            return None
+        return datetime.fromisoformat(self.run_at.replace("Z", "+00:00")).timestamp()
+
+    def input_list(self) -> list[str | None]:
+        if self.input is not None and self.inputs is not None:
+            raise RequestError("give either input or inputs, not both", field="inputs")
+        if self.inputs is not None:
+            return list(self.inputs)
+        return [self.input]
+
+
+class JobRef(_Request):
+    """``get`` and ``retry``: one job."""
+
+    job_id: str = Field(min_length=1, max_length=64)
+
+
+class CancelRequest(_Request):
+    """``cancel``: exactly one of ``job_id``, ``batch_id``, ``all: true``."""
+
+    job_id: str | None = Field(None, min_length=1, max_length=64)
+    batch_id: str | None = Field(None, min_length=1, max_length=64)
+    all: bool = False
+
+
+class ListRequest(_Request):
+    """``list``: newest first, ``limit`` 1-500 (default 50), ``before`` a job id to page past."""
+
+    state: str | None = None
+    kind: str | None = Field(None, max_length=64)
+    batch_id: str | None = Field(None, max_length=64)
+    limit: int = Field(50, ge=1, le=500)
+    before: str | None = Field(None, max_length=64)
+
+
+class PurgeRequest(_Request):
+    """``purge``: one terminal job, or terminal jobs older than ``older_than_s`` in ``states``."""
+
+    job_id: str | None = Field(None, min_length=1, max_length=64)
+    older_than_s: float | None = Field(None, ge=0)
+    states: list[Literal["succeeded", "failed", "cancelled"]] | None = None
+
+
+class EmptyRequest(_Request):
+    """``pause``, ``resume``, ``republish``: no fields but ``transaction``/``reply_to``."""
+
+
+REQUEST_MODELS: dict[str, type[_Request]] = {
+    "submit": SubmitRequest,
+    "cancel": CancelRequest,
+    "retry": JobRef,
+    "get": JobRef,
+    "list": ListRequest,
+    "pause": EmptyRequest,
+    "resume": EmptyRequest,
+    "purge": PurgeRequest,
+    "republish": EmptyRequest,
+}
+
+
+def peek_envelope(raw: bytes) -> tuple[JsonValue, str | None]:
+    """Best-effort ``(transaction, reply_to)`` of a raw request, for error responses."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None, None
+    if not isinstance(data, dict):
+        return None, None
+    reply_to = data.get("reply_to")
+    return data.get("transaction"), reply_to if isinstance(reply_to, str) else None
+
+
+def decode_request(command: str, raw: bytes, *, max_bytes: int, default_kind: str) -> _Request:
+    """Decode the payload of ``<base>/request/<command>`` into its request model.
+
+    A ``submit`` payload that does not start with ``{``, ``[`` or ``"`` is a bare path; a JSON
+    string is one path and a JSON array of strings is a batch, each of kind ``default_kind``.
+
+    Raises :class:`RequestError` with code ``payload_too_large`` (over ``max_bytes``),
+    ``invalid_json`` (not UTF-8 JSON), ``unknown_command`` or ``invalid_request`` (the
+    offending field in ``field`` and the message).
+    """
+    if len(raw) > max_bytes:
+        raise RequestError(f"payload is {len(raw)} bytes; the limit is {max_bytes}",
+                           code=ErrorCode.PAYLOAD_TOO_LARGE)
+    model = REQUEST_MODELS.get(command)
+    if model is None:
+        raise RequestError(f"unknown command {command[:64]!r}", code=ErrorCode.UNKNOWN_COMMAND)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RequestError(f"payload is not UTF-8: {e}", code=ErrorCode.INVALID_JSON) from e
+    stripped = text.strip()
+    if command == "submit" and stripped and stripped[0] not in "{[\"":
+        return SubmitRequest(kind=default_kind, input=stripped)
+    if not stripped and command in ("pause", "resume", "republish"):
+        return EmptyRequest()
+    try:
+        data = json.loads(stripped)
+    except ValueError as e:
+        raise RequestError(f"payload is not valid JSON: {e}", code=ErrorCode.INVALID_JSON) from e
+    if command == "submit" and isinstance(data, str):
+        data = {"input": data}
+    elif command == "submit" and isinstance(data, list):
+        data = {"inputs": data}
+    if not isinstance(data, dict):
+        raise RequestError("payload must be a JSON object", field="(root)")
+    try:
+        request = model.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "(root)"
+        more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+        raise RequestError(f"{field}: {err['msg']}{more}", field=field) from e
+    if isinstance(request, SubmitRequest) and request.kind is None:
+        request = request.model_copy(update={"kind": default_kind})
+    return request
+
+
+def ok(data: dict[str, Any], transaction: JsonValue = None) -> dict[str, Any]:
+    """A success response: ``{"v": 1, "status": "ok", "data": ..., "transaction": ...}``."""
+    return {"v": VERSION, "status": "ok", "data": data, "transaction": transaction}
+
+
+def error(code: ErrorCode | str, message: str, transaction: JsonValue = None,
+          field: str | None = None) -> dict[str, Any]:
+    """An error response with ``error.code`` from the closed vocabulary (PRODUCT 3.2)."""
+    err: dict[str, Any] = {"code": str(code), "message": message}
+    if field:
+        err["field"] = field
+    return {"v": VERSION, "status": "error", "error": err, "transaction": transaction}
+
+
+_JOB_FIELDS = (
+    "job_id", "seq", "kind", "input", "options", "batch_id", "priority", "state", "stage",
+    "progress", "eta_s", "attempt", "max_attempts", "retry_at", "error", "result",
+    "created_at", "started_at", "finished_at", "updated_at",
+)
+
+
+def job_object(row: dict[str, Any]) -> dict[str, Any]:
+    """The job object of PRODUCT 3.2 from a store row."""
+    obj: dict[str, Any] = {"v": VERSION}
+    for key in _JOB_FIELDS:
+        obj[key] = row.get(key)
+    if obj["progress"] is not None:
+        obj["progress"] = round(float(obj["progress"]), 1)
+    if obj["eta_s"] is not None:
+        obj["eta_s"] = round(float(obj["eta_s"]))
+    return obj
+
+
+def batch_object(batch: dict[str, Any]) -> dict[str, Any]:
+    """The batch object: ``batch_id``, ``total``, ``counts`` per state, ``done``, ``job_ids``."""
+    return {
+        "v": VERSION,
+        "batch_id": batch["batch_id"],
+        "total": batch["total"],
+        "counts": batch["counts"],
+        "done": batch["done"],
+        "job_ids": batch["job_ids"],
+        "created_at": batch["created_at"],
+        "updated_at": batch["updated_at"],
+    }
+
+
+def encode(payload: dict[str, Any]) -> bytes:
+    """Compact UTF-8 JSON."""
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()

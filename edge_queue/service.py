@@ -1,0 +1,401 @@
+"""The service: the composition root. Boot order, the main loop, outcomes of attempts.
+
+Boot reads like a script (PRODUCT 4.3): open the store and migrate, requeue the attempts a
+dead run left ``running``, start the workers, connect to the broker, serve. One thread owns
+the store and every decision; paho's thread and the worker pipes only wake it.
+
+This module is the one place where the outcome of an attempt becomes a job state
+(:meth:`Service.on_outcome`).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+import socket
+import time
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from . import payloads
+from .bridge import Bridge, Connected, Incoming
+from .commands import Commands
+from .config import Settings
+from .errors import ErrorCode
+from .kinds import registry
+from .states import JobState, is_terminal
+from .store import Store, iso, new_id
+from .supervisor import Outcome, Supervisor
+from .topics import Topics
+
+log = logging.getLogger(__name__)
+
+#: At most one progress publish per job per second (PRODUCT 3 rule 4).
+PROGRESS_PUBLISH_INTERVAL_S = 1.0
+#: At most one ``<base>/queue`` publish per this many seconds.
+QUEUE_PUBLISH_INTERVAL_S = 1.0
+
+
+def package_version() -> str:
+    try:
+        return version("edge-queue")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def backoff_s(attempt: int, base_s: float, cap_s: float, rng: Callable[[], float] = random.random) -> float:
+    """Delay before the next attempt, in seconds: "full jitter" (AWS Architecture Blog,
+    "Exponential Backoff And Jitter", 2015): uniform in ``[0, min(cap, base * 2**(attempt-1))]``.
+
+    ``attempt`` is the number of the attempt that just failed (1 for the first).
+    """
+    return rng() * min(cap_s, base_s * 2 ** max(attempt - 1, 0))
+
+
+class Service:
+    """edge-queue's service process (``edge-queue serve``).
+
+    Args:
+        settings: the validated configuration.
+        client_id: MQTT client id; defaults to ``mqtt.client_id``.
+        clock: Unix seconds; injectable for tests.
+    """
+
+    def __init__(self, settings: Settings, *, client_id: str | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.topics = Topics(settings.mqtt.base_topic)
+        self.kinds = registry()
+        self.run_id = new_id()
+        self.started_at = iso(clock())
+        self.paused = False
+        self.stopping = False
+        self.store: Store | None = None
+        self.supervisor = Supervisor(settings)
+        self.bridge = Bridge(settings.mqtt, self.topics, client_id=client_id)
+        self.commands = Commands(self)
+        self._sig_r, self._sig_w = socket.socketpair()
+        self._sig_r.setblocking(False)
+        self._sig_w.setblocking(False)
+        self._pending_progress: dict[str, dict[str, Any]] = {}
+        self._last_progress_pub: dict[str, float] = {}
+        self._queue_dirty = True
+        self._last_queue_pub = 0.0
+        self._echoes: set[str] = set()
+
+    # -- boot ---------------------------------------------------------------------------
+
+    def boot(self, *, connect_timeout_s: float = 30.0) -> None:
+        """Open the store, requeue orphans, start workers, connect. Raises BrokerUnavailable."""
+        s = self.settings
+        s.data_dir.mkdir(parents=True, exist_ok=True)
+        self.store = Store(s.db_path, s.durability)
+        self.requeue_orphans()
+        self.supervisor.start()
+        self.bridge.connect(connect_timeout_s)
+
+    def requeue_orphans(self) -> None:
+        """Jobs left ``running`` by a dead run go back to ``queued`` (the attempt counts);
+        ``cancelling`` ones end ``cancelled``. Runs before any new work is taken."""
+        store = self._store()
+        now = self.clock()
+        for job_id in store.orphans(self.run_id):
+            job = store.get(job_id)
+            if job["state"] == JobState.CANCELLING:
+                store.transition(job_id, JobState.CANCELLED, now, detail={"reason": "service restart"},
+                                 error={"code": "cancelled", "message": "cancelled", "retryable": False})
+            else:
+                store.transition(job_id, JobState.QUEUED, now, detail={"reason": "service restart"},
+                                 owner=None)
+            log.warning("job %s: requeued after the previous run of the service ended during "
+                        "attempt %d", job_id, job["attempt"])
+
+    def _store(self) -> Store:
+        assert self.store is not None, "boot() first"
+        return self.store
+
+    def request_stop(self, *_: Any) -> None:
+        """Signal handler (SIGTERM, SIGINT): only sets a flag and wakes the loop."""
+        self.stopping = True
+        try:
+            self._sig_w.send(b"\0")
+        except OSError:
+            pass
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Boot, serve until SIGTERM/SIGINT, stop gracefully (PRODUCT 4.6). Returns 0."""
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+        self.boot()
+        log.info("edge-queue %s serving on %s (base topic %s, %d workers)", package_version(),
+                 f"{self.settings.mqtt.host}:{self.settings.mqtt.port}", self.topics.base,
+                 self.settings.workers)
+        while not self.stopping:
+            self.step()
+        self.shutdown()
+        return 0
+
+    def step(self, max_wait_s: float = 1.0) -> None:
+        """One turn of the loop: wait for something, then act on all of it."""
+        self.supervisor.wait([self.bridge.wake_r, self._sig_r], self._wait_s(max_wait_s))
+        self.bridge.drain_wake()
+        self.tick(self.clock())
+
+    def tick(self, now: float) -> None:
+        """Act on everything pending at ``now``: messages, worker outcomes, due jobs, publishes."""
+        while True:
+            try:
+                item = self.bridge.inbox.get_nowait()
+            except Exception:
+                break
+            if isinstance(item, Connected):
+                self.republish()
+            else:
+                self.on_message(item)
+        for outcome in self.supervisor.poll():
+            self.on_outcome(outcome, self.clock())
+        self.schedule(self.clock())
+        self.flush(self.clock())
+
+    def _wait_s(self, cap: float) -> float:
+        waits = [cap]
+        if (d := self.supervisor.next_deadline()) is not None:
+            waits.append(d)
+        if self._pending_progress:
+            waits.append(PROGRESS_PUBLISH_INTERVAL_S / 4)
+        if (due := self._store().next_due()) is not None:
+            waits.append(max(0.0, due - self.clock()))
+        return max(0.0, min(waits))
+
+    # -- requests -----------------------------------------------------------------------
+
+    def on_message(self, msg: Incoming) -> None:
+        """Execute one request and answer it; the PUBACK follows the commit."""
+        if not msg.payload and msg.topic in self._echoes:
+            self._echoes.discard(msg.topic)  # our own clearing of a retained request
+            self.bridge.ack(msg)
+            return
+        if msg.retain:
+            log.warning("retained request on %s not executed; cleared it (publish requests "
+                        "without the retain flag)", msg.topic)
+            self._echoes.add(msg.topic)
+            self.bridge.publish(msg.topic, b"", retain=True)
+            transaction, reply_to = payloads.peek_envelope(msg.payload)
+            self.respond(msg, payloads.error(ErrorCode.INVALID_REQUEST,
+                                             "retained requests are not executed", transaction),
+                         reply_to)
+            self.bridge.ack(msg)
+            return
+        response, reply_to = self.commands.execute(msg.command, msg.payload)
+        self.respond(msg, response, reply_to)
+        self.bridge.ack(msg)
+
+    def respond(self, msg: Incoming, response: dict[str, Any], reply_to: str | None) -> None:
+        body = payloads.encode(response)
+        self.bridge.respond(self.topics.response(msg.command), body)
+        if msg.response_topic and self.topics.valid_reply_to(msg.response_topic):
+            self.bridge.respond(msg.response_topic, body, correlation_data=msg.correlation_data)
+        if reply_to and self.topics.valid_reply_to(reply_to):
+            self.bridge.respond(reply_to, body)
+
+    # -- outcomes -----------------------------------------------------------------------
+
+    def on_outcome(self, outcome: Outcome, now: float) -> None:
+        """Turn what a worker reported (or its death) into the job's next state."""
+        store = self._store()
+        job_id, attempt, data = outcome.job_id, outcome.attempt, outcome.data
+        if outcome.op == "progress":
+            pending = self._pending_progress.setdefault(job_id, {})
+            stage_changed = pending.get("stage", data.get("stage")) != data.get("stage")
+            pending.update(data, attempt=attempt)
+            if stage_changed or now - self._last_progress_pub.get(job_id, 0) >= PROGRESS_PUBLISH_INTERVAL_S:
+                self._flush_progress(job_id, now)
+            return
+        self._pending_progress.pop(job_id, None)
+        self._last_progress_pub.pop(job_id, None)
+        try:
+            job = store.get(job_id)
+        except Exception:
+            log.warning("outcome for unknown job %s ignored", job_id)
+            return
+        if job["attempt"] != attempt or job["state"] not in (JobState.RUNNING, JobState.CANCELLING):
+            log.warning("job %s: stale outcome of attempt %d ignored (now attempt %d, %s)",
+                        job_id, attempt, job["attempt"], job["state"])
+            return
+        cancelling = job["state"] == JobState.CANCELLING
+        if outcome.op == "done":
+            job = store.transition(job_id, JobState.SUCCEEDED, now, expect_attempt=attempt,
+                                   result=data.get("result"), progress=100.0,
+                                   error=None, crashes=0)
+            log.info("job %s succeeded (attempt %d)", job_id, attempt)
+            self.publish_job(job)
+            return
+        code = data.get("code", str(ErrorCode.INTERNAL_ERROR))
+        message = data.get("message", "")
+        crashes = job["crashes"] + (1 if outcome.op == "lost" and code == ErrorCode.WORKER_LOST else 0)
+        retryable = bool(data.get("retryable", code not in (ErrorCode.CANCELLED,)))
+        if code == ErrorCode.CANCELLED or cancelling:
+            job = store.transition(job_id, JobState.CANCELLED, now, expect_attempt=attempt, crashes=crashes,
+                                   error={"code": "cancelled", "message": "cancelled", "retryable": False})
+            log.info("job %s cancelled", job_id)
+        elif crashes >= self.settings.crash_loop_limit:
+            job = store.transition(job_id, JobState.FAILED, now, expect_attempt=attempt, crashes=crashes,
+                                   error={"code": str(ErrorCode.CRASH_LOOP), "retryable": False,
+                                          "message": f"the job ended its worker {crashes} times in a row"})
+            log.error("job %s failed: crash_loop after %d worker deaths", job_id, crashes)
+        elif retryable and attempt < job["max_attempts"]:
+            delay = 0.0 if code == ErrorCode.WORKER_LOST else backoff_s(
+                attempt, self.settings.retry.backoff_base_s, self.settings.retry.backoff_cap_s)
+            job = store.transition(job_id, JobState.RETRYING, now, expect_attempt=attempt, crashes=crashes,
+                                   retry_at=now + delay,
+                                   error={"code": code, "message": message, "retryable": True})
+            log.warning("job %s attempt %d failed (%s: %s); retry in %.1f s", job_id, attempt,
+                        code, message, delay)
+        else:
+            job = store.transition(job_id, JobState.FAILED, now, expect_attempt=attempt, crashes=crashes,
+                                   error={"code": code, "message": message, "retryable": retryable})
+            log.error("job %s failed: %s: %s", job_id, code, message)
+        self.publish_job(job)
+
+    # -- scheduling ---------------------------------------------------------------------
+
+    def schedule(self, now: float) -> None:
+        """Give due jobs to idle workers, within each kind's ``max_concurrency``."""
+        if self.paused or self.stopping:
+            return
+        store = self._store()
+        idle = self.supervisor.idle()
+        while idle:
+            busy = self.supervisor.busy_by_kind()
+            allowed = [k for k in self.kinds
+                       if (lim := self.settings.kind(k).max_concurrency) is None or busy[k] < lim]
+            job = store.claim(now, allowed, self.run_id)
+            if job is None:
+                return
+            timeout = job["timeout_s"] or self.settings.kind(job["kind"]).timeout_s
+            out_dir = self.settings.outputs_dir / job["job_id"]
+            self.supervisor.assign(idle.pop(), job, str(out_dir), timeout)
+            log.info("job %s started: %s %s (attempt %d)", job["job_id"], job["kind"],
+                     job["input"] or "", job["attempt"])
+            self.publish_job(job)
+
+    # -- publishing ---------------------------------------------------------------------
+
+    def publish_job(self, job: dict[str, Any], event: str | None = None) -> None:
+        """Retained job topic, an event, the job's batch; marks ``<base>/queue`` for update."""
+        obj = payloads.job_object(job)
+        self.bridge.publish(self.topics.job(job["job_id"]), payloads.encode(obj), retain=True)
+        if event is None:
+            event = "end" if is_terminal(job["state"]) else "update"
+        self.bridge.publish(self.topics.events, payloads.encode({"v": 1, "type": event, "job": obj}))
+        if job.get("batch_id"):
+            self.publish_batch(job["batch_id"])
+        self._queue_dirty = True
+
+    def publish_batch(self, batch_id: str) -> None:
+        batch = self._store().batch(batch_id)
+        self.bridge.publish(self.topics.batch(batch_id), payloads.encode(payloads.batch_object(batch)),
+                            retain=True)
+
+    def _flush_progress(self, job_id: str, now: float) -> None:
+        data = self._pending_progress.pop(job_id, None)
+        if data is None:
+            return
+        self._last_progress_pub[job_id] = now
+        job = self._store().progress(job_id, now, progress=data["progress"], stage=data.get("stage"),
+                                     eta_s=data.get("eta_s"))
+        if job["attempt"] == data["attempt"] and job["state"] in (JobState.RUNNING, JobState.CANCELLING):
+            self.publish_job(job, "update")
+
+    def flush(self, now: float) -> None:
+        """Publish throttled progress and the queue summary when their interval has passed."""
+        for job_id in list(self._pending_progress):
+            if now - self._last_progress_pub.get(job_id, 0) >= PROGRESS_PUBLISH_INTERVAL_S:
+                self._flush_progress(job_id, now)
+        if self._queue_dirty and now - self._last_queue_pub >= QUEUE_PUBLISH_INTERVAL_S:
+            self.publish_queue(now)
+
+    def publish_queue(self, now: float) -> None:
+        store = self._store()
+        last = store.last_finished()
+        summary = {
+            "v": 1,
+            "counts": store.counts(),
+            "paused": self.paused,
+            "running": [{"job_id": j["job_id"], "kind": j["kind"], "input": j["input"],
+                         "state": j["state"], "stage": j["stage"], "progress": j["progress"],
+                         "eta_s": j["eta_s"]} for j in store.running()],
+            "workers_alive": self.supervisor.alive(),
+            "last_finished": None if last is None else {
+                k: last[k] for k in ("job_id", "kind", "input", "state", "finished_at")},
+            "updated_at": iso(now),
+        }
+        self.bridge.publish(self.topics.queue, payloads.encode(summary), retain=True)
+        self._queue_dirty = False
+        self._last_queue_pub = now
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "v": 1,
+            "version": package_version(),
+            "started_at": self.started_at,
+            "base_topic": self.topics.base,
+            "kinds": {name: {"description": k.description, "needs_input": k.needs_input,
+                             "options": k.schema()} for name, k in self.kinds.items()},
+            "default_kind": self.settings.default_kind,
+            "workers": self.settings.workers,
+            "broker_protocol": self.bridge.protocol_name,
+        }
+
+    def republish(self) -> None:
+        """Republish ``info``, ``queue``, every job and batch from the store (rule 2)."""
+        store = self._store()
+        self.bridge.publish(self.topics.info, payloads.encode(self.info()), retain=True)
+        for job in store.iter_jobs():
+            self.bridge.publish(self.topics.job(job["job_id"]),
+                                payloads.encode(payloads.job_object(job)), retain=True)
+        for batch_id in store.batch_ids():
+            self.publish_batch(batch_id)
+        self.publish_queue(self.clock())
+
+    # -- stop ---------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Graceful stop (PRODUCT 4.6): no new jobs; running ones get ``cancel_grace_s`` to
+        finish; the rest are ended and requeued without counting the attempt; ``offline``."""
+        store = self._store()
+        self.stopping = True
+        log.info("stopping: waiting up to %.0f s for %d running job(s)", self.settings.cancel_grace_s,
+                 len(self.supervisor.running_job_ids()))
+        end = time.monotonic() + self.settings.cancel_grace_s
+        while self.supervisor.running_job_ids() and time.monotonic() < end:
+            self.supervisor.wait([self.bridge.wake_r], min(0.5, max(0.0, end - time.monotonic())))
+            self.bridge.drain_wake()
+            self.tick(self.clock())
+        interrupted = self.supervisor.running_job_ids()
+        self.supervisor.stop()
+        now = self.clock()
+        for job_id in interrupted:
+            job = store.get(job_id)
+            if job["state"] in (JobState.RUNNING, JobState.CANCELLING):
+                dst = JobState.CANCELLED if job["state"] == JobState.CANCELLING else JobState.QUEUED
+                # A graceful stop is not the job's fault: its attempt does not count.
+                extra = {"attempt": job["attempt"] - 1} if dst == JobState.QUEUED else {}
+                job = store.transition(job_id, dst, now, detail={"reason": "graceful stop"}, **extra)
+                self.publish_job(job)
+                log.info("job %s %s by the graceful stop", job_id, dst.value)
+        self.publish_queue(now)
+        self.bridge.close(offline=True)
+        store.close()
+        log.info("stopped")
+
+
+def serve(settings: Settings, *, client_id: str | None = None) -> int:
+    """Run the service until SIGTERM/SIGINT; the exit code for the process."""
+    return Service(settings, client_id=client_id).run()
+

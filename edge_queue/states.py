@@ -1,0 +1,62 @@
+"""Job states and the one table of allowed transitions (PRODUCT 3.2).
+
+The store checks every state change against :data:`TRANSITIONS`; payloads and tests use
+:class:`JobState`, never a bare string.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class JobState(StrEnum):
+    """The state of a job, as published in the job object's ``state`` field."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    RETRYING = "retrying"
+    CANCELLING = "cancelling"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL: frozenset[JobState] = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+#: Active states: a job in one of these occupies a dedupe slot and is not yet finished.
+ACTIVE: frozenset[JobState] = frozenset(
+    {JobState.QUEUED, JobState.RUNNING, JobState.RETRYING, JobState.CANCELLING}
+)
+
+#: from-state -> the states it may move to. ``running -> queued`` is the requeue of an attempt
+#: interrupted by a service crash or a graceful stop (PRODUCT 4.3, 4.6). ``failed``/``cancelled``
+#: -> ``queued`` is the ``retry`` command.
+TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.QUEUED: frozenset({JobState.RUNNING, JobState.CANCELLED}),
+    JobState.RUNNING: frozenset(
+        {
+            JobState.SUCCEEDED,
+            JobState.FAILED,
+            JobState.RETRYING,
+            JobState.CANCELLING,
+            JobState.QUEUED,
+        }
+    ),
+    JobState.RETRYING: frozenset({JobState.RUNNING, JobState.CANCELLED}),
+    JobState.CANCELLING: frozenset(
+        {JobState.CANCELLED, JobState.SUCCEEDED, JobState.FAILED, JobState.QUEUED}
+    ),
+    JobState.SUCCEEDED: frozenset(),
+    JobState.FAILED: frozenset({JobState.QUEUED}),
+    JobState.CANCELLED: frozenset({JobState.QUEUED}),
+}
+
+
+def is_terminal(state: JobState | str) -> bool:
+    """True for ``succeeded``, ``failed`` and ``cancelled``: the job will not run again by itself."""
+    return JobState(state) in TERMINAL
+
+
+def can_transition(src: JobState | str, dst: JobState | str) -> bool:
+    """True when :data:`TRANSITIONS` allows ``src -> dst``. Raises ``ValueError`` for unknown names."""
+    return JobState(dst) in TRANSITIONS[JobState(src)]

@@ -1,0 +1,450 @@
+"""The store: one SQLite database, the single source of truth (PRODUCT 2).
+
+Every SQL statement of edge-queue lives here. Writes go through sqlite-utils inside one
+``BEGIN IMMEDIATE`` transaction each (sqlite-utils 4 nests its own writes in savepoints when a
+transaction is open), so a job, its batch, its idempotency key and its event log row are
+committed together or not at all. Raw ``sqlite3`` is used only for what sqlite-utils cannot
+express: pragmas, ``BEGIN IMMEDIATE``, partial indexes and ``UPDATE ... RETURNING``.
+
+All ``now`` arguments are Unix times in seconds (float); the store writes them as RFC 3339
+UTC strings with milliseconds, which sort in time order as text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import secrets
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from .errors import NotFoundError, TransitionError
+from .states import ACTIVE, JobState, can_transition, is_terminal
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
+_JSON_COLUMNS = ("options", "error", "result")
+
+
+def iso(ts: float) -> str:
+    """Unix seconds -> ``2026-11-29T07:40:12.345Z`` (RFC 3339, UTC, milliseconds)."""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def parse_iso(text: str) -> float:
+    """Inverse of :func:`iso`. Raises ``ValueError`` for text that is not RFC 3339."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def new_id(now: float | None = None) -> str:
+    """A 16-character ``[a-z0-9]`` id: 9 characters of milliseconds (sortable) + 7 random."""
+    ms = int((time.time() if now is None else now) * 1000)
+    head = ""
+    for _ in range(9):
+        ms, r = divmod(ms, 36)
+        head = _ALPHABET[r] + head
+    return head + "".join(secrets.choice(_ALPHABET) for _ in range(7))
+
+
+def dedupe_key(kind: str, input_: str | None, options: dict[str, Any]) -> str:
+    """sha256 of kind, input and canonical options: equal active jobs share it (PRODUCT 4.2)."""
+    canon = json.dumps([kind, input_, options], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canon.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """One job to create; ``options`` are already validated by the kind."""
+
+    kind: str
+    input: str | None
+    options: dict[str, Any]
+    priority: int = 0
+    max_attempts: int = 3
+    timeout_s: float | None = None
+    run_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Created:
+    """Outcome of :meth:`Store.submit`: the job row and whether it existed before."""
+
+    job: dict[str, Any]
+    duplicate: bool
+
+
+class Store:
+    """The job store. Not thread-safe: the service's main loop is its only user.
+
+    Args:
+        path: the database file; created with its parent folder when missing.
+        durability: ``"full"`` (``synchronous=FULL``, survives power loss) or ``"normal"``
+            (``synchronous=NORMAL``: a power cut may lose the last commits, a crash does not).
+    """
+
+    def __init__(self, path: Path | str, durability: str = "full") -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={'FULL' if durability == 'full' else 'NORMAL'}")
+        conn.execute("PRAGMA busy_timeout=5000")
+        conn.execute("PRAGMA foreign_keys=ON")
+        self.conn = conn
+        self.db = sqlite_utils.Database(conn)
+        self.migrate()
+
+    def close(self) -> None:
+        self.conn.close()
+
+    # -- schema -------------------------------------------------------------------------
+
+    def migrate(self) -> None:
+        """Create the schema when missing. Raises ``RuntimeError`` for a newer schema."""
+        version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise RuntimeError(f"database schema {version} is newer than this edge-queue ({SCHEMA_VERSION})")
+        if version == SCHEMA_VERSION:
+            return
+        with self._immediate():
+            self.db["batches"].create(
+                {"batch_id": str, "total": int, "created_at": str, "updated_at": str},
+                pk="batch_id",
+                if_not_exists=True,
+            )
+            self.db["jobs"].create(
+                {
+                    "job_id": str, "seq": int, "kind": str, "input": str, "options": str,
+                    "batch_id": str, "priority": int, "state": str, "stage": str,
+                    "progress": float, "eta_s": float, "attempt": int, "max_attempts": int,
+                    "retry_at": str, "error": str, "result": str, "dedupe_key": str,
+                    "timeout_s": float, "run_at": str, "owner": str, "crashes": int,
+                    "created_at": str, "started_at": str, "finished_at": str, "updated_at": str,
+                },
+                pk="job_id",
+                not_null={"seq", "kind", "state", "attempt", "max_attempts", "priority", "created_at"},
+                defaults={"seq": 0, "attempt": 0, "priority": 0, "crashes": 0},
+                foreign_keys=[("batch_id", "batches", "batch_id")],
+                if_not_exists=True,
+            )
+            self.db["job_events"].create(
+                {"id": int, "job_id": str, "at": str, "from_state": str, "to_state": str,
+                 "attempt": int, "detail": str},
+                pk="id",
+                if_not_exists=True,
+            )
+            self.db["idempotency_keys"].create(
+                {"key": str, "batch_id": str, "job_ids": str, "created_at": str},
+                pk="key",
+                if_not_exists=True,
+            )
+            self.db["job_events"].create_index(["job_id"], if_not_exists=True)
+            self.db["jobs"].create_index(["batch_id"], if_not_exists=True)
+            self.db["jobs"].create_index(["state", "priority", "created_at"], if_not_exists=True)
+            # Partial index: dedupe looks only at active jobs, so it stays small at any size.
+            self.conn.execute(
+                "CREATE INDEX IF NOT EXISTS jobs_active_dedupe ON jobs(dedupe_key) "
+                "WHERE state IN ('queued','running','retrying','cancelling')"
+            )
+            self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    @contextmanager
+    def _immediate(self) -> Iterator[None]:
+        """One write transaction that takes the write lock at once (``BEGIN IMMEDIATE``)."""
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    # -- reading ------------------------------------------------------------------------
+
+    @staticmethod
+    def _decode(row: dict[str, Any]) -> dict[str, Any]:
+        for col in _JSON_COLUMNS:
+            if row.get(col) is not None:
+                row[col] = json.loads(row[col])
+        return row
+
+    def get(self, job_id: str) -> dict[str, Any]:
+        """The job row (JSON columns decoded). Raises :class:`NotFoundError`."""
+        rows = list(self.db.query("SELECT * FROM jobs WHERE job_id = ?", [job_id]))
+        if not rows:
+            raise NotFoundError(f"no job {job_id!r}")
+        return self._decode(rows[0])
+
+    def list_jobs(
+        self,
+        *,
+        state: str | None = None,
+        kind: str | None = None,
+        batch_id: str | None = None,
+        before: str | None = None,
+        limit: int = 50,
+    ) -> list[dict[str, Any]]:
+        """Jobs newest first, filtered; ``before`` is a job id to page past (exclusive)."""
+        where, args = [], []
+        for col, val in (("state", state), ("kind", kind), ("batch_id", batch_id)):
+            if val is not None:
+                where.append(f"{col} = ?")
+                args.append(val)
+        if before is not None:
+            where.append("job_id < ?")
+            args.append(before)
+        sql = "SELECT * FROM jobs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY job_id DESC LIMIT ?"
+        args.append(limit)
+        return [self._decode(r) for r in self.db.query(sql, args)]
+
+    def iter_jobs(self) -> Iterator[dict[str, Any]]:
+        """Every job, oldest first (for republish)."""
+        for row in self.db.query("SELECT * FROM jobs ORDER BY job_id"):
+            yield self._decode(row)
+
+    def job_ids(self) -> set[str]:
+        return {r[0] for r in self.conn.execute("SELECT job_id FROM jobs")}
+
+    def batch(self, batch_id: str) -> dict[str, Any]:
+        """The batch with ``counts`` per state, ``job_ids`` and ``done``. Raises NotFoundError."""
+        rows = list(self.db.query("SELECT * FROM batches WHERE batch_id = ?", [batch_id]))
+        if not rows:
+            raise NotFoundError(f"no batch {batch_id!r}")
+        batch = rows[0]
+        counts = {s.value: 0 for s in JobState}
+        ids = []
+        for job_id, state in self.conn.execute(
+            "SELECT job_id, state FROM jobs WHERE batch_id = ? ORDER BY job_id", [batch_id]
+        ):
+            counts[state] += 1
+            ids.append(job_id)
+        batch["counts"] = counts
+        batch["job_ids"] = ids
+        batch["done"] = all(is_terminal(s) for s in counts if counts[s]) and bool(ids)
+        return batch
+
+    def batch_ids(self) -> list[str]:
+        return [r[0] for r in self.conn.execute("SELECT batch_id FROM batches ORDER BY batch_id")]
+
+    def counts(self) -> dict[str, int]:
+        """Number of jobs per state (every state present, zero when none)."""
+        counts = {s.value: 0 for s in JobState}
+        for state, n in self.conn.execute("SELECT state, count(*) FROM jobs GROUP BY state"):
+            counts[state] = n
+        return counts
+
+    def running(self) -> list[dict[str, Any]]:
+        return [self._decode(r) for r in self.db.query(
+            "SELECT * FROM jobs WHERE state IN ('running','cancelling') ORDER BY started_at")]
+
+    def last_finished(self) -> dict[str, Any] | None:
+        rows = list(self.db.query(
+            "SELECT * FROM jobs WHERE finished_at IS NOT NULL ORDER BY finished_at DESC LIMIT 1"))
+        return self._decode(rows[0]) if rows else None
+
+    def next_due(self) -> float | None:
+        """Earliest ``retry_at`` / ``run_at`` in the future of a waiting job, as Unix seconds."""
+        row = self.conn.execute(
+            "SELECT min(t) FROM (SELECT retry_at AS t FROM jobs WHERE state = 'retrying' "
+            "UNION ALL SELECT run_at FROM jobs WHERE state = 'queued' AND run_at IS NOT NULL)"
+        ).fetchone()
+        return parse_iso(row[0]) if row and row[0] else None
+
+    def events(self, job_id: str) -> list[dict[str, Any]]:
+        """The event log of one job, oldest first."""
+        return list(self.db.query("SELECT * FROM job_events WHERE job_id = ? ORDER BY id", [job_id]))
+
+    def integrity_check(self) -> str:
+        """``PRAGMA integrity_check``: ``"ok"`` for a healthy file."""
+        return str(self.conn.execute("PRAGMA integrity_check").fetchone()[0])
+
+    # -- writing ------------------------------------------------------------------------
+
+    def submit(
+        self,
+        specs: Sequence[JobSpec],
+        now: float,
+        *,
+        idempotency_key: str | None = None,
+        as_batch: bool = False,
+    ) -> tuple[str | None, list[Created]]:
+        """Create jobs (one transaction), or find the ones this request created before.
+
+        With ``idempotency_key`` seen before, returns that submit's batch id and jobs, each
+        ``duplicate=True``. Without a key, a spec equal to an active job (same kind, input and
+        options) returns that job as a duplicate instead of a new one. ``as_batch`` makes a
+        batch of the new jobs.
+
+        Returns ``(batch_id | None, [Created, ...])`` in the order of ``specs``.
+        """
+        with self._immediate():
+            if idempotency_key is not None:
+                rows = list(self.db.query(
+                    "SELECT * FROM idempotency_keys WHERE key = ?", [idempotency_key]))
+                if rows:
+                    ids = json.loads(rows[0]["job_ids"])
+                    return rows[0]["batch_id"], [Created(self.get(i), True) for i in ids]
+            at = iso(now)
+            batch_id = new_id(now) if as_batch else None
+            if batch_id:
+                self.db["batches"].insert(
+                    {"batch_id": batch_id, "total": len(specs), "created_at": at, "updated_at": at})
+            out: list[Created] = []
+            for spec in specs:
+                key = dedupe_key(spec.kind, spec.input, spec.options)
+                if idempotency_key is None and not as_batch:
+                    found = self.conn.execute(
+                        "SELECT job_id FROM jobs WHERE dedupe_key = ? AND state IN "
+                        "('queued','running','retrying','cancelling') LIMIT 1", [key]).fetchone()
+                    if found:
+                        out.append(Created(self.get(found[0]), True))
+                        continue
+                job = {
+                    "job_id": new_id(now), "seq": 1, "kind": spec.kind, "input": spec.input,
+                    "options": json.dumps(spec.options), "batch_id": batch_id,
+                    "priority": spec.priority, "state": JobState.QUEUED.value, "stage": None,
+                    "progress": 0.0, "eta_s": None, "attempt": 0,
+                    "max_attempts": spec.max_attempts, "retry_at": None, "error": None,
+                    "result": None, "dedupe_key": key, "timeout_s": spec.timeout_s,
+                    "run_at": iso(spec.run_at) if spec.run_at else None, "owner": None,
+                    "crashes": 0, "created_at": at, "started_at": None, "finished_at": None,
+                    "updated_at": at,
+                }
+                self.db["jobs"].insert(job)
+                self._event(job["job_id"], at, None, JobState.QUEUED, 0, None)
+                out.append(Created(self._decode(dict(job)), False))
+            if idempotency_key is not None:
+                self.db["idempotency_keys"].insert({
+                    "key": idempotency_key, "batch_id": batch_id, "created_at": at,
+                    "job_ids": json.dumps([c.job["job_id"] for c in out])})
+        return batch_id, out
+
+    def _event(self, job_id: str, at: str, src: JobState | None, dst: JobState, attempt: int,
+               detail: dict[str, Any] | None) -> None:
+        self.db["job_events"].insert({
+            "job_id": job_id, "at": at, "from_state": src.value if src else None,
+            "to_state": dst.value, "attempt": attempt,
+            "detail": json.dumps(detail) if detail else None})
+
+    def claim(self, now: float, kinds: Iterable[str], owner: str) -> dict[str, Any] | None:
+        """Move the next due job of one of ``kinds`` to ``running`` and return it, or ``None``.
+
+        Order: highest ``priority``, then oldest. Due: ``queued`` with ``run_at`` unset or
+        past, or ``retrying`` with ``retry_at`` past. ``attempt`` is incremented; ``owner``
+        (the service's per-start run id) marks whose attempt it is.
+        """
+        kinds = list(kinds)
+        if not kinds:
+            return None
+        at = iso(now)
+        marks = ",".join("?" * len(kinds))
+        with self._immediate():
+            row = self.conn.execute(
+                f"SELECT job_id, state FROM jobs WHERE kind IN ({marks}) AND ("
+                "(state = 'queued' AND (run_at IS NULL OR run_at <= ?)) OR "
+                "(state = 'retrying' AND retry_at <= ?)) "
+                "ORDER BY priority DESC, created_at, job_id LIMIT 1",
+                [*kinds, at, at],
+            ).fetchone()
+            if row is None:
+                return None
+            job_id, src = row
+            self.conn.execute(
+                "UPDATE jobs SET state = 'running', attempt = attempt + 1, seq = seq + 1, "
+                "owner = ?, started_at = ?, updated_at = ?, retry_at = NULL, stage = NULL, "
+                "progress = 0, eta_s = NULL WHERE job_id = ?",
+                [owner, at, at, job_id],
+            )
+            job = self.get(job_id)
+            self._event(job_id, at, JobState(src), JobState.RUNNING, job["attempt"], None)
+        return job
+
+    def transition(
+        self,
+        job_id: str,
+        dst: JobState,
+        now: float,
+        *,
+        expect_attempt: int | None = None,
+        detail: dict[str, Any] | None = None,
+        **fields: Any,
+    ) -> dict[str, Any]:
+        """Move a job to ``dst``, checked against the transition table; returns the new row.
+
+        ``expect_attempt``, when given, fences the change: it applies only if the job is still on
+        that attempt (a late report from a superseded attempt is refused). ``fields`` are
+        other columns to set (``error``, ``result``, ``retry_at`` as Unix seconds, ...).
+        ``seq`` and ``updated_at`` advance; reaching a terminal state sets ``finished_at``.
+
+        Raises :class:`NotFoundError` for an unknown job and :class:`TransitionError` for a
+        move the table forbids or a stale ``attempt``.
+        """
+        at = iso(now)
+        with self._immediate():
+            job = self.get(job_id)
+            src = JobState(job["state"])
+            if expect_attempt is not None and job["attempt"] != expect_attempt:
+                raise TransitionError(
+                    f"job {job_id} is on attempt {job['attempt']}, not {expect_attempt}")
+            if not can_transition(src, dst):
+                raise TransitionError(f"job {job_id}: {src.value} -> {dst.value} is not allowed")
+            values: dict[str, Any] = {"state": dst.value, "seq": job["seq"] + 1, "updated_at": at}
+            if is_terminal(dst):
+                values["finished_at"] = at
+                values["stage"] = None
+                values["eta_s"] = None
+            elif dst in ACTIVE:
+                values["finished_at"] = None
+            for key, val in fields.items():
+                if key in _JSON_COLUMNS:
+                    val = json.dumps(val) if val is not None else None
+                elif key == "retry_at" and val is not None:
+                    val = iso(val)
+                values[key] = val
+            self.db["jobs"].update(job_id, values)
+            self._event(job_id, at, src, dst, values.get("attempt", job["attempt"]), detail)
+            return self.get(job_id)
+
+    def progress(self, job_id: str, now: float, *, progress: float, stage: str | None,
+                 eta_s: float | None) -> dict[str, Any]:
+        """Record progress (percent 0-100) of a running job; ``seq`` advances. Returns the row."""
+        at = iso(now)
+        with self._immediate():
+            self.conn.execute(
+                "UPDATE jobs SET progress = ?, stage = ?, eta_s = ?, seq = seq + 1, updated_at = ? "
+                "WHERE job_id = ? AND state IN ('running','cancelling')",
+                [progress, stage, eta_s, at, job_id],
+            )
+        return self.get(job_id)
+
+    def orphans(self, owner: str) -> list[str]:
+        """Ids of jobs left ``running``/``cancelling`` by another run of the service."""
+        return [r[0] for r in self.conn.execute(
+            "SELECT job_id FROM jobs WHERE state IN ('running','cancelling') "
+            "AND (owner IS NULL OR owner != ?)", [owner])]
+
+    def delete(self, job_ids: Iterable[str]) -> list[str]:
+        """Delete terminal jobs (and their events); returns the ids deleted."""
+        gone = []
+        with self._immediate():
+            for job_id in job_ids:
+                row = self.conn.execute("SELECT state FROM jobs WHERE job_id = ?", [job_id]).fetchone()
+                if row and is_terminal(row[0]):
+                    self.conn.execute("DELETE FROM job_events WHERE job_id = ?", [job_id])
+                    self.conn.execute("DELETE FROM jobs WHERE job_id = ?", [job_id])
+                    gone.append(job_id)
+        return gone

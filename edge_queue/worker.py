@@ -1,0 +1,153 @@
+"""What runs inside a worker child process: take a job, run its kind, report over the pipe.
+
+The worker never touches MQTT or the store (PRODUCT 2). Its parent (``supervisor``) sends
+``run``, ``cancel`` and ``stop`` messages; the worker answers with ``ready``, ``progress``,
+``done``, ``failed`` and ``log`` messages (plain dicts, pickled by ``multiprocessing``).
+
+This is the one place where exceptions of a job become outcomes: a
+:class:`~edge_queue.errors.JobError` keeps its code; any other exception is
+``internal_error`` (retryable) with the exception's type and text as the message.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import resource
+import signal
+import threading
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from .config import Settings
+from .errors import EdgeQueueError, ErrorCode, JobCancelled
+from .kinds import registry
+
+#: Seconds between two progress messages of one job (stage changes are always sent).
+PROGRESS_INTERVAL_S = 0.25
+
+
+class _PipeLogHandler(logging.Handler):
+    """Forwards log records to the service, which logs them with its own configuration."""
+
+    def __init__(self, send: Any) -> None:
+        super().__init__()
+        self._send = send
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._send({"op": "log", "level": record.levelno, "name": record.name,
+                        "message": record.getMessage()})
+        except Exception:  # the pipe is gone: the parent is going away too
+            pass
+
+
+class _Context:
+    """The :class:`~edge_queue.kinds.base.JobContext` of one attempt."""
+
+    def __init__(self, worker: _Worker, job: dict[str, Any]) -> None:
+        self._worker = worker
+        self.job_id: str = job["job_id"]
+        self.attempt: int = job["attempt"]
+        self.output_dir = Path(job["output_dir"])
+        self.settings = worker.settings
+        self._last_sent = 0.0
+        self._last_stage: str | None = None
+
+    def progress(self, percent: float, stage: str | None = None, eta_s: float | None = None) -> None:
+        now = time.monotonic()
+        if stage == self._last_stage and now - self._last_sent < PROGRESS_INTERVAL_S and percent < 100:
+            return
+        self._last_sent, self._last_stage = now, stage
+        self._worker.send({"op": "progress", "job_id": self.job_id, "attempt": self.attempt,
+                           "progress": max(0.0, min(100.0, float(percent))), "stage": stage,
+                           "eta_s": eta_s})
+
+    def checkpoint(self) -> None:
+        if self._worker.cancel_requested(self.job_id):
+            raise JobCancelled("cancelled at a checkpoint")
+
+
+class _Worker:
+    def __init__(self, conn: Connection, settings: Settings) -> None:
+        self.conn = conn
+        self.settings = settings
+        self.kinds = registry()
+        self.jobs: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._cancelled: set[str] = set()
+        self._lock = threading.Lock()
+
+    def send(self, msg: dict[str, Any]) -> None:
+        with self._lock:
+            self.conn.send(msg)
+
+    def cancel_requested(self, job_id: str) -> bool:
+        return job_id in self._cancelled
+
+    def read_loop(self) -> None:
+        """Reader thread: queue ``run`` messages, flag ``cancel``s at once, end on ``stop``/EOF."""
+        while True:
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                self.jobs.put(None)
+                return
+            op = msg.get("op")
+            if op == "run":
+                self.jobs.put(msg["job"])
+            elif op == "cancel":
+                self._cancelled.add(msg["job_id"])
+            elif op == "stop":
+                self.jobs.put(None)
+                return
+
+    def run_one(self, job: dict[str, Any]) -> None:
+        ctx = _Context(self, job)
+        base = {"job_id": job["job_id"], "attempt": job["attempt"]}
+        log = logging.getLogger("edge_queue.worker")
+        try:
+            kind = self.kinds[job["kind"]]()
+            options = kind.Options.model_validate(job["options"])
+            ctx.checkpoint()
+            result = kind.run(ctx, job["input"], options)
+        except EdgeQueueError as e:
+            self.send({**base, "op": "failed", "code": str(e.code), "message": e.message,
+                       "retryable": e.retryable})
+        except Exception as e:  # any other failure of a kind is ours to report, not to die of
+            log.exception("job %s: unexpected error", job["job_id"])
+            self.send({**base, "op": "failed", "code": str(ErrorCode.INTERNAL_ERROR),
+                       "message": f"{type(e).__name__}: {e}"[:1000], "retryable": True})
+        else:
+            self.send({**base, "op": "done", "result": result})
+        finally:
+            self._cancelled.discard(job["job_id"])
+
+    def rss_mb(self) -> float:
+        """Resident set size now, in MiB (from /proc; peak from getrusage where /proc is absent)."""
+        try:
+            with open("/proc/self/statm") as fh:
+                pages = int(fh.read().split()[1])
+            return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+        except OSError:
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main(conn: Connection, settings: Settings) -> None:
+    """Entry point of a worker process (started with ``spawn``).
+
+    SIGINT is ignored (a Ctrl-C in the terminal reaches the service, which stops the workers
+    itself); SIGTERM ends the process at once.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    worker = _Worker(conn, settings)
+    root = logging.getLogger()
+    root.handlers[:] = [_PipeLogHandler(worker.send)]
+    root.setLevel(settings.log_level)
+    threading.Thread(target=worker.read_loop, name="pipe-reader", daemon=True).start()
+    worker.send({"op": "ready", "pid": os.getpid()})
+    while (job := worker.jobs.get()) is not None:
+        worker.run_one(job)
+        worker.send({"op": "idle", "rss_mb": round(worker.rss_mb(), 1)})
