@@ -122,8 +122,7 @@ class Bridge:
         if reason.is_failure:
             self._refused = str(reason)
             log.error("broker refused the connection: %s", reason)
-            if str(reason) == "Unsupported protocol version":
-                self.connected.set()  # wakes connect(), which falls back to 3.1.1
+            self.connected.set()  # wakes connect(), which reports the refusal
             return
         self._refused = None
         v5 = self.protocol == mqtt.MQTTv5
@@ -161,13 +160,59 @@ class Bridge:
 
     # -- service thread -----------------------------------------------------------------
 
+    def detect_protocol(self, timeout_s: float) -> str:
+        """Ask the broker whether it speaks MQTT 5 with a throwaway connection (no Last Will:
+        amqtt 0.12 cannot parse an MQTT 5 CONNECT that carries one, and never answers it).
+
+        Returns ``"5"`` or ``"3.1.1"``. Raises :class:`BrokerUnavailable` when no CONNACK
+        arrives within ``timeout_s`` seconds.
+        """
+        s = self.settings
+        answer: dict[str, str] = {}
+        done = threading.Event()
+
+        def on_connect(client: mqtt.Client, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
+            answer["reason"] = str(reason)
+            done.set()
+
+        probe = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"{self.client_id}-probe",
+                            protocol=mqtt.MQTTv5)
+        if s.username:
+            probe.username_pw_set(s.username, s.password.get_secret_value() if s.password else None)
+        if s.tls.enabled:
+            probe.tls_set(ca_certs=str(s.tls.ca_file) if s.tls.ca_file else None,
+                          certfile=str(s.tls.cert_file) if s.tls.cert_file else None,
+                          keyfile=str(s.tls.key_file) if s.tls.key_file else None,
+                          cert_reqs=ssl.CERT_NONE if s.tls.insecure else ssl.CERT_REQUIRED)
+            probe.tls_insecure_set(s.tls.insecure)
+        probe.on_connect = on_connect
+        try:
+            probe.connect(s.host, s.port, keepalive=s.keepalive_s)
+        except OSError as e:
+            raise BrokerUnavailable(f"no MQTT broker at {s.host}:{s.port}: {e}") from e
+        probe.loop_start()
+        try:
+            if not done.wait(timeout_s):
+                raise BrokerUnavailable(f"no MQTT broker answered at {s.host}:{s.port} within {timeout_s} s")
+        finally:
+            probe.disconnect()
+            probe.loop_stop()
+        return "3.1.1" if answer.get("reason") == "Unsupported protocol version" else "5"
+
     def connect(self, timeout_s: float = 10.0, *, wait: bool = True) -> None:
         """Connect and start paho's network thread; paho reconnects with backoff from then on.
 
+        With ``mqtt.protocol = "auto"`` the protocol is found first (:meth:`detect_protocol`).
         With ``wait``, block until the first CONNACK; raises :class:`BrokerUnavailable` when
         none arrives in ``timeout_s`` seconds or the broker refuses (bad credentials).
         """
         s = self.settings
+        if s.protocol == "auto" and wait:
+            found = self.detect_protocol(timeout_s)
+            if found == "3.1.1":
+                log.info("the broker does not speak MQTT 5; using MQTT 3.1.1")
+                self.protocol = mqtt.MQTTv311
+                self._client = self._make_client()
         props = None
         if self.protocol == mqtt.MQTTv5:
             props = Properties(PacketTypes.CONNECT)
@@ -180,14 +225,7 @@ class Bridge:
             return
         if not self.connected.wait(timeout_s):
             raise BrokerUnavailable(f"no MQTT broker answered at {s.host}:{s.port} within {timeout_s} s")
-        if self._refused == "Unsupported protocol version" and s.protocol == "auto":
-            log.info("the broker does not speak MQTT 5; using MQTT 3.1.1")
-            self._client.loop_stop()
-            self._client.disconnect()
-            self.protocol = mqtt.MQTTv311
-            self._client = self._make_client()
-            self.connect(timeout_s)
-        elif self._refused:
+        if self._refused:
             self._client.loop_stop()
             raise BrokerUnavailable(f"the broker at {s.host}:{s.port} refused us: {self._refused}")
 

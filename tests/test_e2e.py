@@ -1,0 +1,176 @@
+"""End to end: the real service process against the system mosquitto and the embedded amqtt,
+real speech, plain paho subscribers (PRODUCT 3, 4.1, 4.7)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from .conftest import REFERENCE, Watcher, publish, wait_until, wer
+
+
+def _states(watcher: Watcher, topic: str) -> list[str]:
+    return [m["state"] for m in watcher.json_on(topic)]
+
+
+@pytest.mark.usefixtures("model_installed")
+def test_transcribe_jfk_seen_by_subscribers(broker, service_factory, speech: Path) -> None:
+    # Given a service with its own base topic and a plain subscriber on <base>/jobs/+
+    svc = service_factory(broker, [speech]).start()
+    watcher = svc.watcher("jobs/+", "response/#", "events", "queue")
+    # When jfk.flac is submitted
+    resp = svc.request("submit", {"input": str(speech / "jfk.flac")}, watcher)
+    assert resp["status"] == "ok", resp
+    assert resp["data"]["rejected"] == [] and resp["data"]["batch_id"] is None
+    job_id = resp["data"]["jobs"][0]["job_id"]
+    topic = f"{svc.base}/jobs/{job_id}"
+    done = watcher.wait_json(topic, lambda m: m["state"] in ("succeeded", "failed"), timeout=120)
+    # Then the subscriber saw queued, running with progress, and succeeded, in seq order
+    assert done["state"] == "succeeded", done
+    msgs = watcher.json_on(topic)
+    states = [m["state"] for m in msgs]
+    assert states[0] == "queued" and "running" in states and states[-1] == "succeeded"
+    assert [m["seq"] for m in msgs] == sorted(m["seq"] for m in msgs)
+    assert any(m["state"] == "running" and m["stage"] == "transcribing" for m in msgs)
+    assert all(m["v"] == 1 for m in msgs)
+    result = done["result"]
+    assert wer(REFERENCE["jfk.flac"], result["text"]) <= 0.1, result["text"]
+    assert result["language"] == "en" and result["duration_s"] == pytest.approx(11.0, abs=0.1)
+    assert set(result["outputs"]) == {"txt", "srt", "vtt", "json"}
+    for path in result["outputs"].values():
+        assert Path(path).is_file() and Path(path).parent == svc.data_dir / "outputs" / job_id
+    assert "-->" in Path(result["outputs"]["srt"]).read_text()
+    assert done["attempt"] == 1 and done["finished_at"] and done["error"] is None
+    # and exactly one "end" event for the job
+    ends = [e for e in watcher.json_on(f"{svc.base}/events") if e["job"]["job_id"] == job_id and e["type"] == "end"]
+    assert len(ends) == 1
+    watcher.close()
+    # And a subscriber that connects after the end still gets the retained succeeded state
+    late = svc.watcher(f"jobs/{job_id}")
+    late_msg = late.wait_json(topic, lambda m: True, timeout=10)
+    assert late_msg["state"] == "succeeded" and late_msg["seq"] == done["seq"]
+    assert [r for t, _p, r, _at in late.messages if t == topic][0] is True  # delivered as retained
+    late.close()
+
+
+@pytest.mark.usefixtures("model_installed")
+def test_batch_of_librivox_clips(broker, service_factory, speech: Path) -> None:
+    svc = service_factory(broker, [speech]).start()
+    watcher = svc.watcher("batches/+", "response/#", "jobs/+")
+    clips = ["librivox-0870.wav", "librivox-0890.wav", "librivox-0930.wav"]
+    resp = svc.request("submit", {"inputs": [str(speech / c) for c in clips]}, watcher)
+    assert resp["status"] == "ok", resp
+    batch_id = resp["data"]["batch_id"]
+    assert batch_id and len(resp["data"]["jobs"]) == 3
+    batch = watcher.wait_json(f"{svc.base}/batches/{batch_id}", lambda b: b["done"], timeout=180)
+    assert batch["total"] == 3 and batch["counts"]["succeeded"] == 3, batch
+    assert sorted(batch["job_ids"]) == sorted(j["job_id"] for j in resp["data"]["jobs"])
+    for job in resp["data"]["jobs"]:
+        final = watcher.json_on(f"{svc.base}/jobs/{job['job_id']}")[-1]
+        assert final["batch_id"] == batch_id
+        assert wer(REFERENCE[Path(final["input"]).name], final["result"]["text"]) <= 0.1
+
+
+@pytest.mark.usefixtures("model_installed", "mosquitto_clients")
+def test_mosquitto_pub_bare_path(mosquitto, service_factory, speech: Path) -> None:
+    svc = service_factory(mosquitto, [speech]).start()
+    watcher = svc.watcher("jobs/+", "response/submit")
+    # The real mosquitto_pub binary, a bare path as payload
+    subprocess.run(["mosquitto_pub", "-h", mosquitto.host, "-p", str(mosquitto.port), "-q", "1",
+                    "-t", f"{svc.base}/request/submit", "-m", str(speech / "jfk.flac")], check=True, timeout=10)
+    resp = watcher.wait_json(f"{svc.base}/response/submit", lambda m: True)
+    assert resp["status"] == "ok" and resp["transaction"] is None
+    job_id = resp["data"]["jobs"][0]["job_id"]
+    done = watcher.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] == "succeeded", timeout=120)
+    assert done["kind"] == "transcribe"
+    # mosquitto_sub, as a user would read the retained state
+    out = subprocess.run(["mosquitto_sub", "-h", mosquitto.host, "-p", str(mosquitto.port), "-C", "1",
+                          "-W", "10", "-t", f"{svc.base}/jobs/{job_id}"], capture_output=True, check=True, timeout=15)
+    assert json.loads(out.stdout)["state"] == "succeeded"
+
+
+def test_bad_requests_get_one_error_each(broker, service_factory, speech: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside.wav"
+    outside.write_bytes(b"RIFF")
+    svc = service_factory(broker, [speech]).start()
+    watcher = svc.watcher("response/#", "jobs/+")
+    cases = [
+        ("submit", b'{"input": ', "invalid_json"),
+        ("frobnicate", {"x": 1}, "unknown_command"),
+        ("submit", {"kind": "paint", "input": str(speech / "jfk.flac")}, "unknown_kind"),
+        ("submit", {"input": str(speech / "missing.flac")}, "input_not_found"),
+        ("submit", {"input": str(outside)}, "input_outside_media_roots"),
+        ("submit", {"input": str(speech / ".." / ".." / "shared" / "media" / ".." / ".." / "etc" / "passwd")},
+         "input_outside_media_roots"),
+        ("submit", {"input": str(speech / "jfk.flac"), "priority": "high"}, "invalid_request"),
+        ("submit", {"input": str(speech / "jfk.flac"), "options": {"beam_size": 99}}, "invalid_request"),
+        ("get", {"job_id": "nosuchjob"}, "not_found"),
+        ("cancel", {}, "invalid_request"),
+        ("list", b"[1, 2]", "invalid_request"),
+        ("submit", b"x" * (300 * 1024), "payload_too_large"),
+        ("get", b"\xff\xfe", "invalid_json"),
+    ]
+    for command, payload, code in cases:
+        resp = svc.request(command, payload, watcher)
+        assert resp["status"] == "error", (command, payload, resp)
+        assert resp["error"]["code"] == code, (command, payload, resp)
+        assert resp["error"]["message"] and resp["v"] == 1
+    # every request got exactly one response
+    assert sum(len(watcher.on(t)) for t in {t for t, *_ in watcher.messages if "/response/" in t}) == len(cases)
+    assert watcher.json_on(f"{svc.base}/response/unknown")[0]["error"]["code"] == "unknown_command"
+    # a field error names the field
+    bad = [m for m in watcher.json_on(f"{svc.base}/response/submit") if m["error"]["code"] == "invalid_request"]
+    assert {m["error"]["field"] for m in bad} == {"priority", "options.beam_size"}
+    # a mixed submit: the bad input is listed, the good one still runs
+    resp = svc.request("submit", {"kind": "probe", "inputs": [str(speech / "jfk.flac"), str(speech / "nope.wav")]},
+                       watcher)
+    assert resp["status"] == "ok"
+    assert [r["code"] for r in resp["data"]["rejected"]] == ["input_not_found"]
+    job_id = resp["data"]["jobs"][0]["job_id"]
+    done = watcher.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] == "succeeded", timeout=60)
+    assert done["result"]["duration_s"] == pytest.approx(11.0, abs=0.1)
+    # and no job was created by the bad requests
+    listed = svc.request("list", {}, watcher)
+    assert [j["job_id"] for j in listed["data"]["jobs"]] == [job_id]
+    assert svc.proc is not None and svc.proc.poll() is None
+
+
+def test_retained_submit_is_not_executed(broker, service_factory, speech: Path) -> None:
+    svc = service_factory(broker, [speech])
+    # Given a retained submit waiting on the broker before the service starts
+    publish(broker, f"{svc.base}/request/submit", json.dumps({"kind": "noop"}), retain=True)
+    watcher = svc.watcher("response/#", "jobs/+", "request/submit")
+    svc.start()
+    # Then it is answered with an error, cleared from the broker, and no job exists
+    resp = watcher.wait_json(f"{svc.base}/response/submit", lambda m: True)
+    assert resp["status"] == "error" and "retained" in resp["error"]["message"]
+    wait_until(lambda: b"" in watcher.on(f"{svc.base}/request/submit"), 10, "the retained request to be cleared")
+    listed = svc.request("list", {}, watcher)
+    assert listed["data"]["jobs"] == []
+    fresh = svc.watcher("request/submit")  # nothing retained any more
+    assert fresh.on(f"{svc.base}/request/submit") in ([], [b""])
+    fresh.close()
+
+
+def test_noop_cancel_and_reply_to(broker, service_factory, speech: Path) -> None:
+    svc = service_factory(broker, [speech]).start()
+    reply = f"{svc.base}/reply/{uuid.uuid4().hex[:8]}"
+    watcher = svc.watcher("response/#", "jobs/+", "reply/#")
+    resp = svc.request("submit", {"kind": "noop", "options": {"sleep_s": 30}, "reply_to": reply}, watcher)
+    assert resp["status"] == "ok"
+    assert watcher.json_on(reply)[0] == resp  # the same response on reply_to
+    job_id = resp["data"]["jobs"][0]["job_id"]
+    topic = f"{svc.base}/jobs/{job_id}"
+    watcher.wait_json(topic, lambda m: m["state"] == "running")
+    resp = svc.request("cancel", {"job_id": job_id}, watcher)
+    assert resp["data"] == {"cancelled": [], "cancelling": [job_id]}
+    final = watcher.wait_json(topic, lambda m: m["state"] == "cancelled", timeout=15)
+    assert final["error"]["code"] == "cancelled"
+    assert "cancelling" in _states(watcher, topic)
+    # an invalid reply_to is refused without executing
+    resp = svc.request("submit", {"kind": "noop", "reply_to": f"{svc.base}/jobs/x"}, watcher)
+    assert resp["status"] == "error" and resp["error"]["field"] == "reply_to"
