@@ -256,10 +256,16 @@ def jobs(
     if kind:
         body["kind"] = kind
     data = _request(settings, "list", body)
+    rows = [(j["job_id"], j["kind"], j["state"], f"{j['progress'] or 0:.0f}%",
+             f"{j['attempt']}/{j['max_attempts']}", j["input"] or "", j["updated_at"]) for j in data["jobs"]]
+    if not sys.stdout.isatty():  # scripts get one tab-separated line per job
+        for row in rows:
+            typer.echo("\t".join(row))
+        return
     table = Table("job", "kind", "state", "progress", "attempt", "input", "updated")
-    for j in data["jobs"]:
-        table.add_row(j["job_id"], j["kind"], j["state"], f"{j['progress'] or 0:.0f}%",
-                      f"{j['attempt']}/{j['max_attempts']}", j["input"] or "", j["updated_at"])
+    table.columns[0].no_wrap = True
+    for row in rows:
+        table.add_row(*row)
     Console().print(table)
 
 

@@ -1,0 +1,97 @@
+"""The CLI as a user runs it: real subprocesses, exit codes, output."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import REFERENCE, Watcher, free_port, wait_until, wer
+
+
+def cli(svc, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "edge_queue", *args], env=svc.env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.usefixtures("model_installed")
+def test_submit_wait_jobs_show(mosquitto, service_factory, speech: Path) -> None:
+    svc = service_factory(mosquitto, [speech]).start()
+    done = cli(svc, "submit", str(speech / "jfk.flac"), "--wait")
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.split()[0]
+    assert "succeeded" in done.stdout
+    assert wer(REFERENCE["jfk.flac"], done.stdout.split("succeeded: ", 1)[1]) <= 0.1
+    shown = cli(svc, "show", job_id)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["state"] == "succeeded"
+    listed = cli(svc, "jobs")
+    assert listed.returncode == 0 and job_id in listed.stdout
+    # One good and one missing input: the good one runs, the rejection is reported, exit code 1
+    mixed = cli(svc, "submit", "--kind", "probe", str(speech / "jfk.flac"), str(speech / "missing.wav"), "--wait")
+    assert mixed.returncode == 1 and "input_not_found" in mixed.stderr and "succeeded" in mixed.stdout
+
+
+def test_cli_cancel_and_errors(mosquitto, service_factory, speech: Path) -> None:
+    svc = service_factory(mosquitto, [speech]).start()
+    sub = cli(svc, "submit", "--kind", "noop", "-o", "sleep_s=30", "x")
+    assert sub.returncode == 0, sub.stderr
+    job_id = sub.stdout.split()[0]
+    cancelled = cli(svc, "cancel", job_id)
+    assert cancelled.returncode == 0 and job_id in cancelled.stdout
+    again = cli(svc, "cancel", "nosuchjob")
+    assert again.returncode == 1 and "not_found" in again.stderr
+    missing = cli(svc, "submit", str(speech / "nope.flac"))
+    assert missing.returncode == 1 and "input_not_found" in missing.stderr
+
+
+def test_cli_without_broker_exits_3(tmp_path: Path) -> None:
+    env = {**os.environ, "EDGE_QUEUE_MQTT__PORT": str(free_port())}
+    out = subprocess.run([sys.executable, "-m", "edge_queue", "jobs"], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 3 and "broker" in out.stderr
+
+
+def test_up_starts_embedded_broker_when_none_answers(tmp_path: Path, speech: Path) -> None:
+    port = free_port()
+    env = {**os.environ, "EDGE_QUEUE_MQTT__PORT": str(port), "EDGE_QUEUE_DATA_DIR": str(tmp_path / "d"),
+           "EDGE_QUEUE_MQTT__BASE_TOPIC": "upt"}
+    with open(tmp_path / "up.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "edge_queue", "up", "--media-root", str(speech)], env=env,
+                                stderr=log)
+    try:
+        wait_until(lambda: _online(port), 60, "edge-queue up to be online")
+        out = subprocess.run([sys.executable, "-m", "edge_queue", "submit", "--kind", "probe",
+                              str(speech / "jfk.flac"), "--wait"], env=env, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+    assert code == 0, (tmp_path / "up.log").read_text()
+    assert "embedded broker" in (tmp_path / "up.log").read_text()
+
+
+def _online(port: int) -> bool:
+    try:
+        w = Watcher("127.0.0.1", port, ["upt/status"])
+    except (OSError, AssertionError):
+        return False
+    try:
+        return bool(wait_until(lambda: b"online" in w.on("upt/status"), 2, "online"))
+    except AssertionError:
+        return False
+    finally:
+        w.close()
+
+
+def test_config_check(tmp_path: Path) -> None:
+    bad = tmp_path / "c.toml"
+    bad.write_text("[mqtt]\nprot = 1\n")
+    out = subprocess.run([sys.executable, "-m", "edge_queue", "config", "check", str(bad)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and "mqtt.prot" in out.stderr

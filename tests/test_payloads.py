@@ -1,0 +1,116 @@
+"""Request decoding at the edge, topics, configuration and backoff: pure logic."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from edge_queue.commands import check_input
+from edge_queue.config import load_settings
+from edge_queue.errors import ConfigError, ErrorCode, InputError, RequestError
+from edge_queue.payloads import SubmitRequest, decode_request
+from edge_queue.service import backoff_s
+from edge_queue.topics import Topics
+
+
+def decode(command: str, raw: bytes):
+    return decode_request(command, raw, max_bytes=1024, default_kind="transcribe")
+
+
+def test_bare_path_json_string_and_array() -> None:
+    assert decode("submit", b"/srv/a.m4a\n").input == "/srv/a.m4a"
+    assert decode("submit", b'"/srv/a.m4a"').input == "/srv/a.m4a"
+    req = decode("submit", b'["/a", "/b"]')
+    assert isinstance(req, SubmitRequest) and req.inputs == ["/a", "/b"] and req.kind == "transcribe"
+
+
+@pytest.mark.parametrize(("command", "raw", "code", "field"), [
+    ("submit", b"{", ErrorCode.INVALID_JSON, None),
+    ("submit", b"\xff", ErrorCode.INVALID_JSON, None),
+    ("submit", b"x" * 2000, ErrorCode.PAYLOAD_TOO_LARGE, None),
+    ("nope", b"{}", ErrorCode.UNKNOWN_COMMAND, None),
+    ("submit", b'{"input": 5}', ErrorCode.INVALID_REQUEST, "input"),
+    ("submit", b'{"input": "/a", "colour": 1}', ErrorCode.INVALID_REQUEST, "colour"),
+    ("submit", b'{"input": "/a", "run_at": "tomorrow"}', ErrorCode.INVALID_REQUEST, "run_at"),
+    ("list", b'{"limit": 0}', ErrorCode.INVALID_REQUEST, "limit"),
+    ("get", b"[]", ErrorCode.INVALID_REQUEST, "(root)"),
+])
+def test_bad_requests_raise_with_code_and_field(command, raw, code, field) -> None:
+    with pytest.raises(RequestError) as e:
+        decode(command, raw)
+    assert e.value.code == code
+    if field:
+        assert e.value.field == field
+
+
+def test_topics_closed_vocabulary() -> None:
+    t = Topics("home/eq")
+    assert t.job("abc123") == "home/eq/jobs/abc123"
+    assert t.response("submit") == "home/eq/response/submit"
+    assert t.response("rm -rf") == "home/eq/response/unknown"
+    with pytest.raises(ValueError):
+        t.job("../x")
+    with pytest.raises(ValueError):
+        Topics("a/#")
+    assert t.valid_reply_to("phone/replies") and t.valid_reply_to("home/eq/reply/me")
+    assert not t.valid_reply_to("home/eq/jobs/x") and not t.valid_reply_to("a/+/b")
+    assert t.parse_request("home/eq/request/get") == "get" and t.parse_request("other/request/get") is None
+
+
+def test_check_input_confines_to_media_roots(tmp_path: Path) -> None:
+    root = tmp_path / "media"
+    root.mkdir()
+    (root / "a.wav").write_bytes(b"x")
+    secret = tmp_path / "secret.wav"
+    secret.write_bytes(b"x")
+    (root / "link.wav").symlink_to(secret)
+    assert check_input(str(root / "a.wav"), [root]) == str(root / "a.wav")
+    for raw, code in [
+        (str(root / "missing.wav"), ErrorCode.INPUT_NOT_FOUND),
+        (str(root / ".." / "secret.wav"), ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS),
+        (str(root / "link.wav"), ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS),
+        ("a.wav", ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS),
+        (str(root), ErrorCode.INPUT_NOT_FOUND),
+    ]:
+        with pytest.raises(InputError) as e:
+            check_input(raw, [root])
+        assert e.value.code == code, raw
+
+
+def test_config_names_bad_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('workers = "many"\ncolour = 1\n[mqtt]\nport = 70000\n')
+    with pytest.raises(ConfigError) as e:
+        load_settings(bad)
+    for key in ("workers", "colour", "mqtt.port"):
+        assert key in e.value.message
+    good = tmp_path / "good.toml"
+    good.write_text('media_roots = ["/srv/media"]\n[mqtt]\nbase_topic = "home/eq"\n[kinds.probe]\nmax_concurrency = 4\n')
+    monkeypatch.setenv("EDGE_QUEUE_MQTT__PORT", "1884")
+    s = load_settings(good)
+    assert s.mqtt.port == 1884 and s.mqtt.base_topic == "home/eq" and s.media_roots == [Path("/srv/media")]
+    assert s.kind("probe").max_concurrency == 4 and s.kind("transcribe").max_concurrency == 1
+    with pytest.raises(ConfigError):
+        load_settings(tmp_path / "missing.toml")
+
+
+def test_full_jitter_backoff_bounds() -> None:
+    assert backoff_s(1, 5, 300, rng=lambda: 1.0) == 5
+    assert backoff_s(3, 5, 300, rng=lambda: 1.0) == 20
+    assert backoff_s(20, 5, 300, rng=lambda: 1.0) == 300
+    assert backoff_s(4, 5, 300, rng=lambda: 0.5) == 20
+    assert backoff_s(2, 5, 300, rng=lambda: 0.0) == 0
+
+
+def test_job_object_is_json(tmp_path: Path) -> None:
+    from edge_queue.payloads import job_object
+    from edge_queue.store import JobSpec, Store
+
+    store = Store(tmp_path / "q.db")
+    _, (c,) = store.submit([JobSpec("noop", None, {})], 1.0)
+    obj = job_object(c.job)
+    assert obj["v"] == 1 and json.loads(json.dumps(obj)) == obj
+    assert set(obj) >= {"job_id", "seq", "state", "progress", "attempt", "max_attempts", "retry_at",
+                        "error", "result", "created_at", "updated_at"}

@@ -1,0 +1,136 @@
+"""The store on real SQLite files: submit, idempotency, dedupe, claim order, transitions, fencing."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from edge_queue.errors import NotFoundError, TransitionError
+from edge_queue.states import TRANSITIONS, JobState, can_transition, is_terminal
+from edge_queue.store import JobSpec, Store, iso, new_id, parse_iso
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    return Store(tmp_path / "q.db")
+
+
+def spec(input_: str = "/m/a.wav", kind: str = "noop", **kw) -> JobSpec:
+    return JobSpec(kind=kind, input=input_, options=kw.pop("options", {}), **kw)
+
+
+def test_pragmas_wal_and_full_sync(tmp_path: Path) -> None:
+    s = Store(tmp_path / "q.db")
+    assert s.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert s.conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    n = Store(tmp_path / "n.db", durability="normal")
+    assert n.conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+    assert s.integrity_check() == "ok"
+
+
+def test_submit_commits_job_and_event(store: Store, tmp_path: Path) -> None:
+    batch_id, created = store.submit([spec()], 1000.0)
+    assert batch_id is None and not created[0].duplicate
+    job = created[0].job
+    assert job["state"] == "queued" and job["seq"] == 1 and job["attempt"] == 0
+    # visible from another connection: committed
+    other = sqlite3.connect(tmp_path / "q.db")
+    assert other.execute("SELECT state FROM jobs WHERE job_id = ?", [job["job_id"]]).fetchone() == ("queued",)
+    assert [e["to_state"] for e in store.events(job["job_id"])] == ["queued"]
+
+
+def test_idempotency_key_returns_first_jobs(store: Store) -> None:
+    b1, first = store.submit([spec("/m/a"), spec("/m/b")], 1.0, idempotency_key="k1", as_batch=True)
+    b2, again = store.submit([spec("/m/a"), spec("/m/b")], 2.0, idempotency_key="k1", as_batch=True)
+    assert b1 == b2 and b1 is not None
+    assert [c.job["job_id"] for c in first] == [c.job["job_id"] for c in again]
+    assert all(c.duplicate for c in again)
+    assert store.counts()["queued"] == 2
+    assert store.batch(b1)["total"] == 2
+
+
+def test_equal_active_job_is_deduplicated_until_terminal(store: Store) -> None:
+    _, (a,) = store.submit([spec(options={"sleep_s": 1})], 1.0)
+    _, (b,) = store.submit([spec(options={"sleep_s": 1})], 2.0)
+    _, (c,) = store.submit([spec(options={"sleep_s": 2})], 3.0)
+    assert b.duplicate and b.job["job_id"] == a.job["job_id"]
+    assert not c.duplicate
+    store.transition(a.job["job_id"], JobState.CANCELLED, 4.0)
+    _, (d,) = store.submit([spec(options={"sleep_s": 1})], 5.0)
+    assert not d.duplicate
+
+
+def test_claim_order_priority_then_age_and_kinds(store: Store) -> None:
+    _, (old,) = store.submit([spec("/1")], 1.0)
+    _, (new,) = store.submit([spec("/2")], 2.0)
+    _, (urgent,) = store.submit([spec("/3", priority=5)], 3.0)
+    _, (other,) = store.submit([spec("/4", kind="probe", priority=9)], 4.0)
+    got = [store.claim(10.0, ["noop"], "run1")["job_id"] for _ in range(3)]
+    assert got == [urgent.job["job_id"], old.job["job_id"], new.job["job_id"]]
+    assert store.claim(10.0, ["noop"], "run1") is None
+    claimed = store.claim(10.0, ["noop", "probe"], "run1")
+    assert claimed["job_id"] == other.job["job_id"] and claimed["attempt"] == 1 and claimed["owner"] == "run1"
+
+
+def test_run_at_and_retry_at_delay_claims(store: Store) -> None:
+    store.submit([spec("/later", run_at=100.0)], 1.0)
+    assert store.claim(99.0, ["noop"], "r") is None
+    assert store.next_due() == pytest.approx(100.0, abs=0.001)
+    job = store.claim(100.0, ["noop"], "r")
+    store.transition(job["job_id"], JobState.RETRYING, 101.0, retry_at=150.0)
+    assert store.claim(149.0, ["noop"], "r") is None
+    again = store.claim(150.0, ["noop"], "r")
+    assert again["attempt"] == 2 and again["retry_at"] is None
+
+
+def test_transition_table_enforced_and_fenced(store: Store) -> None:
+    _, (c,) = store.submit([spec()], 1.0)
+    job_id = c.job["job_id"]
+    with pytest.raises(TransitionError):
+        store.transition(job_id, JobState.SUCCEEDED, 2.0)  # queued -> succeeded is not allowed
+    store.claim(2.0, ["noop"], "r")
+    with pytest.raises(TransitionError):
+        store.transition(job_id, JobState.SUCCEEDED, 3.0, expect_attempt=7)  # stale attempt
+    done = store.transition(job_id, JobState.SUCCEEDED, 3.0, expect_attempt=1, result={"x": 1})
+    assert done["result"] == {"x": 1} and done["finished_at"] == iso(3.0) and done["seq"] == 3
+    with pytest.raises(TransitionError):
+        store.transition(job_id, JobState.RUNNING, 4.0)
+    with pytest.raises(NotFoundError):
+        store.get("nope")
+
+
+def test_orphans_belong_to_other_runs(store: Store) -> None:
+    store.submit([spec("/a"), spec("/b")], 1.0, as_batch=True)
+    a = store.claim(2.0, ["noop"], "dead-run")
+    b = store.claim(2.0, ["noop"], "this-run")
+    assert store.orphans("this-run") == [a["job_id"]]
+    assert b["job_id"] not in store.orphans("this-run")
+
+
+def test_batch_counts_and_done(store: Store) -> None:
+    batch_id, created = store.submit([spec("/a"), spec("/b")], 1.0, as_batch=True)
+    assert store.batch(batch_id)["counts"]["queued"] == 2 and not store.batch(batch_id)["done"]
+    for c in created:
+        store.transition(c.job["job_id"], JobState.CANCELLED, 2.0)
+    assert store.batch(batch_id)["done"] and store.batch(batch_id)["counts"]["cancelled"] == 2
+
+
+def test_delete_only_terminal(store: Store) -> None:
+    _, (a, b) = store.submit([spec("/a"), spec("/b")], 1.0, as_batch=True)
+    store.transition(a.job["job_id"], JobState.CANCELLED, 2.0)
+    assert store.delete([a.job["job_id"], b.job["job_id"]]) == [a.job["job_id"]]
+    assert store.events(a.job["job_id"]) == []
+
+
+def test_ids_and_times() -> None:
+    ids = [new_id(1_700_000_000 + i) for i in range(50)]
+    assert ids == sorted(ids) and all(len(i) == 16 and i.isalnum() and i.islower() for i in ids)
+    assert iso(0.5) == "1970-01-01T00:00:00.500Z" and parse_iso(iso(1234.567)) == pytest.approx(1234.567)
+
+
+def test_state_table() -> None:
+    assert {s for s in JobState if is_terminal(s)} == {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}
+    assert can_transition("running", "queued") and not can_transition("succeeded", "queued")
+    assert set(TRANSITIONS) == set(JobState)
