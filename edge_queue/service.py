@@ -323,13 +323,15 @@ class Service:
     def publish_queue(self, now: float) -> None:
         store = self._store()
         last = store.last_finished()
+        pids = self.supervisor.worker_pids()
         summary = {
             "v": 1,
             "counts": store.counts(),
             "paused": self.paused,
             "running": [{"job_id": j["job_id"], "kind": j["kind"], "input": j["input"],
                          "state": j["state"], "stage": j["stage"], "progress": j["progress"],
-                         "eta_s": j["eta_s"]} for j in store.running()],
+                         "eta_s": j["eta_s"], "worker_pid": pids.get(j["job_id"])}
+                        for j in store.running()],
             "workers_alive": self.supervisor.alive(),
             "last_finished": None if last is None else {
                 k: last[k] for k in ("job_id", "kind", "input", "state", "finished_at")},

@@ -125,6 +125,10 @@ class Supervisor:
     def busy_by_kind(self) -> Counter[str]:
         return Counter(s.job["kind"] for s in self.slots if s.job is not None)
 
+    def worker_pids(self) -> dict[str, int | None]:
+        """job id -> pid of the worker running it."""
+        return {s.job["job_id"]: s.pid for s in self.slots if s.job is not None}
+
     def running_job_ids(self) -> set[str]:
         return {s.job["job_id"] for s in self.slots if s.job is not None}
 

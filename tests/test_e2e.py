@@ -174,3 +174,71 @@ def test_noop_cancel_and_reply_to(broker, service_factory, speech: Path) -> None
     # an invalid reply_to is refused without executing
     resp = svc.request("submit", {"kind": "noop", "reply_to": f"{svc.base}/jobs/x"}, watcher)
     assert resp["status"] == "error" and resp["error"]["field"] == "reply_to"
+
+
+def test_mqtt5_response_topic_and_correlation_data(mosquitto, service_factory, speech: Path) -> None:
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    svc = service_factory(mosquitto, [speech]).start()
+    got: list[tuple[str, bytes, bytes | None]] = []
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="v5-" + uuid.uuid4().hex[:8], protocol=mqtt.MQTTv5)
+    client.on_message = lambda c, u, m: got.append(
+        (m.topic, bytes(m.payload), getattr(m.properties, "CorrelationData", None)))
+    client.connect(mosquitto.host, mosquitto.port)
+    client.loop_start()
+    my_topic = f"phones/{uuid.uuid4().hex[:8]}/answers"
+    client.subscribe(my_topic, 1)
+    props = Properties(PacketTypes.PUBLISH)
+    props.ResponseTopic = my_topic
+    props.CorrelationData = b"\x01corr"
+    wait_until(lambda: True, 1, "")
+    client.publish(f"{svc.base}/request/list", b"{}", qos=1, properties=props).wait_for_publish(10)
+    topic, payload, corr = wait_until(lambda: got[0] if got else None, 15, "the MQTT 5 response")
+    client.disconnect()
+    client.loop_stop()
+    assert topic == my_topic and corr == b"\x01corr"
+    assert json.loads(payload)["status"] == "ok"
+
+
+def test_republish_and_worker_replaced_after_kill(broker, service_factory, speech: Path) -> None:
+    import os
+    import signal
+
+    svc = service_factory(broker, [speech]).start()
+    watcher = svc.watcher("response/#", "jobs/+", "queue", "info")
+    resp = svc.request("submit", {"kind": "noop", "options": {"sleep_s": 20}}, watcher)
+    job_id = resp["data"]["jobs"][0]["job_id"]
+    topic = f"{svc.base}/jobs/{job_id}"
+    watcher.wait_json(topic, lambda m: m["state"] == "running")
+    # When the worker process running the job is killed with SIGKILL
+    children = _children(svc.proc.pid)
+    queue_msg = watcher.wait_json(f"{svc.base}/queue", lambda q: q["counts"]["running"] == 1)
+    assert queue_msg["workers_alive"] == 2
+    victim = queue_msg["running"][0]["worker_pid"]
+    assert victim in children
+    os.kill(victim, signal.SIGKILL)
+    # Then the job is retried at once on a new worker (attempt 2), and later cancelled cleanly
+    retried = watcher.wait_json(topic, lambda m: m["state"] == "running" and m["attempt"] == 2, timeout=15)
+    assert retried["attempt"] == 2
+    states = _states(watcher, topic)
+    assert "retrying" in states
+    retrying = [m for m in watcher.json_on(topic) if m["state"] == "retrying"][0]
+    assert retrying["error"]["code"] == "worker_lost"
+    wait_until(lambda: victim not in _children(svc.proc.pid) and len(_children(svc.proc.pid)) >= 2, 15,
+               "a replacement worker")
+    svc.request("cancel", {"job_id": job_id}, watcher)
+    watcher.wait_json(topic, lambda m: m["state"] == "cancelled")
+    # republish sends every retained topic again
+    n_info = len(watcher.on(f"{svc.base}/info"))
+    n_job = len(watcher.on(topic))
+    assert svc.request("republish", {}, watcher)["status"] == "ok"
+    wait_until(lambda: len(watcher.on(f"{svc.base}/info")) > n_info and len(watcher.on(topic)) > n_job, 10,
+               "republished topics")
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
