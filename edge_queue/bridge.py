@@ -49,6 +49,13 @@ class Incoming:
 
 
 @dataclass(slots=True)
+class RetainedJob:
+    """A retained ``<base>/jobs/<id>`` message read during the start-up scan."""
+
+    job_id: str
+
+
+@dataclass(slots=True)
 class Connected:
     """The bridge (re)connected: the service republishes its retained state (PRODUCT 3 rule 2)."""
 
@@ -74,6 +81,7 @@ class Bridge:
         self.protocol = mqtt.MQTTv311 if settings.protocol == "3.1.1" else mqtt.MQTTv5
         self.connected = threading.Event()
         self._refused: str | None = None
+        self._scanning = False
         self._client = self._make_client()
 
     @property
@@ -91,7 +99,8 @@ class Bridge:
         )
         client.max_queued_messages_set(0)
         client.max_inflight_messages_set(100)
-        client.reconnect_delay_set(min_delay=1, max_delay=30)
+        # Capped low: after a broker restart the retained state must be back within seconds.
+        client.reconnect_delay_set(min_delay=1, max_delay=4)
         s = self.settings
         if s.username:
             client.username_pw_set(s.username, s.password.get_secret_value() if s.password else None)
@@ -129,8 +138,11 @@ class Bridge:
         if v5:
             opts = SubscribeOptions(qos=1, noLocal=True, retainAsPublished=True)
             client.subscribe(self.topics.requests, options=opts)
+            client.subscribe(self.topics.all_jobs, options=SubscribeOptions(qos=0, noLocal=True))
         else:
             client.subscribe(self.topics.requests, 1)
+            client.subscribe(self.topics.all_jobs, 0)
+        self._scanning = True
         # ONLINE only after the subscription is on its way: requests published after a
         # client sees "online" are not missed.
         client.publish(self.topics.status, ONLINE, qos=1, retain=True)
@@ -150,6 +162,10 @@ class Bridge:
         command = self.topics.parse_request(msg.topic)
         if command is None:
             client.ack(msg.mid, msg.qos)
+            job_id = self.topics.parse_job(msg.topic)
+            if job_id and msg.retain and msg.payload and self._scanning:
+                self.inbox.put(RetainedJob(job_id))
+                self._wake()
             return
         props = getattr(msg, "properties", None)
         response_topic = getattr(props, "ResponseTopic", None) if props else None
@@ -228,6 +244,11 @@ class Bridge:
         if self._refused:
             self._client.loop_stop()
             raise BrokerUnavailable(f"the broker at {s.host}:{s.port} refused us: {self._refused}")
+
+    def stop_retained_scan(self) -> None:
+        """End the start-up read of retained ``<base>/jobs/+`` (see ``Service.on_retained_job``)."""
+        self._scanning = False
+        self._client.unsubscribe(self.topics.all_jobs)
 
     def drain_wake(self) -> None:
         try:

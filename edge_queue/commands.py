@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from . import payloads
 from .errors import EdgeQueueError, ErrorCode, InputError, NotFoundError, RequestError
 from .states import ACTIVE, JobState, is_terminal
-from .store import JobSpec, iso, parse_iso
+from .store import JobSpec
 from .topics import COMMANDS, valid_id
 
 if TYPE_CHECKING:
@@ -221,15 +221,9 @@ class Commands:
             ids = [req.job_id]
         else:
             assert req.older_than_s is not None
-            cutoff = iso(svc.clock() - req.older_than_s)
-            states = req.states or ["succeeded", "failed", "cancelled"]
-            ids = [j["job_id"] for s in states for j in store.list_jobs(state=s, limit=10**9)
-                   if j["finished_at"] and parse_iso(j["finished_at"]) <= parse_iso(cutoff)]
-        gone = store.delete(ids)
-        for job_id in gone:
-            svc.bridge.publish(svc.topics.job(job_id), b"", retain=True)
-        svc._queue_dirty = True
-        return {"purged": gone}
+            ids = store.finished_before(svc.clock() - req.older_than_s,
+                                        req.states or ("succeeded", "failed", "cancelled"), limit=10**9)
+        return {"purged": svc.purge(ids)}
 
     def do_republish(self, req: payloads.EmptyRequest) -> dict[str, Any]:
         self.service.republish()

@@ -140,6 +140,12 @@ class Settings(BaseSettings):
     default_kind: str = "transcribe"
     cancel_grace_s: float = Field(10.0, ge=0)
     crash_loop_limit: int = Field(3, ge=1)
+    #: Recycle a worker after this many jobs (0: never) ...
+    max_jobs_per_worker: int = Field(500, ge=0)
+    #: ... or when its resident memory passes this many MiB after a job (0: never).
+    max_worker_rss_mb: int = Field(1500, ge=0)
+    #: Extra job kinds as import paths ``"package.module:KindClass"`` (besides entry points).
+    extra_kinds: list[str] = []
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     mqtt: MqttSettings = MqttSettings()
     broker: BrokerSettings = BrokerSettings()

@@ -20,7 +20,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from . import payloads
-from .bridge import Bridge, Connected, Incoming
+from .bridge import Bridge, Connected, Incoming, RetainedJob
 from .commands import Commands
 from .config import Settings
 from .errors import ErrorCode
@@ -36,6 +36,10 @@ log = logging.getLogger(__name__)
 PROGRESS_PUBLISH_INTERVAL_S = 1.0
 #: At most one ``<base>/queue`` publish per this many seconds.
 QUEUE_PUBLISH_INTERVAL_S = 1.0
+#: After each connect, retained job topics are read this long to clear unknown ones.
+RETAINED_SCAN_S = 3.0
+#: How often terminal jobs past ``retention_days`` are purged.
+RETENTION_INTERVAL_S = 600.0
 
 
 def package_version() -> str:
@@ -64,11 +68,13 @@ class Service:
     """
 
     def __init__(self, settings: Settings, *, client_id: str | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 rng: Callable[[], float] = random.random) -> None:
         self.settings = settings
         self.clock = clock
+        self.rng = rng
         self.topics = Topics(settings.mqtt.base_topic)
-        self.kinds = registry()
+        self.kinds = registry(settings.extra_kinds)
         self.run_id = new_id()
         self.started_at = iso(clock())
         self.paused = False
@@ -85,6 +91,8 @@ class Service:
         self._queue_dirty = True
         self._last_queue_pub = 0.0
         self._echoes: set[str] = set()
+        self._scan_retained_until: float | None = None
+        self._next_retention = 0.0
 
     # -- boot ---------------------------------------------------------------------------
 
@@ -155,12 +163,48 @@ class Service:
                 break
             if isinstance(item, Connected):
                 self.republish()
+                self._scan_retained_until = self.clock() + RETAINED_SCAN_S
+            elif isinstance(item, RetainedJob):
+                self.on_retained_job(item)
             else:
                 self.on_message(item)
         for outcome in self.supervisor.poll():
             self.on_outcome(outcome, self.clock())
         self.schedule(self.clock())
         self.flush(self.clock())
+        self.housekeeping(self.clock())
+
+    def housekeeping(self, now: float) -> None:
+        """End the start-up scan of retained job topics; purge jobs past ``retention_days``."""
+        if self._scan_retained_until is not None and now >= self._scan_retained_until:
+            self._scan_retained_until = None
+            self.bridge.stop_retained_scan()
+        if now >= self._next_retention:
+            self._next_retention = now + RETENTION_INTERVAL_S
+            expired = self._store().finished_before(now - self.settings.retention_days * 86400)
+            if expired:
+                log.info("retention: purging %d job(s) finished more than %g days ago", len(expired),
+                         self.settings.retention_days)
+                self.purge(expired)
+
+    def purge(self, job_ids: list[str]) -> list[str]:
+        """Delete terminal jobs and clear their retained topics (and of batches left empty)."""
+        gone, batches = self._store().delete(job_ids)
+        for job_id in gone:
+            self.bridge.publish(self.topics.job(job_id), b"", retain=True)
+        for batch_id in batches:
+            self.bridge.publish(self.topics.batch(batch_id), b"", retain=True)
+        if gone:
+            self._queue_dirty = True
+            log.info("purged %d job(s)", len(gone))
+        return gone
+
+    def on_retained_job(self, item: RetainedJob) -> None:
+        """A retained ``<base>/jobs/<id>`` seen at start-up: clear it if the store does not
+        know the id (PRODUCT 3 rule 3)."""
+        if item.job_id not in self._store().job_ids_in([item.job_id]):
+            log.info("clearing retained state of unknown job %s", item.job_id)
+            self.bridge.publish(self.topics.job(item.job_id), b"", retain=True)
 
     def _wait_s(self, cap: float) -> float:
         waits = [cap]
@@ -237,7 +281,8 @@ class Service:
             return
         code = data.get("code", str(ErrorCode.INTERNAL_ERROR))
         message = data.get("message", "")
-        crashes = job["crashes"] + (1 if outcome.op == "lost" and code == ErrorCode.WORKER_LOST else 0)
+        # Consecutive worker deaths: any other outcome breaks the run (PRODUCT 4.3).
+        crashes = job["crashes"] + 1 if outcome.op == "lost" and code == ErrorCode.WORKER_LOST else 0
         retryable = bool(data.get("retryable", code not in (ErrorCode.CANCELLED,)))
         if code == ErrorCode.CANCELLED or cancelling:
             job = store.transition(job_id, JobState.CANCELLED, now, expect_attempt=attempt, crashes=crashes,
@@ -250,7 +295,7 @@ class Service:
             log.error("job %s failed: crash_loop after %d worker deaths", job_id, crashes)
         elif retryable and attempt < job["max_attempts"]:
             delay = 0.0 if code == ErrorCode.WORKER_LOST else backoff_s(
-                attempt, self.settings.retry.backoff_base_s, self.settings.retry.backoff_cap_s)
+                attempt, self.settings.retry.backoff_base_s, self.settings.retry.backoff_cap_s, self.rng)
             job = store.transition(job_id, JobState.RETRYING, now, expect_attempt=attempt, crashes=crashes,
                                    retry_at=now + delay,
                                    error={"code": code, "message": message, "retryable": True})

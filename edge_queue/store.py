@@ -216,8 +216,10 @@ class Store:
         for row in self.db.query("SELECT * FROM jobs ORDER BY job_id"):
             yield self._decode(row)
 
-    def job_ids(self) -> set[str]:
-        return {r[0] for r in self.conn.execute("SELECT job_id FROM jobs")}
+    def job_ids_in(self, job_ids: list[str]) -> set[str]:
+        """The subset of ``job_ids`` that the store knows."""
+        marks = ",".join("?" * len(job_ids))
+        return {r[0] for r in self.conn.execute(f"SELECT job_id FROM jobs WHERE job_id IN ({marks})", job_ids)}
 
     def batch(self, batch_id: str) -> dict[str, Any]:
         """The batch with ``counts`` per state, ``job_ids`` and ``done``. Raises NotFoundError."""
@@ -437,14 +439,34 @@ class Store:
             "SELECT job_id FROM jobs WHERE state IN ('running','cancelling') "
             "AND (owner IS NULL OR owner != ?)", [owner])]
 
-    def delete(self, job_ids: Iterable[str]) -> list[str]:
-        """Delete terminal jobs (and their events); returns the ids deleted."""
-        gone = []
+    def delete(self, job_ids: Iterable[str]) -> tuple[list[str], list[str]]:
+        """Delete terminal jobs (and their events), and batches left without jobs.
+
+        Returns ``(job ids deleted, batch ids deleted)``; non-terminal or unknown ids are skipped.
+        """
+        gone: list[str] = []
+        batches: set[str] = set()
         with self._immediate():
             for job_id in job_ids:
-                row = self.conn.execute("SELECT state FROM jobs WHERE job_id = ?", [job_id]).fetchone()
+                row = self.conn.execute("SELECT state, batch_id FROM jobs WHERE job_id = ?",
+                                        [job_id]).fetchone()
                 if row and is_terminal(row[0]):
                     self.conn.execute("DELETE FROM job_events WHERE job_id = ?", [job_id])
                     self.conn.execute("DELETE FROM jobs WHERE job_id = ?", [job_id])
                     gone.append(job_id)
-        return gone
+                    if row[1]:
+                        batches.add(row[1])
+            empty = [b for b in sorted(batches) if self.conn.execute(
+                "SELECT 1 FROM jobs WHERE batch_id = ? LIMIT 1", [b]).fetchone() is None]
+            for b in empty:
+                self.conn.execute("DELETE FROM batches WHERE batch_id = ?", [b])
+        return gone, empty
+
+    def finished_before(self, cutoff: float, states: Iterable[str] = ("succeeded", "failed", "cancelled"),
+                        limit: int = 10_000) -> list[str]:
+        """Ids of terminal jobs in ``states`` that finished before ``cutoff`` (Unix seconds)."""
+        states = list(states)
+        marks = ",".join("?" * len(states))
+        return [r[0] for r in self.conn.execute(
+            f"SELECT job_id FROM jobs WHERE state IN ({marks}) AND finished_at < ? LIMIT ?",
+            [*states, iso(cutoff), limit])]

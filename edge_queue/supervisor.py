@@ -71,6 +71,7 @@ class Supervisor:
         self._ctx = multiprocessing.get_context("spawn")
         self.slots = [_Slot(i) for i in range(settings.workers)]
         self.restarts = 0
+        self.recycled = 0
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -103,10 +104,16 @@ class Supervisor:
                 slot.process.join(max(0.0, end - time.monotonic()))
                 self._end(slot)
 
-    def _end(self, slot: _Slot) -> None:
+    def _end(self, slot: _Slot, *, polite: bool = False) -> None:
         proc = slot.process
         if proc is None:
             return
+        if polite and slot.conn is not None:
+            try:
+                slot.conn.send({"op": "stop"})
+                proc.join(KILL_AFTER_S)
+            except OSError:
+                pass
         if proc.is_alive():
             proc.terminate()
             proc.join(KILL_AFTER_S)
@@ -198,20 +205,35 @@ class Supervisor:
         if op == "log":
             logging.getLogger(msg["name"]).log(msg["level"], "[worker %d] %s", slot.index, msg["message"])
             return
-        if op == "idle":
-            slot.rss_mb = msg.get("rss_mb")
-            return
         if op == "ready":
             return
         job = slot.job
         if job is None or msg.get("job_id") != job["job_id"] or msg.get("attempt") != job["attempt"]:
             log.warning("worker %d: message for a job it does not run: %s", slot.index, op)
             return
-        data = {k: v for k, v in msg.items() if k not in ("op", "job_id", "attempt")}
+        data = {k: v for k, v in msg.items() if k not in ("op", "job_id", "attempt", "rss_mb")}
         out.append(Outcome(op, job["job_id"], job["attempt"], data))
         if op in ("done", "failed"):
             slot.job = slot.deadline = slot.cancel_deadline = None
             slot.jobs_done += 1
+            slot.rss_mb = msg.get("rss_mb")
+            reason = self._recycle_reason(slot, cancelled=data.get("code") == ErrorCode.CANCELLED)
+            if reason:
+                log.info("worker %d (pid %s) recycled: %s", slot.index, slot.pid, reason)
+                self.recycled += 1
+                self._end(slot, polite=True)
+                self._spawn(slot)
+
+    def _recycle_reason(self, slot: _Slot, *, cancelled: bool) -> str | None:
+        """Why a worker that just finished a job should be replaced (PRODUCT 4.8), or None."""
+        s = self.settings
+        if cancelled:
+            return "its job was cancelled mid-way (a fresh process runs the next job)"
+        if s.max_jobs_per_worker and slot.jobs_done >= s.max_jobs_per_worker:
+            return f"{slot.jobs_done} jobs done (max_jobs_per_worker {s.max_jobs_per_worker})"
+        if s.max_worker_rss_mb and slot.rss_mb and slot.rss_mb > s.max_worker_rss_mb:
+            return f"resident memory {slot.rss_mb:.0f} MiB > max_worker_rss_mb {s.max_worker_rss_mb}"
+        return None
 
     def _lost(self, slot: _Slot, out: list[Outcome]) -> None:
         proc = slot.process

@@ -2,7 +2,7 @@
 
 The worker never touches MQTT or the store (PRODUCT 2). Its parent (``supervisor``) sends
 ``run``, ``cancel`` and ``stop`` messages; the worker answers with ``ready``, ``progress``,
-``done``, ``failed`` and ``log`` messages (plain dicts, pickled by ``multiprocessing``).
+``done`` and ``failed`` (with the worker's ``rss_mb``) and ``log`` messages (plain dicts, pickled by ``multiprocessing``).
 
 This is the one place where exceptions of a job become outcomes: a
 :class:`~edge_queue.errors.JobError` keeps its code; any other exception is
@@ -75,7 +75,7 @@ class _Worker:
     def __init__(self, conn: Connection, settings: Settings) -> None:
         self.conn = conn
         self.settings = settings
-        self.kinds = registry()
+        self.kinds = registry(settings.extra_kinds)
         self.jobs: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._cancelled: set[str] = set()
         self._lock = threading.Lock()
@@ -93,8 +93,9 @@ class _Worker:
             try:
                 msg = self.conn.recv()
             except (EOFError, OSError):
-                self.jobs.put(None)
-                return
+                # The service is gone (even kill -9): nobody can use our result. Leave now,
+                # rather than finish a job whose attempt the next service run will requeue.
+                os._exit(0)
             op = msg.get("op")
             if op == "run":
                 self.jobs.put(msg["job"])
@@ -104,7 +105,8 @@ class _Worker:
                 self.jobs.put(None)
                 return
 
-    def run_one(self, job: dict[str, Any]) -> None:
+    def run_one(self, job: dict[str, Any]) -> dict[str, Any]:
+        """Run one attempt; returns the ``done`` or ``failed`` message for the service."""
         ctx = _Context(self, job)
         base = {"job_id": job["job_id"], "attempt": job["attempt"]}
         log = logging.getLogger("edge_queue.worker")
@@ -114,16 +116,15 @@ class _Worker:
             ctx.checkpoint()
             result = kind.run(ctx, job["input"], options)
         except EdgeQueueError as e:
-            self.send({**base, "op": "failed", "code": str(e.code), "message": e.message,
-                       "retryable": e.retryable})
+            return {**base, "op": "failed", "code": str(e.code), "message": e.message,
+                    "retryable": e.retryable}
         except Exception as e:  # any other failure of a kind is ours to report, not to die of
             log.exception("job %s: unexpected error", job["job_id"])
-            self.send({**base, "op": "failed", "code": str(ErrorCode.INTERNAL_ERROR),
-                       "message": f"{type(e).__name__}: {e}"[:1000], "retryable": True})
-        else:
-            self.send({**base, "op": "done", "result": result})
+            return {**base, "op": "failed", "code": str(ErrorCode.INTERNAL_ERROR),
+                    "message": f"{type(e).__name__}: {e}"[:1000], "retryable": True}
         finally:
             self._cancelled.discard(job["job_id"])
+        return {**base, "op": "done", "result": result}
 
     def rss_mb(self) -> float:
         """Resident set size now, in MiB (from /proc; peak from getrusage where /proc is absent)."""
@@ -135,6 +136,18 @@ class _Worker:
             return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _die_with_parent() -> None:
+    """Linux: ask the kernel for SIGKILL when the service dies (``PR_SET_PDEATHSIG``), so a
+    ``kill -9`` of the service cannot leave a worker running a job nobody will collect."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
 def main(conn: Connection, settings: Settings) -> None:
     """Entry point of a worker process (started with ``spawn``).
 
@@ -142,6 +155,7 @@ def main(conn: Connection, settings: Settings) -> None:
     itself); SIGTERM ends the process at once.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
     worker = _Worker(conn, settings)
     root = logging.getLogger()
     root.handlers[:] = [_PipeLogHandler(worker.send)]
@@ -149,5 +163,6 @@ def main(conn: Connection, settings: Settings) -> None:
     threading.Thread(target=worker.read_loop, name="pipe-reader", daemon=True).start()
     worker.send({"op": "ready", "pid": os.getpid()})
     while (job := worker.jobs.get()) is not None:
-        worker.run_one(job)
-        worker.send({"op": "idle", "rss_mb": round(worker.rss_mb(), 1)})
+        outcome = worker.run_one(job)
+        outcome["rss_mb"] = round(worker.rss_mb(), 1)
+        worker.send(outcome)

@@ -3,7 +3,9 @@ point group (a name mapped to a :class:`~edge_queue.kinds.base.Kind` subclass)."
 
 from __future__ import annotations
 
+import importlib
 import logging
+from collections.abc import Iterable
 from importlib.metadata import entry_points
 
 from .base import Kind, KindOptions
@@ -17,23 +19,32 @@ BUILTIN: dict[str, type[Kind]] = {k.name: k for k in (Transcribe, Probe, Noop)}
 ENTRY_POINT_GROUP = "edge_queue.kinds"
 
 
-def registry() -> dict[str, type[Kind]]:
-    """Every available kind, name -> class: built-ins, then entry points (which cannot
-    replace a built-in). A broken entry point is logged and skipped."""
+def _load(ref: str) -> object:
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def registry(extra: Iterable[str] = ()) -> dict[str, type[Kind]]:
+    """Every available kind, name -> class: built-ins, then the ``edge_queue.kinds`` entry
+    points, then ``extra`` import paths (``"package.module:KindClass"``, the ``extra_kinds``
+    setting). None can replace a built-in; a broken plug-in is logged and skipped."""
     kinds = dict(BUILTIN)
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name in kinds:
-            log.warning("kind %s from %s ignored: a built-in has that name", ep.name, ep.value)
-            continue
+    found = [(ep.name, ep.value, ep.load) for ep in entry_points(group=ENTRY_POINT_GROUP)]
+    found += [(None, ref, lambda ref=ref: _load(ref)) for ref in extra]
+    for name, ref, load in found:
         try:
-            cls = ep.load()
+            cls = load()
         except Exception:  # a third-party plug-in must not stop the service
-            log.exception("cannot load kind %s from %s", ep.name, ep.value)
+            log.exception("cannot load kind %s", ref)
             continue
-        if isinstance(cls, type) and issubclass(cls, Kind):
-            kinds[ep.name] = cls
-        else:
-            log.warning("kind %s from %s is not a Kind subclass", ep.name, ep.value)
+        if not (isinstance(cls, type) and issubclass(cls, Kind)):
+            log.warning("kind %s is not a Kind subclass", ref)
+            continue
+        name = name or cls.name
+        if name in BUILTIN:
+            log.warning("kind %s from %s ignored: a built-in has that name", name, ref)
+            continue
+        kinds[name] = cls
     return kinds
 
 
