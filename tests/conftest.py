@@ -26,6 +26,8 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
+from .kinds_for_tests import EXTRA_KINDS
+
 ROOT = Path(__file__).resolve().parent.parent
 MEDIA = ROOT.parent / "shared" / "media"
 SPEECH = MEDIA / "speech"
@@ -97,6 +99,26 @@ REFERENCE = {
 def speech() -> Path:
     need((SPEECH / "jfk.flac").is_file(), f"speech recordings not found in {SPEECH}")
     return SPEECH
+
+
+@pytest.fixture(scope="session")
+def long_speech(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """About 100 s of real speech (the four clips, repeated) as a 16 kHz mono WAV."""
+    need((SPEECH / "jfk.flac").is_file(), f"speech recordings not found in {SPEECH}")
+    import wave
+
+    import numpy as np
+    from faster_whisper import decode_audio
+
+    clips = [decode_audio(str(SPEECH / name)) for name in REFERENCE]
+    audio = np.concatenate(clips * 4)
+    path = tmp_path_factory.mktemp("long") / "long-speech.wav"
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes((np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes())
+    return path
 
 
 @pytest.fixture
@@ -197,6 +219,8 @@ class ServiceProcess:
             "EDGE_QUEUE_MQTT__CLIENT_ID": "svc-" + self.base,
             "EDGE_QUEUE_MEDIA_ROOTS": json.dumps([str(p) for p in media_roots]),
             "EDGE_QUEUE_LOG_LEVEL": "DEBUG",
+            "EDGE_QUEUE_EXTRA_KINDS": EXTRA_KINDS,
+            "PYTHONPATH": str(ROOT),
             **(env or {}),
         }
         self.proc: subprocess.Popen[bytes] | None = None
@@ -214,6 +238,16 @@ class ServiceProcess:
                 w.close()
             assert self.proc.poll() is None, self.log()
         return self
+
+    def kill(self) -> None:
+        """SIGKILL the service process, as a power cut or the OOM killer would."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    @property
+    def db(self) -> Path:
+        return self.data_dir / "edge-queue.db"
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

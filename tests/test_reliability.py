@@ -1,0 +1,322 @@
+"""Nothing lost, nothing stuck (PRODUCT 4): real processes, real signals, real brokers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from .conftest import REFERENCE, Broker, free_port, need, port_open, publish, wait_until, wer
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _events(db: Path, job_id: str) -> list[tuple[str, str | None, str, int]]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute("SELECT at, from_state, to_state, attempt FROM job_events WHERE job_id = ? ORDER BY id",
+                            [job_id]).fetchall()
+
+
+@pytest.mark.usefixtures("model_installed")
+def test_kill9_service_during_transcription(mosquitto, service_factory, long_speech: Path) -> None:
+    svc = service_factory(mosquitto, [long_speech.parent]).start()
+    watcher = svc.watcher("response/#", "jobs/+", "status")
+    job_id = svc.request("submit", {"input": str(long_speech)}, watcher)["data"]["jobs"][0]["job_id"]
+    topic = f"{svc.base}/jobs/{job_id}"
+    watcher.wait_json(topic, lambda m: m["stage"] == "transcribing", timeout=60)
+    workers = _children(svc.proc.pid)
+    # When the service dies with SIGKILL mid-transcription
+    svc.kill()
+    # Then its workers die with it, and the broker publishes the Last Will
+    wait_until(lambda: not any(_alive(p) for p in workers), 10, "the workers to die with the service")
+    wait_until(lambda: watcher.on(f"{svc.base}/status")[-1:] == [b"offline"], 60, "the Last Will")
+    # And a submit published while it is down is kept by the broker (persistent session)
+    publish(mosquitto, f"{svc.base}/request/submit", json.dumps({"kind": "noop", "transaction": "later"}))
+    # When it starts again, the orphaned attempt is requeued before any new work is taken
+    svc.start()
+    done = watcher.wait_json(topic, lambda m: m["state"] in ("succeeded", "failed"), timeout=120)
+    assert done["state"] == "succeeded" and done["attempt"] == 2, done
+    assert wer(" ".join(list(REFERENCE.values()) * 4), done["result"]["text"]) < 0.1
+    later = watcher.wait_json(f"{svc.base}/response/submit", lambda m: m.get("transaction") == "later")
+    noop_id = later["data"]["jobs"][0]["job_id"]
+    watcher.wait_json(f"{svc.base}/jobs/{noop_id}", lambda m: m["state"] == "succeeded")
+    events = _events(svc.db, job_id)
+    requeued = [e for e in events if e[1] == "running" and e[2] == "queued"]
+    assert len(requeued) == 1 and requeued[0][3] == 1
+    noop_claimed = [e for e in _events(svc.db, noop_id) if e[2] == "running"][0]
+    assert requeued[0][0] <= noop_claimed[0], (requeued, noop_claimed)
+
+
+def test_poison_job_ends_in_crash_loop_while_others_succeed(broker, service_factory, speech: Path) -> None:
+    svc = service_factory(broker, [speech]).start()
+    watcher = svc.watcher("response/#", "jobs/+")
+    poison = svc.request("submit", {"kind": "test_crash"}, watcher)["data"]["jobs"][0]["job_id"]
+    good = [svc.request("submit", {"kind": "noop", "options": {"sleep_s": 0.2 * i}}, watcher)["data"]["jobs"][0]["job_id"]
+            for i in range(1, 6)]
+    final = watcher.wait_json(f"{svc.base}/jobs/{poison}", lambda m: m["state"] == "failed", timeout=60)
+    assert final["error"]["code"] == "crash_loop" and final["attempt"] == 3 and not final["error"]["retryable"]
+    assert [m["state"] for m in watcher.json_on(f"{svc.base}/jobs/{poison}")].count("retrying") == 2
+    for job_id in good:
+        watcher.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] == "succeeded", timeout=60)
+    assert svc.proc.poll() is None
+
+
+@pytest.mark.usefixtures("model_installed")
+def test_cancel_running_transcription_then_fresh_worker(mosquitto, service_factory, long_speech: Path) -> None:
+    svc = service_factory(mosquitto, [long_speech.parent], {"EDGE_QUEUE_WORKERS": "1"}).start()
+    watcher = svc.watcher("response/#", "jobs/+", "queue")
+    job_id = svc.request("submit", {"input": str(long_speech)}, watcher)["data"]["jobs"][0]["job_id"]
+    topic = f"{svc.base}/jobs/{job_id}"
+    watcher.wait_json(topic, lambda m: m["stage"] == "transcribing", timeout=60)
+    first_pid = watcher.wait_json(f"{svc.base}/queue", lambda q: q["running"])["running"][0]["worker_pid"]
+    asked = time.monotonic()
+    assert svc.request("cancel", {"job_id": job_id}, watcher)["data"]["cancelling"] == [job_id]
+    final = watcher.wait_json(topic, lambda m: m["state"] == "cancelled", timeout=15)
+    assert time.monotonic() - asked < 10  # within the default grace period
+    assert final["error"]["code"] == "cancelled"
+    states = [m["state"] for m in watcher.json_on(topic)]
+    assert states.index("cancelling") < states.index("cancelled")
+    # the next job runs on a fresh worker process
+    nxt = svc.request("submit", {"kind": "noop", "options": {"sleep_s": 1.5}}, watcher)["data"]["jobs"][0]["job_id"]
+    q = watcher.wait_json(f"{svc.base}/queue", lambda q: any(r["job_id"] == nxt for r in q["running"]))
+    assert q["running"][0]["worker_pid"] != first_pid
+    assert not _alive(first_pid)
+
+
+def test_cancel_of_a_job_that_ignores_it_ends_the_worker(broker, service_factory, speech: Path) -> None:
+    svc = service_factory(broker, [speech], {"EDGE_QUEUE_CANCEL_GRACE_S": "1"}).start()
+    watcher = svc.watcher("response/#", "jobs/+", "queue")
+    job_id = svc.request("submit", {"kind": "test_hang"}, watcher)["data"]["jobs"][0]["job_id"]
+    topic = f"{svc.base}/jobs/{job_id}"
+    pid = watcher.wait_json(f"{svc.base}/queue", lambda q: q["running"])["running"][0]["worker_pid"]
+    asked = time.monotonic()
+    svc.request("cancel", {"job_id": job_id}, watcher)
+    final = watcher.wait_json(topic, lambda m: m["state"] == "cancelled", timeout=15)
+    assert time.monotonic() - asked < 6 and final["error"]["code"] == "cancelled"
+    wait_until(lambda: not _alive(pid), 10, "the stubborn worker to be ended")
+    # the service goes on: a new job succeeds
+    ok = svc.request("submit", {"kind": "noop"}, watcher)["data"]["jobs"][0]["job_id"]
+    watcher.wait_json(f"{svc.base}/jobs/{ok}", lambda m: m["state"] == "succeeded")
+
+
+def test_timeout_ends_the_attempt_and_retries_with_backoff(broker, service_factory, speech: Path) -> None:
+    env = {"EDGE_QUEUE_RETRY__BACKOFF_BASE_S": "0.5", "EDGE_QUEUE_RETRY__BACKOFF_CAP_S": "1"}
+    svc = service_factory(broker, [speech], env).start()
+    watcher = svc.watcher("response/#", "jobs/+")
+    resp = svc.request("submit", {"kind": "test_hang", "timeout_s": 1, "max_attempts": 2}, watcher)
+    topic = f"{svc.base}/jobs/{resp['data']['jobs'][0]['job_id']}"
+    final = watcher.wait_json(topic, lambda m: m["state"] == "failed", timeout=30)
+    assert final["error"]["code"] == "timeout" and final["attempt"] == 2
+    retrying = [m for m in watcher.json_on(topic) if m["state"] == "retrying"]
+    assert len(retrying) == 1 and retrying[0]["retry_at"] and retrying[0]["error"]["retryable"]
+    # a non-retryable code fails at once
+    resp = svc.request("submit", {"kind": "test_fail", "options": {"code": "unsupported_media"}}, watcher)
+    topic = f"{svc.base}/jobs/{resp['data']['jobs'][0]['job_id']}"
+    final = watcher.wait_json(topic, lambda m: m["state"] == "failed", timeout=30)
+    assert final["attempt"] == 1 and final["error"] == {"code": "unsupported_media", "message": "failing on purpose",
+                                                        "retryable": False}
+
+
+def test_backoff_schedule_with_an_injected_clock(tmp_path: Path) -> None:
+    # Given a service driven by a fake clock and a fixed jitter draw (no processes, no broker)
+    from edge_queue.config import Settings
+    from edge_queue.service import Service
+    from edge_queue.store import JobSpec, Store, parse_iso
+    from edge_queue.supervisor import Outcome
+
+    now = [1_000_000.0]
+    settings = Settings(data_dir=tmp_path, retry={"max_attempts": 4, "backoff_base_s": 5, "backoff_cap_s": 12})
+    svc = Service(settings, clock=lambda: now[0], rng=lambda: 1.0)
+    svc.store = Store(tmp_path / "q.db")
+    svc.bridge.publish = lambda *a, **k: None  # no broker in this unit test
+    _, (created,) = svc.store.submit([JobSpec("noop", None, {}, max_attempts=4)], now[0])
+    job_id = created.job["job_id"]
+    delays = []
+    for attempt in (1, 2, 3):
+        job = svc.store.claim(now[0], ["noop"], svc.run_id)
+        assert job is not None and job["attempt"] == attempt
+        svc.on_outcome(Outcome("failed", job_id, attempt, {"code": "internal_error", "message": "x",
+                                                          "retryable": True}), now[0])
+        job = svc.store.get(job_id)
+        assert job["state"] == "retrying"
+        delay = parse_iso(job["retry_at"]) - now[0]
+        delays.append(round(delay, 3))
+        # not claimable a moment before retry_at, claimable at it
+        assert svc.store.claim(now[0] + delay - 0.01, ["noop"], svc.run_id) is None
+        now[0] += delay
+    assert delays == [5.0, 10.0, 12.0]  # base * 2**(n-1), capped
+    job = svc.store.claim(now[0], ["noop"], svc.run_id)
+    svc.on_outcome(Outcome("failed", job_id, 4, {"code": "internal_error", "message": "x", "retryable": True}), now[0])
+    assert svc.store.get(job_id)["state"] == "failed"
+    # a stale outcome (an old attempt) changes nothing
+    svc.on_outcome(Outcome("done", job_id, 2, {"result": {}}), now[0])
+    assert svc.store.get(job_id)["state"] == "failed"
+
+
+def test_requests_published_while_stopped_run_on_start(mosquitto, service_factory, speech: Path) -> None:
+    svc = service_factory(mosquitto, [speech]).start()
+    watcher = svc.watcher("response/#", "jobs/+")
+    assert svc.stop() == 0
+    txs = [f"t{i}" for i in range(5)]
+    for tx in txs:  # QoS 1 to the broker while the service is down
+        publish(mosquitto, f"{svc.base}/request/submit", json.dumps({"kind": "noop", "transaction": tx}))
+    svc.start()
+    for tx in txs:
+        resp = watcher.wait_json(f"{svc.base}/response/submit", lambda m, tx=tx: m.get("transaction") == tx)
+        job_id = resp["data"]["jobs"][0]["job_id"]
+        watcher.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] == "succeeded")
+    assert len(watcher.json_on(f"{svc.base}/response/submit")) == 5
+
+
+def test_duplicate_delivery_creates_one_job(broker, service_factory, speech: Path) -> None:
+    svc = service_factory(broker, [speech]).start()
+    watcher = svc.watcher("response/#", "jobs/+")
+    body = json.dumps({"kind": "noop", "idempotency_key": "k-" + uuid.uuid4().hex, "transaction": 1})
+    publish(broker, f"{svc.base}/request/submit", body)
+    publish(broker, f"{svc.base}/request/submit", body)
+    wait_until(lambda: len(watcher.json_on(f"{svc.base}/response/submit")) == 2, 15, "two responses")
+    first, second = watcher.json_on(f"{svc.base}/response/submit")
+    assert [j["job_id"] for j in first["data"]["jobs"]] == [j["job_id"] for j in second["data"]["jobs"]]
+    assert [j["duplicate"] for j in first["data"]["jobs"] + second["data"]["jobs"]] == [False, True]
+    assert len(svc.request("list", {}, watcher)["data"]["jobs"]) == 1
+
+
+def test_graceful_stop_requeues_without_counting(broker, service_factory, speech: Path) -> None:
+    svc = service_factory(broker, [speech], {"EDGE_QUEUE_CANCEL_GRACE_S": "1"}).start()
+    watcher = svc.watcher("response/#", "jobs/+", "status")
+    job_id = svc.request("submit", {"kind": "noop", "options": {"sleep_s": 30}}, watcher)["data"]["jobs"][0]["job_id"]
+    topic = f"{svc.base}/jobs/{job_id}"
+    watcher.wait_json(topic, lambda m: m["state"] == "running")
+    stopped = time.monotonic()
+    assert svc.stop() == 0
+    assert time.monotonic() - stopped < 10
+    last = watcher.json_on(topic)[-1]
+    assert last["state"] == "queued" and last["attempt"] == 0
+    assert watcher.on(f"{svc.base}/status")[-1] == b"offline"
+    assert "graceful stop" in svc.log()
+    # and it runs to the end after the next start, as attempt 1
+    svc.start()
+    svc.request("cancel", {"job_id": job_id}, watcher)  # shorten: cancel it once it runs again
+    final = watcher.wait_json(topic, lambda m: m["state"] == "cancelled", timeout=30)
+    assert final["attempt"] <= 1
+
+
+def test_unknown_retained_jobs_are_cleared_and_retention_purges(broker, service_factory, speech: Path) -> None:
+    svc = service_factory(broker, [speech])
+    stale = f"{svc.base}/jobs/zzzz0000stale000"
+    publish(broker, stale, json.dumps({"v": 1, "job_id": "zzzz0000stale000", "state": "running"}), retain=True)
+    watcher = svc.watcher("response/#", "jobs/+")
+    svc.start()
+    wait_until(lambda: b"" in watcher.on(stale), 15, "the unknown retained job topic to be cleared")
+    job_id = svc.request("submit", {"kind": "noop"}, watcher)["data"]["jobs"][0]["job_id"]
+    watcher.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] == "succeeded")
+    assert svc.stop() == 0
+    # restart with a retention shorter than the job's age: purged at start-up, topic cleared
+    time.sleep(0.2)  # the job must be older than the retention period below (0.1 s)
+    svc.env["EDGE_QUEUE_RETENTION_DAYS"] = str(0.1 / 86400)
+    svc.start()
+    wait_until(lambda: watcher.on(f"{svc.base}/jobs/{job_id}")[-1:] == [b""], 15, "the purged job's topic cleared")
+    assert svc.request("get", {"job_id": job_id}, watcher)["error"]["code"] == "not_found"
+
+
+def test_pause_resume_retry_purge(broker, service_factory, speech: Path) -> None:
+    svc = service_factory(broker, [speech]).start()
+    watcher = svc.watcher("response/#", "jobs/+", "queue")
+    assert svc.request("pause", {}, watcher)["data"] == {"paused": True}
+    job_id = svc.request("submit", {"kind": "test_fail", "max_attempts": 1}, watcher)["data"]["jobs"][0]["job_id"]
+    watcher.wait_json(f"{svc.base}/queue", lambda q: q["paused"] and q["counts"]["queued"] == 1)
+    assert watcher.json_on(f"{svc.base}/jobs/{job_id}")[-1]["state"] == "queued"
+    svc.request("resume", {}, watcher)
+    watcher.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] == "failed")
+    again = svc.request("retry", {"job_id": job_id}, watcher)
+    assert again["data"]["state"] == "queued" and again["data"]["attempt"] == 0
+    watcher.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] == "failed" and m["seq"] > again["data"]["seq"])
+    assert svc.request("retry", {"job_id": "nosuch"}, watcher)["error"]["code"] == "not_found"
+    assert svc.request("purge", {"job_id": job_id}, watcher)["data"]["purged"] == [job_id]
+    wait_until(lambda: watcher.on(f"{svc.base}/jobs/{job_id}")[-1] == b"", 10, "the purged topic to be cleared")
+    running = svc.request("submit", {"kind": "noop", "options": {"sleep_s": 20}}, watcher)["data"]["jobs"][0]["job_id"]
+    assert svc.request("purge", {"job_id": running}, watcher)["error"]["code"] == "conflict"
+    assert svc.request("cancel", {"all": True}, watcher)["status"] == "ok"
+
+
+def test_recycles_worker_after_max_jobs(broker, service_factory, speech: Path) -> None:
+    svc = service_factory(broker, [speech], {"EDGE_QUEUE_WORKERS": "1", "EDGE_QUEUE_MAX_JOBS_PER_WORKER": "2"}).start()
+    watcher = svc.watcher("response/#", "jobs/+")
+    ids = [svc.request("submit", {"kind": "noop", "options": {"sleep_s": 0.01 * i}}, watcher)["data"]["jobs"][0]["job_id"]
+           for i in range(1, 5)]
+    for job_id in ids:
+        watcher.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] == "succeeded")
+    wait_until(lambda: svc.log().count("recycled: 2 jobs done") == 2, 10, "two recycles")
+
+
+@pytest.fixture
+def private_mosquitto(tmp_path: Path):
+    """A private mosquitto without persistence on a free port, restartable by the test."""
+    need(subprocess.run(["which", "mosquitto"], capture_output=True).returncode == 0, "mosquitto not installed")
+    port = free_port()
+    conf = tmp_path / "mosquitto.conf"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start() -> Broker:
+        proc = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(proc)
+        wait_until(lambda: port_open("127.0.0.1", port), 10, "private mosquitto")
+        return Broker("127.0.0.1", port, "mosquitto", proc)
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait(5)
+
+
+def test_retained_state_is_back_after_broker_restart(private_mosquitto, service_factory, speech: Path) -> None:
+    broker = private_mosquitto()
+    svc = service_factory(broker, [speech]).start()
+    watcher = svc.watcher("response/#", "jobs/+", "batches/+")
+    resp = svc.request("submit", {"kind": "noop", "inputs": ["a", "b"]}, watcher)
+    batch_id = resp["data"]["batch_id"]
+    watcher.wait_json(f"{svc.base}/batches/{batch_id}", lambda b: b["done"])
+    watcher.close()
+    # When the broker restarts with nothing retained
+    broker.proc.send_signal(signal.SIGTERM)
+    broker.proc.wait(10)
+    restarted = time.monotonic()
+    broker = private_mosquitto()
+    # Then status, info, queue, every job and the batch are retained again within 5 s
+    topics = [f"{svc.base}/{t}" for t in ("status", "info", "queue", f"batches/{batch_id}")]
+    topics += [f"{svc.base}/jobs/{j['job_id']}" for j in resp["data"]["jobs"]]
+
+    def all_back() -> bool:
+        w = svc.watcher("#")
+        try:
+            time.sleep(0.3)
+            return all(w.on(t) for t in topics) and w.on(f"{svc.base}/status")[-1] == b"online"
+        finally:
+            w.close()
+
+    wait_until(all_back, 10, "the retained state after the restart", interval=0.2)
+    assert time.monotonic() - restarted < 5.5
