@@ -62,6 +62,62 @@ class Connected:
     protocol: str
 
 
+def configure_client(client: mqtt.Client, s: MqttSettings) -> None:
+    """Credentials and TLS of ``[mqtt]`` on a paho client."""
+    if s.username:
+        client.username_pw_set(s.username, s.password.get_secret_value() if s.password else None)
+    if s.tls.enabled:
+        client.tls_set(
+            ca_certs=str(s.tls.ca_file) if s.tls.ca_file else None,
+            certfile=str(s.tls.cert_file) if s.tls.cert_file else None,
+            keyfile=str(s.tls.key_file) if s.tls.key_file else None,
+            cert_reqs=ssl.CERT_NONE if s.tls.insecure else ssl.CERT_REQUIRED,
+        )
+        client.tls_insecure_set(s.tls.insecure)
+
+
+def _probe(s: MqttSettings, client_id: str, protocol: int, timeout_s: float) -> str | None:
+    """Connect once without a Last Will; the CONNACK reason, or None when none came."""
+    answer: dict[str, str] = {}
+    done = threading.Event()
+
+    def on_connect(client: mqtt.Client, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
+        answer["reason"] = str(reason)
+        done.set()
+
+    probe = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"{client_id}-probe", protocol=protocol)
+    configure_client(probe, s)
+    probe.on_connect = on_connect
+    probe.on_disconnect = lambda *a: done.set()
+    try:
+        probe.connect(s.host, s.port, keepalive=s.keepalive_s)
+    except OSError as e:
+        raise BrokerUnavailable(f"no MQTT broker at {s.host}:{s.port}: {e}") from e
+    probe.loop_start()
+    try:
+        done.wait(timeout_s)
+    finally:
+        probe.disconnect()
+        probe.loop_stop()
+    return answer.get("reason")
+
+
+def detect_protocol(s: MqttSettings, client_id: str, timeout_s: float) -> str:
+    """``"5"`` or ``"3.1.1"``: what the broker at ``mqtt.host:port`` speaks.
+
+    Tries an MQTT 5 CONNECT without a Last Will. amqtt 0.12 answers it with "Unsupported
+    protocol version", or, when the CONNECT carries credentials or a Will it cannot parse,
+    closes the connection without a CONNACK; then MQTT 3.1.1 is tried. Raises
+    :class:`BrokerUnavailable` when neither gets an answer within ``timeout_s`` seconds.
+    """
+    reason = _probe(s, client_id, mqtt.MQTTv5, min(timeout_s, 5.0))
+    if reason is not None and reason != "Unsupported protocol version":
+        return "5"
+    if _probe(s, client_id, mqtt.MQTTv311, timeout_s) is not None:
+        return "3.1.1"
+    raise BrokerUnavailable(f"no MQTT broker answered at {s.host}:{s.port} within {timeout_s} s")
+
+
 class Bridge:
     """One paho client for the service.
 
@@ -101,17 +157,7 @@ class Bridge:
         client.max_inflight_messages_set(100)
         # Capped low: after a broker restart the retained state must be back within seconds.
         client.reconnect_delay_set(min_delay=1, max_delay=4)
-        s = self.settings
-        if s.username:
-            client.username_pw_set(s.username, s.password.get_secret_value() if s.password else None)
-        if s.tls.enabled:
-            client.tls_set(
-                ca_certs=str(s.tls.ca_file) if s.tls.ca_file else None,
-                certfile=str(s.tls.cert_file) if s.tls.cert_file else None,
-                keyfile=str(s.tls.key_file) if s.tls.key_file else None,
-                cert_reqs=ssl.CERT_NONE if s.tls.insecure else ssl.CERT_REQUIRED,
-            )
-            client.tls_insecure_set(s.tls.insecure)
+        configure_client(client, self.settings)
         client.will_set(self.topics.status, OFFLINE, qos=1, retain=True)
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
@@ -176,45 +222,6 @@ class Bridge:
 
     # -- service thread -----------------------------------------------------------------
 
-    def detect_protocol(self, timeout_s: float) -> str:
-        """Ask the broker whether it speaks MQTT 5 with a throwaway connection (no Last Will:
-        amqtt 0.12 cannot parse an MQTT 5 CONNECT that carries one, and never answers it).
-
-        Returns ``"5"`` or ``"3.1.1"``. Raises :class:`BrokerUnavailable` when no CONNACK
-        arrives within ``timeout_s`` seconds.
-        """
-        s = self.settings
-        answer: dict[str, str] = {}
-        done = threading.Event()
-
-        def on_connect(client: mqtt.Client, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
-            answer["reason"] = str(reason)
-            done.set()
-
-        probe = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"{self.client_id}-probe",
-                            protocol=mqtt.MQTTv5)
-        if s.username:
-            probe.username_pw_set(s.username, s.password.get_secret_value() if s.password else None)
-        if s.tls.enabled:
-            probe.tls_set(ca_certs=str(s.tls.ca_file) if s.tls.ca_file else None,
-                          certfile=str(s.tls.cert_file) if s.tls.cert_file else None,
-                          keyfile=str(s.tls.key_file) if s.tls.key_file else None,
-                          cert_reqs=ssl.CERT_NONE if s.tls.insecure else ssl.CERT_REQUIRED)
-            probe.tls_insecure_set(s.tls.insecure)
-        probe.on_connect = on_connect
-        try:
-            probe.connect(s.host, s.port, keepalive=s.keepalive_s)
-        except OSError as e:
-            raise BrokerUnavailable(f"no MQTT broker at {s.host}:{s.port}: {e}") from e
-        probe.loop_start()
-        try:
-            if not done.wait(timeout_s):
-                raise BrokerUnavailable(f"no MQTT broker answered at {s.host}:{s.port} within {timeout_s} s")
-        finally:
-            probe.disconnect()
-            probe.loop_stop()
-        return "3.1.1" if answer.get("reason") == "Unsupported protocol version" else "5"
-
     def connect(self, timeout_s: float = 10.0, *, wait: bool = True) -> None:
         """Connect and start paho's network thread; paho reconnects with backoff from then on.
 
@@ -224,7 +231,7 @@ class Bridge:
         """
         s = self.settings
         if s.protocol == "auto" and wait:
-            found = self.detect_protocol(timeout_s)
+            found = detect_protocol(s, self.client_id, timeout_s)
             if found == "3.1.1":
                 log.info("the broker does not speak MQTT 5; using MQTT 3.1.1")
                 self.protocol = mqtt.MQTTv311
@@ -283,5 +290,3 @@ class Bridge:
             log.warning("could not publish offline: %s", e)
         self._client.disconnect()
         self._client.loop_stop()
-        self.wake_r.close()
-        self._wake_w.close()

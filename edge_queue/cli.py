@@ -87,6 +87,9 @@ def serve(config: ConfigOpt = None, media_root: MediaRootOpt = None) -> None:
     settings = _settings(config, media_root)
     try:
         raise typer.Exit(run_service(settings))
+    except ConfigError as e:
+        typer.echo(f"edge-queue: {e.message}", err=True)
+        raise typer.Exit(EXIT_USAGE) from e
     except BrokerUnavailable as e:
         typer.echo(f"edge-queue: {e.message}", err=True)
         raise typer.Exit(EXIT_NO_BROKER) from e
@@ -132,6 +135,9 @@ def up(config: ConfigOpt = None, media_root: MediaRootOpt = None) -> None:
         logging.getLogger("edge_queue").info("using the MQTT broker at %s:%s", host, port)
     try:
         code = Service(settings).run()
+    except ConfigError as e:
+        typer.echo(f"edge-queue: {e.message}", err=True)
+        code = EXIT_USAGE
     except BrokerUnavailable as e:
         typer.echo(f"edge-queue: {e.message}", err=True)
         code = EXIT_NO_BROKER
@@ -284,7 +290,8 @@ def cancel(job_id: str, config: ConfigOpt = None) -> None:
 
 
 @config_app.command("check")
-def config_check(file: Annotated[Path | None, typer.Argument(help="TOML file to check")] = None) -> None:
+def config_check(file: Annotated[Path | None, typer.Argument(envvar="EDGE_QUEUE_CONFIG",
+                                                              help="TOML file to check")] = None) -> None:
     """Validate a configuration file (and the environment); name every invalid key."""
     try:
         settings = load_settings(file)

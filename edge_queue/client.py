@@ -18,6 +18,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
+from .bridge import configure_client, detect_protocol
 from .config import MqttSettings
 from .errors import BrokerUnavailable
 from .topics import Topics
@@ -35,28 +36,17 @@ class RequestClient:
         self.messages: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
         self._connected = threading.Event()
         self._refused: str | None = None
-        self._client = self._connect(settings, mqtt.MQTTv311 if settings.protocol == "3.1.1" else mqtt.MQTTv5,
-                                     timeout_s)
-        if self._refused == "Unsupported protocol version" and settings.protocol == "auto":
-            self._client.loop_stop()
-            self._refused = None
-            self._client = self._connect(settings, mqtt.MQTTv311, timeout_s)
+        protocol = settings.protocol
+        if protocol == "auto":
+            protocol = detect_protocol(settings, self.client_id, timeout_s)
+        self._client = self._connect(settings, mqtt.MQTTv311 if protocol == "3.1.1" else mqtt.MQTTv5, timeout_s)
         if self._refused:
             raise BrokerUnavailable(f"broker refused the connection: {self._refused}")
 
     def _connect(self, s: MqttSettings, protocol: int, timeout_s: float) -> mqtt.Client:
         self._connected.clear()
         c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=protocol)
-        if s.username:
-            c.username_pw_set(s.username, s.password.get_secret_value() if s.password else None)
-        if s.tls.enabled:
-            import ssl
-
-            c.tls_set(ca_certs=str(s.tls.ca_file) if s.tls.ca_file else None,
-                      certfile=str(s.tls.cert_file) if s.tls.cert_file else None,
-                      keyfile=str(s.tls.key_file) if s.tls.key_file else None,
-                      cert_reqs=ssl.CERT_NONE if s.tls.insecure else ssl.CERT_REQUIRED)
-            c.tls_insecure_set(s.tls.insecure)
+        configure_client(c, s)
         c.on_connect = self._on_connect
         c.on_message = self._on_message
         try:

@@ -184,6 +184,37 @@ class Settings(BaseSettings):
         return self.data_dir / "outputs"
 
 
+#: Environment variables with the prefix that are not configuration keys.
+_ENV_NOT_KEYS = {"EDGE_QUEUE_CONFIG"}
+
+
+def unknown_environment(environ: Any) -> list[str]:
+    """``EDGE_QUEUE_...`` variables that name no configuration key (pydantic-settings would
+    ignore them silently; a typo must not be)."""
+    bad = []
+    for name in environ:
+        if not name.startswith("EDGE_QUEUE_") or name in _ENV_NOT_KEYS:
+            continue
+        parts = name[len("EDGE_QUEUE_"):].lower().split("__")
+        model: Any = Settings
+        for i, part in enumerate(parts):
+            fields = getattr(model, "model_fields", None)
+            if fields is None:
+                break
+            if part not in fields:
+                if not (model is Settings and i == 1 and parts[0] == "kinds"):
+                    bad.append(name)
+                break
+            annotation = fields[part].annotation
+            model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+            if parts[0] == "kinds" and i == 0:
+                model = None if len(parts) < 3 else KindSettings
+                if len(parts) >= 3 and parts[2] not in KindSettings.model_fields:
+                    bad.append(name)
+                break
+    return sorted(bad)
+
+
 def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
     """Build :class:`Settings` from ``path`` (TOML), the environment and ``overrides``.
 
@@ -195,6 +226,9 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
         path = DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.is_file() else None
     elif not Path(path).is_file():
         raise ConfigError(f"config file not found: {path}")
+    unknown = unknown_environment(os.environ)
+    if unknown:
+        raise ConfigError(f"unknown configuration variable(s) in the environment: {', '.join(unknown)}")
 
     class _Loaded(Settings):
         _toml_file = Path(path) if path else None
@@ -206,6 +240,7 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
             f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}" for err in e.errors()
         )
         raise ConfigError(f"invalid configuration{f' in {path}' if path else ''}: {problems}") from e
-    except ValueError as e:  # TOML syntax errors surface as ValueError subclasses
-        raise ConfigError(f"cannot read configuration {path}: {e}") from e
+    except ValueError as e:  # TOML syntax and environment JSON errors surface as ValueError
+        where = f"configuration file {path}" if path else "the EDGE_QUEUE_ environment variables"
+        raise ConfigError(f"cannot read {where}: {e}") from e
     return Settings.model_validate(loaded.model_dump())

@@ -126,7 +126,7 @@ def peek_envelope(raw: bytes) -> tuple[JsonValue, str | None]:
     """Best-effort ``(transaction, reply_to)`` of a raw request, for error responses."""
     try:
         data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None, None
     if not isinstance(data, dict):
         return None, None
@@ -163,6 +163,8 @@ def decode_request(command: str, raw: bytes, *, max_bytes: int, default_kind: st
         data = json.loads(stripped)
     except ValueError as e:
         raise RequestError(f"payload is not valid JSON: {e}", code=ErrorCode.INVALID_JSON) from e
+    except RecursionError as e:
+        raise RequestError("payload is nested too deeply", code=ErrorCode.INVALID_JSON) from e
     if command == "submit" and isinstance(data, str):
         data = {"input": data}
     elif command == "submit" and isinstance(data, list):

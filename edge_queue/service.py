@@ -23,12 +23,12 @@ from . import payloads
 from .bridge import Bridge, Connected, Incoming, RetainedJob
 from .commands import Commands
 from .config import Settings
-from .errors import ErrorCode
+from .errors import ConfigError, ErrorCode
 from .kinds import registry
 from .states import JobState, is_terminal
 from .store import Store, iso, new_id
 from .supervisor import Outcome, Supervisor
-from .topics import Topics
+from .topics import ONLINE, Topics
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,8 @@ PROGRESS_PUBLISH_INTERVAL_S = 1.0
 QUEUE_PUBLISH_INTERVAL_S = 1.0
 #: After each connect, retained job topics are read this long to clear unknown ones.
 RETAINED_SCAN_S = 3.0
+#: After clearing a retained request, empty messages on its topic are echoes for this long.
+ECHO_WINDOW_S = 5.0
 #: How often terminal jobs past ``retention_days`` are purged.
 RETENTION_INTERVAL_S = 600.0
 
@@ -75,6 +77,10 @@ class Service:
         self.rng = rng
         self.topics = Topics(settings.mqtt.base_topic)
         self.kinds = registry(settings.extra_kinds)
+        unknown = sorted({settings.default_kind, *settings.kinds} - set(self.kinds))
+        if unknown:
+            raise ConfigError(f"unknown job kind(s) in the configuration: {', '.join(unknown)} "
+                              f"(known: {', '.join(sorted(self.kinds))})")
         self.run_id = new_id()
         self.started_at = iso(clock())
         self.paused = False
@@ -90,7 +96,7 @@ class Service:
         self._last_progress_pub: dict[str, float] = {}
         self._queue_dirty = True
         self._last_queue_pub = 0.0
-        self._echoes: set[str] = set()
+        self._echoes: dict[str, float] = {}  # topic -> monotonic end of its echo window
         self._scan_retained_until: float | None = None
         self._next_retention = 0.0
 
@@ -112,14 +118,23 @@ class Service:
         now = self.clock()
         for job_id in store.orphans(self.run_id):
             job = store.get(job_id)
+            crashes = job["crashes"] + 1
+            reason = {"reason": "service restart"}
             if job["state"] == JobState.CANCELLING:
-                store.transition(job_id, JobState.CANCELLED, now, detail={"reason": "service restart"},
+                store.transition(job_id, JobState.CANCELLED, now, detail=reason,
                                  error={"code": "cancelled", "message": "cancelled", "retryable": False})
+                log.warning("job %s: cancelled (the service ended while it was cancelling)", job_id)
+            elif crashes >= self.settings.crash_loop_limit or job["attempt"] >= job["max_attempts"]:
+                # A job whose attempts took the whole service down must not loop forever.
+                code = ErrorCode.CRASH_LOOP if crashes >= self.settings.crash_loop_limit else ErrorCode.WORKER_LOST
+                store.transition(job_id, JobState.FAILED, now, detail=reason, crashes=crashes, error={
+                    "code": str(code), "retryable": False,
+                    "message": f"the service ended during attempt {job['attempt']} of {job['max_attempts']}"})
+                log.error("job %s failed: %s (the service ended during its last attempt)", job_id, code)
             else:
-                store.transition(job_id, JobState.QUEUED, now, detail={"reason": "service restart"},
-                                 owner=None)
-            log.warning("job %s: requeued after the previous run of the service ended during "
-                        "attempt %d", job_id, job["attempt"])
+                store.transition(job_id, JobState.QUEUED, now, detail=reason, owner=None, crashes=crashes)
+                log.warning("job %s: requeued after the previous run of the service ended during "
+                            "attempt %d", job_id, job["attempt"])
 
     def _store(self) -> Store:
         assert self.store is not None, "boot() first"
@@ -220,14 +235,25 @@ class Service:
 
     def on_message(self, msg: Incoming) -> None:
         """Execute one request and answer it; the PUBACK follows the commit."""
-        if not msg.payload and msg.topic in self._echoes:
-            self._echoes.discard(msg.topic)  # our own clearing of a retained request
+        try:
+            self._on_message(msg)
+        except Exception:  # a bug costs one request, never the service
+            log.exception("request on %s: internal error", msg.topic)
+            self.respond(msg, payloads.error(ErrorCode.INTERNAL_ERROR, "internal error; see the service log"),
+                         None)
+            self.bridge.ack(msg)
+
+    def _on_message(self, msg: Incoming) -> None:
+        now = time.monotonic()
+        if not msg.payload and (msg.retain or self._echoes.get(msg.topic, 0) > now):
+            # The broker echoing our own clearing of a retained request (amqtt may send it
+            # more than once): not a request.
             self.bridge.ack(msg)
             return
         if msg.retain:
             log.warning("retained request on %s not executed; cleared it (publish requests "
                         "without the retain flag)", msg.topic)
-            self._echoes.add(msg.topic)
+            self._echoes[msg.topic] = now + ECHO_WINDOW_S
             self.bridge.publish(msg.topic, b"", retain=True)
             transaction, reply_to = payloads.peek_envelope(msg.payload)
             self.respond(msg, payloads.error(ErrorCode.INVALID_REQUEST,
@@ -284,7 +310,9 @@ class Service:
         # Consecutive worker deaths: any other outcome breaks the run (PRODUCT 4.3).
         crashes = job["crashes"] + 1 if outcome.op == "lost" and code == ErrorCode.WORKER_LOST else 0
         retryable = bool(data.get("retryable", code not in (ErrorCode.CANCELLED,)))
-        if code == ErrorCode.CANCELLED or cancelling:
+        # While cancelling: a cancel seen at a checkpoint, or the worker ended after the grace
+        # period, is "cancelled"; a failure the job reported by itself stays a failure.
+        if code == ErrorCode.CANCELLED or (cancelling and outcome.op == "lost"):
             job = store.transition(job_id, JobState.CANCELLED, now, expect_attempt=attempt, crashes=crashes,
                                    error={"code": "cancelled", "message": "cancelled", "retryable": False})
             log.info("job %s cancelled", job_id)
@@ -293,7 +321,7 @@ class Service:
                                    error={"code": str(ErrorCode.CRASH_LOOP), "retryable": False,
                                           "message": f"the job ended its worker {crashes} times in a row"})
             log.error("job %s failed: crash_loop after %d worker deaths", job_id, crashes)
-        elif retryable and attempt < job["max_attempts"]:
+        elif retryable and attempt < job["max_attempts"] and not cancelling:
             delay = 0.0 if code == ErrorCode.WORKER_LOST else backoff_s(
                 attempt, self.settings.retry.backoff_base_s, self.settings.retry.backoff_cap_s, self.rng)
             job = store.transition(job_id, JobState.RETRYING, now, expect_attempt=attempt, crashes=crashes,
@@ -402,6 +430,7 @@ class Service:
     def republish(self) -> None:
         """Republish ``info``, ``queue``, every job and batch from the store (rule 2)."""
         store = self._store()
+        self.bridge.publish(self.topics.status, ONLINE, retain=True)
         self.bridge.publish(self.topics.info, payloads.encode(self.info()), retain=True)
         for job in store.iter_jobs():
             self.bridge.publish(self.topics.job(job["job_id"]),
@@ -438,8 +467,15 @@ class Service:
                 log.info("job %s %s by the graceful stop", job_id, dst.value)
         self.publish_queue(now)
         self.bridge.close(offline=True)
-        store.close()
+        self.close()
         log.info("stopped")
+
+    def close(self) -> None:
+        """Release the store and the wake-up sockets (also for a service that never ran)."""
+        for sock in (self._sig_r, self._sig_w, self.bridge.wake_r, self.bridge._wake_w):
+            sock.close()
+        if self.store is not None:
+            self.store.close()
 
 
 def serve(settings: Settings, *, client_id: str | None = None) -> int:

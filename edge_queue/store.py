@@ -229,11 +229,12 @@ class Store:
         batch = rows[0]
         counts = {s.value: 0 for s in JobState}
         ids = []
-        for job_id, state in self.conn.execute(
-            "SELECT job_id, state FROM jobs WHERE batch_id = ? ORDER BY job_id", [batch_id]
+        for job_id, state, updated_at in self.conn.execute(
+            "SELECT job_id, state, updated_at FROM jobs WHERE batch_id = ? ORDER BY job_id", [batch_id]
         ):
             counts[state] += 1
             ids.append(job_id)
+            batch["updated_at"] = max(batch["updated_at"], updated_at)
         batch["counts"] = counts
         batch["job_ids"] = ids
         batch["done"] = all(is_terminal(s) for s in counts if counts[s]) and bool(ids)
@@ -297,9 +298,11 @@ class Store:
             if idempotency_key is not None:
                 rows = list(self.db.query(
                     "SELECT * FROM idempotency_keys WHERE key = ?", [idempotency_key]))
-                if rows:
-                    ids = json.loads(rows[0]["job_ids"])
+                ids = json.loads(rows[0]["job_ids"]) if rows else []
+                if ids and len(self.job_ids_in(ids)) == len(ids):
                     return rows[0]["batch_id"], [Created(self.get(i), True) for i in ids]
+                if rows:  # its jobs were purged: the key is free again
+                    self.conn.execute("DELETE FROM idempotency_keys WHERE key = ?", [idempotency_key])
             at = iso(now)
             batch_id = new_id(now) if as_batch else None
             if batch_id:

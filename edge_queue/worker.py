@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import Settings
-from .errors import EdgeQueueError, ErrorCode, JobCancelled
+from .errors import EdgeQueueError, ErrorCode, JobCancelled, JobError
 from .kinds import registry
 
 #: Seconds between two progress messages of one job (stage changes are always sent).
@@ -113,6 +113,8 @@ class _Worker:
         try:
             kind = self.kinds[job["kind"]]()
             options = kind.Options.model_validate(job["options"])
+            if kind.needs_input and not os.path.isfile(job["input"] or ""):
+                raise JobError(f"{job['input']} no longer exists", code=ErrorCode.INPUT_NOT_FOUND)
             ctx.checkpoint()
             result = kind.run(ctx, job["input"], options)
         except EdgeQueueError as e:

@@ -194,7 +194,6 @@ def test_mqtt5_response_topic_and_correlation_data(mosquitto, service_factory, s
     props = Properties(PacketTypes.PUBLISH)
     props.ResponseTopic = my_topic
     props.CorrelationData = b"\x01corr"
-    wait_until(lambda: True, 1, "")
     client.publish(f"{svc.base}/request/list", b"{}", qos=1, properties=props).wait_for_publish(10)
     topic, payload, corr = wait_until(lambda: got[0] if got else None, 15, "the MQTT 5 response")
     client.disconnect()

@@ -114,3 +114,17 @@ def test_job_object_is_json(tmp_path: Path) -> None:
     assert obj["v"] == 1 and json.loads(json.dumps(obj)) == obj
     assert set(obj) >= {"job_id", "seq", "state", "progress", "attempt", "max_attempts", "retry_at",
                         "error", "result", "created_at", "updated_at"}
+
+
+def test_unknown_environment_variables_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    from edge_queue.config import unknown_environment
+
+    env = {"EDGE_QUEUE_MQTT__HOST": "x", "EDGE_QUEUE_WORKERS": "2", "EDGE_QUEUE_KINDS__PROBE__TIMEOUT_S": "3",
+           "EDGE_QUEUE_CONFIG": "/etc/x.toml", "EDGE_QUEUE_WORKER": "2", "EDGE_QUEUE_MQTT__HOTS": "x",
+           "EDGE_QUEUE_KINDS__PROBE__TIMEOUT": "3", "OTHER": "1"}
+    assert unknown_environment(env) == ["EDGE_QUEUE_KINDS__PROBE__TIMEOUT", "EDGE_QUEUE_MQTT__HOTS",
+                                        "EDGE_QUEUE_WORKER"]
+    monkeypatch.setenv("EDGE_QUEUE_WORKER", "2")
+    with pytest.raises(ConfigError) as e:
+        load_settings()
+    assert "EDGE_QUEUE_WORKER" in e.value.message

@@ -173,6 +173,7 @@ def test_backoff_schedule_with_an_injected_clock(tmp_path: Path) -> None:
     # a stale outcome (an old attempt) changes nothing
     svc.on_outcome(Outcome("done", job_id, 2, {"result": {}}), now[0])
     assert svc.store.get(job_id)["state"] == "failed"
+    svc.close()
 
 
 def test_requests_published_while_stopped_run_on_start(mosquitto, service_factory, speech: Path) -> None:
