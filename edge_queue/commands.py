@@ -94,7 +94,9 @@ class Commands:
             raise RequestError(f"unknown kind {req.kind[:64]!r}; known: {', '.join(sorted(svc.kinds))}",
                                code=ErrorCode.UNKNOWN_KIND, field="kind")
         try:
-            options = kind.Options.model_validate(req.options).model_dump(mode="json", exclude_defaults=True)
+            parsed = kind.Options.model_validate(req.options)
+            kind.check_options(parsed, svc.settings)
+            options = parsed.model_dump(mode="json", exclude_defaults=True)
         except ValidationError as e:
             err = e.errors()[0]
             field = "options." + ".".join(str(p) for p in err["loc"])

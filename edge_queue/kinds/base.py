@@ -11,9 +11,11 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import ErrorCode, JobError
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -53,33 +55,69 @@ class Kind:
         raise NotImplementedError
 
     @classmethod
+    def check_options(cls, options: Any, settings: Settings) -> None:
+        """Checks of the options against the configuration, at submit. Raises
+        :class:`~edge_queue.errors.RequestError` naming the field."""
+
+    @classmethod
     def schema(cls) -> dict[str, Any]:
         """JSON Schema of the options, as published on ``<base>/info``."""
         return cls.Options.model_json_schema()
+
+
+class OutputOptions(KindOptions):
+    """Where a kind that writes files puts them."""
+
+    output: Literal["data_dir", "beside"] = Field(
+        "data_dir", description="data_dir: <data_dir>/outputs/<job_id>/; beside: next to the input")
+    overwrite: bool = Field(False, description="replace existing files (beside only); else output_exists")
+
+
+def check_free(paths: list[Path], overwrite: bool) -> None:
+    """Raise :class:`~edge_queue.errors.JobError` ``output_exists`` for the first existing path."""
+    if overwrite:
+        return
+    for path in paths:
+        if path.exists():
+            raise JobError(f"{path} exists (set overwrite to replace it)", code=ErrorCode.OUTPUT_EXISTS)
+
+
+def publish_file(tmp: Path, path: Path, *, overwrite: bool) -> Path:
+    """Move a finished temporary file into place atomically; ``output_exists`` when ``path``
+    exists and ``overwrite`` is false (checked by a hard link, so two writers cannot both win)."""
+    try:
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)
+            os.unlink(tmp)
+    except FileExistsError as e:
+        tmp.unlink(missing_ok=True)
+        raise JobError(f"{path} exists (set overwrite to replace it)", code=ErrorCode.OUTPUT_EXISTS) from e
+    return path
+
+
+def temp_path(path: Path) -> Path:
+    """A temporary file name beside ``path`` (same filesystem, so the rename is atomic)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    os.close(fd)
+    return Path(tmp)
 
 
 def write_atomic(path: Path, data: bytes | str, *, overwrite: bool = True) -> Path:
     """Write ``data`` to ``path`` through a temporary file in the same folder, then rename.
 
     Readers see the old file or the whole new one, never a partial file. With
-    ``overwrite=False`` an existing ``path`` raises ``FileExistsError`` (checked by a hard
-    link, so two writers cannot both win).
+    ``overwrite=False`` an existing ``path`` raises :class:`JobError` ``output_exists``.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
     raw = data.encode() if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = temp_path(path)
     try:
-        with os.fdopen(fd, "wb") as fh:
+        with open(tmp, "wb") as fh:
             fh.write(raw)
             fh.flush()
             os.fsync(fh.fileno())
-        if overwrite:
-            os.replace(tmp, path)
-        else:
-            os.link(tmp, path)
-            os.unlink(tmp)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+        return publish_file(tmp, path, overwrite=overwrite)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -13,8 +13,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from ..errors import ErrorCode, JobError, MediaError
-from .base import JobContext, Kind, KindOptions, write_atomic
+from ..errors import ErrorCode, JobError, MediaError, RequestError
+from .audio import chunks, decode_pcm
+from .base import JobContext, Kind, OutputOptions, check_free, write_atomic
 from .media import container_duration_s, open_media, require_audio
 
 #: Loaded models of this worker process, keyed by (path or name, compute_type, cpu_threads).
@@ -22,12 +23,15 @@ _MODELS: dict[tuple[str, str, int], Any] = {}
 
 TEXT_SUMMARY_CHARS = 4000
 FORMATS = ("txt", "srt", "vtt", "json")
+#: Characters of the previous chunk's text given as the prompt of the next chunk.
+PROMPT_CHARS = 400
 
 
-class TranscribeOptions(KindOptions):
+class TranscribeOptions(OutputOptions):
     language: str | None = Field(None, min_length=2, max_length=8,
-                                 description="ISO 639-1 code; detected when omitted")
+                                 description="ISO 639-1 code; detected on the first chunk when omitted")
     task: Literal["transcribe", "translate"] = "transcribe"
+    model: str | None = Field(None, max_length=200, description="a name from transcribe.models")
     beam_size: int | None = Field(None, ge=1, le=20, description="default: transcribe.beam_size")
     vad: bool | None = Field(None, description="skip silence (default: transcribe.vad, on)")
     word_timestamps: bool = False
@@ -90,11 +94,25 @@ def render(fmt: str, segments: list[dict[str, Any]], meta: dict[str, Any]) -> st
 class Transcribe(Kind):
     """Result summary (PRODUCT 3.2): ``language``, ``language_probability``, ``duration_s``,
     ``text`` (first 4,000 characters), ``text_truncated``, ``segments`` (count), ``outputs``
-    (format -> path), ``model``, ``realtime_factor`` (processing seconds per audio second)."""
+    (format -> path), ``model``, ``realtime_factor`` (processing seconds per audio second),
+    ``chunks``.
+
+    The recording is decoded as a stream and transcribed in chunks of about
+    ``transcribe.chunk_s`` seconds cut at pauses (:mod:`.audio`); each chunk is prompted with
+    the end of the previous chunk's text, and segment times are shifted by the chunk's offset,
+    so timestamps run on across chunks.
+    """
 
     name = "transcribe"
     Options = TranscribeOptions
     description = "speech to text with faster-whisper; writes txt/srt/vtt/json"
+
+    @classmethod
+    def check_options(cls, options: Any, settings: Any) -> None:
+        if options.model is not None and options.model not in settings.transcribe.models:
+            allowed = ", ".join(sorted(settings.transcribe.models)) or "none configured"
+            raise RequestError(f"options.model: {options.model!r} is not in transcribe.models ({allowed})",
+                               field="options.model")
 
     def run(self, ctx: JobContext, input_path: str | None, options: Any) -> dict[str, Any]:
         assert input_path is not None
@@ -104,66 +122,92 @@ class Transcribe(Kind):
             require_audio(container)
             declared_s = container_duration_s(container)
         ctx.progress(0, "loading_model")
-        model_ref = resolve_model(cfg.model)
+        model_ref = cfg.models[options.model] if options.model else resolve_model(cfg.model)
         model = load_model(model_ref, cfg.compute_type, cfg.cpu_threads)
         ctx.checkpoint()
         started = time.monotonic()
-        import av
-
-        try:
+        language, probability = options.language, 1.0 if options.language else 0.0
+        prompt = options.initial_prompt
+        segments: list[dict[str, Any]] = []
+        decoded_s, n_chunks = 0.0, 0
+        planned: dict[str, Path] = {}
+        ctx.progress(0, "transcribing")
+        for chunk in chunks(decode_pcm(input_path), cfg.chunk_s, search_s=min(10.0, cfg.chunk_s / 4)):
+            ctx.checkpoint()
+            n_chunks += 1
             seg_iter, info = model.transcribe(
-                input_path,
-                language=options.language,
-                task=options.task,
+                chunk.audio, language=language, task=options.task,
                 beam_size=options.beam_size or cfg.beam_size,
                 vad_filter=cfg.vad if options.vad is None else options.vad,
-                word_timestamps=options.word_timestamps,
-                initial_prompt=options.initial_prompt,
-            )
-        except IndexError as e:  # faster-whisper's way of saying "no audio stream"
-            raise MediaError("the file has no audio stream", code=ErrorCode.NO_AUDIO_STREAM) from e
-        except av.error.FFmpegError as e:
-            raise MediaError(f"cannot decode audio: {e}", code=ErrorCode.DECODE_ERROR) from e
-        duration = float(info.duration)
+                word_timestamps=options.word_timestamps, initial_prompt=prompt)
+            if language is None:  # detected once, on the first chunk, then kept
+                language, probability = info.language, info.language_probability
+            if not planned:
+                planned = self._outputs(ctx, input_path, language, options)
+                check_free(list(planned.values()), options.overwrite or options.output == "data_dir")
+            chunk_text = []
+            for seg in seg_iter:
+                ctx.checkpoint()
+                item = self._segment(seg, chunk.offset_s, len(segments), options.word_timestamps)
+                segments.append(item)
+                chunk_text.append(item["text"].strip())
+                self._progress(ctx, chunk.offset_s + seg.end, declared_s, started)
+            decoded_s = chunk.offset_s + chunk.duration_s
+            self._progress(ctx, decoded_s, declared_s, started)
+            if chunk_text:  # carry the previous text as context into the next chunk
+                prompt = " ".join(chunk_text)[-PROMPT_CHARS:]
+        if n_chunks == 0:
+            raise MediaError("the audio stream holds no samples", code=ErrorCode.TRUNCATED_MEDIA)
         # Decoders return shorter audio silently for a cut file; compare with the container.
-        if declared_s and duration < 0.9 * declared_s and declared_s - duration > 1.0:
-            raise MediaError(f"decoded {duration:.1f} s of a declared {declared_s:.1f} s",
+        if declared_s and decoded_s < 0.9 * declared_s and declared_s - decoded_s > 1.0:
+            raise MediaError(f"decoded {decoded_s:.1f} s of a declared {declared_s:.1f} s",
                              code=ErrorCode.TRUNCATED_MEDIA)
-        segments: list[dict[str, Any]] = []
-        ctx.progress(0, "transcribing")
-        for seg in seg_iter:
-            ctx.checkpoint()
-            item: dict[str, Any] = {"id": seg.id, "start": round(seg.start, 3),
-                                    "end": round(seg.end, 3), "text": seg.text}
-            if options.word_timestamps and seg.words:
-                item["words"] = [{"start": round(w.start, 3), "end": round(w.end, 3),
-                                  "word": w.word, "probability": round(w.probability, 3)}
-                                 for w in seg.words]
-            segments.append(item)
-            done = min(seg.end / duration, 1.0) if duration else 1.0
-            elapsed = time.monotonic() - started
-            eta = elapsed * (1 - done) / done if done > 0 else None
-            ctx.progress(100 * done, "transcribing", eta)
         elapsed = time.monotonic() - started
-        text = " ".join(s["text"].strip() for s in segments).strip()
-        meta = {"language": info.language, "language_probability": round(info.language_probability, 4),
-                "duration_s": round(duration, 3), "model": Path(model_ref).name or model_ref,
-                "input": input_path, "text": text}
+        text = " ".join(s["text"].strip() for s in segments if s["text"].strip())
+        model_name = options.model or Path(model_ref).name or model_ref
+        meta = {"language": language, "language_probability": round(probability, 4),
+                "duration_s": round(decoded_s, 3), "model": model_name, "input": input_path, "text": text}
         ctx.progress(100, "writing")
-        stem = Path(input_path).stem
         outputs = {}
-        for fmt in options.formats:
-            path = ctx.output_dir / f"{stem}.{fmt}"
-            write_atomic(path, render(fmt, segments, meta))
+        for fmt, path in planned.items():
+            write_atomic(path, render(fmt, segments, meta),
+                         overwrite=options.overwrite or options.output == "data_dir")
             outputs[fmt] = str(path)
         return {
-            "language": info.language,
-            "language_probability": round(info.language_probability, 4),
-            "duration_s": round(duration, 3),
+            "language": language,
+            "language_probability": round(probability, 4),
+            "duration_s": round(decoded_s, 3),
             "text": text[:TEXT_SUMMARY_CHARS],
             "text_truncated": len(text) > TEXT_SUMMARY_CHARS,
             "segments": len(segments),
+            "chunks": n_chunks,
             "outputs": outputs,
-            "model": meta["model"],
-            "realtime_factor": round(elapsed / duration, 4) if duration else None,
+            "model": model_name,
+            "realtime_factor": round(elapsed / decoded_s, 4) if decoded_s else None,
         }
+
+    @staticmethod
+    def _outputs(ctx: JobContext, input_path: str, language: str | None, options: Any) -> dict[str, Path]:
+        stem = Path(input_path).stem
+        if options.output == "beside":  # <stem>.<lang>.srt, as Jellyfin and Plex expect
+            folder, name = Path(input_path).parent, f"{stem}.{language or 'und'}"
+        else:
+            folder, name = ctx.output_dir, stem
+        return {fmt: folder / f"{name}.{fmt}" for fmt in options.formats}
+
+    @staticmethod
+    def _segment(seg: Any, offset: float, index: int, words: bool) -> dict[str, Any]:
+        item: dict[str, Any] = {"id": index, "start": round(offset + seg.start, 3),
+                                "end": round(offset + seg.end, 3), "text": seg.text}
+        if words and seg.words:
+            item["words"] = [{"start": round(offset + w.start, 3), "end": round(offset + w.end, 3),
+                              "word": w.word, "probability": round(w.probability, 3)} for w in seg.words]
+        return item
+
+    @staticmethod
+    def _progress(ctx: JobContext, done_s: float, total_s: float | None, started: float) -> None:
+        if not total_s:
+            return
+        done = min(done_s / total_s, 1.0)
+        elapsed = time.monotonic() - started
+        ctx.progress(100 * done, "transcribing", elapsed * (1 - done) / done if done > 0 else None)
