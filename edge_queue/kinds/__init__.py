@@ -9,13 +9,15 @@ from collections.abc import Iterable
 from importlib.metadata import entry_points
 
 from .base import Kind, KindOptions
+from .extract_audio import ExtractAudio
 from .noop import Noop
 from .probe import Probe
+from .transcode import Transcode
 from .transcribe import Transcribe
 
 log = logging.getLogger(__name__)
 
-BUILTIN: dict[str, type[Kind]] = {k.name: k for k in (Transcribe, Probe, Noop)}
+BUILTIN: dict[str, type[Kind]] = {k.name: k for k in (Transcribe, Probe, ExtractAudio, Transcode, Noop)}
 ENTRY_POINT_GROUP = "edge_queue.kinds"
 
 

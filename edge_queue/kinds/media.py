@@ -30,10 +30,10 @@ def open_media(path: str) -> Iterator[Any]:
     try:
         container = av.open(path)
     except (av.error.InvalidDataError, av.error.EOFError) as e:
-        raise MediaError(f"not a media file FFmpeg can read: {e}",
+        raise MediaError(f"not a media file FFmpeg can read ({e.strerror or e})",
                          code=ErrorCode.UNSUPPORTED_MEDIA) from e
     except av.error.FFmpegError as e:
-        raise MediaError(f"cannot open media: {e}", code=ErrorCode.DECODE_ERROR) from e
+        raise MediaError(f"cannot open media ({e.strerror or e})", code=ErrorCode.DECODE_ERROR) from e
     try:
         yield container
     finally:
@@ -50,6 +50,28 @@ def container_duration_s(container: Any) -> float | None:
             d = float(s.duration * s.time_base)
             best = d if best is None else max(best, d)
     return best
+
+
+def end_of_input(frames: Iterator[Any]) -> Iterator[Any]:
+    """Decoded frames, then ``None`` once. A cut or damaged file ends the stream quietly
+    (check with :func:`truncated`); other FFmpeg errors raise ``decode_error``."""
+    import av
+
+    try:
+        yield from frames
+    except (av.error.InvalidDataError, av.error.EOFError):
+        pass
+    except av.error.FFmpegError as e:
+        raise MediaError(f"cannot decode: {e}", code=ErrorCode.DECODE_ERROR) from e
+    yield None
+
+
+def truncated(decoded_s: float, declared_s: float | None) -> None:
+    """Raise ``truncated_media`` when decoding stopped well short of the declared duration
+    (below 90 % and more than 1 s short; 1 s covers the last frame's own length)."""
+    if declared_s and decoded_s < 0.9 * declared_s and declared_s - decoded_s > 1.0:
+        raise MediaError(f"decoded {decoded_s:.1f} s of a declared {declared_s:.1f} s",
+                         code=ErrorCode.TRUNCATED_MEDIA)
 
 
 def require_audio(container: Any) -> Any:

@@ -204,10 +204,10 @@ class Transcribe(Kind):
                               "word": w.word, "probability": round(w.probability, 3)} for w in seg.words]
         return item
 
-    @staticmethod
-    def _progress(ctx: JobContext, done_s: float, total_s: float | None, started: float) -> None:
+    def _progress(self, ctx: JobContext, done_s: float, total_s: float | None, started: float) -> None:
         if not total_s:
             return
-        done = min(done_s / total_s, 1.0)
+        # A segment may end past the cut of its chunk: progress never goes back.
+        done = self._done = max(getattr(self, "_done", 0.0), min(done_s / total_s, 1.0))
         elapsed = time.monotonic() - started
         ctx.progress(100 * done, "transcribing", elapsed * (1 - done) / done if done > 0 else None)

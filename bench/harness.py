@@ -1,0 +1,409 @@
+"""Shared pieces of the benchmarks: a service under test, a plain paho watcher, statistics.
+
+Times are ``time.monotonic()`` seconds. On Linux that clock (CLOCK_MONOTONIC) is one clock for
+every process of the machine, so a child process may report its own start time with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import psutil
+from paho.mqtt.enums import CallbackAPIVersion
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+MEDIA = ROOT.parent / "shared" / "media"
+HOST, PORT = "127.0.0.1", 1883
+
+
+def uid(prefix: str = "bench") -> str:
+    return prefix + uuid.uuid4().hex[:10]
+
+
+# -- statistics -----------------------------------------------------------------------------
+
+
+@dataclass
+class Figure:
+    """One figure: the runs it is the median of, with min and max."""
+
+    runs: list[float]
+    unit: str
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.runs)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"median": self.median, "min": min(self.runs), "max": max(self.runs),
+                "runs": self.runs, "unit": self.unit}
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Nearest-rank percentile (p in 0..100) of a non-empty list."""
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, round(p / 100 * len(s) + 0.5) - 1))
+    return s[k]
+
+
+# -- the service under test -----------------------------------------------------------------
+
+
+@dataclass
+class Service:
+    """One ``python -m edge_queue serve`` with its own base topic, client id and data dir."""
+
+    env_extra: dict[str, str] = field(default_factory=dict)
+    data_dir: Path | None = None
+    base: str = field(default_factory=uid)
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._own_dir = self.data_dir is None
+        if self.data_dir is None:
+            self.data_dir = Path(tempfile.mkdtemp(prefix="eqbench-"))
+        self.log_path = self.data_dir / "service.log"
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_QUEUE_")}
+        env.update({
+            "EDGE_QUEUE_DATA_DIR": str(self.data_dir), "EDGE_QUEUE_MQTT__BASE_TOPIC": self.base,
+            "EDGE_QUEUE_MQTT__CLIENT_ID": "svc-" + self.base, "EDGE_QUEUE_MQTT__HOST": HOST,
+            "EDGE_QUEUE_MQTT__PORT": str(PORT), "EDGE_QUEUE_LOG_LEVEL": "WARNING",
+            "EDGE_QUEUE_MEDIA_ROOTS": json.dumps([str(MEDIA), str(self.data_dir)]),
+        })
+        env.update(self.env_extra)
+        return env
+
+    def start(self, wait_online: bool = True, timeout_s: float = 60.0) -> float:
+        """Start the process; with ``wait_online`` wait for retained ``<base>/status`` online.
+        Returns the monotonic time just before the process was started."""
+        log = open(self.log_path, "ab")  # noqa: SIM115 - closed by the child's exit
+        self.started_at = time.monotonic()
+        self.proc = subprocess.Popen([sys.executable, "-m", "edge_queue", "serve"], env=self.env(),
+                                     stdout=subprocess.DEVNULL, stderr=log, cwd=str(ROOT))
+        log.close()
+        if wait_online:
+            self.wait_online(timeout_s)
+        return self.started_at
+
+    def wait_online(self, timeout_s: float = 60.0) -> float:
+        got = threading.Event()
+        c = new_client("on")
+        c.on_connect = lambda cl, *a: cl.subscribe(f"{self.base}/status", 1)
+        c.on_message = lambda cl, u, m: got.set() if m.payload == b"online" else None
+        c.connect(HOST, PORT)
+        c.loop_start()
+        try:
+            end = time.monotonic() + timeout_s
+            while not got.wait(0.05):
+                if self.proc is not None and self.proc.poll() is not None:
+                    raise RuntimeError(f"service exited {self.proc.returncode}: {self.tail()}")
+                if time.monotonic() > end:
+                    raise TimeoutError(f"service not online after {timeout_s} s: {self.tail()}")
+            return time.monotonic()
+        finally:
+            c.loop_stop()
+            c.disconnect()
+
+    def tail(self, n: int = 1500) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def workers(self) -> list[psutil.Process]:
+        """The service's worker processes (spawned children running ``spawn_main``)."""
+        try:
+            kids = psutil.Process(self.pid).children()
+        except psutil.NoSuchProcess:
+            return []
+        out = []
+        for k in kids:
+            try:
+                if "spawn_main" in " ".join(k.cmdline()):
+                    out.append(k)
+            except psutil.Error:
+                pass
+        return out
+
+    def rss_mb(self) -> float:
+        return psutil.Process(self.pid).memory_info().rss / 2**20
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout_s``; any worker left behind is killed too."""
+        if self.proc is None:
+            return
+        kids = []
+        try:
+            kids = psutil.Process(self.pid).children(recursive=True)
+        except psutil.Error:
+            pass
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        _, alive = psutil.wait_procs(kids, timeout=5)
+        for k in alive:
+            try:
+                k.kill()
+            except psutil.Error:
+                pass
+
+    def cleanup(self, clear: bool = True) -> None:
+        self.stop()
+        if clear:
+            clear_retained(self.base)
+        if self._own_dir and self.data_dir is not None:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+# -- MQTT -----------------------------------------------------------------------------------
+
+
+def new_client(tag: str) -> mqtt.Client:
+    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"bench-{tag}-{uuid.uuid4().hex[:8]}",
+                    protocol=mqtt.MQTTv5)
+    c.max_inflight_messages_set(1000)
+    c.max_queued_messages_set(0)
+    return c
+
+
+class Watcher:
+    """A plain paho subscriber on ``<base>/jobs/+`` (and ``<base>/response/submit``).
+
+    For every job it keeps the monotonic time at which each (state, attempt) was first seen,
+    and calls ``on_job`` hooks; ``wait`` blocks until a predicate over the watcher holds.
+    """
+
+    def __init__(self, base: str, responses: bool = False) -> None:
+        self.base = base
+        self.seen: dict[str, dict[tuple[str, int], float]] = {}
+        self.last: dict[str, dict[str, Any]] = {}
+        self.counts: dict[str, int] = {}
+        self.responses: dict[Any, tuple[float, dict[str, Any]]] = {}
+        self.cond = threading.Condition()
+        self._subs = [(f"{base}/jobs/+", 1)] + ([(f"{base}/response/submit", 1)] if responses else [])
+        self._ready = threading.Event()
+        self.c = new_client("watch")
+        self.c.on_connect = self._on_connect
+        self.c.on_subscribe = lambda *a: self._ready.set()
+        self.c.on_message = self._on_message
+        self.c.connect(HOST, PORT, keepalive=60)
+        self.c.loop_start()
+        if not self._ready.wait(10):
+            raise TimeoutError("watcher did not subscribe")
+
+    def _on_connect(self, c: mqtt.Client, *a: Any) -> None:
+        c.subscribe(self._subs)
+
+    def _on_message(self, c: mqtt.Client, u: Any, m: mqtt.MQTTMessage) -> None:
+        now = time.monotonic()
+        if not m.payload:
+            return
+        body = json.loads(m.payload)
+        with self.cond:
+            if "/response/" in m.topic:
+                self.responses[body.get("transaction")] = (now, body)
+            else:
+                jid, state = body["job_id"], body["state"]
+                marks = self.seen.setdefault(jid, {})
+                key = (state, body.get("attempt", 0))
+                if key not in marks:
+                    marks[key] = now
+                    self.counts[state] = self.counts.get(state, 0) + 1
+                self.last[jid] = body
+            self.cond.notify_all()
+
+    def wait(self, pred: Callable[[Watcher], bool], timeout_s: float) -> bool:
+        end = time.monotonic() + timeout_s
+        with self.cond:
+            while not pred(self):
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(min(left, 0.5))
+            return True
+
+    def first(self, jid: str, state: str, attempt: int | None = None) -> float | None:
+        for (s, a), t in self.seen.get(jid, {}).items():
+            if s == state and (attempt is None or a == attempt):
+                return t
+        return None
+
+    def close(self) -> None:
+        self.c.loop_stop()
+        self.c.disconnect()
+
+
+class Publisher:
+    """A plain paho client that publishes requests at QoS 1."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self.c = new_client("pub")
+        self.c.connect(HOST, PORT, keepalive=60)
+        self.c.loop_start()
+
+    def submit(self, body: dict[str, Any]) -> mqtt.MQTTMessageInfo:
+        return self.c.publish(f"{self.base}/request/submit", json.dumps(body), qos=1)
+
+    def close(self) -> None:
+        self.c.loop_stop()
+        self.c.disconnect()
+
+
+def clear_retained(base: str, quiet_s: float = 0.7, timeout_s: float = 120.0) -> int:
+    """Publish an empty retained message on every retained topic under ``<base>/``."""
+    topics: set[str] = set()
+    last = [time.monotonic()]
+    lock = threading.Lock()
+
+    def on_message(c: mqtt.Client, u: Any, m: mqtt.MQTTMessage) -> None:
+        if m.retain and m.payload:
+            with lock:
+                topics.add(m.topic)
+                last[0] = time.monotonic()
+
+    c = new_client("clear")
+    c.on_connect = lambda cl, *a: cl.subscribe(f"{base}/#", 0)
+    c.on_message = on_message
+    c.connect(HOST, PORT, keepalive=60)
+    c.loop_start()
+    end = time.monotonic() + timeout_s
+    time.sleep(quiet_s)
+    while time.monotonic() - last[0] < quiet_s and time.monotonic() < end:
+        time.sleep(0.1)
+    infos = [c.publish(t, b"", qos=1, retain=True) for t in sorted(topics)]
+    for i in infos[-1:]:
+        i.wait_for_publish(30)
+    c.loop_stop()
+    c.disconnect()
+    return len(topics)
+
+
+def queue_payload(base: str, timeout_s: float = 5.0) -> dict[str, Any] | None:
+    got: list[dict[str, Any]] = []
+    ev = threading.Event()
+    c = new_client("q")
+    c.on_connect = lambda cl, *a: cl.subscribe(f"{base}/queue", 1)
+
+    def on_message(cl: mqtt.Client, u: Any, m: mqtt.MQTTMessage) -> None:
+        if m.payload:
+            got.append(json.loads(m.payload))
+            ev.set()
+
+    c.on_message = on_message
+    c.connect(HOST, PORT)
+    c.loop_start()
+    ev.wait(timeout_s)
+    c.loop_stop()
+    c.disconnect()
+    return got[-1] if got else None
+
+
+# -- processes ------------------------------------------------------------------------------
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    """VmHWM of a live process, in MiB."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def kill_tree(proc: subprocess.Popen[Any]) -> None:
+    try:
+        kids = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        kids = []
+    for p in [*kids]:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(10)
+
+
+# -- machine facts --------------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mosq = "unknown"
+    try:
+        out = subprocess.run(["mosquitto", "-h"], capture_output=True, text=True, timeout=5)
+        mosq = (out.stdout or out.stderr).splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        pass
+    return {
+        "cpu_model": cpu, "cores": os.cpu_count(),
+        "ram_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "kernel": platform.release(), "python": platform.python_version(),
+        "platform": platform.platform(), "mosquitto": mosq,
+        "data_dir_fs": _fs_of(Path(tempfile.gettempdir())),
+    }
+
+
+def _fs_of(path: Path) -> str:
+    best = ("", "?")
+    for p in psutil.disk_partitions(all=True):
+        if str(path).startswith(p.mountpoint) and len(p.mountpoint) > len(best[0]):
+            best = (p.mountpoint, p.fstype)
+    return f"{path} on {best[0]} ({best[1]})"
+
+
+def versions(names: Iterable[str]) -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for n in names:
+        try:
+            out[n] = version(n)
+        except PackageNotFoundError:
+            out[n] = "not installed"
+    return out

@@ -1,0 +1,114 @@
+"""P1: no-op jobs through MQTT, first publish -> every job ``succeeded`` seen by a subscriber.
+
+Sides, alternated run by run: edge-queue (batches of 100 and single requests, durability
+full and normal), Huey + SqliteHuey with one worker process (its own venv, bench/.venv-ref),
+and the floor (bench/ref/floor.py: the same SQLite commits and retained publishes, no queue).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from harness import BENCH, Figure, Publisher, Service, Watcher, clear_retained, uid
+
+REF_VENV = BENCH / ".venv-ref"
+
+
+def ensure_ref_venv(log: Any) -> Path:
+    """bench/.venv-ref with huey, created on first use (never the project's venv)."""
+    py = REF_VENV / "bin" / "python"
+    if not py.exists():
+        log(f"creating {REF_VENV} with huey (reference side of P1)")
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(REF_VENV)], check=True)
+        subprocess.run([str(py), "-m", "ensurepip", "-q"], check=True)
+    if subprocess.run([str(py), "-c", "import huey"], capture_output=True).returncode != 0:
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "huey"], check=True)
+    return py
+
+
+def edge_queue_run(n: int, durability: str, mode: str, timeout_s: float = 300.0) -> float:
+    """Jobs per second for one run on a fresh service."""
+    svc = Service({"EDGE_QUEUE_DURABILITY": durability})
+    try:
+        svc.start()
+        w = Watcher(svc.base)
+        pub = Publisher(svc.base)
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        if mode == "batch":
+            for b in range(n // 100):
+                pub.submit({"kind": "noop", "inputs": [f"b{b}-{i}" for i in range(100)]})
+        else:
+            for i in range(n):
+                pub.submit({"kind": "noop", "input": f"s{i}"})
+        ok = w.wait(lambda w: w.counts.get("succeeded", 0) >= n, timeout_s)
+        if not ok:
+            raise RuntimeError(f"only {w.counts} after {timeout_s} s: {svc.tail()}")
+        t1 = max(w.first(j, "succeeded") or 0 for j in w.seen)
+        pub.close()
+        w.close()
+        return n / (t1 - t0)
+    finally:
+        svc.cleanup()
+
+
+def floor_run(n: int, sync: str = "full") -> float:
+    base = uid("floor")
+    w = Watcher(base)
+    with tempfile.TemporaryDirectory(prefix="eqfloor-") as d:
+        p = subprocess.Popen([sys.executable, str(BENCH / "ref" / "floor.py"), base, str(n),
+                              str(Path(d) / "floor.db"), sync], stdout=subprocess.PIPE, text=True)
+        try:
+            t0 = json.loads(p.stdout.readline())["t0"]  # type: ignore[union-attr]
+            if not w.wait(lambda w: w.counts.get("succeeded", 0) >= n, 300):
+                raise RuntimeError(f"floor: only {w.counts}")
+            t1 = max(w.first(j, "succeeded") or 0 for j in w.seen)
+            p.wait(60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    w.close()
+    clear_retained(base)
+    return n / (t1 - t0)
+
+
+def huey_run(py: Path, n: int) -> float:
+    with tempfile.TemporaryDirectory(prefix="eqhuey-") as d:
+        out = subprocess.run([str(py), str(BENCH / "ref" / "huey_drain.py"), str(n), d],
+                             capture_output=True, text=True, timeout=900)
+        if out.returncode != 0:
+            raise RuntimeError(f"huey: {out.stderr[-1500:]}")
+        res = json.loads(out.stdout.strip().splitlines()[-1])
+        if res["done"] < n:
+            raise RuntimeError(f"huey drained only {res['done']} of {n}")
+        return res["jobs_per_s"]
+
+
+SIDES = ["eq batch full", "eq batch normal", "eq single full", "eq single normal", "huey", "floor full"]
+
+
+def run(runs: int, n: int, log: Any) -> dict[str, Any]:
+    py = ensure_ref_venv(log)
+    got: dict[str, list[float]] = {s: [] for s in SIDES}
+    for r in range(runs):
+        order = SIDES if r % 2 == 0 else SIDES[::-1]
+        for side in order:
+            if side == "huey":
+                v = huey_run(py, n)
+            elif side == "floor full":
+                v = floor_run(n, "full")
+            else:
+                _, mode, dur = side.split()
+                v = edge_queue_run(n, dur, mode)
+            got[side].append(v)
+            log(f"P1 run {r + 1}/{runs} {side}: {v:,.0f} jobs/s")
+    hv = subprocess.run([str(py), "-c", "import huey; print(huey.__version__)"], capture_output=True,
+                        text=True).stdout.strip()
+    return {"figures": {s: Figure(v, "jobs/s") for s, v in got.items()}, "n": n, "huey_version": hv}
