@@ -29,7 +29,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from .config import MqttSettings
 from .errors import BrokerUnavailable
-from .topics import OFFLINE, ONLINE, Topics
+from .topics import OFFLINE, Topics
 
 log = logging.getLogger(__name__)
 
@@ -189,9 +189,8 @@ class Bridge:
             client.subscribe(self.topics.requests, 1)
             client.subscribe(self.topics.all_jobs, 0)
         self._scanning = True
-        # ONLINE only after the subscription is on its way: requests published after a
-        # client sees "online" are not missed.
-        client.publish(self.topics.status, ONLINE, qos=1, retain=True)
+        # "online" follows from the service's republish on this Connected event, after the
+        # subscription is on its way: requests published after a client sees it are not missed.
         log.info("connected to %s:%s (MQTT %s, session present: %s)", self.settings.host,
                  self.settings.port, self.protocol_name, getattr(flags, "session_present", None))
         self.connected.set()

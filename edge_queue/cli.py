@@ -101,31 +101,44 @@ def broker(config: ConfigOpt = None) -> None:
     import asyncio
     import signal
 
-    from .embedded_broker import broker_config, serve as serve_broker
+    from .embedded_broker import serve as serve_broker
 
     settings = _settings(config)
+    broker_cfg = _broker_config(settings)
 
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve_broker(broker_config(settings.mqtt.host, settings.mqtt.port), stop)
+        await serve_broker(broker_cfg, stop)
 
     asyncio.run(main())
+
+
+def _broker_config(settings: Settings) -> dict[str, Any]:
+    from .embedded_broker import broker_config, load_config
+
+    if settings.broker.config_file is None:
+        return broker_config(settings.mqtt.host, settings.mqtt.port)
+    try:
+        return load_config(settings.broker.config_file)
+    except ValueError as e:
+        typer.echo(f"edge-queue: {e}", err=True)
+        raise typer.Exit(EXIT_USAGE) from e
 
 
 @app.command()
 def up(config: ConfigOpt = None, media_root: MediaRootOpt = None) -> None:
     """Start the embedded broker (when configured, or when none answers) and the service."""
-    from .embedded_broker import BrokerThread, broker_config, port_open
+    from .embedded_broker import BrokerThread, port_open
     from .service import Service
 
     settings = _settings(config, media_root)
     mode, host, port = settings.broker.embedded, settings.mqtt.host, settings.mqtt.port
     embedded = None
     if mode == "true" or (mode == "auto" and not port_open(host, port)):
-        embedded = BrokerThread(broker_config(host, port))
+        embedded = BrokerThread(_broker_config(settings))
         try:
             embedded.start()
         except RuntimeError as e:
@@ -287,6 +300,43 @@ def cancel(job_id: str, config: ConfigOpt = None) -> None:
     """Cancel a job: at once when queued, at its next checkpoint when running."""
     data = _request(_settings(config), "cancel", {"job_id": job_id})
     typer.echo(json.dumps(data))
+
+
+@app.command()
+def doctor(
+    config: ConfigOpt = None,
+    skip_model: Annotated[bool, typer.Option("--skip-model", help="do not load the Whisper model(s)")] = False,
+) -> None:
+    """Check the broker, data dir, disk, database, media roots and model; exit 1 on a failure."""
+    from .doctor import run_checks
+
+    settings = _settings(config)
+    logging.getLogger().setLevel(logging.WARNING)
+    failed = False
+    for check in run_checks(settings, model=not skip_model):
+        typer.echo(check.line())
+        failed |= not check.ok
+    raise typer.Exit(EXIT_FAILED if failed else 0)
+
+
+@app.command()
+def backup(dest: Annotated[Path, typer.Argument(help="new file for the copy")], config: ConfigOpt = None) -> None:
+    """Copy the job database online (SQLite backup API), safe while the service runs."""
+    from .store import Store
+
+    settings = _settings(config)
+    if not settings.db_path.exists():
+        typer.echo(f"edge-queue: no database at {settings.db_path}", err=True)
+        raise typer.Exit(EXIT_FAILED)
+    store = Store(settings.db_path, settings.durability)
+    try:
+        store.backup(dest)
+    except FileExistsError as e:
+        typer.echo(f"edge-queue: {e}; choose a new file", err=True)
+        raise typer.Exit(EXIT_FAILED) from e
+    finally:
+        store.close()
+    typer.echo(f"backed up {settings.db_path} to {dest}")
 
 
 @config_app.command("check")

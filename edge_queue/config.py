@@ -76,6 +76,9 @@ class BrokerSettings(_Section):
 
     #: ``auto``: ``edge-queue up`` starts it only when no broker answers at the address.
     embedded: Literal["auto", "true", "false"] = "auto"
+    #: An amqtt YAML configuration (listeners, password file, ACL), e.g. broker/amqtt.yaml;
+    #: unset: one anonymous listener on ``mqtt.host:mqtt.port``.
+    config_file: Path | None = None
 
     @field_validator("embedded", mode="before")
     @classmethod

@@ -38,6 +38,20 @@ def broker_config(host: str, port: int, *, password_file: Path | None = None,
     }
 
 
+def load_config(path: Path) -> dict[str, Any]:
+    """An amqtt YAML configuration file as a dict. Raises ``ValueError`` naming the file when
+    it is not a YAML mapping with a ``listeners.default`` entry."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ValueError(f"cannot read the amqtt configuration {path}: {e}") from e
+    if not isinstance(data, dict) or "default" not in (data.get("listeners") or {}):
+        raise ValueError(f"{path}: an amqtt configuration needs listeners.default")
+    return data
+
+
 def port_open(host: str, port: int, timeout_s: float = 1.0) -> bool:
     """True when something accepts TCP connections at ``host:port``."""
     try:

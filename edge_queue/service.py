@@ -25,6 +25,7 @@ from .commands import Commands
 from .config import Settings
 from .errors import ConfigError, ErrorCode
 from .kinds import registry
+from .notify import Notifier
 from .states import JobState, is_terminal
 from .store import Store, iso, new_id
 from .supervisor import Outcome, Supervisor
@@ -89,6 +90,7 @@ class Service:
         self.supervisor = Supervisor(settings)
         self.bridge = Bridge(settings.mqtt, self.topics, client_id=client_id)
         self.commands = Commands(self)
+        self.notifier = Notifier()
         self._sig_r, self._sig_w = socket.socketpair()
         self._sig_r.setblocking(False)
         self._sig_w.setblocking(False)
@@ -155,11 +157,14 @@ class Service:
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
         self.boot()
-        log.info("edge-queue %s serving on %s (base topic %s, %d workers)", package_version(),
-                 f"{self.settings.mqtt.host}:{self.settings.mqtt.port}", self.topics.base,
-                 self.settings.workers)
+        where = f"{self.settings.mqtt.host}:{self.settings.mqtt.port}"
+        log.info("edge-queue %s serving on %s (base topic %s, %d workers)", package_version(), where,
+                 self.topics.base, self.settings.workers)
+        self.notifier.ready(f"serving on {where}, base topic {self.topics.base}")
         while not self.stopping:
-            self.step()
+            self.step(max_wait_s=min(1.0, (self.notifier.watchdog_s or 2.0) / 4))
+            self.notifier.tick()
+        self.notifier.stopping()
         self.shutdown()
         return 0
 
@@ -474,6 +479,7 @@ class Service:
         """Release the store and the wake-up sockets (also for a service that never ran)."""
         for sock in (self._sig_r, self._sig_w, self.bridge.wake_r, self.bridge._wake_w):
             sock.close()
+        self.notifier.close()
         if self.store is not None:
             self.store.close()
 

@@ -271,6 +271,16 @@ class Store:
         """The event log of one job, oldest first."""
         return list(self.db.query("SELECT * FROM job_events WHERE job_id = ? ORDER BY id", [job_id]))
 
+    def backup(self, dest: Path | str) -> None:
+        """Copy the database to ``dest`` with SQLite's online backup API: consistent while the
+        service keeps writing. Raises ``FileExistsError`` when ``dest`` exists."""
+        dest = Path(dest)
+        if dest.exists():
+            raise FileExistsError(f"{dest} exists")
+        with sqlite3.connect(str(dest)) as target:
+            self.conn.backup(target)
+        target.close()
+
     def integrity_check(self) -> str:
         """``PRAGMA integrity_check``: ``"ok"`` for a healthy file."""
         return str(self.conn.execute("PRAGMA integrity_check").fetchone()[0])

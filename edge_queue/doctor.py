@@ -1,0 +1,124 @@
+"""``edge-queue doctor``: one line per check of what the appliance needs, as an operator reads it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import Settings
+from .errors import EdgeQueueError
+
+#: Below this much free space in ``data_dir``, the disk check fails (bytes).
+MIN_FREE_BYTES = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """``ok`` False makes ``doctor`` exit non-zero; ``warn`` marks a notice that does not."""
+
+    name: str
+    ok: bool
+    detail: str
+    warn: bool = False
+
+    def line(self) -> str:
+        mark = "ok  " if self.ok and not self.warn else ("warn" if self.ok else "FAIL")
+        return f"{mark}  {self.name}: {self.detail}"
+
+
+def _broker(settings: Settings) -> Iterator[Check]:
+    from .bridge import detect_protocol
+    from .client import RequestClient
+
+    s = settings.mqtt
+    where = f"{s.host}:{s.port}" + (" (TLS)" if s.tls.enabled else "")
+    try:
+        protocol = detect_protocol(s, "edge-queue-doctor", 5.0) if s.protocol == "auto" else s.protocol
+        client = RequestClient(s, timeout_s=5.0)
+    except EdgeQueueError as e:
+        yield Check("broker", False, f"{where}: {e.message}")
+        return
+    who = f"as {s.username}" if s.username else "anonymously"
+    yield Check("broker", True, f"{where} accepts us {who}, MQTT {protocol}")
+    # Is a service answering on this base topic? A notice, not a failure: doctor runs before start too.
+    client.subscribe(client.topics.status)
+    status = None
+    end = time.monotonic() + 1.5
+    for _ in iter(lambda: time.monotonic() < end, False):
+        try:
+            topic, raw = client.messages.get(timeout=0.2)
+        except Exception:
+            continue
+        if topic == client.topics.status:
+            status = raw.decode(errors="replace")
+            break
+    client.close()
+    yield Check("service", True, f"{client.topics.status} is {status or 'not set'}", warn=status != "online")
+
+
+def _data_dir(settings: Settings) -> Iterator[Check]:
+    d = settings.data_dir
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        probe = d / f".doctor-{os.getpid()}"
+        probe.write_bytes(b"x")
+        probe.unlink()
+        yield Check("data_dir", True, f"{d} is writable")
+    except OSError as e:
+        yield Check("data_dir", False, f"{d}: {e.strerror or e}")
+        return
+    free = shutil.disk_usage(d).free
+    yield Check("disk", free >= MIN_FREE_BYTES, f"{free / 2**30:.1f} GiB free in {d}"
+                + ("" if free >= MIN_FREE_BYTES else f" (below {MIN_FREE_BYTES / 2**30:.0f} GiB)"))
+    db = settings.db_path
+    if not db.exists():
+        yield Check("database", True, f"{db} does not exist yet (created at the first start)")
+        return
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+            result = conn.execute("PRAGMA integrity_check").fetchone()[0]
+            jobs = conn.execute("SELECT count(*) FROM jobs").fetchone()[0]
+    except sqlite3.Error as e:
+        yield Check("database", False, f"{db}: {e}")
+        return
+    yield Check("database", result == "ok", f"{db}: integrity {result}, {jobs} jobs")
+
+
+def _media_roots(settings: Settings) -> Iterator[Check]:
+    if not settings.media_roots:
+        yield Check("media_roots", False, "none configured: every submit would be rejected")
+    for root in settings.media_roots:
+        p = Path(root)
+        ok = p.is_dir() and os.access(p, os.R_OK | os.X_OK)
+        yield Check(f"media root {p}", ok, "readable" if ok else "missing or not readable")
+
+
+def _model(settings: Settings) -> Iterator[Check]:
+    from .kinds.transcribe import load_model, resolve_model
+
+    cfg = settings.transcribe
+    refs = {"transcribe.model": cfg.model} | {f"transcribe.models.{k}": v for k, v in cfg.models.items()}
+    for key, ref in refs.items():
+        try:
+            path = resolve_model(ref)
+            started = time.monotonic()
+            load_model(path, cfg.compute_type, cfg.cpu_threads)
+            yield Check(key, True, f"{path} loads ({cfg.compute_type}, {time.monotonic() - started:.1f} s)")
+        except EdgeQueueError as e:
+            yield Check(key, False, e.message)
+        except Exception as e:  # faster-whisper/CTranslate2 raise plain errors for bad models
+            yield Check(key, False, f"{ref or 'bundled model'}: {type(e).__name__}: {e}")
+
+
+def run_checks(settings: Settings, *, model: bool = True) -> Iterator[Check]:
+    """Every check, in order: broker, data dir, disk, database, media roots, model(s)."""
+    yield from _broker(settings)
+    yield from _data_dir(settings)
+    yield from _media_roots(settings)
+    if model:
+        yield from _model(settings)
