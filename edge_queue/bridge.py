@@ -172,8 +172,7 @@ class Bridge:
         except (BlockingIOError, OSError):
             pass  # the socket buffer is full: the service is awake anyway
 
-    def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any,
-                    properties: Any) -> None:
+    def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
         if reason.is_failure:
             self._refused = str(reason)
             log.error("broker refused the connection: %s", reason)
@@ -191,14 +190,18 @@ class Bridge:
         self._scanning = True
         # "online" follows from the service's republish on this Connected event, after the
         # subscription is on its way: requests published after a client sees it are not missed.
-        log.info("connected to %s:%s (MQTT %s, session present: %s)", self.settings.host,
-                 self.settings.port, self.protocol_name, getattr(flags, "session_present", None))
+        log.info(
+            "connected to %s:%s (MQTT %s, session present: %s)",
+            self.settings.host,
+            self.settings.port,
+            self.protocol_name,
+            getattr(flags, "session_present", None),
+        )
         self.connected.set()
         self.inbox.put(Connected(self.protocol_name))
         self._wake()
 
-    def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any,
-                       properties: Any) -> None:
+    def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
         self.connected.clear()
         if reason.is_failure or str(reason) != "Normal disconnection":
             log.warning("disconnected from the broker (%s); reconnecting", reason)
@@ -215,8 +218,11 @@ class Bridge:
         props = getattr(msg, "properties", None)
         response_topic = getattr(props, "ResponseTopic", None) if props else None
         correlation = getattr(props, "CorrelationData", None) if props else None
-        self.inbox.put(Incoming(msg.topic, command, bytes(msg.payload), bool(msg.retain), msg.qos,
-                                msg.mid, response_topic, correlation))
+        self.inbox.put(
+            Incoming(
+                msg.topic, command, bytes(msg.payload), bool(msg.retain), msg.qos, msg.mid, response_topic, correlation
+            )
+        )
         self._wake()
 
     # -- service thread -----------------------------------------------------------------
@@ -240,8 +246,7 @@ class Bridge:
             props = Properties(PacketTypes.CONNECT)
             props.SessionExpiryInterval = s.session_expiry_s
         self.connected.clear()
-        self._client.connect_async(s.host, s.port, keepalive=s.keepalive_s, clean_start=False,
-                                   properties=props)
+        self._client.connect_async(s.host, s.port, keepalive=s.keepalive_s, clean_start=False, properties=props)
         self._client.loop_start()
         if not wait:
             return

@@ -18,15 +18,21 @@ import typer
 from .config import Settings, load_settings
 from .errors import BrokerUnavailable, ConfigError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="edge-queue: an MQTT-native job queue for media work on home and edge boxes.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="edge-queue: an MQTT-native job queue for media work on home and edge boxes.",
+)
 config_app = typer.Typer(no_args_is_help=True, help="Check the configuration.")
 app.add_typer(config_app, name="config")
 
-ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", envvar="EDGE_QUEUE_CONFIG",
-                                                help="TOML file (default /etc/edge-queue/config.toml if present)")]
-MediaRootOpt = Annotated[list[Path] | None, typer.Option("--media-root", "-m",
-                                                         help="add a media root (repeatable)")]
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config", "-c", envvar="EDGE_QUEUE_CONFIG", help="TOML file (default /etc/edge-queue/config.toml if present)"
+    ),
+]
+MediaRootOpt = Annotated[list[Path] | None, typer.Option("--media-root", "-m", help="add a media root (repeatable)")]
 
 EXIT_FAILED, EXIT_USAGE, EXIT_NO_BROKER = 1, 2, 3
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -47,8 +53,7 @@ def _settings(config: Path | None, media_roots: list[Path] | None = None) -> Set
 
 def _logging(level: str) -> None:
     # journald adds the time; one line per event on stderr.
-    logging.basicConfig(level=level, stream=sys.stderr, force=True,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=level, stream=sys.stderr, force=True, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("amqtt", "transitions"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))
 
@@ -177,7 +182,9 @@ def _parse_options(pairs: list[str] | None) -> dict[str, Any]:
 def submit(
     files: Annotated[list[str], typer.Argument(help="media files (paths as the service sees them)")],
     kind: Annotated[str | None, typer.Option("--kind", "-k", help="job kind (default: default_kind)")] = None,
-    option: Annotated[list[str] | None, typer.Option("--option", "-o", help="KEY=VALUE kind option (JSON value)")] = None,
+    option: Annotated[
+        list[str] | None, typer.Option("--option", "-o", help="KEY=VALUE kind option (JSON value)")
+    ] = None,
     priority: Annotated[int, typer.Option(help="higher runs first, -100..100")] = 0,
     wait: Annotated[bool, typer.Option("--wait", "-w", help="show progress until every job ends")] = False,
     timeout: Annotated[float, typer.Option(help="seconds to wait with --wait")] = 24 * 3600,
@@ -185,8 +192,11 @@ def submit(
 ) -> None:
     """Submit FILE... as jobs; with --wait, exit 0 only if every job succeeded."""
     settings = _settings(config)
-    body: dict[str, Any] = {"kind": kind or settings.default_kind, "options": _parse_options(option),
-                            "priority": priority}
+    body: dict[str, Any] = {
+        "kind": kind or settings.default_kind,
+        "options": _parse_options(option),
+        "priority": priority,
+    }
     paths = [p if p.startswith("/") else os.path.abspath(p) for p in files]
     if len(paths) == 1:
         body["input"] = paths[0]
@@ -231,8 +241,14 @@ def _wait(client: Any, job_ids: list[str], timeout: float) -> bool:
     for job_id in job_ids:
         client.subscribe(client.topics.job(job_id))
     console = Console(stderr=True)
-    with Progress(TextColumn("{task.fields[job]}"), BarColumn(), TaskProgressColumn(),
-                  TextColumn("{task.fields[state]}"), TimeRemainingColumn(), console=console) as bar:
+    with Progress(
+        TextColumn("{task.fields[job]}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TextColumn("{task.fields[state]}"),
+        TimeRemainingColumn(),
+        console=console,
+    ) as bar:
         tasks = {j: bar.add_task("", total=100, job=j, state="…") for j in job_ids}
         for job_id, job in client.job_updates(timeout):
             if job is not None and job_id in tasks and job.get("seq", 0) >= seqs.get(job_id, 0):
@@ -249,8 +265,10 @@ def _wait(client: Any, job_ids: list[str], timeout: float) -> bool:
         if job is None or job["state"] != "succeeded":
             all_ok = False
             reason = (job or {}).get("error") or {"code": "timeout", "message": "still not finished"}
-            typer.echo(f"{job_id} {job['state'] if job else 'unknown'}: {reason.get('code')}: "
-                       f"{reason.get('message')}", err=True)
+            typer.echo(
+                f"{job_id} {job['state'] if job else 'unknown'}: {reason.get('code')}: {reason.get('message')}",
+                err=True,
+            )
         else:
             text = (job.get("result") or {}).get("text")
             typer.echo(f"{job_id} succeeded" + (f": {text}" if text else ""))
@@ -275,8 +293,18 @@ def jobs(
     if kind:
         body["kind"] = kind
     data = _request(settings, "list", body)
-    rows = [(j["job_id"], j["kind"], j["state"], f"{j['progress'] or 0:.0f}%",
-             f"{j['attempt']}/{j['max_attempts']}", j["input"] or "", j["updated_at"]) for j in data["jobs"]]
+    rows = [
+        (
+            j["job_id"],
+            j["kind"],
+            j["state"],
+            f"{j['progress'] or 0:.0f}%",
+            f"{j['attempt']}/{j['max_attempts']}",
+            j["input"] or "",
+            j["updated_at"],
+        )
+        for j in data["jobs"]
+    ]
     if not sys.stdout.isatty():  # scripts get one tab-separated line per job
         for row in rows:
             typer.echo("\t".join(row))
@@ -291,8 +319,7 @@ def jobs(
 @app.command()
 def show(job_id: str, config: ConfigOpt = None) -> None:
     """Print one job object as JSON, with its full result."""
-    typer.echo(json.dumps(_request(_settings(config), "get", {"job_id": job_id}), indent=2,
-                          ensure_ascii=False))
+    typer.echo(json.dumps(_request(_settings(config), "get", {"job_id": job_id}), indent=2, ensure_ascii=False))
 
 
 @app.command()
@@ -340,16 +367,19 @@ def backup(dest: Annotated[Path, typer.Argument(help="new file for the copy")], 
 
 
 @config_app.command("check")
-def config_check(file: Annotated[Path | None, typer.Argument(envvar="EDGE_QUEUE_CONFIG",
-                                                              help="TOML file to check")] = None) -> None:
+def config_check(
+    file: Annotated[Path | None, typer.Argument(envvar="EDGE_QUEUE_CONFIG", help="TOML file to check")] = None,
+) -> None:
     """Validate a configuration file (and the environment); name every invalid key."""
     try:
         settings = load_settings(file)
     except ConfigError as e:
         typer.echo(e.message, err=True)
         raise typer.Exit(EXIT_USAGE) from e
-    typer.echo(f"ok: data_dir={settings.data_dir} broker={settings.mqtt.host}:{settings.mqtt.port} "
-               f"base_topic={settings.mqtt.base_topic} media_roots={[str(p) for p in settings.media_roots]}")
+    typer.echo(
+        f"ok: data_dir={settings.data_dir} broker={settings.mqtt.host}:{settings.mqtt.port} "
+        f"base_topic={settings.mqtt.base_topic} media_roots={[str(p) for p in settings.media_roots]}"
+    )
 
 
 def main() -> None:

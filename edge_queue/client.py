@@ -81,8 +81,9 @@ class RequestClient:
     def subscribe(self, topic: str) -> None:
         self._client.subscribe(topic, 1)
 
-    def request(self, command: str, body: dict[str, Any] | None = None, *, timeout_s: float = 30.0,
-                resend_s: float = 3.0) -> dict[str, Any]:
+    def request(
+        self, command: str, body: dict[str, Any] | None = None, *, timeout_s: float = 30.0, resend_s: float = 3.0
+    ) -> dict[str, Any]:
         """Send ``command`` and return its response; resend every ``resend_s`` seconds.
 
         Raises ``TimeoutError`` when no response arrives in ``timeout_s`` seconds.

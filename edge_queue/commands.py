@@ -34,16 +34,17 @@ def check_input(raw: str, media_roots: list[Path]) -> str:
     (missing, or not a regular file).
     """
     if "\x00" in raw or not os.path.isabs(raw):
-        raise InputError(f"input must be an absolute path inside media_roots: {raw[:200]!r}",
-                         code=ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS, field="input")
+        raise InputError(
+            f"input must be an absolute path inside media_roots: {raw[:200]!r}",
+            code=ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS,
+            field="input",
+        )
     resolved = Path(os.path.realpath(raw))
     roots = [Path(os.path.realpath(r)) for r in media_roots]
     if not any(resolved == r or resolved.is_relative_to(r) for r in roots):
-        raise InputError(f"{raw[:200]} is outside media_roots", code=ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS,
-                         field="input")
+        raise InputError(f"{raw[:200]} is outside media_roots", code=ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS, field="input")
     if not resolved.is_file():
-        raise InputError(f"{raw[:200]} does not exist or is not a file",
-                         code=ErrorCode.INPUT_NOT_FOUND, field="input")
+        raise InputError(f"{raw[:200]} does not exist or is not a file", code=ErrorCode.INPUT_NOT_FOUND, field="input")
     return str(resolved)
 
 
@@ -62,12 +63,16 @@ class Commands:
         transaction, reply_to = payloads.peek_envelope(raw)
         if reply_to is not None and not svc.topics.valid_reply_to(reply_to):
             log.warning("request %s rejected: invalid_request (reply_to)", command[:64])
-            return payloads.error(ErrorCode.INVALID_REQUEST,
-                                  "reply_to must be a topic without wildcards, not under the base "
-                                  "topic except <base>/reply/...", transaction, "reply_to"), None
+            return payloads.error(
+                ErrorCode.INVALID_REQUEST,
+                "reply_to must be a topic without wildcards, not under the base topic except <base>/reply/...",
+                transaction,
+                "reply_to",
+            ), None
         try:
-            request = payloads.decode_request(command, raw, max_bytes=svc.settings.max_payload_bytes,
-                                              default_kind=svc.settings.default_kind)
+            request = payloads.decode_request(
+                command, raw, max_bytes=svc.settings.max_payload_bytes, default_kind=svc.settings.default_kind
+            )
             transaction = request.transaction
             data = getattr(self, f"do_{command}")(request)
             return payloads.ok(data, transaction), reply_to
@@ -91,8 +96,11 @@ class Commands:
         assert req.kind is not None
         kind = svc.kinds.get(req.kind)
         if kind is None:
-            raise RequestError(f"unknown kind {req.kind[:64]!r}; known: {', '.join(sorted(svc.kinds))}",
-                               code=ErrorCode.UNKNOWN_KIND, field="kind")
+            raise RequestError(
+                f"unknown kind {req.kind[:64]!r}; known: {', '.join(sorted(svc.kinds))}",
+                code=ErrorCode.UNKNOWN_KIND,
+                field="kind",
+            )
         try:
             parsed = kind.Options.model_validate(req.options)
             kind.check_options(parsed, svc.settings)
@@ -112,20 +120,27 @@ class Commands:
                 rejected.append({"input": raw, "code": str(e.code), "message": e.message})
                 log.warning("submit: input rejected: %s: %s", e.code, e.message)
                 continue
-            specs.append(JobSpec(
-                kind=kind.name, input=path, options=options, priority=req.priority,
-                max_attempts=req.max_attempts or svc.settings.retry.max_attempts,
-                timeout_s=req.timeout_s, run_at=req.run_at_ts()))
+            specs.append(
+                JobSpec(
+                    kind=kind.name,
+                    input=path,
+                    options=options,
+                    priority=req.priority,
+                    max_attempts=req.max_attempts or svc.settings.retry.max_attempts,
+                    timeout_s=req.timeout_s,
+                    run_at=req.run_at_ts(),
+                )
+            )
         if not specs:
             raise _AllRejected(rejected)
         batch_id, created = svc._store().submit(
-            specs, svc.clock(), idempotency_key=req.idempotency_key, as_batch=len(raw_inputs) > 1)
+            specs, svc.clock(), idempotency_key=req.idempotency_key, as_batch=len(raw_inputs) > 1
+        )
         for c in created:
             if not c.duplicate:
                 log.info("job %s queued: %s %s", c.job["job_id"], c.job["kind"], c.job["input"] or "")
                 svc.publish_job(c.job, "new")
-        jobs = [{"job_id": c.job["job_id"], "input": c.job["input"], "duplicate": c.duplicate}
-                for c in created]
+        jobs = [{"job_id": c.job["job_id"], "input": c.job["input"], "duplicate": c.duplicate} for c in created]
         return {"batch_id": batch_id, "jobs": jobs, "rejected": rejected}
 
     # -- job control --------------------------------------------------------------------
@@ -141,15 +156,19 @@ class Commands:
         txt = (result.get("outputs") or {}).get("txt")
         if result.get("text_truncated") and txt and os.path.isfile(txt):
             with open(txt, encoding="utf-8") as fh:
-                job["result"] = {**result, "text": " ".join(line.strip() for line in fh).strip(),
-                                 "text_truncated": False}
+                job["result"] = {
+                    **result,
+                    "text": " ".join(line.strip() for line in fh).strip(),
+                    "text_truncated": False,
+                }
         return job
 
     def do_list(self, req: payloads.ListRequest) -> dict[str, Any]:
         if req.state is not None and req.state not in {s.value for s in JobState}:
             raise RequestError(f"unknown state {req.state[:32]!r}", field="state")
-        rows = self.service._store().list_jobs(state=req.state, kind=req.kind, batch_id=req.batch_id,
-                                               before=req.before, limit=req.limit)
+        rows = self.service._store().list_jobs(
+            state=req.state, kind=req.kind, batch_id=req.batch_id, before=req.before, limit=req.limit
+        )
         jobs = [payloads.job_object(r) for r in rows]
         return {"jobs": jobs, "next_before": jobs[-1]["job_id"] if len(jobs) == req.limit else None}
 
@@ -161,8 +180,9 @@ class Commands:
         if req.job_id is not None:
             job = self._job(req.job_id)
             if is_terminal(job["state"]):
-                raise RequestError(f"job {req.job_id} is already {job['state']}", code=ErrorCode.CONFLICT,
-                                   field="job_id")
+                raise RequestError(
+                    f"job {req.job_id} is already {job['state']}", code=ErrorCode.CONFLICT, field="job_id"
+                )
             targets = [req.job_id]
         elif req.batch_id is not None:
             if not valid_id(req.batch_id):
@@ -176,8 +196,13 @@ class Commands:
             job = store.get(job_id)
             state = JobState(job["state"])
             if state in (JobState.QUEUED, JobState.RETRYING):
-                job = store.transition(job_id, JobState.CANCELLED, now, detail={"reason": "cancel"},
-                                       error={"code": "cancelled", "message": "cancelled", "retryable": False})
+                job = store.transition(
+                    job_id,
+                    JobState.CANCELLED,
+                    now,
+                    detail={"reason": "cancel"},
+                    error={"code": "cancelled", "message": "cancelled", "retryable": False},
+                )
                 cancelled.append(job_id)
             elif state == JobState.RUNNING:
                 job = store.transition(job_id, JobState.CANCELLING, now, detail={"reason": "cancel"})
@@ -193,11 +218,26 @@ class Commands:
         svc = self.service
         job = self._job(req.job_id)
         if job["state"] not in (JobState.FAILED, JobState.CANCELLED):
-            raise RequestError(f"only failed or cancelled jobs can be retried; {req.job_id} is "
-                               f"{job['state']}", code=ErrorCode.CONFLICT, field="job_id")
-        job = svc._store().transition(req.job_id, JobState.QUEUED, svc.clock(), detail={"reason": "retry"},
-                                      attempt=0, crashes=0, error=None, result=None, progress=0.0,
-                                      stage=None, eta_s=None, started_at=None, retry_at=None)
+            raise RequestError(
+                f"only failed or cancelled jobs can be retried; {req.job_id} is {job['state']}",
+                code=ErrorCode.CONFLICT,
+                field="job_id",
+            )
+        job = svc._store().transition(
+            req.job_id,
+            JobState.QUEUED,
+            svc.clock(),
+            detail={"reason": "retry"},
+            attempt=0,
+            crashes=0,
+            error=None,
+            result=None,
+            progress=0.0,
+            stage=None,
+            eta_s=None,
+            started_at=None,
+            retry_at=None,
+        )
         svc.publish_job(job)
         return payloads.job_object(job)
 
@@ -218,13 +258,17 @@ class Commands:
         if req.job_id is not None:
             job = self._job(req.job_id)
             if not is_terminal(job["state"]):
-                raise RequestError(f"job {req.job_id} is {job['state']}; only terminal jobs are purged",
-                                   code=ErrorCode.CONFLICT, field="job_id")
+                raise RequestError(
+                    f"job {req.job_id} is {job['state']}; only terminal jobs are purged",
+                    code=ErrorCode.CONFLICT,
+                    field="job_id",
+                )
             ids = [req.job_id]
         else:
             assert req.older_than_s is not None
-            ids = store.finished_before(svc.clock() - req.older_than_s,
-                                        req.states or ("succeeded", "failed", "cancelled"), limit=10**9)
+            ids = store.finished_before(
+                svc.clock() - req.older_than_s, req.states or ("succeeded", "failed", "cancelled"), limit=10**9
+            )
         return {"purged": svc.purge(ids)}
 
     def do_republish(self, req: payloads.EmptyRequest) -> dict[str, Any]:

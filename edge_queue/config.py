@@ -202,7 +202,7 @@ def unknown_environment(environ: Any) -> list[str]:
     for name in environ:
         if not name.startswith("EDGE_QUEUE_") or name in _ENV_NOT_KEYS:
             continue
-        parts = name[len("EDGE_QUEUE_"):].lower().split("__")
+        parts = name[len("EDGE_QUEUE_") :].lower().split("__")
         model: Any = Settings
         for i, part in enumerate(parts):
             fields = getattr(model, "model_fields", None)
@@ -243,9 +243,7 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
     try:
         loaded = _Loaded(**overrides)
     except ValidationError as e:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}" for err in e.errors()
-        )
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}" for err in e.errors())
         raise ConfigError(f"invalid configuration{f' in {path}' if path else ''}: {problems}") from e
     except ValueError as e:  # TOML syntax and environment JSON errors surface as ValueError
         where = f"configuration file {path}" if path else "the EDGE_QUEUE_ environment variables"

@@ -73,8 +73,12 @@ def _data_dir(settings: Settings) -> Iterator[Check]:
         yield Check("data_dir", False, f"{d}: {e.strerror or e}")
         return
     free = shutil.disk_usage(d).free
-    yield Check("disk", free >= MIN_FREE_BYTES, f"{free / 2**30:.1f} GiB free in {d}"
-                + ("" if free >= MIN_FREE_BYTES else f" (below {MIN_FREE_BYTES / 2**30:.0f} GiB)"))
+    yield Check(
+        "disk",
+        free >= MIN_FREE_BYTES,
+        f"{free / 2**30:.1f} GiB free in {d}"
+        + ("" if free >= MIN_FREE_BYTES else f" (below {MIN_FREE_BYTES / 2**30:.0f} GiB)"),
+    )
     db = settings.db_path
     if not db.exists():
         yield Check("database", True, f"{db} does not exist yet (created at the first start)")

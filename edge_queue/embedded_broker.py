@@ -18,8 +18,9 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
-def broker_config(host: str, port: int, *, password_file: Path | None = None,
-                  acl: dict[str, list[str]] | None = None) -> dict[str, Any]:
+def broker_config(
+    host: str, port: int, *, password_file: Path | None = None, acl: dict[str, list[str]] | None = None
+) -> dict[str, Any]:
     """The amqtt configuration for one TCP listener on ``host:port``.
 
     Anonymous clients are allowed unless ``password_file`` (amqtt's ``user:sha512-crypt``
@@ -61,8 +62,7 @@ def port_open(host: str, port: int, timeout_s: float = 1.0) -> bool:
         return False
 
 
-async def serve(config: dict[str, Any], stop: asyncio.Event,
-                started: threading.Event | None = None) -> None:
+async def serve(config: dict[str, Any], stop: asyncio.Event, started: threading.Event | None = None) -> None:
     """Run an amqtt broker with ``config`` until ``stop`` is set; ``started`` is set once it
     listens."""
     from amqtt.broker import Broker

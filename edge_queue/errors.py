@@ -86,9 +86,7 @@ class RequestError(EdgeQueueError):
 
     code = ErrorCode.INVALID_REQUEST
 
-    def __init__(
-        self, message: str, *, code: ErrorCode | None = None, field: str | None = None
-    ) -> None:
+    def __init__(self, message: str, *, code: ErrorCode | None = None, field: str | None = None) -> None:
         super().__init__(message, code=code)
         self.field = field
 

@@ -145,8 +145,7 @@ def decode_request(command: str, raw: bytes, *, max_bytes: int, default_kind: st
     offending field in ``field`` and the message).
     """
     if len(raw) > max_bytes:
-        raise RequestError(f"payload is {len(raw)} bytes; the limit is {max_bytes}",
-                           code=ErrorCode.PAYLOAD_TOO_LARGE)
+        raise RequestError(f"payload is {len(raw)} bytes; the limit is {max_bytes}", code=ErrorCode.PAYLOAD_TOO_LARGE)
     model = REQUEST_MODELS.get(command)
     if model is None:
         raise RequestError(f"unknown command {command[:64]!r}", code=ErrorCode.UNKNOWN_COMMAND)
@@ -155,7 +154,7 @@ def decode_request(command: str, raw: bytes, *, max_bytes: int, default_kind: st
     except UnicodeDecodeError as e:
         raise RequestError(f"payload is not UTF-8: {e}", code=ErrorCode.INVALID_JSON) from e
     stripped = text.strip()
-    if command == "submit" and stripped and stripped[0] not in "{[\"":
+    if command == "submit" and stripped and stripped[0] not in '{["':
         return SubmitRequest(kind=default_kind, input=stripped)
     if not stripped and command in ("pause", "resume", "republish"):
         return EmptyRequest()
@@ -188,8 +187,9 @@ def ok(data: dict[str, Any], transaction: JsonValue = None) -> dict[str, Any]:
     return {"v": VERSION, "status": "ok", "data": data, "transaction": transaction}
 
 
-def error(code: ErrorCode | str, message: str, transaction: JsonValue = None,
-          field: str | None = None) -> dict[str, Any]:
+def error(
+    code: ErrorCode | str, message: str, transaction: JsonValue = None, field: str | None = None
+) -> dict[str, Any]:
     """An error response with ``error.code`` from the closed vocabulary (PRODUCT 3.2)."""
     err: dict[str, Any] = {"code": str(code), "message": message}
     if field:
@@ -198,9 +198,26 @@ def error(code: ErrorCode | str, message: str, transaction: JsonValue = None,
 
 
 _JOB_FIELDS = (
-    "job_id", "seq", "kind", "input", "options", "batch_id", "priority", "state", "stage",
-    "progress", "eta_s", "attempt", "max_attempts", "retry_at", "error", "result",
-    "created_at", "started_at", "finished_at", "updated_at",
+    "job_id",
+    "seq",
+    "kind",
+    "input",
+    "options",
+    "batch_id",
+    "priority",
+    "state",
+    "stage",
+    "progress",
+    "eta_s",
+    "attempt",
+    "max_attempts",
+    "retry_at",
+    "error",
+    "result",
+    "created_at",
+    "started_at",
+    "finished_at",
+    "updated_at",
 )
 
 

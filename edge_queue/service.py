@@ -70,9 +70,14 @@ class Service:
         clock: Unix seconds; injectable for tests.
     """
 
-    def __init__(self, settings: Settings, *, client_id: str | None = None,
-                 clock: Callable[[], float] = time.time,
-                 rng: Callable[[], float] = random.random) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        client_id: str | None = None,
+        clock: Callable[[], float] = time.time,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
         self.settings = settings
         self.clock = clock
         self.rng = rng
@@ -80,8 +85,10 @@ class Service:
         self.kinds = registry(settings.extra_kinds)
         unknown = sorted({settings.default_kind, *settings.kinds} - set(self.kinds))
         if unknown:
-            raise ConfigError(f"unknown job kind(s) in the configuration: {', '.join(unknown)} "
-                              f"(known: {', '.join(sorted(self.kinds))})")
+            raise ConfigError(
+                f"unknown job kind(s) in the configuration: {', '.join(unknown)} "
+                f"(known: {', '.join(sorted(self.kinds))})"
+            )
         self.run_id = new_id()
         self.started_at = iso(clock())
         self.paused = False
@@ -96,6 +103,7 @@ class Service:
         self._sig_w.setblocking(False)
         self._pending_progress: dict[str, dict[str, Any]] = {}
         self._last_progress_pub: dict[str, float] = {}
+        self._published_stage: dict[str, str | None] = {}
         self._queue_dirty = True
         self._last_queue_pub = 0.0
         self._echoes: dict[str, float] = {}  # topic -> monotonic end of its echo window
@@ -123,20 +131,37 @@ class Service:
             crashes = job["crashes"] + 1
             reason = {"reason": "service restart"}
             if job["state"] == JobState.CANCELLING:
-                store.transition(job_id, JobState.CANCELLED, now, detail=reason,
-                                 error={"code": "cancelled", "message": "cancelled", "retryable": False})
+                store.transition(
+                    job_id,
+                    JobState.CANCELLED,
+                    now,
+                    detail=reason,
+                    error={"code": "cancelled", "message": "cancelled", "retryable": False},
+                )
                 log.warning("job %s: cancelled (the service ended while it was cancelling)", job_id)
             elif crashes >= self.settings.crash_loop_limit or job["attempt"] >= job["max_attempts"]:
                 # A job whose attempts took the whole service down must not loop forever.
                 code = ErrorCode.CRASH_LOOP if crashes >= self.settings.crash_loop_limit else ErrorCode.WORKER_LOST
-                store.transition(job_id, JobState.FAILED, now, detail=reason, crashes=crashes, error={
-                    "code": str(code), "retryable": False,
-                    "message": f"the service ended during attempt {job['attempt']} of {job['max_attempts']}"})
+                store.transition(
+                    job_id,
+                    JobState.FAILED,
+                    now,
+                    detail=reason,
+                    crashes=crashes,
+                    error={
+                        "code": str(code),
+                        "retryable": False,
+                        "message": f"the service ended during attempt {job['attempt']} of {job['max_attempts']}",
+                    },
+                )
                 log.error("job %s failed: %s (the service ended during its last attempt)", job_id, code)
             else:
                 store.transition(job_id, JobState.QUEUED, now, detail=reason, owner=None, crashes=crashes)
-                log.warning("job %s: requeued after the previous run of the service ended during "
-                            "attempt %d", job_id, job["attempt"])
+                log.warning(
+                    "job %s: requeued after the previous run of the service ended during attempt %d",
+                    job_id,
+                    job["attempt"],
+                )
 
     def _store(self) -> Store:
         assert self.store is not None, "boot() first"
@@ -158,8 +183,13 @@ class Service:
         signal.signal(signal.SIGINT, self.request_stop)
         self.boot()
         where = f"{self.settings.mqtt.host}:{self.settings.mqtt.port}"
-        log.info("edge-queue %s serving on %s (base topic %s, %d workers)", package_version(), where,
-                 self.topics.base, self.settings.workers)
+        log.info(
+            "edge-queue %s serving on %s (base topic %s, %d workers)",
+            package_version(),
+            where,
+            self.topics.base,
+            self.settings.workers,
+        )
         self.notifier.ready(f"serving on {where}, base topic {self.topics.base}")
         while not self.stopping:
             self.step(max_wait_s=min(1.0, (self.notifier.watchdog_s or 2.0) / 4))
@@ -203,8 +233,11 @@ class Service:
             self._next_retention = now + RETENTION_INTERVAL_S
             expired = self._store().finished_before(now - self.settings.retention_days * 86400)
             if expired:
-                log.info("retention: purging %d job(s) finished more than %g days ago", len(expired),
-                         self.settings.retention_days)
+                log.info(
+                    "retention: purging %d job(s) finished more than %g days ago",
+                    len(expired),
+                    self.settings.retention_days,
+                )
                 self.purge(expired)
 
     def purge(self, job_ids: list[str]) -> list[str]:
@@ -244,8 +277,7 @@ class Service:
             self._on_message(msg)
         except Exception:  # a bug costs one request, never the service
             log.exception("request on %s: internal error", msg.topic)
-            self.respond(msg, payloads.error(ErrorCode.INTERNAL_ERROR, "internal error; see the service log"),
-                         None)
+            self.respond(msg, payloads.error(ErrorCode.INTERNAL_ERROR, "internal error; see the service log"), None)
             self.bridge.ack(msg)
 
     def _on_message(self, msg: Incoming) -> None:
@@ -256,14 +288,17 @@ class Service:
             self.bridge.ack(msg)
             return
         if msg.retain:
-            log.warning("retained request on %s not executed; cleared it (publish requests "
-                        "without the retain flag)", msg.topic)
+            log.warning(
+                "retained request on %s not executed; cleared it (publish requests without the retain flag)", msg.topic
+            )
             self._echoes[msg.topic] = now + ECHO_WINDOW_S
             self.bridge.publish(msg.topic, b"", retain=True)
             transaction, reply_to = payloads.peek_envelope(msg.payload)
-            self.respond(msg, payloads.error(ErrorCode.INVALID_REQUEST,
-                                             "retained requests are not executed", transaction),
-                         reply_to)
+            self.respond(
+                msg,
+                payloads.error(ErrorCode.INVALID_REQUEST, "retained requests are not executed", transaction),
+                reply_to,
+            )
             self.bridge.ack(msg)
             return
         response, reply_to = self.commands.execute(msg.command, msg.payload)
@@ -285,28 +320,45 @@ class Service:
         store = self._store()
         job_id, attempt, data = outcome.job_id, outcome.attempt, outcome.data
         if outcome.op == "progress":
-            pending = self._pending_progress.setdefault(job_id, {})
-            stage_changed = pending.get("stage", data.get("stage")) != data.get("stage")
-            pending.update(data, attempt=attempt)
-            if stage_changed or now - self._last_progress_pub.get(job_id, 0) >= PROGRESS_PUBLISH_INTERVAL_S:
+            # Every stage is published; within a stage, at most once per second (rule 4).
+            pending = self._pending_progress.get(job_id)
+            previous = pending["stage"] if pending else self._published_stage.get(job_id)
+            if pending and pending["stage"] != data.get("stage"):
+                self._flush_progress(job_id, now)
+            self._pending_progress[job_id] = {**data, "attempt": attempt}
+            due = now - self._last_progress_pub.get(job_id, 0) >= PROGRESS_PUBLISH_INTERVAL_S
+            if due or previous != data.get("stage"):
                 self._flush_progress(job_id, now)
             return
         self._pending_progress.pop(job_id, None)
         self._last_progress_pub.pop(job_id, None)
+        self._published_stage.pop(job_id, None)
         try:
             job = store.get(job_id)
         except Exception:
             log.warning("outcome for unknown job %s ignored", job_id)
             return
         if job["attempt"] != attempt or job["state"] not in (JobState.RUNNING, JobState.CANCELLING):
-            log.warning("job %s: stale outcome of attempt %d ignored (now attempt %d, %s)",
-                        job_id, attempt, job["attempt"], job["state"])
+            log.warning(
+                "job %s: stale outcome of attempt %d ignored (now attempt %d, %s)",
+                job_id,
+                attempt,
+                job["attempt"],
+                job["state"],
+            )
             return
         cancelling = job["state"] == JobState.CANCELLING
         if outcome.op == "done":
-            job = store.transition(job_id, JobState.SUCCEEDED, now, expect_attempt=attempt,
-                                   result=data.get("result"), progress=100.0,
-                                   error=None, crashes=0)
+            job = store.transition(
+                job_id,
+                JobState.SUCCEEDED,
+                now,
+                expect_attempt=attempt,
+                result=data.get("result"),
+                progress=100.0,
+                error=None,
+                crashes=0,
+            )
             log.info("job %s succeeded (attempt %d)", job_id, attempt)
             self.publish_job(job)
             return
@@ -318,25 +370,54 @@ class Service:
         # While cancelling: a cancel seen at a checkpoint, or the worker ended after the grace
         # period, is "cancelled"; a failure the job reported by itself stays a failure.
         if code == ErrorCode.CANCELLED or (cancelling and outcome.op == "lost"):
-            job = store.transition(job_id, JobState.CANCELLED, now, expect_attempt=attempt, crashes=crashes,
-                                   error={"code": "cancelled", "message": "cancelled", "retryable": False})
+            job = store.transition(
+                job_id,
+                JobState.CANCELLED,
+                now,
+                expect_attempt=attempt,
+                crashes=crashes,
+                error={"code": "cancelled", "message": "cancelled", "retryable": False},
+            )
             log.info("job %s cancelled", job_id)
         elif crashes >= self.settings.crash_loop_limit:
-            job = store.transition(job_id, JobState.FAILED, now, expect_attempt=attempt, crashes=crashes,
-                                   error={"code": str(ErrorCode.CRASH_LOOP), "retryable": False,
-                                          "message": f"the job ended its worker {crashes} times in a row"})
+            job = store.transition(
+                job_id,
+                JobState.FAILED,
+                now,
+                expect_attempt=attempt,
+                crashes=crashes,
+                error={
+                    "code": str(ErrorCode.CRASH_LOOP),
+                    "retryable": False,
+                    "message": f"the job ended its worker {crashes} times in a row",
+                },
+            )
             log.error("job %s failed: crash_loop after %d worker deaths", job_id, crashes)
         elif retryable and attempt < job["max_attempts"] and not cancelling:
-            delay = 0.0 if code == ErrorCode.WORKER_LOST else backoff_s(
-                attempt, self.settings.retry.backoff_base_s, self.settings.retry.backoff_cap_s, self.rng)
-            job = store.transition(job_id, JobState.RETRYING, now, expect_attempt=attempt, crashes=crashes,
-                                   retry_at=now + delay,
-                                   error={"code": code, "message": message, "retryable": True})
-            log.warning("job %s attempt %d failed (%s: %s); retry in %.1f s", job_id, attempt,
-                        code, message, delay)
+            delay = (
+                0.0
+                if code == ErrorCode.WORKER_LOST
+                else backoff_s(attempt, self.settings.retry.backoff_base_s, self.settings.retry.backoff_cap_s, self.rng)
+            )
+            job = store.transition(
+                job_id,
+                JobState.RETRYING,
+                now,
+                expect_attempt=attempt,
+                crashes=crashes,
+                retry_at=now + delay,
+                error={"code": code, "message": message, "retryable": True},
+            )
+            log.warning("job %s attempt %d failed (%s: %s); retry in %.1f s", job_id, attempt, code, message, delay)
         else:
-            job = store.transition(job_id, JobState.FAILED, now, expect_attempt=attempt, crashes=crashes,
-                                   error={"code": code, "message": message, "retryable": retryable})
+            job = store.transition(
+                job_id,
+                JobState.FAILED,
+                now,
+                expect_attempt=attempt,
+                crashes=crashes,
+                error={"code": code, "message": message, "retryable": retryable},
+            )
             log.error("job %s failed: %s: %s", job_id, code, message)
         self.publish_job(job)
 
@@ -350,16 +431,16 @@ class Service:
         idle = self.supervisor.idle()
         while idle:
             busy = self.supervisor.busy_by_kind()
-            allowed = [k for k in self.kinds
-                       if (lim := self.settings.kind(k).max_concurrency) is None or busy[k] < lim]
+            allowed = [k for k in self.kinds if (lim := self.settings.kind(k).max_concurrency) is None or busy[k] < lim]
             job = store.claim(now, allowed, self.run_id)
             if job is None:
                 return
             timeout = job["timeout_s"] or self.settings.kind(job["kind"]).timeout_s
             out_dir = self.settings.outputs_dir / job["job_id"]
             self.supervisor.assign(idle.pop(), job, str(out_dir), timeout)
-            log.info("job %s started: %s %s (attempt %d)", job["job_id"], job["kind"],
-                     job["input"] or "", job["attempt"])
+            log.info(
+                "job %s started: %s %s (attempt %d)", job["job_id"], job["kind"], job["input"] or "", job["attempt"]
+            )
             self.publish_job(job)
 
     # -- publishing ---------------------------------------------------------------------
@@ -377,16 +458,17 @@ class Service:
 
     def publish_batch(self, batch_id: str) -> None:
         batch = self._store().batch(batch_id)
-        self.bridge.publish(self.topics.batch(batch_id), payloads.encode(payloads.batch_object(batch)),
-                            retain=True)
+        self.bridge.publish(self.topics.batch(batch_id), payloads.encode(payloads.batch_object(batch)), retain=True)
 
     def _flush_progress(self, job_id: str, now: float) -> None:
         data = self._pending_progress.pop(job_id, None)
         if data is None:
             return
         self._last_progress_pub[job_id] = now
-        job = self._store().progress(job_id, now, progress=data["progress"], stage=data.get("stage"),
-                                     eta_s=data.get("eta_s"))
+        self._published_stage[job_id] = data.get("stage")
+        job = self._store().progress(
+            job_id, now, progress=data["progress"], stage=data.get("stage"), eta_s=data.get("eta_s")
+        )
         if job["attempt"] == data["attempt"] and job["state"] in (JobState.RUNNING, JobState.CANCELLING):
             self.publish_job(job, "update")
 
@@ -406,13 +488,23 @@ class Service:
             "v": 1,
             "counts": store.counts(),
             "paused": self.paused,
-            "running": [{"job_id": j["job_id"], "kind": j["kind"], "input": j["input"],
-                         "state": j["state"], "stage": j["stage"], "progress": j["progress"],
-                         "eta_s": j["eta_s"], "worker_pid": pids.get(j["job_id"])}
-                        for j in store.running()],
+            "running": [
+                {
+                    "job_id": j["job_id"],
+                    "kind": j["kind"],
+                    "input": j["input"],
+                    "state": j["state"],
+                    "stage": j["stage"],
+                    "progress": j["progress"],
+                    "eta_s": j["eta_s"],
+                    "worker_pid": pids.get(j["job_id"]),
+                }
+                for j in store.running()
+            ],
             "workers_alive": self.supervisor.alive(),
-            "last_finished": None if last is None else {
-                k: last[k] for k in ("job_id", "kind", "input", "state", "finished_at")},
+            "last_finished": None
+            if last is None
+            else {k: last[k] for k in ("job_id", "kind", "input", "state", "finished_at")},
             "updated_at": iso(now),
         }
         self.bridge.publish(self.topics.queue, payloads.encode(summary), retain=True)
@@ -425,8 +517,10 @@ class Service:
             "version": package_version(),
             "started_at": self.started_at,
             "base_topic": self.topics.base,
-            "kinds": {name: {"description": k.description, "needs_input": k.needs_input,
-                             "options": k.schema()} for name, k in self.kinds.items()},
+            "kinds": {
+                name: {"description": k.description, "needs_input": k.needs_input, "options": k.schema()}
+                for name, k in self.kinds.items()
+            },
             "default_kind": self.settings.default_kind,
             "workers": self.settings.workers,
             "broker_protocol": self.bridge.protocol_name,
@@ -438,8 +532,7 @@ class Service:
         self.bridge.publish(self.topics.status, ONLINE, retain=True)
         self.bridge.publish(self.topics.info, payloads.encode(self.info()), retain=True)
         for job in store.iter_jobs():
-            self.bridge.publish(self.topics.job(job["job_id"]),
-                                payloads.encode(payloads.job_object(job)), retain=True)
+            self.bridge.publish(self.topics.job(job["job_id"]), payloads.encode(payloads.job_object(job)), retain=True)
         for batch_id in store.batch_ids():
             self.publish_batch(batch_id)
         self.publish_queue(self.clock())
@@ -451,8 +544,11 @@ class Service:
         finish; the rest are ended and requeued without counting the attempt; ``offline``."""
         store = self._store()
         self.stopping = True
-        log.info("stopping: waiting up to %.0f s for %d running job(s)", self.settings.cancel_grace_s,
-                 len(self.supervisor.running_job_ids()))
+        log.info(
+            "stopping: waiting up to %.0f s for %d running job(s)",
+            self.settings.cancel_grace_s,
+            len(self.supervisor.running_job_ids()),
+        )
         end = time.monotonic() + self.settings.cancel_grace_s
         while self.supervisor.running_job_ids() and time.monotonic() < end:
             self.supervisor.wait([self.bridge.wake_r], min(0.5, max(0.0, end - time.monotonic())))
@@ -487,4 +583,3 @@ class Service:
 def serve(settings: Settings, *, client_id: str | None = None) -> int:
     """Run the service until SIGTERM/SIGINT; the exit code for the process."""
     return Service(settings, client_id=client_id).run()
-

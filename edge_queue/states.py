@@ -24,9 +24,7 @@ class JobState(StrEnum):
 TERMINAL: frozenset[JobState] = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 
 #: Active states: a job in one of these occupies a dedupe slot and is not yet finished.
-ACTIVE: frozenset[JobState] = frozenset(
-    {JobState.QUEUED, JobState.RUNNING, JobState.RETRYING, JobState.CANCELLING}
-)
+ACTIVE: frozenset[JobState] = frozenset({JobState.QUEUED, JobState.RUNNING, JobState.RETRYING, JobState.CANCELLING})
 
 #: from-state -> the states it may move to. ``running -> queued`` is the requeue of an attempt
 #: interrupted by a service crash or a graceful stop (PRODUCT 4.3, 4.6). ``failed``/``cancelled``
@@ -43,9 +41,7 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
         }
     ),
     JobState.RETRYING: frozenset({JobState.RUNNING, JobState.CANCELLED}),
-    JobState.CANCELLING: frozenset(
-        {JobState.CANCELLED, JobState.SUCCEEDED, JobState.FAILED, JobState.QUEUED}
-    ),
+    JobState.CANCELLING: frozenset({JobState.CANCELLED, JobState.SUCCEEDED, JobState.FAILED, JobState.QUEUED}),
     JobState.SUCCEEDED: frozenset(),
     JobState.FAILED: frozenset({JobState.QUEUED}),
     JobState.CANCELLED: frozenset({JobState.QUEUED}),

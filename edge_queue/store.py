@@ -125,12 +125,31 @@ class Store:
             )
             self.db["jobs"].create(
                 {
-                    "job_id": str, "seq": int, "kind": str, "input": str, "options": str,
-                    "batch_id": str, "priority": int, "state": str, "stage": str,
-                    "progress": float, "eta_s": float, "attempt": int, "max_attempts": int,
-                    "retry_at": str, "error": str, "result": str, "dedupe_key": str,
-                    "timeout_s": float, "run_at": str, "owner": str, "crashes": int,
-                    "created_at": str, "started_at": str, "finished_at": str, "updated_at": str,
+                    "job_id": str,
+                    "seq": int,
+                    "kind": str,
+                    "input": str,
+                    "options": str,
+                    "batch_id": str,
+                    "priority": int,
+                    "state": str,
+                    "stage": str,
+                    "progress": float,
+                    "eta_s": float,
+                    "attempt": int,
+                    "max_attempts": int,
+                    "retry_at": str,
+                    "error": str,
+                    "result": str,
+                    "dedupe_key": str,
+                    "timeout_s": float,
+                    "run_at": str,
+                    "owner": str,
+                    "crashes": int,
+                    "created_at": str,
+                    "started_at": str,
+                    "finished_at": str,
+                    "updated_at": str,
                 },
                 pk="job_id",
                 not_null={"seq", "kind", "state", "attempt", "max_attempts", "priority", "created_at"},
@@ -139,8 +158,15 @@ class Store:
                 if_not_exists=True,
             )
             self.db["job_events"].create(
-                {"id": int, "job_id": str, "at": str, "from_state": str, "to_state": str,
-                 "attempt": int, "detail": str},
+                {
+                    "id": int,
+                    "job_id": str,
+                    "at": str,
+                    "from_state": str,
+                    "to_state": str,
+                    "attempt": int,
+                    "detail": str,
+                },
                 pk="id",
                 if_not_exists=True,
             )
@@ -251,12 +277,13 @@ class Store:
         return counts
 
     def running(self) -> list[dict[str, Any]]:
-        return [self._decode(r) for r in self.db.query(
-            "SELECT * FROM jobs WHERE state IN ('running','cancelling') ORDER BY started_at")]
+        return [
+            self._decode(r)
+            for r in self.db.query("SELECT * FROM jobs WHERE state IN ('running','cancelling') ORDER BY started_at")
+        ]
 
     def last_finished(self) -> dict[str, Any] | None:
-        rows = list(self.db.query(
-            "SELECT * FROM jobs WHERE finished_at IS NOT NULL ORDER BY finished_at DESC LIMIT 1"))
+        rows = list(self.db.query("SELECT * FROM jobs WHERE finished_at IS NOT NULL ORDER BY finished_at DESC LIMIT 1"))
         return self._decode(rows[0]) if rows else None
 
     def next_due(self) -> float | None:
@@ -306,8 +333,7 @@ class Store:
         """
         with self._immediate():
             if idempotency_key is not None:
-                rows = list(self.db.query(
-                    "SELECT * FROM idempotency_keys WHERE key = ?", [idempotency_key]))
+                rows = list(self.db.query("SELECT * FROM idempotency_keys WHERE key = ?", [idempotency_key]))
                 ids = json.loads(rows[0]["job_ids"]) if rows else []
                 if ids and len(self.job_ids_in(ids)) == len(ids):
                     return rows[0]["batch_id"], [Created(self.get(i), True) for i in ids]
@@ -317,43 +343,74 @@ class Store:
             batch_id = new_id(now) if as_batch else None
             if batch_id:
                 self.db["batches"].insert(
-                    {"batch_id": batch_id, "total": len(specs), "created_at": at, "updated_at": at})
+                    {"batch_id": batch_id, "total": len(specs), "created_at": at, "updated_at": at}
+                )
             out: list[Created] = []
             for spec in specs:
                 key = dedupe_key(spec.kind, spec.input, spec.options)
                 if idempotency_key is None and not as_batch:
                     found = self.conn.execute(
                         "SELECT job_id FROM jobs WHERE dedupe_key = ? AND state IN "
-                        "('queued','running','retrying','cancelling') LIMIT 1", [key]).fetchone()
+                        "('queued','running','retrying','cancelling') LIMIT 1",
+                        [key],
+                    ).fetchone()
                     if found:
                         out.append(Created(self.get(found[0]), True))
                         continue
                 job = {
-                    "job_id": new_id(now), "seq": 1, "kind": spec.kind, "input": spec.input,
-                    "options": json.dumps(spec.options), "batch_id": batch_id,
-                    "priority": spec.priority, "state": JobState.QUEUED.value, "stage": None,
-                    "progress": 0.0, "eta_s": None, "attempt": 0,
-                    "max_attempts": spec.max_attempts, "retry_at": None, "error": None,
-                    "result": None, "dedupe_key": key, "timeout_s": spec.timeout_s,
-                    "run_at": iso(spec.run_at) if spec.run_at else None, "owner": None,
-                    "crashes": 0, "created_at": at, "started_at": None, "finished_at": None,
+                    "job_id": new_id(now),
+                    "seq": 1,
+                    "kind": spec.kind,
+                    "input": spec.input,
+                    "options": json.dumps(spec.options),
+                    "batch_id": batch_id,
+                    "priority": spec.priority,
+                    "state": JobState.QUEUED.value,
+                    "stage": None,
+                    "progress": 0.0,
+                    "eta_s": None,
+                    "attempt": 0,
+                    "max_attempts": spec.max_attempts,
+                    "retry_at": None,
+                    "error": None,
+                    "result": None,
+                    "dedupe_key": key,
+                    "timeout_s": spec.timeout_s,
+                    "run_at": iso(spec.run_at) if spec.run_at else None,
+                    "owner": None,
+                    "crashes": 0,
+                    "created_at": at,
+                    "started_at": None,
+                    "finished_at": None,
                     "updated_at": at,
                 }
                 self.db["jobs"].insert(job)
                 self._event(job["job_id"], at, None, JobState.QUEUED, 0, None)
                 out.append(Created(self._decode(dict(job)), False))
             if idempotency_key is not None:
-                self.db["idempotency_keys"].insert({
-                    "key": idempotency_key, "batch_id": batch_id, "created_at": at,
-                    "job_ids": json.dumps([c.job["job_id"] for c in out])})
+                self.db["idempotency_keys"].insert(
+                    {
+                        "key": idempotency_key,
+                        "batch_id": batch_id,
+                        "created_at": at,
+                        "job_ids": json.dumps([c.job["job_id"] for c in out]),
+                    }
+                )
         return batch_id, out
 
-    def _event(self, job_id: str, at: str, src: JobState | None, dst: JobState, attempt: int,
-               detail: dict[str, Any] | None) -> None:
-        self.db["job_events"].insert({
-            "job_id": job_id, "at": at, "from_state": src.value if src else None,
-            "to_state": dst.value, "attempt": attempt,
-            "detail": json.dumps(detail) if detail else None})
+    def _event(
+        self, job_id: str, at: str, src: JobState | None, dst: JobState, attempt: int, detail: dict[str, Any] | None
+    ) -> None:
+        self.db["job_events"].insert(
+            {
+                "job_id": job_id,
+                "at": at,
+                "from_state": src.value if src else None,
+                "to_state": dst.value,
+                "attempt": attempt,
+                "detail": json.dumps(detail) if detail else None,
+            }
+        )
 
     def claim(self, now: float, kinds: Iterable[str], owner: str) -> dict[str, Any] | None:
         """Move the next due job of one of ``kinds`` to ``running`` and return it, or ``None``.
@@ -413,8 +470,7 @@ class Store:
             job = self.get(job_id)
             src = JobState(job["state"])
             if expect_attempt is not None and job["attempt"] != expect_attempt:
-                raise TransitionError(
-                    f"job {job_id} is on attempt {job['attempt']}, not {expect_attempt}")
+                raise TransitionError(f"job {job_id} is on attempt {job['attempt']}, not {expect_attempt}")
             if not can_transition(src, dst):
                 raise TransitionError(f"job {job_id}: {src.value} -> {dst.value} is not allowed")
             values: dict[str, Any] = {"state": dst.value, "seq": job["seq"] + 1, "updated_at": at}
@@ -434,8 +490,9 @@ class Store:
             self._event(job_id, at, src, dst, values.get("attempt", job["attempt"]), detail)
             return self.get(job_id)
 
-    def progress(self, job_id: str, now: float, *, progress: float, stage: str | None,
-                 eta_s: float | None) -> dict[str, Any]:
+    def progress(
+        self, job_id: str, now: float, *, progress: float, stage: str | None, eta_s: float | None
+    ) -> dict[str, Any]:
         """Record progress (percent 0-100) of a running job; ``seq`` advances. Returns the row."""
         at = iso(now)
         with self._immediate():
@@ -448,9 +505,13 @@ class Store:
 
     def orphans(self, owner: str) -> list[str]:
         """Ids of jobs left ``running``/``cancelling`` by another run of the service."""
-        return [r[0] for r in self.conn.execute(
-            "SELECT job_id FROM jobs WHERE state IN ('running','cancelling') "
-            "AND (owner IS NULL OR owner != ?)", [owner])]
+        return [
+            r[0]
+            for r in self.conn.execute(
+                "SELECT job_id FROM jobs WHERE state IN ('running','cancelling') AND (owner IS NULL OR owner != ?)",
+                [owner],
+            )
+        ]
 
     def delete(self, job_ids: Iterable[str]) -> tuple[list[str], list[str]]:
         """Delete terminal jobs (and their events), and batches left without jobs.
@@ -461,25 +522,32 @@ class Store:
         batches: set[str] = set()
         with self._immediate():
             for job_id in job_ids:
-                row = self.conn.execute("SELECT state, batch_id FROM jobs WHERE job_id = ?",
-                                        [job_id]).fetchone()
+                row = self.conn.execute("SELECT state, batch_id FROM jobs WHERE job_id = ?", [job_id]).fetchone()
                 if row and is_terminal(row[0]):
                     self.conn.execute("DELETE FROM job_events WHERE job_id = ?", [job_id])
                     self.conn.execute("DELETE FROM jobs WHERE job_id = ?", [job_id])
                     gone.append(job_id)
                     if row[1]:
                         batches.add(row[1])
-            empty = [b for b in sorted(batches) if self.conn.execute(
-                "SELECT 1 FROM jobs WHERE batch_id = ? LIMIT 1", [b]).fetchone() is None]
+            empty = [
+                b
+                for b in sorted(batches)
+                if self.conn.execute("SELECT 1 FROM jobs WHERE batch_id = ? LIMIT 1", [b]).fetchone() is None
+            ]
             for b in empty:
                 self.conn.execute("DELETE FROM batches WHERE batch_id = ?", [b])
         return gone, empty
 
-    def finished_before(self, cutoff: float, states: Iterable[str] = ("succeeded", "failed", "cancelled"),
-                        limit: int = 10_000) -> list[str]:
+    def finished_before(
+        self, cutoff: float, states: Iterable[str] = ("succeeded", "failed", "cancelled"), limit: int = 10_000
+    ) -> list[str]:
         """Ids of terminal jobs in ``states`` that finished before ``cutoff`` (Unix seconds)."""
         states = list(states)
         marks = ",".join("?" * len(states))
-        return [r[0] for r in self.conn.execute(
-            f"SELECT job_id FROM jobs WHERE state IN ({marks}) AND finished_at < ? LIMIT ?",
-            [*states, iso(cutoff), limit])]
+        return [
+            r[0]
+            for r in self.conn.execute(
+                f"SELECT job_id FROM jobs WHERE state IN ({marks}) AND finished_at < ? LIMIT ?",
+                [*states, iso(cutoff), limit],
+            )
+        ]

@@ -81,8 +81,9 @@ class Supervisor:
 
     def _spawn(self, slot: _Slot) -> None:
         parent, child = self._ctx.Pipe(duplex=True)
-        proc = self._ctx.Process(target=worker_module.main, args=(child, self.settings),
-                                 name=f"edge-queue-worker-{slot.index}", daemon=True)
+        proc = self._ctx.Process(
+            target=worker_module.main, args=(child, self.settings), name=f"edge-queue-worker-{slot.index}", daemon=True
+        )
         proc.start()
         child.close()
         slot.process, slot.conn, slot.pid = proc, parent, proc.pid
@@ -239,12 +240,13 @@ class Supervisor:
         proc = slot.process
         code = proc.exitcode if proc is not None else None
         if slot.job is not None:
-            reason = slot.end_reason or (
-                str(ErrorCode.WORKER_LOST), f"the worker process died (exit code {code})")
-            out.append(Outcome("lost", slot.job["job_id"], slot.job["attempt"],
-                               {"code": reason[0], "message": reason[1]}))
-            log.warning("worker %d (pid %s) ended during job %s: %s", slot.index, slot.pid,
-                        slot.job["job_id"], reason[1])
+            reason = slot.end_reason or (str(ErrorCode.WORKER_LOST), f"the worker process died (exit code {code})")
+            out.append(
+                Outcome("lost", slot.job["job_id"], slot.job["attempt"], {"code": reason[0], "message": reason[1]})
+            )
+            log.warning(
+                "worker %d (pid %s) ended during job %s: %s", slot.index, slot.pid, slot.job["job_id"], reason[1]
+            )
         else:
             log.warning("worker %d (pid %s) exited with code %s while idle", slot.index, slot.pid, code)
         self._end(slot)
@@ -257,8 +259,7 @@ class Supervisor:
             if slot.job is None or slot.process is None:
                 continue
             if slot.cancel_deadline is not None and now >= slot.cancel_deadline:
-                slot.end_reason = (str(ErrorCode.CANCELLED),
-                                   "cancelled: the worker was ended after the grace period")
+                slot.end_reason = (str(ErrorCode.CANCELLED), "cancelled: the worker was ended after the grace period")
             elif slot.deadline is not None and now >= slot.deadline:
                 slot.end_reason = (str(ErrorCode.TIMEOUT), "the attempt passed its timeout_s")
             else:
@@ -268,6 +269,5 @@ class Supervisor:
 
     def next_deadline(self) -> float | None:
         """Seconds until the nearest timeout or cancel deadline, or ``None``."""
-        times = [t for s in self.slots if s.job is not None
-                 for t in (s.deadline, s.cancel_deadline) if t is not None]
+        times = [t for s in self.slots if s.job is not None for t in (s.deadline, s.cancel_deadline) if t is not None]
         return max(0.0, min(times) - self.clock()) if times else None

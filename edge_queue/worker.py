@@ -2,7 +2,8 @@
 
 The worker never touches MQTT or the store (PRODUCT 2). Its parent (``supervisor``) sends
 ``run``, ``cancel`` and ``stop`` messages; the worker answers with ``ready``, ``progress``,
-``done`` and ``failed`` (with the worker's ``rss_mb``) and ``log`` messages (plain dicts, pickled by ``multiprocessing``).
+``done`` and ``failed`` (with the worker's ``rss_mb``) and ``log`` messages (plain dicts,
+pickled by ``multiprocessing``).
 
 This is the one place where exceptions of a job become outcomes: a
 :class:`~edge_queue.errors.JobError` keeps its code; any other exception is
@@ -39,8 +40,7 @@ class _PipeLogHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            self._send({"op": "log", "level": record.levelno, "name": record.name,
-                        "message": record.getMessage()})
+            self._send({"op": "log", "level": record.levelno, "name": record.name, "message": record.getMessage()})
         except Exception:  # the pipe is gone: the parent is going away too
             pass
 
@@ -62,9 +62,16 @@ class _Context:
         if stage == self._last_stage and now - self._last_sent < PROGRESS_INTERVAL_S and percent < 100:
             return
         self._last_sent, self._last_stage = now, stage
-        self._worker.send({"op": "progress", "job_id": self.job_id, "attempt": self.attempt,
-                           "progress": max(0.0, min(100.0, float(percent))), "stage": stage,
-                           "eta_s": eta_s})
+        self._worker.send(
+            {
+                "op": "progress",
+                "job_id": self.job_id,
+                "attempt": self.attempt,
+                "progress": max(0.0, min(100.0, float(percent))),
+                "stage": stage,
+                "eta_s": eta_s,
+            }
+        )
 
     def checkpoint(self) -> None:
         if self._worker.cancel_requested(self.job_id):
@@ -118,12 +125,16 @@ class _Worker:
             ctx.checkpoint()
             result = kind.run(ctx, job["input"], options)
         except EdgeQueueError as e:
-            return {**base, "op": "failed", "code": str(e.code), "message": e.message,
-                    "retryable": e.retryable}
+            return {**base, "op": "failed", "code": str(e.code), "message": e.message, "retryable": e.retryable}
         except Exception as e:  # any other failure of a kind is ours to report, not to die of
             log.exception("job %s: unexpected error", job["job_id"])
-            return {**base, "op": "failed", "code": str(ErrorCode.INTERNAL_ERROR),
-                    "message": f"{type(e).__name__}: {e}"[:1000], "retryable": True}
+            return {
+                **base,
+                "op": "failed",
+                "code": str(ErrorCode.INTERNAL_ERROR),
+                "message": f"{type(e).__name__}: {e}"[:1000],
+                "retryable": True,
+            }
         finally:
             self._cancelled.discard(job["job_id"])
         return {**base, "op": "done", "result": result}

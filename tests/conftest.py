@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import shutil
 import signal
 import socket
@@ -87,9 +86,9 @@ def wer(reference: str, hypothesis: str) -> float:
 
 REFERENCE = {
     "jfk.flac": "And so my fellow Americans, ask not what your country can do for you, ask what "
-                "you can do for your country.",
+    "you can do for your country.",
     "librivox-0870.wav": "and mister john dashwood had then leisure to consider how much there might "
-                         "be prudently in his power to do for them",
+    "be prudently in his power to do for them",
     "librivox-0890.wav": "unless to be rather cold hearted and rather selfish is to be ill disposed",
     "librivox-0930.wav": "he might even have been made amiable himself",
 }
@@ -105,14 +104,19 @@ def speech() -> Path:
 def long_speech(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """About 100 s of real speech (the four clips, repeated) as a 16 kHz mono WAV."""
     need((SPEECH / "jfk.flac").is_file(), f"speech recordings not found in {SPEECH}")
-    import wave
-
     import numpy as np
     from faster_whisper import decode_audio
 
     clips = [decode_audio(str(SPEECH / name)) for name in REFERENCE]
-    audio = np.concatenate(clips * 4)
-    path = tmp_path_factory.mktemp("long") / "long-speech.wav"
+    return write_wav(tmp_path_factory.mktemp("long") / "long-speech.wav", np.concatenate(clips * 4))
+
+
+def write_wav(path: Path, audio: Any) -> Path:
+    """16 kHz mono 16-bit WAV from float samples in [-1, 1]."""
+    import wave
+
+    import numpy as np
+
     with wave.open(str(path), "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
@@ -136,8 +140,9 @@ class Watcher:
         self.messages: list[tuple[str, bytes, bool, float]] = []
         self._lock = threading.Lock()
         self._subscribed = threading.Event()
-        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="watch-" + uuid.uuid4().hex[:10],
-                                  protocol=protocol)
+        self.client = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id="watch-" + uuid.uuid4().hex[:10], protocol=protocol
+        )
         self.client.on_message = self._on_message
         self.client.on_subscribe = lambda *a: self._subscribed.set()
         self.client.on_connect = lambda c, *a: c.subscribe([(t, 1) for t in topics])
@@ -188,8 +193,9 @@ def amqtt(tmp_path: Path) -> Iterator[Broker]:
     port = free_port()
     env = {**os.environ, "EDGE_QUEUE_MQTT__PORT": str(port), "EDGE_QUEUE_DATA_DIR": str(tmp_path / "b")}
     with open(tmp_path / "broker.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "edge_queue", "broker"], env=env,
-                                stdout=subprocess.DEVNULL, stderr=log)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "edge_queue", "broker"], env=env, stdout=subprocess.DEVNULL, stderr=log
+        )
     wait_until(lambda: port_open("127.0.0.1", port) or proc.poll() is not None, 20, "amqtt to listen")
     assert proc.poll() is None, (tmp_path / "broker.log").read_text()
     yield Broker("127.0.0.1", port, "amqtt", proc)
@@ -227,13 +233,21 @@ class ServiceProcess:
 
     def start(self, wait_online: bool = True) -> ServiceProcess:
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "edge_queue", "serve"], env=self.env,
-                                         stdout=subprocess.DEVNULL, stderr=log)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "edge_queue", "serve"], env=self.env, stdout=subprocess.DEVNULL, stderr=log
+            )
         if wait_online:
             w = Watcher(self.broker.host, self.broker.port, [f"{self.base}/status", f"{self.base}/info"])
             try:
-                wait_until(lambda: b"online" in w.on(f"{self.base}/status") and w.on(f"{self.base}/info")
-                           or self.proc.poll() is not None, 60, "the service to be online")
+                wait_until(
+                    lambda: (
+                        b"online" in w.on(f"{self.base}/status")
+                        and w.on(f"{self.base}/info")
+                        or self.proc.poll() is not None
+                    ),
+                    60,
+                    "the service to be online",
+                )
             finally:
                 w.close()
             assert self.proc.poll() is None, self.log()
@@ -265,8 +279,9 @@ class ServiceProcess:
     def watcher(self, *suffixes: str) -> Watcher:
         return Watcher(self.broker.host, self.broker.port, [f"{self.base}/{s}" for s in suffixes or ("#",)])
 
-    def request(self, command: str, payload: bytes | str | dict[str, Any], watcher: Watcher,
-                timeout: float = 30) -> dict[str, Any]:
+    def request(
+        self, command: str, payload: bytes | str | dict[str, Any], watcher: Watcher, timeout: float = 30
+    ) -> dict[str, Any]:
         """Publish a request and wait for its response.
 
         A dict payload gets a fresh ``transaction`` and its response is matched by it; any other
@@ -274,13 +289,16 @@ class ServiceProcess:
         """
         topic = f"{self.base}/response/{command if command in _COMMANDS else 'unknown'}"
         tx = uuid.uuid4().hex
-        if isinstance(payload, dict):
+        before = len(watcher.json_on(topic))
+        matched = isinstance(payload, dict)
+        if matched:
             payload = json.dumps({**payload, "transaction": tx})
-            match: Callable[[list[dict[str, Any]]], Any] = lambda msgs: next(
-                (m for m in msgs if m.get("transaction") == tx), None)
-        else:
-            before = len(watcher.json_on(topic))
-            match = lambda msgs: msgs[before] if len(msgs) > before else None  # noqa: E731
+
+        def match(msgs: list[dict[str, Any]]) -> dict[str, Any] | None:
+            if matched:
+                return next((m for m in msgs if m.get("transaction") == tx), None)
+            return msgs[before] if len(msgs) > before else None
+
         publish(self.broker, f"{self.base}/request/{command}", payload)
         return wait_until(lambda: match(watcher.json_on(topic)), timeout, f"a response on {topic}")
 
@@ -316,5 +334,7 @@ def service_factory(tmp_path: Path) -> Iterator[Callable[..., ServiceProcess]]:
 
 @pytest.fixture
 def mosquitto_clients() -> None:
-    need(shutil.which("mosquitto_pub") is not None and shutil.which("mosquitto_sub") is not None,
-         "mosquitto_pub/mosquitto_sub not installed (apt-get install mosquitto-clients)")
+    need(
+        shutil.which("mosquitto_pub") is not None and shutil.which("mosquitto_sub") is not None,
+        "mosquitto_pub/mosquitto_sub not installed (apt-get install mosquitto-clients)",
+    )

@@ -15,8 +15,9 @@ from .conftest import REFERENCE, Watcher, free_port, wait_until, wer
 
 
 def cli(svc, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "edge_queue", *args], env=svc.env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "edge_queue", *args], env=svc.env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.usefixtures("model_installed")
@@ -51,23 +52,33 @@ def test_cli_cancel_and_errors(mosquitto, service_factory, speech: Path) -> None
 
 def test_cli_without_broker_exits_3(tmp_path: Path) -> None:
     env = {**os.environ, "EDGE_QUEUE_MQTT__PORT": str(free_port())}
-    out = subprocess.run([sys.executable, "-m", "edge_queue", "jobs"], env=env, capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "edge_queue", "jobs"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 3 and "broker" in out.stderr
 
 
 def test_up_starts_embedded_broker_when_none_answers(tmp_path: Path, speech: Path) -> None:
     port = free_port()
-    env = {**os.environ, "EDGE_QUEUE_MQTT__PORT": str(port), "EDGE_QUEUE_DATA_DIR": str(tmp_path / "d"),
-           "EDGE_QUEUE_MQTT__BASE_TOPIC": "upt"}
+    env = {
+        **os.environ,
+        "EDGE_QUEUE_MQTT__PORT": str(port),
+        "EDGE_QUEUE_DATA_DIR": str(tmp_path / "d"),
+        "EDGE_QUEUE_MQTT__BASE_TOPIC": "upt",
+    }
     with open(tmp_path / "up.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "edge_queue", "up", "--media-root", str(speech)], env=env,
-                                stderr=log)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "edge_queue", "up", "--media-root", str(speech)], env=env, stderr=log
+        )
     try:
         wait_until(lambda: _online(port), 60, "edge-queue up to be online")
-        out = subprocess.run([sys.executable, "-m", "edge_queue", "submit", "--kind", "probe",
-                              str(speech / "jfk.flac"), "--wait"], env=env, capture_output=True, text=True,
-                             timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-m", "edge_queue", "submit", "--kind", "probe", str(speech / "jfk.flac"), "--wait"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 0, out.stderr
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -92,6 +103,7 @@ def _online(port: int) -> bool:
 def test_config_check(tmp_path: Path) -> None:
     bad = tmp_path / "c.toml"
     bad.write_text("[mqtt]\nprot = 1\n")
-    out = subprocess.run([sys.executable, "-m", "edge_queue", "config", "check", str(bad)], capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "edge_queue", "config", "check", str(bad)], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 2 and "mqtt.prot" in out.stderr

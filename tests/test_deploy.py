@@ -10,7 +10,6 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from .conftest import ROOT, Broker, Watcher, free_port, need, port_open, wait_until
+from .conftest import ROOT, Broker, free_port, need, port_open, wait_until
 
 EDGE_QUEUE_BIN = str(Path(sys.executable).parent / "edge-queue")
 
@@ -28,16 +27,28 @@ def test_systemd_analyze_verify(unit: str, tmp_path: Path) -> None:
     need(shutil.which("systemd-analyze") is not None, "systemd-analyze not installed (apt-get install systemd)")
     text = (ROOT / "systemd" / unit).read_text().replace("/opt/edge-queue/.venv/bin/edge-queue", EDGE_QUEUE_BIN)
     (tmp_path / unit).write_text(text)
-    out = subprocess.run(["systemd-analyze", "verify", str(tmp_path / unit)], capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        ["systemd-analyze", "verify", str(tmp_path / unit)], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0 and unit not in out.stderr, out.stderr
 
 
 def test_unit_settings() -> None:
     unit = (ROOT / "systemd" / "edge-queue.service").read_text()
-    for setting in ("Type=notify", "WatchdogSec=", "Restart=on-failure", "KillSignal=SIGTERM", "KillMode=mixed",
-                    "TimeoutStopSec=", "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=", "PrivateTmp=yes",
-                    "ReadWritePaths=/var/lib/edge-queue", "User=edge-queue"):
+    for setting in (
+        "Type=notify",
+        "WatchdogSec=",
+        "Restart=on-failure",
+        "KillSignal=SIGTERM",
+        "KillMode=mixed",
+        "TimeoutStopSec=",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "ProtectHome=",
+        "PrivateTmp=yes",
+        "ReadWritePaths=/var/lib/edge-queue",
+        "User=edge-queue",
+    ):
         assert f"\n{setting}" in unit, setting
     # every setting is explained by a comment on the line above it
     lines = unit.splitlines()
@@ -89,6 +100,7 @@ def _connect(broker: Broker, user: str | None, password: str | None, protocol: i
     c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="acl-" + uuid.uuid4().hex[:8], protocol=protocol)
     if user:
         c.username_pw_set(user, password)
+
     def on_connect(cl, u, f, reason, p) -> None:
         result.setdefault("reason", str(reason))
         for topic in result.get("subscriptions", []):  # again after a reconnect
@@ -106,12 +118,16 @@ def _connect(broker: Broker, user: str | None, password: str | None, protocol: i
 
 
 def _service_env(user: str, password: str) -> dict[str, str]:
-    return {"EDGE_QUEUE_MQTT__USERNAME": user, "EDGE_QUEUE_MQTT__PASSWORD": password,
-            "EDGE_QUEUE_MQTT__BASE_TOPIC": "edge-queue"}
+    return {
+        "EDGE_QUEUE_MQTT__USERNAME": user,
+        "EDGE_QUEUE_MQTT__PASSWORD": password,
+        "EDGE_QUEUE_MQTT__BASE_TOPIC": "edge-queue",
+    }
 
 
-def _acl_scenario(broker: Broker, service_factory, speech: Path, service_user: tuple[str, str],
-                  client_user: tuple[str, str]) -> dict[str, object]:
+def _acl_scenario(
+    broker: Broker, service_factory, speech: Path, service_user: tuple[str, str], client_user: tuple[str, str]
+) -> dict[str, object]:
     """What an anonymous client and a client user can and cannot do; the service works."""
     seen: dict[str, object] = {}
     reason, _ = _connect(broker, None, None)
@@ -124,24 +140,38 @@ def _acl_scenario(broker: Broker, service_factory, speech: Path, service_user: t
     client, box = pair
     box["subscriptions"] = ["edge-queue/#"]
     client.subscribe("edge-queue/#", 1)
-    wait_until(lambda: any(t == "edge-queue/status" and p == b"online" for t, p in box.get("messages", [])), 60,
-               "the client user to read the retained online status")
+    wait_until(
+        lambda: any(t == "edge-queue/status" and p == b"online" for t, p in box.get("messages", [])),
+        60,
+        "the client user to read the retained online status",
+    )
     client.publish("edge-queue/request/submit", json.dumps({"kind": "noop", "transaction": "acl"}), qos=1)
+
     def resp():
         for t, p in box.get("messages", []):
             if t == "edge-queue/response/submit" and json.loads(p).get("transaction") == "acl":
                 return json.loads(p)
         return None
+
     response = wait_until(resp, 30, "the submit response")
     job_id = response["data"]["jobs"][0]["job_id"]
-    wait_until(lambda: any(t == f"edge-queue/jobs/{job_id}" and json.loads(p)["state"] == "succeeded"
-                           for t, p in box.get("messages", []) if p), 30, "the job to succeed")
+    wait_until(
+        lambda: any(
+            t == f"edge-queue/jobs/{job_id}" and json.loads(p)["state"] == "succeeded"
+            for t, p in box.get("messages", [])
+            if p
+        ),
+        30,
+        "the job to succeed",
+    )
     seen["client submit"] = response["status"]
     # A forged job state from the client user (its own connection) never reaches subscribers
     reason, forger_pair = _connect(broker, *client_user)
     forger = forger_pair[0]
-    for topic, payload in (("edge-queue/jobs/forged0000000000", b'{"state": "succeeded"}'),
-                           ("edge-queue/status", b"offline")):
+    for topic, payload in (
+        ("edge-queue/jobs/forged0000000000", b'{"state": "succeeded"}'),
+        ("edge-queue/status", b"offline"),
+    ):
         info = forger.publish(topic, payload, qos=1, retain=True)
         try:
             info.wait_for_publish(5)
@@ -161,8 +191,10 @@ def _acl_scenario(broker: Broker, service_factory, speech: Path, service_user: t
 
 @pytest.fixture
 def mosquitto_with_acl(tmp_path: Path):
-    need(shutil.which("mosquitto") is not None and shutil.which("mosquitto_passwd") is not None,
-         "mosquitto not installed")
+    need(
+        shutil.which("mosquitto") is not None and shutil.which("mosquitto_passwd") is not None,
+        "mosquitto not installed",
+    )
     port = free_port()
     _passwd(tmp_path / "passwd", {"edge-queue": "svc-secret", "phone": "phone-secret"})
     shutil.copy(ROOT / "broker" / "edge-queue.acl", tmp_path / "acl")
@@ -185,10 +217,15 @@ def mosquitto_with_acl(tmp_path: Path):
 
 
 def test_shipped_mosquitto_config_enforces_the_acl(mosquitto_with_acl, service_factory, speech: Path) -> None:
-    seen = _acl_scenario(mosquitto_with_acl, service_factory, speech, ("edge-queue", "svc-secret"),
-                         ("phone", "phone-secret"))
-    assert seen == {"anonymous": "Not authorized", "client submit": "ok", "forged job state delivered": False,
-                    "forged status delivered": False}, seen
+    seen = _acl_scenario(
+        mosquitto_with_acl, service_factory, speech, ("edge-queue", "svc-secret"), ("phone", "phone-secret")
+    )
+    assert seen == {
+        "anonymous": "Not authorized",
+        "client submit": "ok",
+        "forged job state delivered": False,
+        "forged status delivered": False,
+    }, seen
     assert _connect(mosquitto_with_acl, "phone", "wrong")[0] == "Not authorized"
 
 
@@ -198,14 +235,19 @@ def amqtt_with_acl(tmp_path: Path):
 
     hasher = PasswordHash.recommended()
     (tmp_path / "amqtt.passwd").write_text(
-        "".join(f"{u}:{hasher.hash(p)}\n" for u, p in {"edge-queue": "svc-secret", "phone": "phone-secret"}.items()))
+        "".join(f"{u}:{hasher.hash(p)}\n" for u, p in {"edge-queue": "svc-secret", "phone": "phone-secret"}.items())
+    )
     port = free_port()
     conf = (ROOT / "broker" / "amqtt.yaml").read_text()
-    conf = conf.replace("127.0.0.1:1883", f"127.0.0.1:{port}").replace("/etc/edge-queue/amqtt.passwd",
-                                                                          str(tmp_path / "amqtt.passwd"))
+    conf = conf.replace("127.0.0.1:1883", f"127.0.0.1:{port}").replace(
+        "/etc/edge-queue/amqtt.passwd", str(tmp_path / "amqtt.passwd")
+    )
     (tmp_path / "amqtt.yaml").write_text(conf)
-    env = {**os.environ, "EDGE_QUEUE_BROKER__CONFIG_FILE": str(tmp_path / "amqtt.yaml"),
-           "EDGE_QUEUE_DATA_DIR": str(tmp_path / "b")}
+    env = {
+        **os.environ,
+        "EDGE_QUEUE_BROKER__CONFIG_FILE": str(tmp_path / "amqtt.yaml"),
+        "EDGE_QUEUE_DATA_DIR": str(tmp_path / "b"),
+    }
     with open(tmp_path / "broker.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "edge_queue", "broker"], env=env, stdout=log, stderr=log)
     wait_until(lambda: port_open("127.0.0.1", port) or proc.poll() is not None, 20, "amqtt")
@@ -216,8 +258,9 @@ def amqtt_with_acl(tmp_path: Path):
 
 
 def test_shipped_amqtt_config_enforces_the_acl(amqtt_with_acl, service_factory, speech: Path) -> None:
-    seen = _acl_scenario(amqtt_with_acl, service_factory, speech, ("edge-queue", "svc-secret"),
-                         ("phone", "phone-secret"))
+    seen = _acl_scenario(
+        amqtt_with_acl, service_factory, speech, ("edge-queue", "svc-secret"), ("phone", "phone-secret")
+    )
     assert seen["client submit"] == "ok" and seen["forged job state delivered"] is False
     assert seen["forged status delivered"] is False
     assert seen["anonymous"] != "Success"
@@ -230,16 +273,67 @@ def _make_ca(d: Path) -> dict[str, Path]:
     def run(*args: str) -> None:
         subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
 
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=edge-queue test CA",
-        "-keyout", str(d / "ca.key"), "-out", str(d / "ca.crt"))
-    run("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", str(d / "server.key"),
-        "-out", str(d / "server.csr"))
+    run(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=edge-queue test CA",
+        "-keyout",
+        str(d / "ca.key"),
+        "-out",
+        str(d / "ca.crt"),
+    )
+    run(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        str(d / "server.key"),
+        "-out",
+        str(d / "server.csr"),
+    )
     (d / "ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    run("x509", "-req", "-in", str(d / "server.csr"), "-CA", str(d / "ca.crt"), "-CAkey", str(d / "ca.key"),
-        "-CAcreateserial", "-days", "2", "-extfile", str(d / "ext"), "-out", str(d / "server.crt"))
+    run(
+        "x509",
+        "-req",
+        "-in",
+        str(d / "server.csr"),
+        "-CA",
+        str(d / "ca.crt"),
+        "-CAkey",
+        str(d / "ca.key"),
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        str(d / "ext"),
+        "-out",
+        str(d / "server.crt"),
+    )
     (d / "other.key").write_text("")
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=another CA",
-        "-keyout", str(d / "other.key"), "-out", str(d / "other.crt"))
+    run(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=another CA",
+        "-keyout",
+        str(d / "other.key"),
+        "-out",
+        str(d / "other.crt"),
+    )
     return {"ca": d / "ca.crt", "cert": d / "server.crt", "key": d / "server.key", "other": d / "other.crt"}
 
 
@@ -249,28 +343,40 @@ def test_tls_with_a_test_ca(tmp_path: Path, service_factory, speech: Path) -> No
     port = free_port()
     (tmp_path / "tls.conf").write_text(
         f"listener {port} 127.0.0.1\nallow_anonymous true\ncafile {pki['ca']}\ncertfile {pki['cert']}\n"
-        f"keyfile {pki['key']}\n" + ("user root\n" if os.geteuid() == 0 else ""))
-    proc = subprocess.Popen(["mosquitto", "-c", str(tmp_path / "tls.conf")], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+        f"keyfile {pki['key']}\n" + ("user root\n" if os.geteuid() == 0 else "")
+    )
+    proc = subprocess.Popen(
+        ["mosquitto", "-c", str(tmp_path / "tls.conf")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         wait_until(lambda: port_open("127.0.0.1", port), 10, "TLS mosquitto")
         broker = Broker("127.0.0.1", port, "mosquitto", proc)
         tls = {"EDGE_QUEUE_MQTT__TLS__ENABLED": "true", "EDGE_QUEUE_MQTT__TLS__CA_FILE": str(pki["ca"])}
         svc = service_factory(broker, [speech], tls)
         svc.start(wait_online=False)
-        out = subprocess.run([sys.executable, "-m", "edge_queue", "submit", "--kind", "noop", "x", "--wait",
-                              "--timeout", "60"], env=svc.env, capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-m", "edge_queue", "submit", "--kind", "noop", "x", "--wait", "--timeout", "60"],
+            env=svc.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 0, out.stderr + svc.log()
         assert svc.stop() == 0
         # a CA that did not sign the server's certificate is refused (verification is on by default)
         bad = {**svc.env, "EDGE_QUEUE_MQTT__TLS__CA_FILE": str(pki["other"])}
-        out = subprocess.run([sys.executable, "-m", "edge_queue", "jobs"], env=bad, capture_output=True, text=True,
-                             timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-m", "edge_queue", "jobs"], env=bad, capture_output=True, text=True, timeout=60
+        )
         assert out.returncode == 3, out.stdout + out.stderr
         # plain TCP to the TLS listener gets no MQTT answer
-        out = subprocess.run([sys.executable, "-m", "edge_queue", "jobs"],
-                             env={**svc.env, "EDGE_QUEUE_MQTT__TLS__ENABLED": "false"}, capture_output=True,
-                             text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-m", "edge_queue", "jobs"],
+            env={**svc.env, "EDGE_QUEUE_MQTT__TLS__ENABLED": "false"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 3
     finally:
         proc.terminate()
@@ -278,16 +384,34 @@ def test_tls_with_a_test_ca(tmp_path: Path, service_factory, speech: Path) -> No
 
 
 def test_doctor_reports_each_check(mosquitto, tmp_path: Path, speech: Path) -> None:
-    env = {**os.environ, "EDGE_QUEUE_DATA_DIR": str(tmp_path / "d"),
-           "EDGE_QUEUE_MEDIA_ROOTS": json.dumps([str(speech)]), "EDGE_QUEUE_MQTT__BASE_TOPIC": "doc" + uuid.uuid4().hex[:6]}
-    out = subprocess.run([sys.executable, "-m", "edge_queue", "doctor", "--skip-model"], env=env, capture_output=True,
-                         text=True, timeout=60)
+    env = {
+        **os.environ,
+        "EDGE_QUEUE_DATA_DIR": str(tmp_path / "d"),
+        "EDGE_QUEUE_MEDIA_ROOTS": json.dumps([str(speech)]),
+        "EDGE_QUEUE_MQTT__BASE_TOPIC": "doc" + uuid.uuid4().hex[:6],
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "edge_queue", "doctor", "--skip-model"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     names = [line.split()[1].rstrip(":") for line in out.stdout.splitlines()]
     assert names[:5] == ["broker", "service", "data_dir", "disk", "database"] and "media" in names
-    bad = {**env, "EDGE_QUEUE_MEDIA_ROOTS": json.dumps([str(tmp_path / "nope")]), "EDGE_QUEUE_MQTT__PORT": str(free_port())}
-    out = subprocess.run([sys.executable, "-m", "edge_queue", "doctor", "--skip-model"], env=bad, capture_output=True,
-                         text=True, timeout=60)
+    bad = {
+        **env,
+        "EDGE_QUEUE_MEDIA_ROOTS": json.dumps([str(tmp_path / "nope")]),
+        "EDGE_QUEUE_MQTT__PORT": str(free_port()),
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "edge_queue", "doctor", "--skip-model"],
+        env=bad,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 1
     assert "FAIL  broker" in out.stdout and f"FAIL  media root {tmp_path / 'nope'}" in out.stdout
 
@@ -295,17 +419,29 @@ def test_doctor_reports_each_check(mosquitto, tmp_path: Path, speech: Path) -> N
 def test_backup_while_running(mosquitto, service_factory, speech: Path, tmp_path: Path) -> None:
     svc = service_factory(mosquitto, [speech]).start()
     watcher = svc.watcher("response/#", "jobs/+")
-    ids = [svc.request("submit", {"kind": "noop", "options": {"sleep_s": 0.01 * i}}, watcher)["data"]["jobs"][0]["job_id"]
-           for i in range(1, 6)]
+    ids = [
+        svc.request("submit", {"kind": "noop", "options": {"sleep_s": 0.01 * i}}, watcher)["data"]["jobs"][0]["job_id"]
+        for i in range(1, 6)
+    ]
     dest = tmp_path / "backup.db"
-    out = subprocess.run([sys.executable, "-m", "edge_queue", "backup", str(dest)], env=svc.env, capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "edge_queue", "backup", str(dest)],
+        env=svc.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     with sqlite3.connect(dest) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         assert {r[0] for r in conn.execute("SELECT job_id FROM jobs")} == set(ids)
-    again = subprocess.run([sys.executable, "-m", "edge_queue", "backup", str(dest)], env=svc.env,
-                           capture_output=True, text=True, timeout=60)
+    again = subprocess.run(
+        [sys.executable, "-m", "edge_queue", "backup", str(dest)],
+        env=svc.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert again.returncode == 1 and "exists" in again.stderr
 
 

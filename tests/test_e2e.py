@@ -80,16 +80,47 @@ def test_mosquitto_pub_bare_path(mosquitto, service_factory, speech: Path) -> No
     svc = service_factory(mosquitto, [speech]).start()
     watcher = svc.watcher("jobs/+", "response/submit")
     # The real mosquitto_pub binary, a bare path as payload
-    subprocess.run(["mosquitto_pub", "-h", mosquitto.host, "-p", str(mosquitto.port), "-q", "1",
-                    "-t", f"{svc.base}/request/submit", "-m", str(speech / "jfk.flac")], check=True, timeout=10)
+    subprocess.run(
+        [
+            "mosquitto_pub",
+            "-h",
+            mosquitto.host,
+            "-p",
+            str(mosquitto.port),
+            "-q",
+            "1",
+            "-t",
+            f"{svc.base}/request/submit",
+            "-m",
+            str(speech / "jfk.flac"),
+        ],
+        check=True,
+        timeout=10,
+    )
     resp = watcher.wait_json(f"{svc.base}/response/submit", lambda m: True)
     assert resp["status"] == "ok" and resp["transaction"] is None
     job_id = resp["data"]["jobs"][0]["job_id"]
     done = watcher.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] == "succeeded", timeout=120)
     assert done["kind"] == "transcribe"
     # mosquitto_sub, as a user would read the retained state
-    out = subprocess.run(["mosquitto_sub", "-h", mosquitto.host, "-p", str(mosquitto.port), "-C", "1",
-                          "-W", "10", "-t", f"{svc.base}/jobs/{job_id}"], capture_output=True, check=True, timeout=15)
+    out = subprocess.run(
+        [
+            "mosquitto_sub",
+            "-h",
+            mosquitto.host,
+            "-p",
+            str(mosquitto.port),
+            "-C",
+            "1",
+            "-W",
+            "10",
+            "-t",
+            f"{svc.base}/jobs/{job_id}",
+        ],
+        capture_output=True,
+        check=True,
+        timeout=15,
+    )
     assert json.loads(out.stdout)["state"] == "succeeded"
 
 
@@ -104,8 +135,11 @@ def test_bad_requests_get_one_error_each(broker, service_factory, speech: Path, 
         ("submit", {"kind": "paint", "input": str(speech / "jfk.flac")}, "unknown_kind"),
         ("submit", {"input": str(speech / "missing.flac")}, "input_not_found"),
         ("submit", {"input": str(outside)}, "input_outside_media_roots"),
-        ("submit", {"input": str(speech / ".." / ".." / "shared" / "media" / ".." / ".." / "etc" / "passwd")},
-         "input_outside_media_roots"),
+        (
+            "submit",
+            {"input": str(speech / ".." / ".." / "shared" / "media" / ".." / ".." / "etc" / "passwd")},
+            "input_outside_media_roots",
+        ),
         ("submit", {"input": str(speech / "jfk.flac"), "priority": "high"}, "invalid_request"),
         ("submit", {"input": str(speech / "jfk.flac"), "options": {"beam_size": 99}}, "invalid_request"),
         ("get", {"job_id": "nosuchjob"}, "not_found"),
@@ -126,8 +160,9 @@ def test_bad_requests_get_one_error_each(broker, service_factory, speech: Path, 
     bad = [m for m in watcher.json_on(f"{svc.base}/response/submit") if m["error"]["code"] == "invalid_request"]
     assert {m["error"]["field"] for m in bad} == {"priority", "options.beam_size"}
     # a mixed submit: the bad input is listed, the good one still runs
-    resp = svc.request("submit", {"kind": "probe", "inputs": [str(speech / "jfk.flac"), str(speech / "nope.wav")]},
-                       watcher)
+    resp = svc.request(
+        "submit", {"kind": "probe", "inputs": [str(speech / "jfk.flac"), str(speech / "nope.wav")]}, watcher
+    )
     assert resp["status"] == "ok"
     assert [r["code"] for r in resp["data"]["rejected"]] == ["input_not_found"]
     job_id = resp["data"]["jobs"][0]["job_id"]
@@ -186,7 +221,8 @@ def test_mqtt5_response_topic_and_correlation_data(mosquitto, service_factory, s
     got: list[tuple[str, bytes, bytes | None]] = []
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="v5-" + uuid.uuid4().hex[:8], protocol=mqtt.MQTTv5)
     client.on_message = lambda c, u, m: got.append(
-        (m.topic, bytes(m.payload), getattr(m.properties, "CorrelationData", None)))
+        (m.topic, bytes(m.payload), getattr(m.properties, "CorrelationData", None))
+    )
     client.connect(mosquitto.host, mosquitto.port)
     client.loop_start()
     my_topic = f"phones/{uuid.uuid4().hex[:8]}/answers"
@@ -226,16 +262,20 @@ def test_republish_and_worker_replaced_after_kill(broker, service_factory, speec
     assert "retrying" in states
     retrying = [m for m in watcher.json_on(topic) if m["state"] == "retrying"][0]
     assert retrying["error"]["code"] == "worker_lost"
-    wait_until(lambda: victim not in _children(svc.proc.pid) and len(_children(svc.proc.pid)) >= 2, 15,
-               "a replacement worker")
+    wait_until(
+        lambda: victim not in _children(svc.proc.pid) and len(_children(svc.proc.pid)) >= 2, 15, "a replacement worker"
+    )
     svc.request("cancel", {"job_id": job_id}, watcher)
     watcher.wait_json(topic, lambda m: m["state"] == "cancelled")
     # republish sends every retained topic again
     n_info = len(watcher.on(f"{svc.base}/info"))
     n_job = len(watcher.on(topic))
     assert svc.request("republish", {}, watcher)["status"] == "ok"
-    wait_until(lambda: len(watcher.on(f"{svc.base}/info")) > n_info and len(watcher.on(topic)) > n_job, 10,
-               "republished topics")
+    wait_until(
+        lambda: len(watcher.on(f"{svc.base}/info")) > n_info and len(watcher.on(topic)) > n_job,
+        10,
+        "republished topics",
+    )
 
 
 def _children(pid: int) -> list[int]:

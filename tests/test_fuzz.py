@@ -22,8 +22,25 @@ json_values = st.recursive(
     lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=10), children, max_size=5),
     max_leaves=20,
 )
-FIELDS = ["kind", "input", "inputs", "options", "priority", "idempotency_key", "max_attempts", "timeout_s",
-          "run_at", "job_id", "batch_id", "all", "state", "limit", "before", "older_than_s", "states"]
+FIELDS = [
+    "kind",
+    "input",
+    "inputs",
+    "options",
+    "priority",
+    "idempotency_key",
+    "max_attempts",
+    "timeout_s",
+    "run_at",
+    "job_id",
+    "batch_id",
+    "all",
+    "state",
+    "limit",
+    "before",
+    "older_than_s",
+    "states",
+]
 request_objects = st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=6)
 deep = st.integers(1, 3000).map(lambda n: "[" * n + "]" * n)
 payloads = st.one_of(

@@ -4,7 +4,6 @@ outputs beside the input, transcode and extract_audio read back, per-kind concur
 from __future__ import annotations
 
 import json
-import wave
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,7 @@ import pytest
 
 from edge_queue.config import Settings
 
-from .conftest import REFERENCE, SPEECH, need, wer, words
+from .conftest import REFERENCE, SPEECH, need, wer, words, write_wav
 
 
 def make_video(path: Path, seconds: int = 4, audio: bool = True, faststart: bool = False) -> Path:
@@ -33,22 +32,11 @@ def make_video(path: Path, seconds: int = 4, audio: bool = True, faststart: bool
             t = np.arange(seconds * 48000) / 48000
             tone = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
             for k in range(0, len(tone), 1024):
-                part = tone[k:k + 1024]
+                part = tone[k : k + 1024]
                 af = av.AudioFrame.from_ndarray(np.stack([part, part]), format="fltp", layout="stereo")
                 af.sample_rate, af.pts = 48000, k
                 out.mux(aus.encode(af))
             out.mux(aus.encode(None))
-    return path
-
-
-def write_wav(path: Path, audio: Any) -> Path:
-    import numpy as np
-
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16000)
-        w.writeframes((np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes())
     return path
 
 
@@ -88,9 +76,10 @@ def test_bad_media_gets_exact_codes_and_service_goes_on(mosquitto, service_facto
         resp = svc.request("submit", {"input": str(path)}, watcher)
         assert resp["status"] == "ok", (name, resp)
         ids[name] = resp["data"]["jobs"][0]["job_id"]
-    for name, (path, state, code) in corpus.items():
-        final = watcher.wait_json(f"{svc.base}/jobs/{ids[name]}", lambda m: m["state"] in ("succeeded", "failed"),
-                                  timeout=120)
+    for name, (_path, state, code) in corpus.items():
+        final = watcher.wait_json(
+            f"{svc.base}/jobs/{ids[name]}", lambda m: m["state"] in ("succeeded", "failed"), timeout=120
+        )
         assert final["state"] == state, (name, final)
         assert final["attempt"] == 1, (name, "not retried")
         if code:
@@ -181,8 +170,12 @@ def test_transcode_and_extract_audio_read_back(mosquitto, service_factory, tmp_p
     watcher = svc.watcher("response/#", "jobs/+")
 
     def run(kind: str, path: Path, options: dict[str, Any]) -> dict[str, Any]:
-        job_id = svc.request("submit", {"kind": kind, "input": str(path), "options": options}, watcher)["data"]["jobs"][0]["job_id"]
-        final = watcher.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] in ("succeeded", "failed"), timeout=120)
+        job_id = svc.request("submit", {"kind": kind, "input": str(path), "options": options}, watcher)["data"]["jobs"][
+            0
+        ]["job_id"]
+        final = watcher.wait_json(
+            f"{svc.base}/jobs/{job_id}", lambda m: m["state"] in ("succeeded", "failed"), timeout=120
+        )
         assert final["state"] == "succeeded", final
         return final["result"]
 
@@ -195,8 +188,12 @@ def test_transcode_and_extract_audio_read_back(mosquitto, service_factory, tmp_p
     assert codecs["video"]["codec"] == "h264" and codecs["audio"]["codec"] == "aac"
     assert codecs["video"]["height"] == 120 and codecs["video"]["width"] == 160
     assert probed["duration_s"] == pytest.approx(4.0, abs=0.2)
-    for fmt, codec, rate in (("wav", "pcm_s16le", 16000), ("flac", "flac", 44100), ("opus", "opus", 48000),
-                             ("mp3", "mp3", 44100)):
+    for fmt, codec, rate in (
+        ("wav", "pcm_s16le", 16000),
+        ("flac", "flac", 44100),
+        ("opus", "opus", 48000),
+        ("mp3", "mp3", 44100),
+    ):
         options: dict[str, Any] = {"format": fmt, "channels": 1}
         if fmt == "wav":
             options["sample_rate"] = 16000
@@ -206,8 +203,11 @@ def test_transcode_and_extract_audio_read_back(mosquitto, service_factory, tmp_p
         assert stream["codec"].startswith(codec) and stream["sample_rate"] == rate and stream["channels"] == 1
         assert back["duration_s"] == pytest.approx(11.0, abs=0.2)
     # bad options are refused at submit, naming the field
-    resp = svc.request("submit", {"kind": "extract_audio", "input": str(video), "options": {"format": "opus",
-                                                                                            "sample_rate": 44100}}, watcher)
+    resp = svc.request(
+        "submit",
+        {"kind": "extract_audio", "input": str(video), "options": {"format": "opus", "sample_rate": 44100}},
+        watcher,
+    )
     assert resp["error"]["code"] == "invalid_request" and resp["error"]["field"].startswith("options")
 
 
@@ -219,7 +219,9 @@ def test_probe_runs_beside_a_long_transcription(mosquitto, service_factory, long
     watcher.wait_json(f"{svc.base}/jobs/{long_id}", lambda m: m["stage"] == "transcribing", timeout=60)
     # a second transcription waits (max_concurrency 1), a probe does not
     second = svc.request("submit", {"input": str(speech / "jfk.flac")}, watcher)["data"]["jobs"][0]["job_id"]
-    probe = svc.request("submit", {"kind": "probe", "input": str(speech / "jfk.flac")}, watcher)["data"]["jobs"][0]["job_id"]
+    probe = svc.request("submit", {"kind": "probe", "input": str(speech / "jfk.flac")}, watcher)["data"]["jobs"][0][
+        "job_id"
+    ]
     watcher.wait_json(f"{svc.base}/jobs/{probe}", lambda m: m["state"] == "succeeded", timeout=30)
     assert watcher.json_on(f"{svc.base}/jobs/{long_id}")[-1]["state"] == "running"
     assert watcher.json_on(f"{svc.base}/jobs/{second}")[-1]["state"] == "queued"

@@ -26,17 +26,20 @@ def test_bare_path_json_string_and_array() -> None:
     assert isinstance(req, SubmitRequest) and req.inputs == ["/a", "/b"] and req.kind == "transcribe"
 
 
-@pytest.mark.parametrize(("command", "raw", "code", "field"), [
-    ("submit", b"{", ErrorCode.INVALID_JSON, None),
-    ("submit", b"\xff", ErrorCode.INVALID_JSON, None),
-    ("submit", b"x" * 2000, ErrorCode.PAYLOAD_TOO_LARGE, None),
-    ("nope", b"{}", ErrorCode.UNKNOWN_COMMAND, None),
-    ("submit", b'{"input": 5}', ErrorCode.INVALID_REQUEST, "input"),
-    ("submit", b'{"input": "/a", "colour": 1}', ErrorCode.INVALID_REQUEST, "colour"),
-    ("submit", b'{"input": "/a", "run_at": "tomorrow"}', ErrorCode.INVALID_REQUEST, "run_at"),
-    ("list", b'{"limit": 0}', ErrorCode.INVALID_REQUEST, "limit"),
-    ("get", b"[]", ErrorCode.INVALID_REQUEST, "(root)"),
-])
+@pytest.mark.parametrize(
+    ("command", "raw", "code", "field"),
+    [
+        ("submit", b"{", ErrorCode.INVALID_JSON, None),
+        ("submit", b"\xff", ErrorCode.INVALID_JSON, None),
+        ("submit", b"x" * 2000, ErrorCode.PAYLOAD_TOO_LARGE, None),
+        ("nope", b"{}", ErrorCode.UNKNOWN_COMMAND, None),
+        ("submit", b'{"input": 5}', ErrorCode.INVALID_REQUEST, "input"),
+        ("submit", b'{"input": "/a", "colour": 1}', ErrorCode.INVALID_REQUEST, "colour"),
+        ("submit", b'{"input": "/a", "run_at": "tomorrow"}', ErrorCode.INVALID_REQUEST, "run_at"),
+        ("list", b'{"limit": 0}', ErrorCode.INVALID_REQUEST, "limit"),
+        ("get", b"[]", ErrorCode.INVALID_REQUEST, "(root)"),
+    ],
+)
 def test_bad_requests_raise_with_code_and_field(command, raw, code, field) -> None:
     with pytest.raises(RequestError) as e:
         decode(command, raw)
@@ -87,7 +90,9 @@ def test_config_names_bad_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     for key in ("workers", "colour", "mqtt.port"):
         assert key in e.value.message
     good = tmp_path / "good.toml"
-    good.write_text('media_roots = ["/srv/media"]\n[mqtt]\nbase_topic = "home/eq"\n[kinds.probe]\nmax_concurrency = 4\n')
+    good.write_text(
+        'media_roots = ["/srv/media"]\n[mqtt]\nbase_topic = "home/eq"\n[kinds.probe]\nmax_concurrency = 4\n'
+    )
     monkeypatch.setenv("EDGE_QUEUE_MQTT__PORT", "1884")
     s = load_settings(good)
     assert s.mqtt.port == 1884 and s.mqtt.base_topic == "home/eq" and s.media_roots == [Path("/srv/media")]
@@ -112,18 +117,39 @@ def test_job_object_is_json(tmp_path: Path) -> None:
     _, (c,) = store.submit([JobSpec("noop", None, {})], 1.0)
     obj = job_object(c.job)
     assert obj["v"] == 1 and json.loads(json.dumps(obj)) == obj
-    assert set(obj) >= {"job_id", "seq", "state", "progress", "attempt", "max_attempts", "retry_at",
-                        "error", "result", "created_at", "updated_at"}
+    assert set(obj) >= {
+        "job_id",
+        "seq",
+        "state",
+        "progress",
+        "attempt",
+        "max_attempts",
+        "retry_at",
+        "error",
+        "result",
+        "created_at",
+        "updated_at",
+    }
 
 
 def test_unknown_environment_variables_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
     from edge_queue.config import unknown_environment
 
-    env = {"EDGE_QUEUE_MQTT__HOST": "x", "EDGE_QUEUE_WORKERS": "2", "EDGE_QUEUE_KINDS__PROBE__TIMEOUT_S": "3",
-           "EDGE_QUEUE_CONFIG": "/etc/x.toml", "EDGE_QUEUE_WORKER": "2", "EDGE_QUEUE_MQTT__HOTS": "x",
-           "EDGE_QUEUE_KINDS__PROBE__TIMEOUT": "3", "OTHER": "1"}
-    assert unknown_environment(env) == ["EDGE_QUEUE_KINDS__PROBE__TIMEOUT", "EDGE_QUEUE_MQTT__HOTS",
-                                        "EDGE_QUEUE_WORKER"]
+    env = {
+        "EDGE_QUEUE_MQTT__HOST": "x",
+        "EDGE_QUEUE_WORKERS": "2",
+        "EDGE_QUEUE_KINDS__PROBE__TIMEOUT_S": "3",
+        "EDGE_QUEUE_CONFIG": "/etc/x.toml",
+        "EDGE_QUEUE_WORKER": "2",
+        "EDGE_QUEUE_MQTT__HOTS": "x",
+        "EDGE_QUEUE_KINDS__PROBE__TIMEOUT": "3",
+        "OTHER": "1",
+    }
+    assert unknown_environment(env) == [
+        "EDGE_QUEUE_KINDS__PROBE__TIMEOUT",
+        "EDGE_QUEUE_MQTT__HOTS",
+        "EDGE_QUEUE_WORKER",
+    ]
     monkeypatch.setenv("EDGE_QUEUE_WORKER", "2")
     with pytest.raises(ConfigError) as e:
         load_settings()

@@ -35,8 +35,9 @@ def _alive(pid: int) -> bool:
 
 def _events(db: Path, job_id: str) -> list[tuple[str, str | None, str, int]]:
     with sqlite3.connect(db) as conn:
-        return conn.execute("SELECT at, from_state, to_state, attempt FROM job_events WHERE job_id = ? ORDER BY id",
-                            [job_id]).fetchall()
+        return conn.execute(
+            "SELECT at, from_state, to_state, attempt FROM job_events WHERE job_id = ? ORDER BY id", [job_id]
+        ).fetchall()
 
 
 @pytest.mark.usefixtures("model_installed")
@@ -73,8 +74,10 @@ def test_poison_job_ends_in_crash_loop_while_others_succeed(broker, service_fact
     svc = service_factory(broker, [speech]).start()
     watcher = svc.watcher("response/#", "jobs/+")
     poison = svc.request("submit", {"kind": "test_crash"}, watcher)["data"]["jobs"][0]["job_id"]
-    good = [svc.request("submit", {"kind": "noop", "options": {"sleep_s": 0.2 * i}}, watcher)["data"]["jobs"][0]["job_id"]
-            for i in range(1, 6)]
+    good = [
+        svc.request("submit", {"kind": "noop", "options": {"sleep_s": 0.2 * i}}, watcher)["data"]["jobs"][0]["job_id"]
+        for i in range(1, 6)
+    ]
     final = watcher.wait_json(f"{svc.base}/jobs/{poison}", lambda m: m["state"] == "failed", timeout=60)
     assert final["error"]["code"] == "crash_loop" and final["attempt"] == 3 and not final["error"]["retryable"]
     assert [m["state"] for m in watcher.json_on(f"{svc.base}/jobs/{poison}")].count("retrying") == 2
@@ -135,8 +138,11 @@ def test_timeout_ends_the_attempt_and_retries_with_backoff(broker, service_facto
     resp = svc.request("submit", {"kind": "test_fail", "options": {"code": "unsupported_media"}}, watcher)
     topic = f"{svc.base}/jobs/{resp['data']['jobs'][0]['job_id']}"
     final = watcher.wait_json(topic, lambda m: m["state"] == "failed", timeout=30)
-    assert final["attempt"] == 1 and final["error"] == {"code": "unsupported_media", "message": "failing on purpose",
-                                                        "retryable": False}
+    assert final["attempt"] == 1 and final["error"] == {
+        "code": "unsupported_media",
+        "message": "failing on purpose",
+        "retryable": False,
+    }
 
 
 def test_backoff_schedule_with_an_injected_clock(tmp_path: Path) -> None:
@@ -157,8 +163,9 @@ def test_backoff_schedule_with_an_injected_clock(tmp_path: Path) -> None:
     for attempt in (1, 2, 3):
         job = svc.store.claim(now[0], ["noop"], svc.run_id)
         assert job is not None and job["attempt"] == attempt
-        svc.on_outcome(Outcome("failed", job_id, attempt, {"code": "internal_error", "message": "x",
-                                                          "retryable": True}), now[0])
+        svc.on_outcome(
+            Outcome("failed", job_id, attempt, {"code": "internal_error", "message": "x", "retryable": True}), now[0]
+        )
         job = svc.store.get(job_id)
         assert job["state"] == "retrying"
         delay = parse_iso(job["retry_at"]) - now[0]
@@ -265,8 +272,10 @@ def test_pause_resume_retry_purge(broker, service_factory, speech: Path) -> None
 def test_recycles_worker_after_max_jobs(broker, service_factory, speech: Path) -> None:
     svc = service_factory(broker, [speech], {"EDGE_QUEUE_WORKERS": "1", "EDGE_QUEUE_MAX_JOBS_PER_WORKER": "2"}).start()
     watcher = svc.watcher("response/#", "jobs/+")
-    ids = [svc.request("submit", {"kind": "noop", "options": {"sleep_s": 0.01 * i}}, watcher)["data"]["jobs"][0]["job_id"]
-           for i in range(1, 5)]
+    ids = [
+        svc.request("submit", {"kind": "noop", "options": {"sleep_s": 0.01 * i}}, watcher)["data"]["jobs"][0]["job_id"]
+        for i in range(1, 5)
+    ]
     for job_id in ids:
         watcher.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] == "succeeded")
     wait_until(lambda: svc.log().count("recycled: 2 jobs done") == 2, 10, "two recycles")

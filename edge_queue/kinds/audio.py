@@ -88,8 +88,7 @@ def quietest_cut(audio: Any, start: int, sample_rate: int = SAMPLE_RATE) -> int:
     return start + int(np.argmin(energy)) * frame + frame // 2
 
 
-def chunks(blocks: Iterator[Any], chunk_s: float, search_s: float,
-           sample_rate: int = SAMPLE_RATE) -> Iterator[Chunk]:
+def chunks(blocks: Iterator[Any], chunk_s: float, search_s: float, sample_rate: int = SAMPLE_RATE) -> Iterator[Chunk]:
     """Cut a stream of audio blocks into chunks of at most ``chunk_s`` seconds, each cut at
     the quietest point of its last ``search_s`` seconds (a pause between words or sentences),
     so no word is split across two chunks when the speaker pauses at all."""

@@ -69,7 +69,8 @@ class OutputOptions(KindOptions):
     """Where a kind that writes files puts them."""
 
     output: Literal["data_dir", "beside"] = Field(
-        "data_dir", description="data_dir: <data_dir>/outputs/<job_id>/; beside: next to the input")
+        "data_dir", description="data_dir: <data_dir>/outputs/<job_id>/; beside: next to the input"
+    )
     overwrite: bool = Field(False, description="replace existing files (beside only); else output_exists")
 
 

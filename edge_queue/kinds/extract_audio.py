@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from .base import JobContext, Kind, OutputOptions, check_free, publish_file, temp_path
-from .media import container_duration_s, end_of_input, open_media, require_audio, truncated
+from .base import JobContext, Kind, OutputOptions, check_free, temp_path
+from .media import container_duration_s, end_of_input, finish_output, open_media, require_audio
 
 #: format -> (container format, encoder, file extension)
 FORMATS: dict[str, tuple[str, str, str]] = {
@@ -80,12 +80,15 @@ class ExtractAudio(Kind):
                         for out_frame in resampler.resample(frame):
                             out.mux(stream.encode(out_frame))
                     out.mux(stream.encode(None))
-            truncated(last, declared)
-            publish_file(tmp, target, overwrite=overwrite)
+            duration = finish_output(tmp, target, overwrite=overwrite, decoded_s=last, declared_s=declared)
         finally:
             tmp.unlink(missing_ok=True)
-        with open_media(str(target)) as check:
-            duration = container_duration_s(check)
-        return {"output": str(target), "format": options.format, "codec": codec, "sample_rate": rate,
-                "channels": channels, "duration_s": round(duration or 0.0, 3),
-                "size_bytes": target.stat().st_size}
+        return {
+            "output": str(target),
+            "format": options.format,
+            "codec": codec,
+            "sample_rate": rate,
+            "channels": channels,
+            "duration_s": duration,
+            "size_bytes": target.stat().st_size,
+        }

@@ -9,8 +9,8 @@ so the audio stream is looked up here first.
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ..errors import ErrorCode, MediaError
@@ -30,8 +30,9 @@ def open_media(path: str) -> Iterator[Any]:
     try:
         container = av.open(path)
     except (av.error.InvalidDataError, av.error.EOFError) as e:
-        raise MediaError(f"not a media file FFmpeg can read ({e.strerror or e})",
-                         code=ErrorCode.UNSUPPORTED_MEDIA) from e
+        raise MediaError(
+            f"not a media file FFmpeg can read ({e.strerror or e})", code=ErrorCode.UNSUPPORTED_MEDIA
+        ) from e
     except av.error.FFmpegError as e:
         raise MediaError(f"cannot open media ({e.strerror or e})", code=ErrorCode.DECODE_ERROR) from e
     try:
@@ -70,8 +71,18 @@ def truncated(decoded_s: float, declared_s: float | None) -> None:
     """Raise ``truncated_media`` when decoding stopped well short of the declared duration
     (below 90 % and more than 1 s short; 1 s covers the last frame's own length)."""
     if declared_s and decoded_s < 0.9 * declared_s and declared_s - decoded_s > 1.0:
-        raise MediaError(f"decoded {decoded_s:.1f} s of a declared {declared_s:.1f} s",
-                         code=ErrorCode.TRUNCATED_MEDIA)
+        raise MediaError(f"decoded {decoded_s:.1f} s of a declared {declared_s:.1f} s", code=ErrorCode.TRUNCATED_MEDIA)
+
+
+def finish_output(tmp: Any, target: Any, *, overwrite: bool, decoded_s: float, declared_s: float | None) -> float:
+    """Check the encode covered the input (:func:`truncated`), move ``tmp`` into place
+    atomically, and return the output's duration in seconds as read back from it."""
+    from .base import publish_file
+
+    truncated(decoded_s, declared_s)
+    publish_file(tmp, target, overwrite=overwrite)
+    with open_media(str(target)) as check:
+        return round(container_duration_s(check) or 0.0, 3)
 
 
 def require_audio(container: Any) -> Any:
@@ -101,13 +112,14 @@ def describe(path: str) -> dict[str, Any]:
                 "language": s.metadata.get("language"),
             }
             if s.type == "audio":
-                info.update(sample_rate=cc.sample_rate, channels=cc.channels,
-                            layout=cc.layout.name if cc.layout else None)
+                info.update(
+                    sample_rate=cc.sample_rate, channels=cc.channels, layout=cc.layout.name if cc.layout else None
+                )
             elif s.type == "video":
                 rate = s.average_rate or s.guessed_rate
-                info.update(width=cc.width, height=cc.height,
-                            fps=round(float(rate), 3) if rate else None,
-                            pix_fmt=cc.pix_fmt)
+                info.update(
+                    width=cc.width, height=cc.height, fps=round(float(rate), 3) if rate else None, pix_fmt=cc.pix_fmt
+                )
             streams.append(info)
         return {
             "container": c.format.name,

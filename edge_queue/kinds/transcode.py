@@ -9,15 +9,16 @@ from typing import Any, Literal
 from pydantic import Field
 
 from ..errors import ErrorCode, MediaError
-from .base import JobContext, Kind, OutputOptions, check_free, publish_file, temp_path
-from .media import container_duration_s, end_of_input, open_media, truncated
+from .base import JobContext, Kind, OutputOptions, check_free, temp_path
+from .media import container_duration_s, end_of_input, finish_output, open_media
 
 
 class TranscodeOptions(OutputOptions):
     max_height: int | None = Field(None, ge=64, le=4320, description="scale down to at most this many lines")
     crf: int = Field(23, ge=0, le=51, description="x264 constant rate factor: lower is better and bigger")
-    preset: Literal["ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow",
-                    "slower", "veryslow"] = "veryfast"
+    preset: Literal["ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow"] = (
+        "veryfast"
+    )
     audio_bit_rate: int = Field(128000, ge=32000, le=512000, description="AAC bits/s")
 
 
@@ -98,12 +99,15 @@ class Transcode(Kind):
                         out.mux(vs.encode(None))
                     if a_in is not None:
                         out.mux(aus.encode(None))
-            truncated(last, declared)
-            publish_file(tmp, target, overwrite=overwrite)
+            duration = finish_output(tmp, target, overwrite=overwrite, decoded_s=last, declared_s=declared)
         finally:
             tmp.unlink(missing_ok=True)
-        with open_media(str(target)) as check:
-            duration = container_duration_s(check)
-        return {"output": str(target), "duration_s": round(duration or 0.0, 3), "width": width,
-                "height": height, "video_codec": "h264" if v_in is not None else None,
-                "audio_codec": "aac" if a_in is not None else None, "size_bytes": target.stat().st_size}
+        return {
+            "output": str(target),
+            "duration_s": duration,
+            "width": width,
+            "height": height,
+            "video_codec": "h264" if v_in is not None else None,
+            "audio_codec": "aac" if a_in is not None else None,
+            "size_bytes": target.stat().st_size,
+        }

