@@ -76,7 +76,7 @@ def configure_client(client: mqtt.Client, s: MqttSettings) -> None:
         client.tls_insecure_set(s.tls.insecure)
 
 
-def _probe(s: MqttSettings, client_id: str, protocol: int, timeout_s: float) -> str | None:
+def _probe(s: MqttSettings, client_id: str, protocol: mqtt.MQTTProtocolVersion, timeout_s: float) -> str | None:
     """Connect once without a Last Will; the CONNACK reason, or None when none came."""
     answer: dict[str, str] = {}
     done = threading.Event()
@@ -131,10 +131,10 @@ class Bridge:
         self.settings = settings
         self.topics = topics
         self.client_id = client_id or settings.client_id
-        self.inbox: queue.SimpleQueue[Incoming | Connected] = queue.SimpleQueue()
+        self.inbox: queue.SimpleQueue[Incoming | Connected | RetainedJob] = queue.SimpleQueue()
         self.wake_r, self._wake_w = socket.socketpair()
         self.wake_r.setblocking(False)
-        self.protocol = mqtt.MQTTv311 if settings.protocol == "3.1.1" else mqtt.MQTTv5
+        self.protocol: mqtt.MQTTProtocolVersion = mqtt.MQTTv311 if settings.protocol == "3.1.1" else mqtt.MQTTv5
         self.connected = threading.Event()
         self._refused: str | None = None
         self._scanning = False

@@ -36,14 +36,14 @@ class RequestClient:
         self.messages: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
         self._connected = threading.Event()
         self._refused: str | None = None
-        protocol = settings.protocol
+        protocol: str = settings.protocol
         if protocol == "auto":
             protocol = detect_protocol(settings, self.client_id, timeout_s)
         self._client = self._connect(settings, mqtt.MQTTv311 if protocol == "3.1.1" else mqtt.MQTTv5, timeout_s)
         if self._refused:
             raise BrokerUnavailable(f"broker refused the connection: {self._refused}")
 
-    def _connect(self, s: MqttSettings, protocol: int, timeout_s: float) -> mqtt.Client:
+    def _connect(self, s: MqttSettings, protocol: mqtt.MQTTProtocolVersion, timeout_s: float) -> mqtt.Client:
         self._connected.clear()
         c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=protocol)
         configure_client(c, s)

@@ -118,12 +118,12 @@ class Store:
         if version == SCHEMA_VERSION:
             return
         with self._immediate():
-            self.db["batches"].create(
+            self.db.table("batches").create(
                 {"batch_id": str, "total": int, "created_at": str, "updated_at": str},
                 pk="batch_id",
                 if_not_exists=True,
             )
-            self.db["jobs"].create(
+            self.db.table("jobs").create(
                 {
                     "job_id": str,
                     "seq": int,
@@ -157,7 +157,7 @@ class Store:
                 foreign_keys=[("batch_id", "batches", "batch_id")],
                 if_not_exists=True,
             )
-            self.db["job_events"].create(
+            self.db.table("job_events").create(
                 {
                     "id": int,
                     "job_id": str,
@@ -170,14 +170,14 @@ class Store:
                 pk="id",
                 if_not_exists=True,
             )
-            self.db["idempotency_keys"].create(
+            self.db.table("idempotency_keys").create(
                 {"key": str, "batch_id": str, "job_ids": str, "created_at": str},
                 pk="key",
                 if_not_exists=True,
             )
-            self.db["job_events"].create_index(["job_id"], if_not_exists=True)
-            self.db["jobs"].create_index(["batch_id"], if_not_exists=True)
-            self.db["jobs"].create_index(["state", "priority", "created_at"], if_not_exists=True)
+            self.db.table("job_events").create_index(["job_id"], if_not_exists=True)
+            self.db.table("jobs").create_index(["batch_id"], if_not_exists=True)
+            self.db.table("jobs").create_index(["state", "priority", "created_at"], if_not_exists=True)
             # Partial index: dedupe looks only at active jobs, so it stays small at any size.
             self.conn.execute(
                 "CREATE INDEX IF NOT EXISTS jobs_active_dedupe ON jobs(dedupe_key) "
@@ -222,7 +222,8 @@ class Store:
         limit: int = 50,
     ) -> list[dict[str, Any]]:
         """Jobs newest first, filtered; ``before`` is a job id to page past (exclusive)."""
-        where, args = [], []
+        where: list[str] = []
+        args: list[Any] = []
         for col, val in (("state", state), ("kind", kind), ("batch_id", batch_id)):
             if val is not None:
                 where.append(f"{col} = ?")
@@ -342,7 +343,7 @@ class Store:
             at = iso(now)
             batch_id = new_id(now) if as_batch else None
             if batch_id:
-                self.db["batches"].insert(
+                self.db.table("batches").insert(
                     {"batch_id": batch_id, "total": len(specs), "created_at": at, "updated_at": at}
                 )
             out: list[Created] = []
@@ -357,8 +358,9 @@ class Store:
                     if found:
                         out.append(Created(self.get(found[0]), True))
                         continue
-                job = {
-                    "job_id": new_id(now),
+                job_id = new_id(now)
+                job: dict[str, Any] = {
+                    "job_id": job_id,
                     "seq": 1,
                     "kind": spec.kind,
                     "input": spec.input,
@@ -384,11 +386,11 @@ class Store:
                     "finished_at": None,
                     "updated_at": at,
                 }
-                self.db["jobs"].insert(job)
-                self._event(job["job_id"], at, None, JobState.QUEUED, 0, None)
+                self.db.table("jobs").insert(job)
+                self._event(job_id, at, None, JobState.QUEUED, 0, None)
                 out.append(Created(self._decode(dict(job)), False))
             if idempotency_key is not None:
-                self.db["idempotency_keys"].insert(
+                self.db.table("idempotency_keys").insert(
                     {
                         "key": idempotency_key,
                         "batch_id": batch_id,
@@ -401,7 +403,7 @@ class Store:
     def _event(
         self, job_id: str, at: str, src: JobState | None, dst: JobState, attempt: int, detail: dict[str, Any] | None
     ) -> None:
-        self.db["job_events"].insert(
+        self.db.table("job_events").insert(
             {
                 "job_id": job_id,
                 "at": at,
@@ -486,7 +488,7 @@ class Store:
                 elif key == "retry_at" and val is not None:
                     val = iso(val)
                 values[key] = val
-            self.db["jobs"].update(job_id, values)
+            self.db.table("jobs").update(job_id, values)
             self._event(job_id, at, src, dst, values.get("attempt", job["attempt"]), detail)
             return self.get(job_id)
 

@@ -213,7 +213,7 @@ class Supervisor:
             log.warning("worker %d: message for a job it does not run: %s", slot.index, op)
             return
         data = {k: v for k, v in msg.items() if k not in ("op", "job_id", "attempt", "rss_mb")}
-        out.append(Outcome(op, job["job_id"], job["attempt"], data))
+        out.append(Outcome(str(op), job["job_id"], job["attempt"], data))
         if op in ("done", "failed"):
             slot.job = slot.deadline = slot.cancel_deadline = None
             slot.jobs_done += 1

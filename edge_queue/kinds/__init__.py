@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from functools import partial
 from importlib.metadata import entry_points
 
 from .base import Kind, KindOptions
@@ -31,8 +32,10 @@ def registry(extra: Iterable[str] = ()) -> dict[str, type[Kind]]:
     points, then ``extra`` import paths (``"package.module:KindClass"``, the ``extra_kinds``
     setting). None can replace a built-in; a broken plug-in is logged and skipped."""
     kinds = dict(BUILTIN)
-    found = [(ep.name, ep.value, ep.load) for ep in entry_points(group=ENTRY_POINT_GROUP)]
-    found += [(None, ref, lambda ref=ref: _load(ref)) for ref in extra]
+    found: list[tuple[str | None, str, Callable[[], object]]] = [
+        (ep.name, ep.value, ep.load) for ep in entry_points(group=ENTRY_POINT_GROUP)
+    ]
+    found += [(None, ref, partial(_load, ref)) for ref in extra]
     for name, ref, load in found:
         try:
             cls = load()

@@ -64,10 +64,10 @@ class ExtractAudio(Kind):
                 channels = options.channels or min(a_in.channels or 2, 2)
                 layout = "mono" if channels == 1 else "stereo"
                 with av.open(str(tmp), "w", format=container_fmt) as out:
-                    stream = out.add_stream(codec, rate=rate, layout=layout)
+                    stream: Any = out.add_stream(codec, rate=rate, layout=layout)
                     if options.bit_rate and options.format in ("opus", "mp3"):
                         stream.bit_rate = options.bit_rate
-                    fmt = av.Codec(codec, "w").audio_formats[0].name
+                    fmt = (av.Codec(codec, "w").audio_formats or [av.AudioFormat("s16")])[0].name
                     resampler = av.AudioResampler(format=fmt, layout=layout, rate=rate)
                     ctx.progress(0, "extracting")
                     last = 0.0

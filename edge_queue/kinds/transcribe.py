@@ -22,7 +22,8 @@ from .media import container_duration_s, open_media, require_audio
 _MODELS: dict[tuple[str, str, int], Any] = {}
 
 TEXT_SUMMARY_CHARS = 4000
-FORMATS = ("txt", "srt", "vtt", "json")
+Format = Literal["txt", "srt", "vtt", "json"]
+FORMATS: tuple[Format, ...] = ("txt", "srt", "vtt", "json")
 #: Characters of the previous chunk's text given as the prompt of the next chunk.
 PROMPT_CHARS = 400
 
