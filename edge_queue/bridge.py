@@ -18,7 +18,10 @@ import queue
 import socket
 import ssl
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -138,6 +141,7 @@ class Bridge:
         self.connected = threading.Event()
         self._refused: str | None = None
         self._scanning = False
+        self._held: list[Callable[[], object]] | None = None
         self._client = self._make_client()
 
     @property
@@ -268,21 +272,42 @@ class Bridge:
         except (BlockingIOError, OSError):
             pass
 
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Hold every publish, response and PUBACK made inside; send them, in order, when the
+        block exits normally (after the store's group commit), drop them on an exception."""
+        if self._held is not None:
+            yield
+            return
+        self._held = []
+        try:
+            yield
+            for action in self._held:
+                action()
+        finally:
+            self._held = None
+
+    def _do(self, action: Callable[[], object]) -> None:
+        if self._held is None:
+            action()
+        else:
+            self._held.append(action)
+
     def publish(self, topic: str, payload: bytes | str, *, retain: bool = False) -> None:
         """Publish at QoS 1. paho queues it while the broker is away (no limit is set)."""
-        self._client.publish(topic, payload, qos=1, retain=retain)
+        self._do(partial(self._client.publish, topic, payload, qos=1, retain=retain))
 
     def respond(self, topic: str, payload: bytes, *, correlation_data: bytes | None = None) -> None:
         props = None
         if correlation_data is not None and self.protocol == mqtt.MQTTv5:
             props = Properties(PacketTypes.PUBLISH)
             props.CorrelationData = correlation_data
-        self._client.publish(topic, payload, qos=1, retain=False, properties=props)
+        self._do(partial(self._client.publish, topic, payload, qos=1, retain=False, properties=props))
 
     def ack(self, msg: Incoming) -> None:
         """Send the PUBACK of a QoS 1 request: call only once its effects are committed."""
         if msg.qos > 0:
-            self._client.ack(msg.mid, msg.qos)
+            self._do(partial(self._client.ack, msg.mid, msg.qos))
 
     def close(self, *, offline: bool = True, timeout_s: float = 5.0) -> None:
         """Publish ``offline`` (retained), wait for it to be sent, then disconnect."""

@@ -11,6 +11,7 @@ This module is the one place where the outcome of an attempt becomes a job state
 from __future__ import annotations
 
 import logging
+import queue
 import random
 import signal
 import socket
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 PROGRESS_PUBLISH_INTERVAL_S = 1.0
 #: At most one ``<base>/queue`` publish per this many seconds.
 QUEUE_PUBLISH_INTERVAL_S = 1.0
+#: At most one ``<base>/batches/<id>`` publish per batch per this many seconds.
+BATCH_PUBLISH_INTERVAL_S = 0.5
 #: After each connect, retained job topics are read this long to clear unknown ones.
 RETAINED_SCAN_S = 3.0
 #: After clearing a retained request, empty messages on its topic are echoes for this long.
@@ -106,6 +109,8 @@ class Service:
         self._published_stage: dict[str, str | None] = {}
         self._queue_dirty = True
         self._last_queue_pub = 0.0
+        self._dirty_batches: set[str] = set()
+        self._last_batch_pub: dict[str, float] = {}
         self._echoes: dict[str, float] = {}  # topic -> monotonic end of its echo window
         self._scan_retained_until: float | None = None
         self._next_retention = 0.0
@@ -205,24 +210,30 @@ class Service:
         self.tick(self.clock())
 
     def tick(self, now: float) -> None:
-        """Act on everything pending at ``now``: messages, worker outcomes, due jobs, publishes."""
-        while True:
-            try:
-                item = self.bridge.inbox.get_nowait()
-            except Exception:
-                break
-            if isinstance(item, Connected):
-                self.republish()
-                self._scan_retained_until = self.clock() + RETAINED_SCAN_S
-            elif isinstance(item, RetainedJob):
-                self.on_retained_job(item)
-            else:
-                self.on_message(item)
-        for outcome in self.supervisor.poll():
-            self.on_outcome(outcome, self.clock())
-        self.schedule(self.clock())
-        self.flush(self.clock())
-        self.housekeeping(self.clock())
+        """Act on everything pending at ``now``: messages, worker outcomes, due jobs, publishes.
+
+        All of it is one group commit (one fsync), and nothing it publishes, answers or
+        acknowledges leaves before that commit.
+        """
+        store = self._store()
+        with self.bridge.held(), store.group():
+            while True:
+                try:
+                    item = self.bridge.inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(item, Connected):
+                    self.republish()
+                    self._scan_retained_until = self.clock() + RETAINED_SCAN_S
+                elif isinstance(item, RetainedJob):
+                    self.on_retained_job(item)
+                else:
+                    self.on_message(item)
+            for outcome in self.supervisor.poll():
+                self.on_outcome(outcome, self.clock())
+            self.schedule(self.clock())
+            self.flush(self.clock())
+            self.housekeeping(self.clock())
 
     def housekeeping(self, now: float) -> None:
         """End the start-up scan of retained job topics; purge jobs past ``retention_days``."""
@@ -263,8 +274,8 @@ class Service:
         waits = [cap]
         if (d := self.supervisor.next_deadline()) is not None:
             waits.append(d)
-        if self._pending_progress:
-            waits.append(PROGRESS_PUBLISH_INTERVAL_S / 4)
+        if self._pending_progress or self._dirty_batches:
+            waits.append(BATCH_PUBLISH_INTERVAL_S / 2)
         if (due := self._store().next_due()) is not None:
             waits.append(max(0.0, due - self.clock()))
         return max(0.0, min(waits))
@@ -453,7 +464,7 @@ class Service:
             event = "end" if is_terminal(job["state"]) else "update"
         self.bridge.publish(self.topics.events, payloads.encode({"v": 1, "type": event, "job": obj}))
         if job.get("batch_id"):
-            self.publish_batch(job["batch_id"])
+            self._dirty_batches.add(job["batch_id"])
         self._queue_dirty = True
 
     def publish_batch(self, batch_id: str) -> None:
@@ -477,6 +488,11 @@ class Service:
         for job_id in list(self._pending_progress):
             if now - self._last_progress_pub.get(job_id, 0) >= PROGRESS_PUBLISH_INTERVAL_S:
                 self._flush_progress(job_id, now)
+        for batch_id in list(self._dirty_batches):
+            if now - self._last_batch_pub.get(batch_id, 0) >= BATCH_PUBLISH_INTERVAL_S:
+                self._dirty_batches.discard(batch_id)
+                self._last_batch_pub[batch_id] = now
+                self.publish_batch(batch_id)
         if self._queue_dirty and now - self._last_queue_pub >= QUEUE_PUBLISH_INTERVAL_S:
             self.publish_queue(now)
 

@@ -102,6 +102,7 @@ class Store:
         conn.execute("PRAGMA busy_timeout=5000")
         conn.execute("PRAGMA foreign_keys=ON")
         self.conn = conn
+        self._group_depth = 0
         self.db = sqlite_utils.Database(conn)
         self.migrate()
 
@@ -177,7 +178,8 @@ class Store:
             )
             self.db.table("job_events").create_index(["job_id"], if_not_exists=True)
             self.db.table("jobs").create_index(["batch_id"], if_not_exists=True)
-            self.db.table("jobs").create_index(["state", "priority", "created_at"], if_not_exists=True)
+            # The claim order; sqlite-utils cannot declare a DESC column.
+            self.conn.execute("CREATE INDEX IF NOT EXISTS jobs_claim ON jobs(state, priority DESC, created_at, job_id)")
             # Partial index: dedupe looks only at active jobs, so it stays small at any size.
             self.conn.execute(
                 "CREATE INDEX IF NOT EXISTS jobs_active_dedupe ON jobs(dedupe_key) "
@@ -187,13 +189,49 @@ class Store:
 
     @contextmanager
     def _immediate(self) -> Iterator[None]:
-        """One write transaction that takes the write lock at once (``BEGIN IMMEDIATE``)."""
+        """One write transaction that takes the write lock at once (``BEGIN IMMEDIATE``);
+        inside :meth:`group`, a savepoint, so a failed operation undoes only itself."""
+        if self._group_depth:
+            name = f"op{self._group_depth}"
+            self._group_depth += 1
+            self.conn.execute(f"SAVEPOINT {name}")
+            try:
+                yield
+            except BaseException:
+                self.conn.execute(f"ROLLBACK TO {name}")
+                self.conn.execute(f"RELEASE {name}")
+                raise
+            finally:
+                self._group_depth -= 1
+            self.conn.execute(f"RELEASE {name}")
+            return
         self.conn.execute("BEGIN IMMEDIATE")
         try:
             yield
         except BaseException:
             self.conn.execute("ROLLBACK")
             raise
+        self.conn.execute("COMMIT")
+
+    @contextmanager
+    def group(self) -> Iterator[None]:
+        """Group commit: every write inside is one transaction, one fsync at the end.
+
+        The caller must not make any of the writes visible (responses, PUBACKs, state
+        publishes) before the block has exited without an exception.
+        """
+        if self._group_depth:
+            yield
+            return
+        self.conn.execute("BEGIN IMMEDIATE")
+        self._group_depth = 1
+        try:
+            yield
+        except BaseException:
+            self._group_depth = 0
+            self.conn.execute("ROLLBACK")
+            raise
+        self._group_depth = 0
         self.conn.execute("COMMIT")
 
     # -- reading ------------------------------------------------------------------------
@@ -347,6 +385,7 @@ class Store:
                     {"batch_id": batch_id, "total": len(specs), "created_at": at, "updated_at": at}
                 )
             out: list[Created] = []
+            new_jobs: list[dict[str, Any]] = []
             for spec in specs:
                 key = dedupe_key(spec.kind, spec.input, spec.options)
                 if idempotency_key is None and not as_batch:
@@ -386,9 +425,21 @@ class Store:
                     "finished_at": None,
                     "updated_at": at,
                 }
-                self.db.table("jobs").insert(job)
-                self._event(job_id, at, None, JobState.QUEUED, 0, None)
+                new_jobs.append(job)
                 out.append(Created(self._decode(dict(job)), False))
+            # One insert_all per table: a batch of 100 costs one statement preparation.
+            self.db.table("jobs").insert_all(new_jobs)
+            self.db.table("job_events").insert_all(
+                {
+                    "job_id": j["job_id"],
+                    "at": at,
+                    "from_state": None,
+                    "to_state": JobState.QUEUED.value,
+                    "attempt": 0,
+                    "detail": None,
+                }
+                for j in new_jobs
+            )
             if idempotency_key is not None:
                 self.db.table("idempotency_keys").insert(
                     {
@@ -427,13 +478,19 @@ class Store:
         at = iso(now)
         marks = ",".join("?" * len(kinds))
         with self._immediate():
-            row = self.conn.execute(
-                f"SELECT job_id, state FROM jobs WHERE kind IN ({marks}) AND ("
-                "(state = 'queued' AND (run_at IS NULL OR run_at <= ?)) OR "
-                "(state = 'retrying' AND retry_at <= ?)) "
-                "ORDER BY priority DESC, created_at, job_id LIMIT 1",
-                [*kinds, at, at],
-            ).fetchone()
+            # One query per state, each walking the claim index in priority order; the
+            # better head of the two wins.
+            heads = [
+                self.conn.execute(
+                    f"SELECT job_id, state, priority, created_at FROM jobs INDEXED BY jobs_claim "
+                    f"WHERE state = ? AND kind IN ({marks}) AND {due} "
+                    "ORDER BY priority DESC, created_at, job_id LIMIT 1",
+                    [state, *kinds, at],
+                ).fetchone()
+                for state, due in (("queued", "coalesce(run_at, '') <= ?"), ("retrying", "retry_at <= ?"))
+            ]
+            found = [h for h in heads if h is not None]
+            row = min(found, key=lambda h: (-h[2], h[3], h[0]))[:2] if found else None
             if row is None:
                 return None
             job_id, src = row

@@ -1,7 +1,8 @@
 """Docs contract: everything a user can name is documented (sqlite-utils' ``test_docs.py``).
 
 Every request command and its fields, every topic, error code, job state, job and batch field,
-configuration key and command-line command and option must appear in ``docs/``; every
+configuration key, built-in job kind and its options, and command-line command and option
+must appear in ``docs/``; ``docs/operations.md`` and ``docs/home-assistant.md`` exist; every
 configuration key must appear in ``config/edge-queue.example.toml``, with its default. The
 lists come from the real modules, so a new name without documentation fails here.
 """
@@ -21,6 +22,7 @@ from pydantic import BaseModel
 from edge_queue import cli, payloads
 from edge_queue.config import Settings, load_settings
 from edge_queue.errors import NON_RETRYABLE, ErrorCode
+from edge_queue.kinds import BUILTIN
 from edge_queue.states import TERMINAL, TRANSITIONS, JobState
 from edge_queue.topics import COMMANDS, Topics
 
@@ -48,8 +50,11 @@ def all_docs() -> str:
 
 def table_rows(text: str) -> list[list[str]]:
     """The cells of every Markdown table row (header and separator rows included)."""
-    return [[c.strip() for c in line.strip().strip("|").split("|")]
-            for line in text.splitlines() if line.lstrip().startswith("|")]
+    return [
+        [c.strip() for c in line.strip().strip("|").split("|")]
+        for line in text.splitlines()
+        if line.lstrip().startswith("|")
+    ]
 
 
 def row_for(text: str, name: str) -> list[str] | None:
@@ -68,9 +73,14 @@ def section(text: str, heading: re.Pattern[str]) -> str:
         m = re.match(r"^(#+)\s", line)
         if m and heading.search(line):
             level = len(m.group(1))
-            end = next((j for j in range(i + 1, len(lines))
-                        if (n := re.match(r"^(#+)\s", lines[j])) and len(n.group(1)) <= level),
-                       len(lines))
+            end = next(
+                (
+                    j
+                    for j in range(i + 1, len(lines))
+                    if (n := re.match(r"^(#+)\s", lines[j])) and len(n.group(1)) <= level
+                ),
+                len(lines),
+            )
             return "\n".join(lines[i:end])
     raise AssertionError(f"no heading matching {heading.pattern!r}")
 
@@ -107,17 +117,18 @@ def example_lines(uncomment: bool) -> str:
     text = EXAMPLE_TOML.read_text(encoding="utf-8")
     if not uncomment:
         return text
-    return "\n".join(m.group(1) if (m := COMMENTED_KEY.match(line)) else line
-                     for line in text.splitlines())
+    return "\n".join(m.group(1) if (m := COMMENTED_KEY.match(line)) else line for line in text.splitlines())
 
 
 def flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """``{"mqtt": {"tls": {"enabled": False}}}`` -> ``{"mqtt.tls.enabled": False}``; the
-    tables under ``kinds`` become ``kinds.<name>.<key>``."""
+    tables under ``kinds`` become ``kinds.<name>.<key>``. A key whose value is itself a
+    table (``transcribe.models``) stays one key."""
     out: dict[str, Any] = {}
+    leaves = set(config_keys())
     for key, value in table.items():
         dotted = prefix + key
-        if isinstance(value, dict):
+        if isinstance(value, dict) and dotted not in leaves:
             if dotted == "kinds":
                 for kind_name, kind_table in value.items():
                     for k, v in kind_table.items():
@@ -220,8 +231,7 @@ def documented_topics() -> list[str]:
         if isinstance(member, property):
             found.append(getattr(t, name))
         elif callable(member):
-            assert name in _TOPIC_METHODS, (
-                f"Topics.{name} is new: document its topic in docs/topics.md and map it here")
+            assert name in _TOPIC_METHODS, f"Topics.{name} is new: document its topic in docs/topics.md and map it here"
             found.extend(_TOPIC_METHODS[name](t))
     return found
 
@@ -375,7 +385,65 @@ def test_cli_command_documented(name: str) -> None:
                 assert opt in own, f"option {opt} of edge-queue {name} is not documented"
 
 
+def test_new_cli_commands_documented() -> None:
+    # doctor and backup exist and have their own section (with --skip-model for doctor)
+    names = [n for n, _ in cli_commands()]
+    assert "doctor" in names and "backup" in names
+    text = read("cli.md")
+    assert "--skip-model" in section(text, re.compile(r"^##\s+`edge-queue doctor`"))
+    assert "DEST" in section(text, re.compile(r"^##\s+`edge-queue backup`"))
+
+
+@pytest.mark.parametrize("name", [n for n, _ in cli_commands()])
+def test_cli_command_in_overview(name: str) -> None:
+    # every command is in the table at the top of cli.md
+    assert row_for(read("cli.md"), f"edge-queue {name}") is not None, f"edge-queue {name} is not in the table"
+
+
 def test_exit_codes_documented() -> None:
     text = section(read("cli.md"), re.compile(r"^##\s+Exit codes"))
     for code in (0, cli.EXIT_FAILED, cli.EXIT_USAGE, cli.EXIT_NO_BROKER):
         assert f"| {code} |" in text, f"exit code {code} is not documented"
+
+
+# -- job kinds --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", sorted(BUILTIN))
+def test_kind_documented_with_options(kind: str) -> None:
+    # Every built-in kind has its own section in topics.md that names each of its options
+    own = section(read("topics.md"), re.compile(rf"^###\s+`{re.escape(kind)}`"))
+    for option in BUILTIN[kind].Options.model_fields:
+        assert f"`{option}`" in own, f"option {option!r} of kind {kind} is not documented"
+
+
+@pytest.mark.parametrize("kind", sorted(BUILTIN))
+def test_kind_in_readme_table(kind: str) -> None:
+    assert row_for((ROOT / "README.md").read_text(encoding="utf-8"), kind) is not None, kind
+
+
+# -- operations and Home Assistant ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("page", "needles"),
+    [
+        ("operations.md", ["edge-queue backup", "journalctl", "edge-queue doctor", "ReadWritePaths"]),
+        ("home-assistant.md", ["<base>/events", "<base>/status", "<base>/queue", "mqtt.publish"]),
+    ],
+)
+def test_guide_pages(page: str, needles: list[str]) -> None:
+    assert (DOCS / page).is_file(), f"docs/{page} is missing"
+    text = read(page)
+    for needle in needles:
+        assert needle in text, f"docs/{page} does not mention {needle}"
+
+
+def test_home_assistant_yaml_is_valid() -> None:
+    # Every YAML block of the Home Assistant page parses (HA's !secret etc. are not used)
+    import yaml
+
+    blocks = re.findall(r"```yaml\n(.*?)```", read("home-assistant.md"), re.S)
+    assert blocks
+    for block in blocks:
+        yaml.safe_load(block)
