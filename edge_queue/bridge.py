@@ -18,6 +18,7 @@ import queue
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -113,12 +114,19 @@ def detect_protocol(s: MqttSettings, client_id: str, timeout_s: float) -> str:
     closes the connection without a CONNACK; then MQTT 3.1.1 is tried. Raises
     :class:`BrokerUnavailable` when neither gets an answer within ``timeout_s`` seconds.
     """
-    reason = _probe(s, client_id, mqtt.MQTTv5, min(timeout_s, 5.0))
-    if reason is not None and reason != "Unsupported protocol version":
-        return "5"
-    if _probe(s, client_id, mqtt.MQTTv311, timeout_s) is not None:
-        return "3.1.1"
-    raise BrokerUnavailable(f"no MQTT broker answered at {s.host}:{s.port} within {timeout_s} s")
+    deadline = time.monotonic() + timeout_s
+    last: BrokerUnavailable | None = None
+    while time.monotonic() < deadline:  # the broker may still be starting (boot order)
+        try:
+            reason = _probe(s, client_id, mqtt.MQTTv5, min(5.0, max(deadline - time.monotonic(), 0.5)))
+            if reason is not None and reason != "Unsupported protocol version":
+                return "5"
+            if _probe(s, client_id, mqtt.MQTTv311, max(deadline - time.monotonic(), 0.5)) is not None:
+                return "3.1.1"
+        except BrokerUnavailable as e:
+            last = e
+            time.sleep(min(1.0, max(deadline - time.monotonic(), 0)))
+    raise last or BrokerUnavailable(f"no MQTT broker answered at {s.host}:{s.port} within {timeout_s} s")
 
 
 class Bridge:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -17,6 +18,7 @@ import typer
 
 from .config import Settings, load_settings
 from .errors import BrokerUnavailable, ConfigError
+from .states import JobState
 
 app = typer.Typer(
     add_completion=False,
@@ -142,6 +144,9 @@ def up(config: ConfigOpt = None, media_root: MediaRootOpt = None) -> None:
     settings = _settings(config, media_root)
     mode, host, port = settings.broker.embedded, settings.mqtt.host, settings.mqtt.port
     embedded = None
+    if mode == "true" and port_open(host, port):
+        typer.echo(f"edge-queue: {host}:{port} is in use; cannot start the embedded broker there", err=True)
+        raise typer.Exit(EXIT_NO_BROKER)
     if mode == "true" or (mode == "auto" and not port_open(host, port)):
         embedded = BrokerThread(_broker_config(settings))
         try:
@@ -187,7 +192,7 @@ def submit(
     ] = None,
     priority: Annotated[int, typer.Option(help="higher runs first, -100..100")] = 0,
     wait: Annotated[bool, typer.Option("--wait", "-w", help="show progress until every job ends")] = False,
-    timeout: Annotated[float, typer.Option(help="seconds to wait with --wait")] = 24 * 3600,
+    timeout: Annotated[float, typer.Option(min=1, help="seconds to wait with --wait")] = 24 * 3600,
     config: ConfigOpt = None,
 ) -> None:
     """Submit FILE... as jobs; with --wait, exit 0 only if every job succeeded."""
@@ -277,9 +282,9 @@ def _wait(client: Any, job_ids: list[str], timeout: float) -> bool:
 
 @app.command()
 def jobs(
-    state: Annotated[str | None, typer.Option(help="only jobs in this state")] = None,
+    state: Annotated[JobState | None, typer.Option(help="only jobs in this state")] = None,
     kind: Annotated[str | None, typer.Option(help="only jobs of this kind")] = None,
-    limit: Annotated[int, typer.Option(help="at most this many, newest first")] = 20,
+    limit: Annotated[int, typer.Option(min=1, max=500, help="at most this many, newest first")] = 20,
     config: ConfigOpt = None,
 ) -> None:
     """List jobs, newest first."""
@@ -289,7 +294,7 @@ def jobs(
     settings = _settings(config)
     body: dict[str, Any] = {"limit": limit}
     if state:
-        body["state"] = state
+        body["state"] = state.value
     if kind:
         body["kind"] = kind
     data = _request(settings, "list", body)
@@ -355,14 +360,14 @@ def backup(dest: Annotated[Path, typer.Argument(help="new file for the copy")], 
     if not settings.db_path.exists():
         typer.echo(f"edge-queue: no database at {settings.db_path}", err=True)
         raise typer.Exit(EXIT_FAILED)
-    store = Store(settings.db_path, settings.durability)
     try:
-        store.backup(dest)
+        Store.backup(settings.db_path, dest)
     except FileExistsError as e:
         typer.echo(f"edge-queue: {e}; choose a new file", err=True)
         raise typer.Exit(EXIT_FAILED) from e
-    finally:
-        store.close()
+    except (OSError, sqlite3.Error) as e:
+        typer.echo(f"edge-queue: backup failed: {e}", err=True)
+        raise typer.Exit(EXIT_FAILED) from e
     typer.echo(f"backed up {settings.db_path} to {dest}")
 
 
@@ -371,8 +376,11 @@ def config_check(
     file: Annotated[Path | None, typer.Argument(envvar="EDGE_QUEUE_CONFIG", help="TOML file to check")] = None,
 ) -> None:
     """Validate a configuration file (and the environment); name every invalid key."""
+    from .service import checked_kinds
+
     try:
         settings = load_settings(file)
+        checked_kinds(settings)
     except ConfigError as e:
         typer.echo(e.message, err=True)
         raise typer.Exit(EXIT_USAGE) from e

@@ -44,7 +44,11 @@ def check_input(raw: str, media_roots: list[Path]) -> str:
     if not any(resolved == r or resolved.is_relative_to(r) for r in roots):
         raise InputError(f"{raw[:200]} is outside media_roots", code=ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS, field="input")
     if not resolved.is_file():
-        raise InputError(f"{raw[:200]} does not exist or is not a file", code=ErrorCode.INPUT_NOT_FOUND, field="input")
+        raise InputError(
+            f"{raw[:200]} does not exist, is not a file, or is not readable by the service",
+            code=ErrorCode.INPUT_NOT_FOUND,
+            field="input",
+        )
     return str(resolved)
 
 

@@ -23,8 +23,9 @@ def broker_config(
 ) -> dict[str, Any]:
     """The amqtt configuration for one TCP listener on ``host:port``.
 
-    Anonymous clients are allowed unless ``password_file`` (amqtt's ``user:sha512-crypt``
-    format) is given; ``acl`` maps user names to the topic filters they may publish to.
+    Anonymous clients are allowed unless ``password_file`` (amqtt 0.12's ``user:hash`` lines,
+    argon2 or bcrypt hashes made with pwdlib) is given; ``acl`` maps user names to the topic
+    filters they may publish to.
     """
     plugins: dict[str, Any] = {}
     if password_file is None:

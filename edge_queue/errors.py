@@ -28,6 +28,7 @@ class ErrorCode(StrEnum):
     TRUNCATED_MEDIA = "truncated_media"
     DECODE_ERROR = "decode_error"
     OUTPUT_EXISTS = "output_exists"
+    OUTPUT_NOT_WRITABLE = "output_not_writable"
     TIMEOUT = "timeout"
     WORKER_LOST = "worker_lost"
     CRASH_LOOP = "crash_loop"
@@ -47,6 +48,7 @@ NON_RETRYABLE: frozenset[ErrorCode] = frozenset(
         ErrorCode.TRUNCATED_MEDIA,
         ErrorCode.DECODE_ERROR,
         ErrorCode.OUTPUT_EXISTS,
+        ErrorCode.OUTPUT_NOT_WRITABLE,
         ErrorCode.CANCELLED,
         ErrorCode.CRASH_LOOP,
     }

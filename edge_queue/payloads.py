@@ -134,6 +134,17 @@ def peek_envelope(raw: bytes) -> tuple[JsonValue, str | None]:
     return data.get("transaction"), reply_to if isinstance(reply_to, str) else None
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"number {text[:32]} is out of range")
+    return value
+
+
 def decode_request(command: str, raw: bytes, *, max_bytes: int, default_kind: str) -> _Request:
     """Decode the payload of ``<base>/request/<command>`` into its request model.
 
@@ -159,7 +170,7 @@ def decode_request(command: str, raw: bytes, *, max_bytes: int, default_kind: st
     if not stripped and command in ("pause", "resume", "republish"):
         return EmptyRequest()
     try:
-        data = json.loads(stripped)
+        data = json.loads(stripped, parse_constant=_no_constant, parse_float=_finite)
     except ValueError as e:
         raise RequestError(f"payload is not valid JSON: {e}", code=ErrorCode.INVALID_JSON) from e
     except RecursionError as e:

@@ -18,6 +18,7 @@ import socket
 import time
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
 
 from . import payloads
@@ -55,6 +56,33 @@ def package_version() -> str:
         return "0+unknown"
 
 
+def checked_kinds(settings: Settings) -> dict[str, Any]:
+    """The kind registry for ``settings``. Raises :class:`ConfigError` when ``default_kind``
+    or a ``[kinds.<name>]`` table names a kind that does not exist."""
+    kinds = registry(settings.extra_kinds)
+    unknown = sorted({settings.default_kind, *settings.kinds} - set(kinds))
+    if unknown:
+        raise ConfigError(
+            f"unknown job kind(s) in the configuration: {', '.join(unknown)} (known: {', '.join(sorted(kinds))})"
+        )
+    return kinds
+
+
+def lock_data_dir(data_dir: Path) -> Any:
+    """Take ``<data_dir>/edge-queue.lock`` (``flock``, released when the process ends, even by
+    kill -9). Raises :class:`ConfigError` when another service holds it: two services on one
+    store would each take the other's running jobs for orphans."""
+    import fcntl
+
+    fh = open(data_dir / "edge-queue.lock", "a+")  # noqa: SIM115 - held for the process's life
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as e:
+        fh.close()
+        raise ConfigError(f"another edge-queue service is using {data_dir} (it holds edge-queue.lock)") from e
+    return fh
+
+
 def backoff_s(attempt: int, base_s: float, cap_s: float, rng: Callable[[], float] = random.random) -> float:
     """Delay before the next attempt, in seconds: "full jitter" (AWS Architecture Blog,
     "Exponential Backoff And Jitter", 2015): uniform in ``[0, min(cap, base * 2**(attempt-1))]``.
@@ -85,13 +113,7 @@ class Service:
         self.clock = clock
         self.rng = rng
         self.topics = Topics(settings.mqtt.base_topic)
-        self.kinds = registry(settings.extra_kinds)
-        unknown = sorted({settings.default_kind, *settings.kinds} - set(self.kinds))
-        if unknown:
-            raise ConfigError(
-                f"unknown job kind(s) in the configuration: {', '.join(unknown)} "
-                f"(known: {', '.join(sorted(self.kinds))})"
-            )
+        self.kinds = checked_kinds(settings)
         self.run_id = new_id()
         self.started_at = iso(clock())
         self.paused = False
@@ -111,7 +133,9 @@ class Service:
         self._last_queue_pub = 0.0
         self._dirty_batches: set[str] = set()
         self._last_batch_pub: dict[str, float] = {}
-        self._echoes: dict[str, float] = {}  # topic -> monotonic end of its echo window
+        self._echoes: dict[str, float] = {}
+        self._boot_changes: list[dict[str, Any]] = []  # events owed for changes made before connecting
+        self._lock: Any = None  # topic -> monotonic end of its echo window
         self._scan_retained_until: float | None = None
         self._next_retention = 0.0
 
@@ -121,6 +145,7 @@ class Service:
         """Open the store, requeue orphans, start workers, connect. Raises BrokerUnavailable."""
         s = self.settings
         s.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = lock_data_dir(s.data_dir)
         self.store = Store(s.db_path, s.durability)
         self.requeue_orphans()
         self.supervisor.start()
@@ -133,10 +158,9 @@ class Service:
         now = self.clock()
         for job_id in store.orphans(self.run_id):
             job = store.get(job_id)
-            crashes = job["crashes"] + 1
             reason = {"reason": "service restart"}
             if job["state"] == JobState.CANCELLING:
-                store.transition(
+                job = store.transition(
                     job_id,
                     JobState.CANCELLED,
                     now,
@@ -144,29 +168,29 @@ class Service:
                     error={"code": "cancelled", "message": "cancelled", "retryable": False},
                 )
                 log.warning("job %s: cancelled (the service ended while it was cancelling)", job_id)
-            elif crashes >= self.settings.crash_loop_limit or job["attempt"] >= job["max_attempts"]:
-                # A job whose attempts took the whole service down must not loop forever.
-                code = ErrorCode.CRASH_LOOP if crashes >= self.settings.crash_loop_limit else ErrorCode.WORKER_LOST
-                store.transition(
+            elif job["attempt"] >= job["max_attempts"]:
+                # The attempt counts (PRODUCT 4.3); with none left, the job fails: a job that
+                # takes the whole service down cannot loop forever.
+                job = store.transition(
                     job_id,
                     JobState.FAILED,
                     now,
                     detail=reason,
-                    crashes=crashes,
                     error={
-                        "code": str(code),
-                        "retryable": False,
+                        "code": str(ErrorCode.WORKER_LOST),
+                        "retryable": True,
                         "message": f"the service ended during attempt {job['attempt']} of {job['max_attempts']}",
                     },
                 )
-                log.error("job %s failed: %s (the service ended during its last attempt)", job_id, code)
+                log.error("job %s failed: worker_lost (the service ended during its last attempt)", job_id)
             else:
-                store.transition(job_id, JobState.QUEUED, now, detail=reason, owner=None, crashes=crashes)
+                job = store.transition(job_id, JobState.QUEUED, now, detail=reason, owner=None)
                 log.warning(
                     "job %s: requeued after the previous run of the service ended during attempt %d",
                     job_id,
                     job["attempt"],
                 )
+            self._boot_changes.append(job)
 
     def _store(self) -> Store:
         assert self.store is not None, "boot() first"
@@ -225,6 +249,9 @@ class Service:
                 if isinstance(item, Connected):
                     self.republish()
                     self._scan_retained_until = self.clock() + RETAINED_SCAN_S
+                    for job in self._boot_changes:  # changes made before the first connect
+                        self.publish_job(job)
+                    self._boot_changes.clear()
                 elif isinstance(item, RetainedJob):
                     self.on_retained_job(item)
                 else:
@@ -594,6 +621,8 @@ class Service:
         self.notifier.close()
         if self.store is not None:
             self.store.close()
+        if self._lock is not None:
+            self._lock.close()
 
 
 def serve(settings: Settings, *, client_id: str | None = None) -> int:

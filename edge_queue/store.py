@@ -47,9 +47,16 @@ def parse_iso(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
+_last_ms = 0
+
+
 def new_id(now: float | None = None) -> str:
-    """A 16-character ``[a-z0-9]`` id: 9 characters of milliseconds (sortable) + 7 random."""
-    ms = int((time.time() if now is None else now) * 1000)
+    """A 16-character ``[a-z0-9]`` id: 9 characters of milliseconds + 7 random. Ids made by
+    one process sort in the order they were made: within one millisecond the time part steps
+    on by one (the monotonic rule of ULID)."""
+    global _last_ms
+    ms = max(int((time.time() if now is None else now) * 1000), _last_ms + 1)
+    _last_ms = ms
     head = ""
     for _ in range(9):
         ms, r = divmod(ms, 36)
@@ -337,15 +344,24 @@ class Store:
         """The event log of one job, oldest first."""
         return list(self.db.query("SELECT * FROM job_events WHERE job_id = ? ORDER BY id", [job_id]))
 
-    def backup(self, dest: Path | str) -> None:
-        """Copy the database to ``dest`` with SQLite's online backup API: consistent while the
-        service keeps writing. Raises ``FileExistsError`` when ``dest`` exists."""
+    @staticmethod
+    def backup(src: Path | str, dest: Path | str) -> None:
+        """Copy the database ``src`` to ``dest`` with SQLite's online backup API: consistent
+        while the service keeps writing; ``src`` is opened read-only and not migrated.
+        Raises ``FileExistsError`` when ``dest`` exists, ``FileNotFoundError`` when its folder
+        does not, ``sqlite3.Error`` when ``src`` is not a readable database."""
         dest = Path(dest)
         if dest.exists():
             raise FileExistsError(f"{dest} exists")
-        with sqlite3.connect(str(dest)) as target:
-            self.conn.backup(target)
-        target.close()
+        if not dest.parent.is_dir():
+            raise FileNotFoundError(f"folder {dest.parent} does not exist")
+        source = sqlite3.connect(f"file:{src}?mode=ro", uri=True, timeout=30)
+        try:
+            with sqlite3.connect(str(dest)) as target:
+                source.backup(target)
+            target.close()
+        finally:
+            source.close()
 
     def integrity_check(self) -> str:
         """``PRAGMA integrity_check``: ``"ok"`` for a healthy file."""
@@ -533,10 +549,13 @@ class Store:
             if not can_transition(src, dst):
                 raise TransitionError(f"job {job_id}: {src.value} -> {dst.value} is not allowed")
             values: dict[str, Any] = {"state": dst.value, "seq": job["seq"] + 1, "updated_at": at}
-            if is_terminal(dst):
-                values["finished_at"] = at
+            if is_terminal(dst) or dst in (JobState.QUEUED, JobState.RETRYING):
                 values["stage"] = None
                 values["eta_s"] = None
+            if is_terminal(dst):
+                values["finished_at"] = at
+            elif dst in (JobState.QUEUED, JobState.RETRYING):
+                values["progress"] = 0.0
             elif dst in ACTIVE:
                 values["finished_at"] = None
             for key, val in fields.items():

@@ -142,6 +142,7 @@ def test_bad_requests_get_one_error_each(broker, service_factory, speech: Path, 
         ),
         ("submit", {"input": str(speech / "jfk.flac"), "priority": "high"}, "invalid_request"),
         ("submit", {"input": str(speech / "jfk.flac"), "options": {"beam_size": 99}}, "invalid_request"),
+        ("submit", {"kind": "noop", "options": {"sleep_s": "1"}}, "invalid_request"),
         ("get", {"job_id": "nosuchjob"}, "not_found"),
         ("cancel", {}, "invalid_request"),
         ("list", b"[1, 2]", "invalid_request"),
@@ -158,7 +159,7 @@ def test_bad_requests_get_one_error_each(broker, service_factory, speech: Path, 
     assert watcher.json_on(f"{svc.base}/response/unknown")[0]["error"]["code"] == "unknown_command"
     # a field error names the field
     bad = [m for m in watcher.json_on(f"{svc.base}/response/submit") if m["error"]["code"] == "invalid_request"]
-    assert {m["error"]["field"] for m in bad} == {"priority", "options.beam_size"}
+    assert {m["error"]["field"] for m in bad} == {"priority", "options.beam_size", "options.sleep_s"}
     # a mixed submit: the bad input is listed, the good one still runs
     resp = svc.request(
         "submit", {"kind": "probe", "inputs": [str(speech / "jfk.flac"), str(speech / "nope.wav")]}, watcher

@@ -7,6 +7,7 @@ import os
 import signal
 import sqlite3
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -44,6 +45,7 @@ def _events(db: Path, job_id: str) -> list[tuple[str, str | None, str, int]]:
 def test_kill9_service_during_transcription(mosquitto, service_factory, long_speech: Path) -> None:
     svc = service_factory(mosquitto, [long_speech.parent]).start()
     watcher = svc.watcher("response/#", "jobs/+", "status")
+    watcher = svc.watcher("response/#", "jobs/+", "status", "events")
     job_id = svc.request("submit", {"input": str(long_speech)}, watcher)["data"]["jobs"][0]["job_id"]
     topic = f"{svc.base}/jobs/{job_id}"
     watcher.wait_json(topic, lambda m: m["stage"] == "transcribing", timeout=60)
@@ -63,6 +65,9 @@ def test_kill9_service_during_transcription(mosquitto, service_factory, long_spe
     later = watcher.wait_json(f"{svc.base}/response/submit", lambda m: m.get("transaction") == "later")
     noop_id = later["data"]["jobs"][0]["job_id"]
     watcher.wait_json(f"{svc.base}/jobs/{noop_id}", lambda m: m["state"] == "succeeded")
+    # the requeue made before connecting was still sent as an event, so seq has no gap there
+    seqs = [e["job"]["seq"] for e in watcher.json_on(f"{svc.base}/events") if e["job"]["job_id"] == job_id]
+    assert seqs == list(range(1, seqs[-1] + 1)), seqs
     events = _events(svc.db, job_id)
     requeued = [e for e in events if e[1] == "running" and e[2] == "queued"]
     assert len(requeued) == 1 and requeued[0][3] == 1
@@ -222,6 +227,7 @@ def test_graceful_stop_requeues_without_counting(broker, service_factory, speech
     assert time.monotonic() - stopped < 10
     last = watcher.json_on(topic)[-1]
     assert last["state"] == "queued" and last["attempt"] == 0
+    assert last["stage"] is None and last["progress"] == 0 and last["eta_s"] is None
     assert watcher.on(f"{svc.base}/status")[-1] == b"offline"
     assert "graceful stop" in svc.log()
     # and it runs to the end after the next start, as attempt 1
@@ -330,3 +336,61 @@ def test_retained_state_is_back_after_broker_restart(private_mosquitto, service_
 
     wait_until(all_back, 10, "the retained state after the restart", interval=0.2)
     assert time.monotonic() - restarted < 5.5
+
+
+def test_service_deaths_cost_attempts_not_the_job(broker, service_factory, speech: Path) -> None:
+    svc = service_factory(broker, [speech]).start()
+    watcher = svc.watcher("response/#", "jobs/+", "events")
+    body = {"kind": "noop", "options": {"sleep_s": 30}, "max_attempts": 10}
+    job_id = svc.request("submit", body, watcher)["data"]["jobs"][0]["job_id"]
+    topic = f"{svc.base}/jobs/{job_id}"
+    for attempt in (1, 2, 3):
+        watcher.wait_json(topic, lambda m, a=attempt: m["state"] == "running" and m["attempt"] == a, timeout=60)
+        svc.kill()
+        svc.start()
+    running = watcher.wait_json(topic, lambda m: m["state"] == "running" and m["attempt"] == 4, timeout=60)
+    assert running["error"] is None
+    svc.request("cancel", {"job_id": job_id}, watcher)
+    watcher.wait_json(topic, lambda m: m["state"] == "cancelled")
+    ends = [e for e in watcher.json_on(f"{svc.base}/events") if e["job"]["job_id"] == job_id and e["type"] == "end"]
+    assert len(ends) == 1
+
+
+def test_a_second_service_on_the_same_data_dir_refuses_to_start(broker, service_factory, speech: Path) -> None:
+    first = service_factory(broker, [speech]).start()
+    second = subprocess.run(
+        [sys.executable, "-m", "edge_queue", "serve"],
+        env={**first.env, "EDGE_QUEUE_MQTT__CLIENT_ID": first.env["EDGE_QUEUE_MQTT__CLIENT_ID"] + "b"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert second.returncode == 2 and "edge-queue.lock" in second.stderr
+    assert first.proc.poll() is None
+
+
+def test_serve_waits_for_a_broker_that_is_still_starting(service_factory, speech: Path) -> None:
+    need(subprocess.run(["which", "mosquitto"], capture_output=True).returncode == 0, "mosquitto not installed")
+    broker = Broker("127.0.0.1", free_port(), "mosquitto")
+    svc = service_factory(broker, [speech])
+    svc.start(wait_online=False)
+    time.sleep(2)  # the broker comes up two seconds after the service (systemd start order)
+    assert svc.proc.poll() is None, svc.log()
+    conf = Path(svc.data_dir.parent / "late.conf")
+    conf.write_text(f"listener {broker.port} 127.0.0.1\nallow_anonymous true\n")
+    late = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        watcher = wait_until(lambda: _try_watch(svc), 30, "the service to come online")
+        wait_until(lambda: watcher.on(f"{svc.base}/status")[-1:] == [b"online"], 30, "online")
+        watcher.close()
+        assert svc.stop() == 0
+    finally:
+        late.terminate()
+        late.wait(10)
+
+
+def _try_watch(svc):
+    try:
+        return svc.watcher("status")
+    except (OSError, AssertionError):
+        return None

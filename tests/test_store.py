@@ -125,7 +125,9 @@ def test_delete_only_terminal(store: Store) -> None:
 
 
 def test_ids_and_times() -> None:
-    ids = [new_id(1_700_000_000 + i) for i in range(50)]
+    same_ms = [new_id(1_800_000_000.0) for _ in range(50)]
+    assert same_ms == sorted(same_ms) and len(set(same_ms)) == 50
+    ids = [new_id(1_900_000_000 + i) for i in range(50)]
     assert ids == sorted(ids) and all(len(i) == 16 and i.isalnum() and i.islower() for i in ids)
     assert iso(0.5) == "1970-01-01T00:00:00.500Z" and parse_iso(iso(1234.567)) == pytest.approx(1234.567)
 

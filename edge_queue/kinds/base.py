@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 class KindOptions(BaseModel):
     """Base of every kind's options: unknown options are an ``invalid_request`` at submit."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class JobContext(Protocol):

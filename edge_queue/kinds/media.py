@@ -15,6 +15,9 @@ from typing import Any
 
 from ..errors import ErrorCode, MediaError
 
+#: FFmpeg demuxers that accept plain text files; their "media" is never what a user meant.
+_TEXT_DEMUXERS = frozenset({"tty", "srt", "webvtt", "ass", "subviewer", "microdvd", "mpl2", "jacosub"})
+
 
 @contextmanager
 def open_media(path: str) -> Iterator[Any]:
@@ -36,6 +39,10 @@ def open_media(path: str) -> Iterator[Any]:
     except av.error.FFmpegError as e:
         raise MediaError(f"cannot open media ({e.strerror or e})", code=ErrorCode.DECODE_ERROR) from e
     try:
+        if container.format.name in _TEXT_DEMUXERS:
+            raise MediaError(
+                f"not a media file (FFmpeg reads it as {container.format.name} text)", code=ErrorCode.UNSUPPORTED_MEDIA
+            )
         yield container
     finally:
         container.close()
