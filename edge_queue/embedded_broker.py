@@ -63,12 +63,29 @@ def port_open(host: str, port: int, timeout_s: float = 1.0) -> bool:
         return False
 
 
+def _broker_class() -> type:
+    """amqtt's Broker, with retained messages sent only to their own subscribers.
+
+    amqtt 0.12.1, on every client connect, sends the new client the retained messages that
+    match *any* client's subscriptions (it loops over the broker's whole subscription table),
+    so a client subscribed to ``phone/replies`` also got every ``<base>/jobs/<id>``. Here a
+    retained message is sent for a subscription only when that client holds it.
+    """
+    from amqtt.broker import Broker
+
+    class OwnSubscriptionsBroker(Broker):  # type: ignore[misc]
+        async def _publish_retained_messages_for_subscription(self, subscription: Any, session: Any) -> None:
+            holders = self._subscriptions.get(subscription[0], [])
+            if any(s.client_id == session.client_id for s, _ in holders):
+                await super()._publish_retained_messages_for_subscription(subscription, session)
+
+    return OwnSubscriptionsBroker
+
+
 async def serve(config: dict[str, Any], stop: asyncio.Event, started: threading.Event | None = None) -> None:
     """Run an amqtt broker with ``config`` until ``stop`` is set; ``started`` is set once it
     listens."""
-    from amqtt.broker import Broker
-
-    broker = Broker(config)
+    broker = _broker_class()(config)
     await broker.start()
     if started is not None:
         started.set()

@@ -282,3 +282,17 @@ def test_republish_and_worker_replaced_after_kill(broker, service_factory, speec
 def _children(pid: int) -> list[int]:
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
     return [int(p) for p in out.stdout.split()]
+
+
+def test_embedded_broker_sends_retained_messages_only_to_their_subscribers(amqtt) -> None:
+    # amqtt 0.12.1 alone sends a new client the retained messages of every other client's
+    # subscriptions; the embedded broker must not.
+    publish(amqtt, "x/jobs/1", b"state", retain=True)
+    first = Watcher(amqtt.host, amqtt.port, ["x/jobs/1"])
+    wait_until(lambda: first.on("x/jobs/1") == [b"state"], 10, "the retained message for its subscriber")
+    other = Watcher(amqtt.host, amqtt.port, ["c/d"])
+    publish(amqtt, "c/d", b"mine")
+    wait_until(lambda: other.on("c/d") == [b"mine"], 10, "the client's own message")
+    assert [t for t, *_ in other.messages] == ["c/d"]
+    first.close()
+    other.close()
