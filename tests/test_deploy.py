@@ -220,6 +220,7 @@ def test_shipped_mosquitto_config_enforces_the_acl(mosquitto_with_acl, service_f
     seen = _acl_scenario(
         mosquitto_with_acl, service_factory, speech, ("edge-queue", "svc-secret"), ("phone", "phone-secret")
     )
+    print("mosquitto ACL observations:", seen)
     assert seen == {
         "anonymous": "Not authorized",
         "client submit": "ok",
@@ -261,6 +262,7 @@ def test_shipped_amqtt_config_enforces_the_acl(amqtt_with_acl, service_factory, 
     seen = _acl_scenario(
         amqtt_with_acl, service_factory, speech, ("edge-queue", "svc-secret"), ("phone", "phone-secret")
     )
+    print("amqtt ACL observations:", seen)
     assert seen["client submit"] == "ok" and seen["forged job state delivered"] is False
     assert seen["forged status delivered"] is False
     assert seen["anonymous"] != "Success"
