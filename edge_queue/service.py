@@ -114,6 +114,7 @@ class Service:
         self.rng = rng
         self.topics = Topics(settings.mqtt.base_topic)
         self.kinds = checked_kinds(settings)
+        self._concurrency = {k: settings.kind(k).max_concurrency for k in self.kinds}
         self.run_id = new_id()
         self.started_at = iso(clock())
         self.paused = False
@@ -469,7 +470,7 @@ class Service:
         idle = self.supervisor.idle()
         while idle:
             busy = self.supervisor.busy_by_kind()
-            allowed = [k for k in self.kinds if (lim := self.settings.kind(k).max_concurrency) is None or busy[k] < lim]
+            allowed = [k for k, lim in self._concurrency.items() if lim is None or busy[k] < lim]
             job = store.claim(now, allowed, self.run_id)
             if job is None:
                 return
@@ -485,11 +486,12 @@ class Service:
 
     def publish_job(self, job: dict[str, Any], event: str | None = None) -> None:
         """Retained job topic, an event, the job's batch; marks ``<base>/queue`` for update."""
-        obj = payloads.job_object(job)
-        self.bridge.publish(self.topics.job(job["job_id"]), payloads.encode(obj), retain=True)
+        body = payloads.encode(payloads.job_object(job))
+        self.bridge.publish(self.topics.job(job["job_id"]), body, retain=True)
         if event is None:
             event = "end" if is_terminal(job["state"]) else "update"
-        self.bridge.publish(self.topics.events, payloads.encode({"v": 1, "type": event, "job": obj}))
+        # The event embeds the very bytes of the retained state: encoded once.
+        self.bridge.publish(self.topics.events, b'{"v":1,"type":"%s","job":%s}' % (event.encode(), body))
         if job.get("batch_id"):
             self._dirty_batches.add(job["batch_id"])
         self._queue_dirty = True
