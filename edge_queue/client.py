@@ -18,7 +18,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
-from .bridge import configure_client, detect_protocol
+from .bridge import configure_client, detect_protocol, set_nodelay
 from .config import MqttSettings
 from .errors import BrokerUnavailable
 from .topics import Topics
@@ -63,6 +63,7 @@ class RequestClient:
         if reason.is_failure:
             self._refused = str(reason)
         else:
+            set_nodelay(client)
             client.subscribe(self.reply_topic, 1)
         self._connected.set()
 
