@@ -84,9 +84,10 @@ def set_nodelay(client: mqtt.Client) -> None:
     """Turn off Nagle's algorithm on the client's socket (paho leaves it on): a small QoS 1
     publish then leaves at once instead of waiting up to 40 ms for the previous one's ACK."""
     sock = client.socket()
-    if sock is not None:
+    setsockopt = getattr(sock, "setsockopt", None)  # a plain or TLS socket; None before connect
+    if setsockopt is not None:
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass
 
