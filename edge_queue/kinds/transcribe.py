@@ -101,9 +101,10 @@ class Transcribe(Kind):
     ``chunks``.
 
     The recording is decoded as a stream and transcribed in chunks of about
-    ``transcribe.chunk_s`` seconds cut at pauses (:mod:`.audio`); each chunk is prompted with
-    the end of the previous chunk's text, and segment times are shifted by the chunk's offset,
-    so timestamps run on across chunks.
+    ``transcribe.chunk_s`` seconds cut at pauses (:mod:`.audio`); each chunk gets the job's
+    ``initial_prompt`` (and, with ``transcribe.carry_context``, the end of the previous chunk's
+    text), the language detected on the first chunk, and segment times shifted by the chunk's
+    offset, so timestamps run on across chunks.
     """
 
     name = "transcribe"
@@ -162,8 +163,8 @@ class Transcribe(Kind):
                 self._progress(ctx, chunk.offset_s + seg.end, declared_s, started)
             decoded_s = chunk.offset_s + chunk.duration_s
             self._progress(ctx, decoded_s, declared_s, started)
-            if chunk_text:  # carry the previous text as context into the next chunk
-                prompt = " ".join(chunk_text)[-PROMPT_CHARS:]
+            if chunk_text and cfg.carry_context:  # the previous text as the next chunk's context
+                prompt = " ".join(filter(None, [options.initial_prompt, " ".join(chunk_text)[-PROMPT_CHARS:]]))
         if n_chunks == 0:
             raise MediaError("the audio stream holds no samples", code=ErrorCode.TRUNCATED_MEDIA)
         # Decoders return shorter audio silently for a cut file; compare with the container.
