@@ -394,3 +394,39 @@ def _try_watch(svc):
         return svc.watcher("status")
     except (OSError, AssertionError):
         return None
+
+
+def test_more_retained_jobs_than_mqtt_message_ids_are_all_republished(
+    service_factory, speech: Path, tmp_path: Path
+) -> None:
+    # paho numbers QoS 1 messages with 16-bit ids; 70,000 retained job topics at start-up
+    # must all arrive, not 65,535 of them.
+    need(subprocess.run(["which", "mosquitto"], capture_output=True).returncode == 0, "mosquitto not installed")
+    from edge_queue.states import JobState
+    from edge_queue.store import JobSpec, Store
+
+    port = free_port()
+    conf = tmp_path / "big.conf"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\nmax_queued_messages 0\nset_tcp_nodelay true\n")
+    proc = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: port_open("127.0.0.1", port), 10, "private mosquitto")
+        broker = Broker("127.0.0.1", port, "mosquitto", proc)
+        svc = service_factory(broker, [speech], {"EDGE_QUEUE_DURABILITY": "normal"})
+        store = Store(svc.data_dir / "edge-queue.db", "normal")
+        n = 70_000
+        for start in range(0, n, 5000):
+            store.submit([JobSpec("noop", f"x{i}", {}) for i in range(start, start + 5000)], 1.0, as_batch=True)
+        store.conn.execute(
+            "UPDATE jobs SET state = ?, finished_at = ?", [JobState.CANCELLED.value, "2099-01-01T00:00:00.000Z"]
+        )
+        store.close()
+        watcher = svc.watcher("jobs/+")
+        svc.start(wait_online=False)
+        wait_until(lambda: len({t for t, *_ in watcher.messages}) >= n, 120, f"{n} retained job topics", interval=0.5)
+        assert len({t for t, *_ in watcher.messages}) == n
+        watcher.close()
+        assert svc.stop() == 0
+    finally:
+        proc.terminate()
+        proc.wait(10)
