@@ -37,15 +37,22 @@ ROOT = Path(__file__).resolve().parent.parent
 
 class Service:
     def __init__(self, data_dir: Path, base: str, host: str, port: int) -> None:
-        self.env = {**os.environ, "EDGE_QUEUE_DATA_DIR": str(data_dir), "EDGE_QUEUE_MQTT__BASE_TOPIC": base,
-                    "EDGE_QUEUE_MQTT__CLIENT_ID": f"svc-{base}", "EDGE_QUEUE_MQTT__HOST": host,
-                    "EDGE_QUEUE_MQTT__PORT": str(port), "EDGE_QUEUE_LOG_LEVEL": "WARNING"}
+        self.env = {
+            **os.environ,
+            "EDGE_QUEUE_DATA_DIR": str(data_dir),
+            "EDGE_QUEUE_MQTT__BASE_TOPIC": base,
+            "EDGE_QUEUE_MQTT__CLIENT_ID": f"svc-{base}",
+            "EDGE_QUEUE_MQTT__HOST": host,
+            "EDGE_QUEUE_MQTT__PORT": str(port),
+            "EDGE_QUEUE_LOG_LEVEL": "WARNING",
+        }
         self.log = open(data_dir.parent / "service.log", "ab")  # noqa: SIM115 - kept for the run
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "edge_queue", "serve"], env=self.env,
-                                     stdout=subprocess.DEVNULL, stderr=self.log)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "edge_queue", "serve"], env=self.env, stdout=subprocess.DEVNULL, stderr=self.log
+        )
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -79,8 +86,15 @@ class Client:
             self.cond.notify_all()
 
     def submit(self, key: str, resend_s: float = 1.0) -> dict:
-        body = json.dumps({"kind": "noop", "options": {"sleep_s": 0.05}, "idempotency_key": key,
-                           "transaction": key, "reply_to": self.reply})
+        body = json.dumps(
+            {
+                "kind": "noop",
+                "options": {"sleep_s": 0.05},
+                "idempotency_key": key,
+                "transaction": key,
+                "reply_to": self.reply,
+            }
+        )
         while True:
             self.c.publish(f"{self.base}/request/submit", body, qos=1)
             with self.cond:
@@ -135,8 +149,9 @@ def main() -> int:
 
     def unfinished() -> int:
         with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as conn:
-            return conn.execute("SELECT count(*) FROM jobs WHERE state NOT IN "
-                                "('succeeded','failed','cancelled')").fetchone()[0]
+            return conn.execute(
+                "SELECT count(*) FROM jobs WHERE state NOT IN ('succeeded','failed','cancelled')"
+            ).fetchone()[0]
 
     deadline = time.monotonic() + 300
     while unfinished() and time.monotonic() < deadline:
@@ -145,11 +160,17 @@ def main() -> int:
     elapsed = time.monotonic() - started
     with sqlite3.connect(db) as conn:
         jobs = dict(conn.execute("SELECT job_id, state FROM jobs").fetchall())
-        outcomes = dict(conn.execute("SELECT coalesce(json_extract(error, '$.code'), state), count(*) FROM jobs "
-                                     "GROUP BY 1").fetchall())
+        outcomes = dict(
+            conn.execute(
+                "SELECT coalesce(json_extract(error, '$.code'), state), count(*) FROM jobs GROUP BY 1"
+            ).fetchall()
+        )
         keys = dict(conn.execute("SELECT key, job_ids FROM idempotency_keys").fetchall())
-        successes = dict(conn.execute("SELECT job_id, count(*) FROM job_events WHERE to_state = 'succeeded' "
-                                      "GROUP BY job_id").fetchall())
+        successes = dict(
+            conn.execute(
+                "SELECT job_id, count(*) FROM job_events WHERE to_state = 'succeeded' GROUP BY job_id"
+            ).fetchall()
+        )
         attempts = conn.execute("SELECT max(attempt), sum(attempt > 1) FROM jobs").fetchone()
         integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
     lost = [k for k, j in acked.items() if j not in jobs]
@@ -165,16 +186,31 @@ def main() -> int:
         "clean stop exit 0": exit_code == 0,
     }
     ok = all(checks.values())
-    summary = (f"soak: {len(acked)} acknowledged, {len(jobs)} jobs stored, {len(not_terminal)} not terminal, "
-               f"outcomes {outcomes}, {len(lost)} lost, "
-               f"{len(key_mismatch)} key mismatches, {len(double)} succeeded twice, {kills} kill -9 cycles, "
-               f"{attempts[1] or 0} jobs needed >1 attempt (max {attempts[0]}), integrity {integrity}, "
-               f"{elapsed:.0f} s, seed {seed}: {'PASS' if ok else 'FAIL'}")
+    summary = (
+        f"soak: {len(acked)} acknowledged, {len(jobs)} jobs stored, {len(not_terminal)} not terminal, "
+        f"outcomes {outcomes}, {len(lost)} lost, "
+        f"{len(key_mismatch)} key mismatches, {len(double)} succeeded twice, {kills} kill -9 cycles, "
+        f"{attempts[1] or 0} jobs needed >1 attempt (max {attempts[0]}), integrity {integrity}, "
+        f"{elapsed:.0f} s, seed {seed}: {'PASS' if ok else 'FAIL'}"
+    )
     print(summary)
     out = ROOT / "bench" / "results" / f"soak-{datetime.now(UTC):%Y-%m-%d}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"summary": summary, "checks": checks, "outcomes": outcomes, "jobs": args.jobs, "kills": kills,
-                               "seed": seed, "elapsed_s": round(elapsed, 1)}, indent=2) + "\n")
+    out.write_text(
+        json.dumps(
+            {
+                "summary": summary,
+                "checks": checks,
+                "outcomes": outcomes,
+                "jobs": args.jobs,
+                "kills": kills,
+                "seed": seed,
+                "elapsed_s": round(elapsed, 1),
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     client.c.loop_stop()
     return 0 if ok else 1
 
