@@ -192,6 +192,11 @@ class Store:
                 "CREATE INDEX IF NOT EXISTS jobs_active_dedupe ON jobs(dedupe_key) "
                 "WHERE state IN ('queued','running','retrying','cancelling')"
             )
+            # Partial indexes for Store.next_due: the earliest retry_at / run_at of waiting jobs.
+            self.conn.execute("CREATE INDEX IF NOT EXISTS jobs_retry_due ON jobs(retry_at) WHERE state = 'retrying'")
+            self.conn.execute(
+                "CREATE INDEX IF NOT EXISTS jobs_run_at ON jobs(run_at) WHERE state = 'queued' AND run_at IS NOT NULL"
+            )
             self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     @contextmanager
@@ -334,11 +339,18 @@ class Store:
 
     def next_due(self) -> float | None:
         """Earliest ``retry_at`` / ``run_at`` in the future of a waiting job, as Unix seconds."""
-        row = self.conn.execute(
-            "SELECT min(t) FROM (SELECT retry_at AS t FROM jobs WHERE state = 'retrying' "
-            "UNION ALL SELECT run_at FROM jobs WHERE state = 'queued' AND run_at IS NOT NULL)"
-        ).fetchone()
-        return parse_iso(row[0]) if row and row[0] else None
+        # Each MIN reads one entry of its partial index, however long the backlog.
+        heads = [
+            self.conn.execute(sql).fetchone()
+            for sql in (
+                "SELECT retry_at FROM jobs INDEXED BY jobs_retry_due WHERE state = 'retrying' "
+                "ORDER BY retry_at LIMIT 1",
+                "SELECT run_at FROM jobs INDEXED BY jobs_run_at WHERE state = 'queued' AND run_at IS NOT NULL "
+                "ORDER BY run_at LIMIT 1",
+            )
+        ]
+        due = min((h[0] for h in heads if h and h[0]), default=None)
+        return parse_iso(due) if due else None
 
     def events(self, job_id: str) -> list[dict[str, Any]]:
         """The event log of one job, oldest first."""
