@@ -33,6 +33,60 @@ MEDIA = ROOT.parent / "shared" / "media"
 HOST, PORT = "127.0.0.1", 1883
 
 
+class Broker:
+    """A private mosquitto on a free loopback port with the config lines ``extra`` (the delivery
+    settings of broker/mosquitto.conf: ``max_queued_messages 0``, so no message is dropped to a
+    slow subscriber), without persistence or authentication. The system broker's default of 1,000 queued messages drops
+    requests and retained state in bursts (PRODUCT 2), which would make the figures wrong."""
+
+    def __init__(self, extra: str = "") -> None:
+        import socket
+
+        with socket.socket() as s:
+            s.bind((HOST, 0))
+            self.port = s.getsockname()[1]
+        self.dir = Path(tempfile.mkdtemp(prefix="eqbroker-"))
+        conf = self.dir / "mosquitto.conf"
+        conf.write_text(
+            f"listener {self.port} {HOST}\nallow_anonymous true\npersistence false\nlog_dest none\n" + extra
+        )
+        self.proc = subprocess.Popen(
+            ["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        import socket as _s
+
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            try:
+                _s.create_connection((HOST, self.port), 0.2).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("private mosquitto did not start")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def shipped_broker_settings() -> str:
+    """The delivery settings of the project's broker/mosquitto.conf, as config lines."""
+    keep = ("max_queued_messages", "max_inflight_messages", "set_tcp_nodelay", "max_queued_bytes")
+    lines = (ROOT / "broker" / "mosquitto.conf").read_text().splitlines()
+    return "".join(line.strip() + "\n" for line in lines if line.strip().split(" ")[0] in keep)
+
+
+def use_port(port: int) -> None:
+    global PORT
+    PORT = port
+    os.environ["EQBENCH_PORT"] = str(port)
+
+
 def uid(prefix: str = "bench") -> str:
     return prefix + uuid.uuid4().hex[:10]
 
@@ -52,8 +106,13 @@ class Figure:
         return statistics.median(self.runs)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"median": self.median, "min": min(self.runs), "max": max(self.runs),
-                "runs": self.runs, "unit": self.unit}
+        return {
+            "median": self.median,
+            "min": min(self.runs),
+            "max": max(self.runs),
+            "runs": self.runs,
+            "unit": self.unit,
+        }
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -80,16 +139,22 @@ class Service:
         self._own_dir = self.data_dir is None
         if self.data_dir is None:
             self.data_dir = Path(tempfile.mkdtemp(prefix="eqbench-"))
+        self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.data_dir / "service.log"
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_QUEUE_")}
-        env.update({
-            "EDGE_QUEUE_DATA_DIR": str(self.data_dir), "EDGE_QUEUE_MQTT__BASE_TOPIC": self.base,
-            "EDGE_QUEUE_MQTT__CLIENT_ID": "svc-" + self.base, "EDGE_QUEUE_MQTT__HOST": HOST,
-            "EDGE_QUEUE_MQTT__PORT": str(PORT), "EDGE_QUEUE_LOG_LEVEL": "WARNING",
-            "EDGE_QUEUE_MEDIA_ROOTS": json.dumps([str(MEDIA), str(self.data_dir)]),
-        })
+        env.update(
+            {
+                "EDGE_QUEUE_DATA_DIR": str(self.data_dir),
+                "EDGE_QUEUE_MQTT__BASE_TOPIC": self.base,
+                "EDGE_QUEUE_MQTT__CLIENT_ID": "svc-" + self.base,
+                "EDGE_QUEUE_MQTT__HOST": HOST,
+                "EDGE_QUEUE_MQTT__PORT": str(PORT),
+                "EDGE_QUEUE_LOG_LEVEL": "WARNING",
+                "EDGE_QUEUE_MEDIA_ROOTS": json.dumps([str(MEDIA), str(self.data_dir)]),
+            }
+        )
         env.update(self.env_extra)
         return env
 
@@ -98,8 +163,13 @@ class Service:
         Returns the monotonic time just before the process was started."""
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed by the child's exit
         self.started_at = time.monotonic()
-        self.proc = subprocess.Popen([sys.executable, "-m", "edge_queue", "serve"], env=self.env(),
-                                     stdout=subprocess.DEVNULL, stderr=log, cwd=str(ROOT))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "edge_queue", "serve"],
+            env=self.env(),
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            cwd=str(ROOT),
+        )
         log.close()
         if wait_online:
             self.wait_online(timeout_s)
@@ -193,8 +263,7 @@ class Service:
 
 
 def new_client(tag: str) -> mqtt.Client:
-    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"bench-{tag}-{uuid.uuid4().hex[:8]}",
-                    protocol=mqtt.MQTTv5)
+    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"bench-{tag}-{uuid.uuid4().hex[:8]}", protocol=mqtt.MQTTv5)
     c.max_inflight_messages_set(1000)
     c.max_queued_messages_set(0)
     return c
@@ -305,9 +374,13 @@ def clear_retained(base: str, quiet_s: float = 0.7, timeout_s: float = 120.0) ->
     time.sleep(quiet_s)
     while time.monotonic() - last[0] < quiet_s and time.monotonic() < end:
         time.sleep(0.1)
-    infos = [c.publish(t, b"", qos=1, retain=True) for t in sorted(topics)]
-    for i in infos[-1:]:
-        i.wait_for_publish(30)
+    # In chunks: paho drops (MQTT_ERR_QUEUE_SIZE) a QoS 1 publish whose 16-bit message id is
+    # still outstanding, so at most 65,535 may be unacknowledged at once.
+    todo = sorted(topics)
+    for start in range(0, len(todo), 10_000):
+        infos = [c.publish(t, b"", qos=1, retain=True) for t in todo[start : start + 10_000]]
+        for i in infos:
+            i.wait_for_publish(60)
     c.loop_stop()
     c.disconnect()
     return len(topics)
@@ -381,10 +454,13 @@ def machine() -> dict[str, Any]:
     except (OSError, IndexError, subprocess.SubprocessError):
         pass
     return {
-        "cpu_model": cpu, "cores": os.cpu_count(),
+        "cpu_model": cpu,
+        "cores": os.cpu_count(),
         "ram_gb": round(psutil.virtual_memory().total / 2**30, 1),
-        "kernel": platform.release(), "python": platform.python_version(),
-        "platform": platform.platform(), "mosquitto": mosq,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "mosquitto": mosq,
         "data_dir_fs": _fs_of(Path(tempfile.gettempdir())),
     }
 
@@ -395,6 +471,21 @@ def _fs_of(path: Path) -> str:
         if str(path).startswith(p.mountpoint) and len(p.mountpoint) > len(best[0]):
             best = (p.mountpoint, p.fstype)
     return f"{path} on {best[0]} ({best[1]})"
+
+
+def code_state() -> dict[str, Any]:
+    """The commit measured, and which files of the package differ from it."""
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    return {
+        "commit": git("rev-parse", "HEAD"),
+        "modified": git("status", "--porcelain", "--", "edge_queue").splitlines(),
+    }
 
 
 def versions(names: Iterable[str]) -> dict[str, str]:

@@ -62,8 +62,11 @@ def floor_run(n: int, sync: str = "full") -> float:
     base = uid("floor")
     w = Watcher(base)
     with tempfile.TemporaryDirectory(prefix="eqfloor-") as d:
-        p = subprocess.Popen([sys.executable, str(BENCH / "ref" / "floor.py"), base, str(n),
-                              str(Path(d) / "floor.db"), sync], stdout=subprocess.PIPE, text=True)
+        p = subprocess.Popen(
+            [sys.executable, str(BENCH / "ref" / "floor.py"), base, str(n), str(Path(d) / "floor.db"), sync],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             t0 = json.loads(p.stdout.readline())["t0"]  # type: ignore[union-attr]
             if not w.wait(lambda w: w.counts.get("succeeded", 0) >= n, 300):
@@ -81,8 +84,9 @@ def floor_run(n: int, sync: str = "full") -> float:
 
 def huey_run(py: Path, n: int) -> float:
     with tempfile.TemporaryDirectory(prefix="eqhuey-") as d:
-        out = subprocess.run([str(py), str(BENCH / "ref" / "huey_drain.py"), str(n), d],
-                             capture_output=True, text=True, timeout=900)
+        out = subprocess.run(
+            [str(py), str(BENCH / "ref" / "huey_drain.py"), str(n), d], capture_output=True, text=True, timeout=900
+        )
         if out.returncode != 0:
             raise RuntimeError(f"huey: {out.stderr[-1500:]}")
         res = json.loads(out.stdout.strip().splitlines()[-1])
@@ -109,6 +113,7 @@ def run(runs: int, n: int, log: Any) -> dict[str, Any]:
                 v = edge_queue_run(n, dur, mode)
             got[side].append(v)
             log(f"P1 run {r + 1}/{runs} {side}: {v:,.0f} jobs/s")
-    hv = subprocess.run([str(py), "-c", "import huey; print(huey.__version__)"], capture_output=True,
-                        text=True).stdout.strip()
+    hv = subprocess.run(
+        [str(py), "-c", "import huey; print(huey.__version__)"], capture_output=True, text=True
+    ).stdout.strip()
     return {"figures": {s: Figure(v, "jobs/s") for s, v in got.items()}, "n": n, "huey_version": hv}

@@ -27,7 +27,10 @@ def main() -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
     consumer = subprocess.Popen(
         [sys.executable, "-m", "huey.bin.huey_consumer", "huey_tasks.huey", "-w", "1", "-k", "process", "-q"],
-        env=env, stdout=subprocess.DEVNULL, stderr=open(data_dir / "consumer.log", "ab"))
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(data_dir / "consumer.log", "ab"),
+    )
     try:
         # Up when it has run a probe task.
         r = huey_tasks.noop(-1)
@@ -44,9 +47,19 @@ def main() -> None:
         done = store.result_store_size()
         import huey
 
-        print(json.dumps({"jobs_per_s": done / el, "elapsed_s": el, "enqueue_s": enq, "done": done,
-                          "huey": huey.__version__, "fsync": store._fsync if hasattr(store, "_fsync") else None,
-                          "journal_mode": getattr(store, "_journal_mode", None)}))
+        print(
+            json.dumps(
+                {
+                    "jobs_per_s": done / el,
+                    "elapsed_s": el,
+                    "enqueue_s": enq,
+                    "done": done,
+                    "huey": huey.__version__,
+                    "fsync": store._fsync if hasattr(store, "_fsync") else None,
+                    "journal_mode": getattr(store, "_journal_mode", None),
+                }
+            )
+        )
     finally:
         consumer.send_signal(signal.SIGTERM)
         try:

