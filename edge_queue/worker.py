@@ -127,8 +127,8 @@ class _Worker:
             result = kind.run(ctx, job["input"], options)
         except EdgeQueueError as e:
             return {**base, "op": "failed", "code": str(e.code), "message": e.message, "retryable": e.retryable}
-        except OSError as e:
-            if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        except Exception as e:  # any other failure of a kind is ours to report, not to die of
+            if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
                 # Retrying cannot make a folder writable: say so at once.
                 return {
                     **base,
@@ -137,15 +137,6 @@ class _Worker:
                     "message": f"cannot write {e.filename or 'the output'}: {e.strerror}",
                     "retryable": False,
                 }
-            log.exception("job %s: unexpected error", job["job_id"])
-            return {
-                **base,
-                "op": "failed",
-                "code": str(ErrorCode.INTERNAL_ERROR),
-                "message": f"{type(e).__name__}: {e}"[:1000],
-                "retryable": True,
-            }
-        except Exception as e:  # any other failure of a kind is ours to report, not to die of
             log.exception("job %s: unexpected error", job["job_id"])
             return {
                 **base,
