@@ -263,15 +263,15 @@ class Bridge:
 
     # -- service thread -----------------------------------------------------------------
 
-    def connect(self, timeout_s: float = 10.0, *, wait: bool = True) -> None:
+    def connect(self, timeout_s: float = 10.0) -> None:
         """Connect and start paho's network thread; paho reconnects with backoff from then on.
 
-        With ``mqtt.protocol = "auto"`` the protocol is found first (:meth:`detect_protocol`).
-        With ``wait``, block until the first CONNACK; raises :class:`BrokerUnavailable` when
+        With ``mqtt.protocol = "auto"`` the protocol is found first (:func:`detect_protocol`).
+        Blocks until the first CONNACK; raises :class:`BrokerUnavailable` when
         none arrives in ``timeout_s`` seconds or the broker refuses (bad credentials).
         """
         s = self.settings
-        if s.protocol == "auto" and wait:
+        if s.protocol == "auto":
             found = detect_protocol(s, self.client_id, timeout_s)
             if found == "3.1.1":
                 log.info("the broker does not speak MQTT 5; using MQTT 3.1.1")
@@ -284,8 +284,6 @@ class Bridge:
         self.connected.clear()
         self._client.connect_async(s.host, s.port, keepalive=s.keepalive_s, clean_start=False, properties=props)
         self._client.loop_start()
-        if not wait:
-            return
         if not self.connected.wait(timeout_s):
             raise BrokerUnavailable(f"no MQTT broker answered at {s.host}:{s.port} within {timeout_s} s")
         if self._refused:

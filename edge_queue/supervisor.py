@@ -70,8 +70,6 @@ class Supervisor:
         self.clock = clock
         self._ctx = multiprocessing.get_context("spawn")
         self.slots = [_Slot(i) for i in range(settings.workers)]
-        self.restarts = 0
-        self.recycled = 0
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -221,7 +219,6 @@ class Supervisor:
             reason = self._recycle_reason(slot, cancelled=data.get("code") == ErrorCode.CANCELLED)
             if reason:
                 log.info("worker %d (pid %s) recycled: %s", slot.index, slot.pid, reason)
-                self.recycled += 1
                 self._end(slot, polite=True)
                 self._spawn(slot)
 
@@ -250,7 +247,6 @@ class Supervisor:
         else:
             log.warning("worker %d (pid %s) exited with code %s while idle", slot.index, slot.pid, code)
         self._end(slot)
-        self.restarts += 1
         self._spawn(slot)
 
     def _deadlines(self, out: list[Outcome]) -> None:

@@ -271,21 +271,24 @@ def _make_ca(d: Path) -> dict[str, Path]:
     def run(*args: str) -> None:
         subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
 
-    run(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=edge-queue test CA",
-        "-keyout",
-        str(d / "ca.key"),
-        "-out",
-        str(d / "ca.crt"),
-    )
+    def self_signed(name: str, cn: str) -> None:
+        run(
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            f"/CN={cn}",
+            "-keyout",
+            str(d / f"{name}.key"),
+            "-out",
+            str(d / f"{name}.crt"),
+        )
+
+    self_signed("ca", "edge-queue test CA")
     run(
         "req",
         "-newkey",
@@ -316,22 +319,7 @@ def _make_ca(d: Path) -> dict[str, Path]:
         "-out",
         str(d / "server.crt"),
     )
-    (d / "other.key").write_text("")
-    run(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=another CA",
-        "-keyout",
-        str(d / "other.key"),
-        "-out",
-        str(d / "other.crt"),
-    )
+    self_signed("other", "another CA")
     return {"ca": d / "ca.crt", "cert": d / "server.crt", "key": d / "server.key", "other": d / "other.crt"}
 
 
