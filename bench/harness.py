@@ -29,7 +29,9 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
-MEDIA = ROOT.parent / "shared" / "media"
+# The recordings of P3 and P4 (long): ../shared/media beside the checkout, as for the tests, or
+# the folder named by EQBENCH_MEDIA (a clone elsewhere, e.g. in /tmp).
+MEDIA = Path(os.environ.get("EQBENCH_MEDIA") or ROOT.parent / "shared" / "media")
 HOST, PORT = "127.0.0.1", 1883
 
 
@@ -79,6 +81,18 @@ def shipped_broker_settings() -> str:
     keep = ("max_queued_messages", "max_inflight_messages", "set_tcp_nodelay", "max_queued_bytes")
     lines = (ROOT / "broker" / "mosquitto.conf").read_text().splitlines()
     return "".join(line.strip() + "\n" for line in lines if line.strip().split(" ")[0] in keep)
+
+
+def speech(name: str) -> Path:
+    """A recording of MEDIA/speech; a clear error at once when it is missing (instead of a
+    service rejecting the input and a benchmark waiting for jobs that never come)."""
+    path = MEDIA / "speech" / name
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} is missing: the speech recordings are read from ../shared/media beside the "
+            "checkout; set EQBENCH_MEDIA to that folder when the checkout is elsewhere"
+        )
+    return path
 
 
 def use_port(port: int) -> None:

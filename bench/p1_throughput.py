@@ -8,6 +8,7 @@ and the floor (bench/ref/floor.py: the same SQLite commits and retained publishe
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -18,17 +19,34 @@ from typing import Any
 from harness import BENCH, Figure, Publisher, Service, Watcher, clear_retained, uid
 
 REF_VENV = BENCH / ".venv-ref"
+# The reference version, pinned so that the reference side measures the same code everywhere.
+HUEY = "huey==3.5.4"
+
+
+def _huey_version(py: Path) -> str | None:
+    """huey's version in the interpreter ``py``, or None when it is missing or unusable."""
+    if not py.exists():
+        return None
+    out = subprocess.run([str(py), "-c", "import huey; print(huey.__version__)"], capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def ensure_ref_venv(log: Any) -> Path:
-    """bench/.venv-ref with huey, created on first use (never the project's venv)."""
+    """bench/.venv-ref with huey from PyPI, created on first use (never the project's venv).
+
+    A venv left half-made by an interrupted or failed creation (no huey in it) is made again."""
     py = REF_VENV / "bin" / "python"
-    if not py.exists():
-        log(f"creating {REF_VENV} with huey (reference side of P1)")
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(REF_VENV)], check=True)
-        subprocess.run([str(py), "-m", "ensurepip", "-q"], check=True)
-    if subprocess.run([str(py), "-c", "import huey"], capture_output=True).returncode != 0:
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "huey"], check=True)
+    if _huey_version(py) is not None:
+        return py
+    log(f"creating {REF_VENV} with {HUEY} (reference side of P1)")
+    shutil.rmtree(REF_VENV, ignore_errors=True)
+    # With pip (the venv module runs ensurepip itself); -m pip, so no script path matters.
+    subprocess.run([sys.executable, "-m", "venv", str(REF_VENV)], check=True)
+    subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", HUEY], check=True, timeout=600
+    )
+    if _huey_version(py) is None:
+        raise RuntimeError(f"{REF_VENV}: huey does not import after pip install {HUEY}")
     return py
 
 
@@ -113,7 +131,5 @@ def run(runs: int, n: int, log: Any) -> dict[str, Any]:
                 v = edge_queue_run(n, dur, mode)
             got[side].append(v)
             log(f"P1 run {r + 1}/{runs} {side}: {v:,.0f} jobs/s")
-    hv = subprocess.run(
-        [str(py), "-c", "import huey; print(huey.__version__)"], capture_output=True, text=True
-    ).stdout.strip()
+    hv = _huey_version(py) or "?"
     return {"figures": {s: Figure(v, "jobs/s") for s, v in got.items()}, "n": n, "huey_version": hv}

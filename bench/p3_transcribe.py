@@ -14,14 +14,15 @@ import sys
 import time
 from typing import Any
 
-from harness import BENCH, MEDIA, Figure, Publisher, Service, Watcher
+from harness import BENCH, Figure, Publisher, Service, Watcher, speech
 
 CLIPS = ["jfk.flac", "librivox-0870.wav", "librivox-0890.wav", "librivox-0930.wav"]
 FW = str(BENCH / "ref" / "fw_child.py")
 
 
 def clip_list(n: int) -> list[str]:
-    return [str(MEDIA / "speech" / CLIPS[i % len(CLIPS)]) for i in range(n)]
+    paths = [str(speech(c)) for c in CLIPS]
+    return [paths[i % len(paths)] for i in range(n)]
 
 
 def edge_queue_run(files: list[str]) -> float:

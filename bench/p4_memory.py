@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 import prefill
-from harness import BENCH, MEDIA, Figure, Publisher, Service, Watcher, peak_rss_mb, uid
+from harness import BENCH, Figure, Publisher, Service, Watcher, peak_rss_mb, speech, uid
 from p3_transcribe import CLIPS
 
 
@@ -93,7 +93,7 @@ def build_hour(path: Path, seconds: float = 3600.0, gap_s: float = 5.0) -> dict[
     from faster_whisper import decode_audio
 
     sr = 16000
-    clips = [decode_audio(str(MEDIA / "speech" / c), sampling_rate=sr) for c in CLIPS]
+    clips = [decode_audio(str(speech(c)), sampling_rate=sr) for c in CLIPS]
     gap = np.zeros(int(gap_s * sr), dtype=np.float32)
     total = int(seconds * sr)
     speech = 0

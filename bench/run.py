@@ -1,14 +1,18 @@
 """edge-queue benchmarks of the targets P1-P6 (PRODUCT 7), with one command:
 
-    /work/venv/bin/python bench/run.py                 # everything, the 1-hour P4 run included
-    /work/venv/bin/python bench/run.py --quick         # short smoke run (3 runs, small counts)
-    /work/venv/bin/python bench/run.py --only P1,P2    # selected targets
-    /work/venv/bin/python bench/run.py --quick --with-long   # smoke run plus the 1-hour P4 run
+    .venv/bin/python bench/run.py                 # everything, the 1-hour P4 run included
+    .venv/bin/python bench/run.py --quick         # short smoke run (3 runs, small counts)
+    .venv/bin/python bench/run.py --only P1,P2    # selected targets
+    .venv/bin/python bench/run.py --quick --with-long   # smoke run plus the 1-hour P4 run
+    .venv/bin/python bench/run.py --quick --only P1 --runs 1 --p1-jobs 1000   # small P1 check
 
 Prints a table and writes the figures, the machine and the package versions to
 bench/results/<YYYY-MM-DD>.json (``-quick`` suffix for --quick) and, for a run without
 --quick, the generated table to docs/benchmarks.md. Each figure is the median of the runs
 (5, or 3 with --quick) with min and max; compared sides run in the same invocation, alternated.
+
+P3 and the 1-hour P4 run read the speech recordings of ../shared/media beside the checkout
+(as the tests do), or of the folder named by the environment variable EQBENCH_MEDIA.
 
 The brokers are private mosquitto processes on free loopback ports, started and stopped here:
 "shipped" takes the delivery settings of broker/mosquitto.conf (``max_queued_messages 0``,
@@ -292,7 +296,7 @@ divided by reference (lower is better); for throughput, measured divided by refe
 
 How each figure is measured is in the docstring of its module in `bench/`:
 `p1_throughput.py`, `p2_latency.py`, `p3_transcribe.py`, `p4_memory.py`, `p5_scale.py`,
-`p6_recovery.py`. Run them with `/work/venv/bin/python bench/run.py` (`--quick`, `--only P1,P2`,
+`p6_recovery.py`. Run them with `.venv/bin/python bench/run.py` (`--quick`, `--only P1,P2`,
 `--with-long`).
 """
     (ROOT / "docs" / "benchmarks.md").write_text(text)
@@ -305,7 +309,10 @@ def main() -> int:
     ap.add_argument("--with-long", action="store_true", help="with --quick: run the 1-hour P4 runs too")
     ap.add_argument("--runs", type=int, default=None, help="runs per figure (default 5; 3 with --quick)")
     ap.add_argument("--broker", choices=["private", "system"], default="private")
+    ap.add_argument("--p1-jobs", type=int, default=5000, help="noop jobs per P1 run (default 5,000; a multiple of 100)")
     a = ap.parse_args()
+    if a.p1_jobs < 100 or a.p1_jobs % 100:
+        ap.error("--p1-jobs must be a positive multiple of 100 (P1 submits batches of 100)")
     only = [x.strip().upper() for x in a.only.split(",") if x.strip()]
     runs = a.runs or (3 if a.quick else 5)
     q = a.quick
@@ -332,7 +339,7 @@ def main() -> int:
                 if pid == "P1":
                     import p1_throughput
 
-                    results[pid] = p1_throughput.run(runs, 5000, log)
+                    results[pid] = p1_throughput.run(runs, a.p1_jobs, log)
                 elif pid == "P2":
                     import p2_latency
 
