@@ -2,31 +2,48 @@
 
 Speaks MQTT 5 (mosquitto) and MQTT 3.1.1 (amqtt 0.12, which answers an MQTT 5 CONNECT with
 "Unsupported protocol version"; ``mqtt.protocol = "auto"`` then falls back). The session is
-persistent (fixed client id, ``clean_start``/``clean_session`` false, MQTT 5 session expiry)
-and incoming QoS 1 requests are acknowledged by hand, only after the service has committed
-them (PRODUCT 4.1), so a request published while the service was away is delivered when it
-comes back. The Last Will publishes a retained ``offline`` on ``<base>/status``.
+persistent (``clean_start``/``clean_session`` false, MQTT 5 session expiry) and incoming QoS 1
+requests are acknowledged by hand, only after the service has committed them, so a request
+published while the service was away is delivered when it comes back. The Last Will publishes
+a retained ``offline`` on ``<base>/status``.
 
-paho's network thread only queues what arrives (:attr:`Bridge.inbox`) and wakes the service
-through a socket pair; every decision is taken on the service's own thread.
+Threads: none of its own. paho runs without its network thread: the service's loop puts
+:meth:`Bridge.fileno` in the same ``select`` as the worker pipes and calls :meth:`Bridge.pump`
+each turn, which reads, writes, keeps the connection alive and reconnects. paho's callbacks
+therefore run on the service's thread, inside :meth:`pump`; they only append to
+:attr:`Bridge.inbox` and count acknowledgements. Nothing ever waits for the broker: what cannot
+be handed to paho yet waits in :attr:`Bridge._out`, in order, and goes out on a later turn.
+
+Flow control, end to end (docs/operations.md, "Load and limits"):
+
+- in: the broker sends at most ``RECEIVE_MAXIMUM`` unacknowledged QoS 1 requests (MQTT 5
+  Receive Maximum; mosquitto's ``max_inflight_messages`` for MQTT 3.1.1), and a request is
+  acknowledged only once committed, so requests that arrive faster than the service commits
+  them wait in the broker, not here. The socket is read only while :attr:`inbox` holds fewer
+  than ``INBOX_HIGH`` items, or while our own publishes wait for acknowledgements (reading is
+  how those arrive, so it never stops then).
+- out: at most ``WINDOW`` of our QoS 1 publishes are handed to paho without a PUBACK (paho
+  numbers them with 16-bit ids); the rest wait in :attr:`_out`, whose length the service reads
+  (:attr:`backlog`) to slow down what it takes in.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
+import random
+import select
 import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
@@ -37,8 +54,20 @@ from .topics import OFFLINE, Topics
 
 log = logging.getLogger(__name__)
 
-#: Our QoS 1 messages that may wait for a PUBACK at once (below paho's 16-bit message ids).
-MAX_UNACKED = 20_000
+#: Our QoS 1 publishes handed to paho and not yet acknowledged, at most (paho's ids are 16-bit).
+WINDOW = 2_000
+#: Unacknowledged QoS 1 requests the broker may send us at once (MQTT 5 Receive Maximum).
+RECEIVE_MAXIMUM = 1_000
+#: The socket is not read while the inbox holds this many items (unless acks are awaited).
+INBOX_HIGH = 2_000
+#: Packets read per :meth:`Bridge.pump` at most, so one turn stays short.
+READ_BUDGET = 2_000
+#: Seconds between reconnect attempts: from 1, doubling, at most 4 (the retained state must be
+#: back within seconds of a broker restart).
+RECONNECT_MIN_S, RECONNECT_MAX_S = 1.0, 4.0
+#: While disconnected, at most this many responses and events wait for the broker; older ones
+#: are dropped (retained state is not kept: the republish after the reconnect sends it again).
+OFFLINE_BACKLOG = 10_000
 
 
 @dataclass(slots=True)
@@ -53,6 +82,8 @@ class Incoming:
     mid: int
     response_topic: str | None = None
     correlation_data: bytes | None = None
+    dup: bool = False
+    connection: int = 0  # which connection it came on (its PUBACK is for that one only)
 
 
 @dataclass(slots=True)
@@ -64,9 +95,25 @@ class RetainedJob:
 
 @dataclass(slots=True)
 class Connected:
-    """The bridge (re)connected: the service republishes its retained state (PRODUCT 3 rule 2)."""
+    """The bridge (re)connected: the service republishes its retained state."""
 
     protocol: str
+    session_present: bool
+
+
+@dataclass(slots=True)
+class _Pub:
+    topic: str
+    payload: bytes | str
+    retain: bool
+    props: Properties | None = None
+
+
+@dataclass(slots=True)
+class _Ack:
+    mid: int
+    qos: int
+    connection: int  # the connection the request came on; a PUBACK is for that one only
 
 
 def configure_client(client: mqtt.Client, s: MqttSettings) -> None:
@@ -108,6 +155,7 @@ def _probe(s: MqttSettings, client_id: str, protocol: mqtt.MQTTProtocolVersion, 
     configure_client(probe, s)
     probe.on_connect = on_connect
     probe.on_disconnect = lambda *a: done.set()
+    probe.connect_timeout = max(0.5, min(timeout_s, 5.0))
     try:
         probe.connect(s.host, s.port, keepalive=s.keepalive_s)
     except OSError as e:
@@ -128,6 +176,7 @@ def detect_protocol(s: MqttSettings, client_id: str, timeout_s: float) -> str:
     protocol version", or, when the CONNECT carries credentials or a Will it cannot parse,
     closes the connection without a CONNACK; then MQTT 3.1.1 is tried. Raises
     :class:`BrokerUnavailable` when neither gets an answer within ``timeout_s`` seconds.
+    Runs once, before the service serves (its probe clients use their own short-lived thread).
     """
     deadline = time.monotonic() + timeout_s
     last: BrokerUnavailable | None = None
@@ -136,8 +185,11 @@ def detect_protocol(s: MqttSettings, client_id: str, timeout_s: float) -> str:
             reason = _probe(s, client_id, mqtt.MQTTv5, min(5.0, max(deadline - time.monotonic(), 0.5)))
             if reason is not None and reason != "Unsupported protocol version":
                 return "5"
-            if _probe(s, client_id, mqtt.MQTTv311, max(deadline - time.monotonic(), 0.5)) is not None:
+            if _probe(s, client_id, mqtt.MQTTv311, min(5.0, max(deadline - time.monotonic(), 0.5))) is not None:
                 return "3.1.1"
+            last = BrokerUnavailable(
+                f"{s.host}:{s.port} accepted a TCP connection but answered no MQTT CONNECT: is it an MQTT broker?"
+            )
         except BrokerUnavailable as e:
             last = e
             time.sleep(min(1.0, max(deadline - time.monotonic(), 0)))
@@ -145,28 +197,41 @@ def detect_protocol(s: MqttSettings, client_id: str, timeout_s: float) -> str:
 
 
 class Bridge:
-    """One paho client for the service.
+    """One paho client for the service, driven by the service's loop (see the module text).
 
     Args:
         settings: the ``[mqtt]`` section.
         topics: the topic set of ``mqtt.base_topic``.
         client_id: overrides ``settings.client_id`` (tests run several services at once).
+        max_packet_bytes: MQTT 5 Maximum Packet Size we accept; the broker does not send us
+            larger packets (requests that big are refused by the broker, never parsed here).
     """
 
-    def __init__(self, settings: MqttSettings, topics: Topics, client_id: str | None = None) -> None:
+    def __init__(
+        self,
+        settings: MqttSettings,
+        topics: Topics,
+        client_id: str | None = None,
+        max_packet_bytes: int | None = None,
+    ) -> None:
         self.settings = settings
         self.topics = topics
         self.client_id = client_id or settings.client_id
-        self.inbox: queue.SimpleQueue[Incoming | Connected | RetainedJob] = queue.SimpleQueue()
-        self.wake_r, self._wake_w = socket.socketpair()
-        self.wake_r.setblocking(False)
+        self.max_packet_bytes = max_packet_bytes
+        #: What arrived, in order; the service takes from the left.
+        self.inbox: deque[Incoming | Connected | RetainedJob] = deque()
         self.protocol: mqtt.MQTTProtocolVersion = mqtt.MQTTv311 if settings.protocol == "3.1.1" else mqtt.MQTTv5
-        self.connected = threading.Event()
+        self.connected = False
+        self.connection = 0  # increments at every CONNACK
         self._refused: str | None = None
         self._scanning = False
-        self._held: list[Callable[[], object]] | None = None
-        self._acks = threading.Condition()
+        self._held: list[_Pub | _Ack] | None = None
+        self._out: deque[_Pub | _Ack] = deque()
         self._unacked = 0
+        self._closing = False
+        self._next_reconnect = 0.0
+        self._reconnect_delay = RECONNECT_MIN_S
+        self._more_to_read = False
         self._client = self._make_client()
 
     @property
@@ -182,10 +247,9 @@ class Bridge:
             clean_session=None if v5 else False,
             manual_ack=True,
         )
-        client.max_queued_messages_set(0)
-        client.max_inflight_messages_set(100)
-        # Capped low: after a broker restart the retained state must be back within seconds.
-        client.reconnect_delay_set(min_delay=1, max_delay=4)
+        client.max_queued_messages_set(0)  # bounded by WINDOW, below
+        client.max_inflight_messages_set(0)  # every message handed over is sent at once
+        client.connect_timeout = 5.0
         configure_client(client, self.settings)
         client.will_set(self.topics.status, OFFLINE, qos=1, retain=True)
         client.on_connect = self._on_connect
@@ -194,27 +258,22 @@ class Bridge:
         client.on_publish = self._on_publish
         return client
 
-    # -- paho's thread ------------------------------------------------------------------
-
-    def _wake(self) -> None:
-        try:
-            self._wake_w.send(b"\0")
-        except (BlockingIOError, OSError):
-            pass  # the socket buffer is full: the service is awake anyway
+    # -- paho's callbacks (run inside pump(), on the service's thread) -------------------
 
     def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
         if reason.is_failure:
             self._refused = str(reason)
             log.error("broker refused the connection: %s", reason)
-            self.connected.set()  # wakes connect(), which reports the refusal
             return
         self._refused = None
+        self.connected = True
+        self.connection += 1
+        self._reconnect_delay = RECONNECT_MIN_S
         set_nodelay(client)
-        with self._acks:  # paho resends what was in flight; count afresh from here
-            self._unacked = 0
-            self._acks.notify_all()
-        v5 = self.protocol == mqtt.MQTTv5
-        if v5:
+        # PUBACKs still waiting were for the connection that ended: the broker sends those
+        # requests again on this one, and they are answered then.
+        self._out = deque(m for m in self._out if not isinstance(m, _Ack) or m.connection == self.connection)
+        if self.protocol == mqtt.MQTTv5:
             opts = SubscribeOptions(qos=1, noLocal=True, retainAsPublished=True)
             client.subscribe(self.topics.requests, options=opts)
             client.subscribe(self.topics.all_jobs, options=SubscribeOptions(qos=0, noLocal=True))
@@ -222,53 +281,63 @@ class Bridge:
             client.subscribe(self.topics.requests, 1)
             client.subscribe(self.topics.all_jobs, 0)
         self._scanning = True
-        # "online" follows from the service's republish on this Connected event, after the
-        # subscription is on its way: requests published after a client sees it are not missed.
+        session_present = bool(getattr(flags, "session_present", False))
         log.info(
             "connected to %s:%s (MQTT %s, session present: %s)",
             self.settings.host,
             self.settings.port,
             self.protocol_name,
-            getattr(flags, "session_present", None),
+            session_present,
         )
-        self.connected.set()
-        self.inbox.put(Connected(self.protocol_name))
-        self._wake()
+        # "online" follows from the service's republish on this event, after the subscription
+        # is on its way: requests published after a client sees it are not missed.
+        self.inbox.append(Connected(self.protocol_name, session_present))
 
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
-        self.connected.clear()
-        with self._acks:
-            self._acks.notify_all()
-        if reason.is_failure or str(reason) != "Normal disconnection":
+        was = self.connected
+        self.connected = False
+        self._next_reconnect = time.monotonic() + self._reconnect_delay
+        if not self._closing and was:
             log.warning("disconnected from the broker (%s); reconnecting", reason)
 
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
         command = self.topics.parse_request(msg.topic)
         if command is None:
-            client.ack(msg.mid, msg.qos)
+            if msg.qos:
+                client.ack(msg.mid, msg.qos)
             job_id = self.topics.parse_job(msg.topic)
             if job_id and msg.retain and msg.payload and self._scanning:
-                self.inbox.put(RetainedJob(job_id))
-                self._wake()
+                self.inbox.append(RetainedJob(job_id))
             return
         props = getattr(msg, "properties", None)
         response_topic = getattr(props, "ResponseTopic", None) if props else None
         correlation = getattr(props, "CorrelationData", None) if props else None
-        self.inbox.put(
+        self.inbox.append(
             Incoming(
-                msg.topic, command, bytes(msg.payload), bool(msg.retain), msg.qos, msg.mid, response_topic, correlation
+                msg.topic,
+                command,
+                bytes(msg.payload),
+                bool(msg.retain),
+                msg.qos,
+                msg.mid,
+                response_topic,
+                correlation,
+                bool(msg.dup),
+                self.connection,
             )
         )
-        self._wake()
 
-    # -- service thread -----------------------------------------------------------------
+    def _on_publish(self, client: mqtt.Client, userdata: Any, mid: int, reason: Any, properties: Any) -> None:
+        self._unacked = max(0, self._unacked - 1)
+
+    # -- connecting ---------------------------------------------------------------------
 
     def connect(self, timeout_s: float = 10.0) -> None:
-        """Connect and start paho's network thread; paho reconnects with backoff from then on.
+        """Connect and wait for the first CONNACK, pumping the socket on this thread.
 
         With ``mqtt.protocol = "auto"`` the protocol is found first (:func:`detect_protocol`).
-        Blocks until the first CONNACK; raises :class:`BrokerUnavailable` when
-        none arrives in ``timeout_s`` seconds or the broker refuses (bad credentials).
+        Raises :class:`BrokerUnavailable` when no CONNACK arrives in ``timeout_s`` seconds or
+        the broker refuses (bad credentials, client id not allowed).
         """
         s = self.settings
         if s.protocol == "auto":
@@ -277,34 +346,144 @@ class Bridge:
                 log.info("the broker does not speak MQTT 5; using MQTT 3.1.1")
                 self.protocol = mqtt.MQTTv311
                 self._client = self._make_client()
-        props = None
-        if self.protocol == mqtt.MQTTv5:
-            props = Properties(PacketTypes.CONNECT)
-            props.SessionExpiryInterval = s.session_expiry_s
-        self.connected.clear()
-        self._client.connect_async(s.host, s.port, keepalive=s.keepalive_s, clean_start=False, properties=props)
-        self._client.loop_start()
-        if not self.connected.wait(timeout_s):
-            raise BrokerUnavailable(f"no MQTT broker answered at {s.host}:{s.port} within {timeout_s} s")
+        deadline = time.monotonic() + timeout_s
+        try:
+            if self.protocol == mqtt.MQTTv5:
+                self._client.connect(
+                    s.host, s.port, keepalive=s.keepalive_s, clean_start=False, properties=self._connect_properties()
+                )
+            else:  # the session flag is the client's clean_session=False
+                self._client.connect(s.host, s.port, keepalive=s.keepalive_s)
+        except OSError as e:
+            raise BrokerUnavailable(f"no MQTT broker at {s.host}:{s.port}: {e}") from e
+        while not self.connected and self._refused is None and time.monotonic() < deadline:
+            sock = self._client.socket()
+            if sock is None:
+                break
+            select.select([sock], [sock] if self._client.want_write() else [], [], 0.1)
+            self.pump(time.monotonic(), reconnect=False)
         if self._refused:
-            self._client.loop_stop()
             raise BrokerUnavailable(f"the broker at {s.host}:{s.port} refused us: {self._refused}")
+        if not self.connected:
+            raise BrokerUnavailable(f"no MQTT broker answered at {s.host}:{s.port} within {timeout_s} s")
+
+    def _connect_properties(self) -> Properties | None:
+        if self.protocol != mqtt.MQTTv5:
+            return None
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = self.settings.session_expiry_s
+        props.ReceiveMaximum = RECEIVE_MAXIMUM
+        if self.max_packet_bytes:
+            props.MaximumPacketSize = self.max_packet_bytes
+        return props
+
+    def _reconnect(self, now: float) -> None:
+        self._next_reconnect = now + self._reconnect_delay
+        self._reconnect_delay = min(RECONNECT_MAX_S, self._reconnect_delay * 2) * (0.75 + random.random() / 4)
+        try:
+            self._client.reconnect()
+        except (OSError, ssl.SSLError) as e:
+            log.debug("reconnect to %s:%s failed: %s", self.settings.host, self.settings.port, e)
+
+    # -- the loop's side ----------------------------------------------------------------
+
+    def fileno(self) -> socket.socket | None:
+        """The socket to wait on for reading (``None`` while disconnected)."""
+        sock = self._client.socket()
+        return sock if isinstance(sock, socket.socket) else None
+
+    def want_write(self) -> bool:
+        """True when paho has bytes the socket did not take yet: wait for writability too."""
+        return self._client.socket() is not None and self._client.want_write()
+
+    def wait_s(self, now: float) -> float | None:
+        """How long the loop may sleep as far as the bridge goes (``None``: no limit)."""
+        if self._more_to_read or (self._out and self._unacked < WINDOW and self.connected):
+            return 0.0
+        if self._client.socket() is None and not self._closing:
+            return max(0.0, self._next_reconnect - now)
+        return None
+
+    @property
+    def backlog(self) -> int:
+        """Messages waiting here because the broker has not acknowledged earlier ones."""
+        return len(self._out)
+
+    def pump(self, now: float, *, reconnect: bool = True) -> None:
+        """Read what arrived (within the budgets), write what waits, keep the connection
+        alive, reconnect when due. Never blocks longer than a TCP connect (``connect_timeout``)."""
+        client = self._client
+        if client.socket() is None:
+            if reconnect and not self._closing and now >= self._next_reconnect:
+                self._reconnect(now)
+            return
+        self._read()
+        self._hand_over()
+        if client.socket() is not None and client.want_write():
+            client.loop_write()
+        if client.socket() is not None:
+            client.loop_misc()
+
+    def _read(self) -> None:
+        """Read whole packets until the socket has none, or a budget is reached.
+
+        paho's ``loop_read`` reads at most as many packets as it has messages in flight and
+        does not say whether the socket ran dry; ``_packet_read`` (what ``loop_read`` calls)
+        does, by returning ``MQTT_ERR_AGAIN``.
+        """
+        client = self._client
+        self._more_to_read = False
+        for _ in range(READ_BUDGET):
+            if len(self.inbox) >= INBOX_HIGH and self._unacked < WINDOW and not self._out:
+                self._more_to_read = False  # back-pressure: leave it in the socket
+                return
+            if client.socket() is None:
+                return
+            rc = client._packet_read()
+            if rc == MQTTErrorCode.MQTT_ERR_AGAIN:
+                return
+            if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+                client._loop_rc_handle(rc)
+                return
+        self._more_to_read = True
+
+    def _hand_over(self) -> None:
+        """Give waiting messages to paho, in order, while fewer than WINDOW await a PUBACK."""
+        client, out = self._client, self._out
+        if not self.connected:
+            if len(out) > OFFLINE_BACKLOG:
+                kept: deque[_Pub | _Ack] = deque(m for m in out if isinstance(m, _Pub) and not m.retain)
+                dropped = len(out) - len(kept)
+                while len(kept) > OFFLINE_BACKLOG:
+                    kept.popleft()
+                    dropped += 1
+                self._out = kept
+                log.warning("broker unreachable: dropped %d waiting messages (state is republished)", dropped)
+            return
+        while out and self._unacked < WINDOW:
+            m = out.popleft()
+            if isinstance(m, _Ack):
+                if m.connection == self.connection:
+                    client.ack(m.mid, m.qos)
+                continue
+            self._unacked += 1
+            info = client.publish(m.topic, m.payload, qos=1, retain=m.retain, properties=m.props)
+            if info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN:
+                break  # paho keeps it and sends it after the reconnect
+            if client.socket() is None:
+                break
+
+    # -- what the service sends -----------------------------------------------------------
 
     def stop_retained_scan(self) -> None:
         """End the start-up read of retained ``<base>/jobs/+`` (see ``Service.on_retained_job``)."""
         self._scanning = False
-        self._client.unsubscribe(self.topics.all_jobs)
-
-    def drain_wake(self) -> None:
-        try:
-            while self.wake_r.recv(4096):
-                pass
-        except (BlockingIOError, OSError):
-            pass
+        if self.connected:
+            self._client.unsubscribe(self.topics.all_jobs)
 
     @contextmanager
     def held(self) -> Iterator[None]:
-        """Hold every publish, response and PUBACK made inside; send them, in order, when the
+        """Hold every publish, response and PUBACK made inside; queue them, in order, when the
         block exits normally (after the store's group commit), drop them on an exception."""
         if self._held is not None:
             yield
@@ -312,59 +491,55 @@ class Bridge:
         self._held = []
         try:
             yield
-            for action in self._held:
-                action()
+            self._out.extend(self._held)
         finally:
             self._held = None
 
-    def _do(self, action: Callable[[], object]) -> None:
+    def _put(self, m: _Pub | _Ack) -> None:
         if self._held is None:
-            action()
+            self._out.append(m)
         else:
-            self._held.append(action)
+            self._held.append(m)
 
     def publish(self, topic: str, payload: bytes | str, *, retain: bool = False) -> None:
-        """Publish at QoS 1 (see :meth:`_send` for the bound on what waits for a PUBACK)."""
-        self._do(partial(self._send, topic, payload, retain, None))
+        """Publish at QoS 1, once the enclosing :meth:`held` block has committed."""
+        self._put(_Pub(topic, payload, retain))
 
     def respond(self, topic: str, payload: bytes, *, correlation_data: bytes | None = None) -> None:
         props = None
         if correlation_data is not None and self.protocol == mqtt.MQTTv5:
             props = Properties(PacketTypes.PUBLISH)
             props.CorrelationData = correlation_data
-        self._do(partial(self._send, topic, payload, False, props))
-
-    def _send(self, topic: str, payload: bytes | str, retain: bool, props: Properties | None) -> None:
-        """Hand one QoS 1 message to paho, keeping at most :data:`MAX_UNACKED` of ours without
-        a PUBACK: paho numbers them with 16-bit message ids, so 100,000 retained job topics
-        queued at once would overwrite each other (measured: 65,533 of 100,000 arrived).
-        Connected, it waits for PUBACKs to free room; while the broker is away a retained
-        message over the bound is dropped, since the republish on reconnect sends it again."""
-        with self._acks:
-            if self._unacked >= MAX_UNACKED:
-                if not self.connected.is_set() and retain:
-                    return
-                self._acks.wait_for(lambda: self._unacked < MAX_UNACKED or not self.connected.is_set(), 30)
-            self._unacked += 1
-        self._client.publish(topic, payload, qos=1, retain=retain, properties=props)
-
-    def _on_publish(self, client: mqtt.Client, userdata: Any, mid: int, reason: Any, properties: Any) -> None:
-        with self._acks:
-            self._unacked = max(0, self._unacked - 1)
-            self._acks.notify_all()
+        self._put(_Pub(topic, payload, False, props))
 
     def ack(self, msg: Incoming) -> None:
         """Send the PUBACK of a QoS 1 request: call only once its effects are committed."""
         if msg.qos > 0:
-            self._do(partial(self._client.ack, msg.mid, msg.qos))
+            self._put(_Ack(msg.mid, msg.qos, msg.connection))
+
+    def flush(self, timeout_s: float) -> bool:
+        """Pump until everything waiting has been acknowledged, at most ``timeout_s`` seconds
+        (used when stopping). Returns True when nothing is left."""
+        end = time.monotonic() + timeout_s
+        while (self._out or self._unacked) and self.connected and time.monotonic() < end:
+            sock = self._client.socket()
+            if sock is None:
+                break
+            select.select([sock], [sock] if self._client.want_write() else [], [], 0.05)
+            self.pump(time.monotonic(), reconnect=False)
+        return not self._out and not self._unacked
 
     def close(self, *, offline: bool = True, timeout_s: float = 5.0) -> None:
-        """Publish ``offline`` (retained), wait for it to be sent, then disconnect."""
+        """Send what waits, publish ``offline`` (retained), then disconnect."""
+        if offline and self.connected:
+            self.publish(self.topics.status, OFFLINE, retain=True)
+        if self.connected:
+            if not self.flush(timeout_s):
+                log.warning("stopping with %d messages not acknowledged by the broker", self.backlog + self._unacked)
+        self._closing = True
         try:
-            if offline and self.connected.is_set():
-                info = self._client.publish(self.topics.status, OFFLINE, qos=1, retain=True)
-                info.wait_for_publish(timeout_s)
-        except (RuntimeError, ValueError) as e:
-            log.warning("could not publish offline: %s", e)
-        self._client.disconnect()
-        self._client.loop_stop()
+            self._client.disconnect()
+            if self._client.socket() is not None and self._client.want_write():
+                self._client.loop_write()
+        except (OSError, ValueError):
+            pass

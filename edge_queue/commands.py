@@ -64,9 +64,16 @@ class Commands:
         ``reply_to`` is the request's validated ``reply_to`` topic, or ``None``.
         """
         svc = self.service
+        limit = svc.settings.max_payload_bytes
+        if len(raw) > limit:
+            # Refused before anything is parsed; nothing of it is echoed back.
+            log.warning("request %s rejected: payload_too_large (%d bytes)", _clip(command, 64), len(raw))
+            return payloads.error(
+                ErrorCode.PAYLOAD_TOO_LARGE, f"payload is {len(raw)} bytes; the limit is {limit} (max_payload_bytes)"
+            ), None
         transaction, reply_to = payloads.peek_envelope(raw)
         if reply_to is not None and not svc.topics.valid_reply_to(reply_to):
-            log.warning("request %s rejected: invalid_request (reply_to)", command[:64])
+            log.warning("request %s rejected: invalid_request (reply_to)", _clip(command, 64))
             return payloads.error(
                 ErrorCode.INVALID_REQUEST,
                 "reply_to must be a topic without wildcards, not under the base topic except <base>/reply/...",
@@ -81,16 +88,16 @@ class Commands:
             data = getattr(self, f"do_{command}")(request)
             return payloads.ok(data, transaction), reply_to
         except RequestError as e:
-            log.warning("request %s rejected: %s: %s", command[:64], e.code, e.message)
+            log.warning("request %s rejected: %s: %s", _clip(command, 64), e.code, _clip(e.message))
             resp = payloads.error(e.code, e.message, transaction, e.field)
             if isinstance(e, _AllRejected):
                 resp["error"]["rejected"] = e.rejected
             return resp, reply_to
         except EdgeQueueError as e:
-            log.warning("request %s failed: %s: %s", command[:64], e.code, e.message)
+            log.warning("request %s failed: %s: %s", _clip(command, 64), e.code, _clip(e.message))
             return payloads.error(e.code, e.message, transaction), reply_to
         except Exception as e:  # a bug must cost one response, not the service
-            log.exception("request %s: internal error", command[:64])
+            log.exception("request %s: internal error", _clip(command, 64))
             return payloads.error(ErrorCode.INTERNAL_ERROR, f"{type(e).__name__}: {e}", transaction), reply_to
 
     # -- submit -------------------------------------------------------------------------
@@ -116,13 +123,29 @@ class Commands:
         raw_inputs = req.input_list()
         if kind.needs_input and raw_inputs == [None]:
             raise RequestError(f"kind {kind.name} needs an input file", field="input")
+        limits = svc.settings.limits
+        if len(raw_inputs) > limits.max_batch_inputs:
+            raise RequestError(
+                f"{len(raw_inputs)} inputs; one submit takes at most {limits.max_batch_inputs} "
+                "(limits.max_batch_inputs): split it",
+                field="inputs",
+            )
+        if why := svc.disk_full():
+            raise RequestError(why, code=ErrorCode.DISK_FULL)
+        waiting = svc._store().waiting()
+        if waiting + len(raw_inputs) > limits.max_queued_jobs:
+            raise RequestError(
+                f"{waiting} jobs are waiting to run; the queue holds at most {limits.max_queued_jobs} "
+                "(limits.max_queued_jobs): submit again later",
+                code=ErrorCode.QUEUE_FULL,
+            )
         specs, rejected = [], []
         for raw in raw_inputs:
             try:
                 path = check_input(raw, svc.settings.media_roots) if kind.needs_input and raw else raw
             except InputError as e:
                 rejected.append({"input": raw, "code": str(e.code), "message": e.message})
-                log.warning("submit: input rejected: %s: %s", e.code, e.message)
+                log.warning("submit: input rejected: %s: %s", e.code, _clip(e.message))
                 continue
             specs.append(
                 JobSpec(
@@ -142,7 +165,7 @@ class Commands:
         )
         for c in created:
             if not c.duplicate:
-                log.info("job %s queued: %s %s", c.job["job_id"], c.job["kind"], c.job["input"] or "")
+                log.info("job %s queued: %s %s", c.job["job_id"], c.job["kind"], _clip(c.job["input"] or ""))
                 svc.publish_job(c.job, "new")
         jobs = [{"job_id": c.job["job_id"], "input": c.job["input"], "duplicate": c.duplicate} for c in created]
         return {"batch_id": batch_id, "jobs": jobs, "rejected": rejected}
@@ -276,8 +299,13 @@ class Commands:
         return {"purged": svc.purge(ids)}
 
     def do_republish(self, req: payloads.EmptyRequest) -> dict[str, Any]:
-        self.service.republish()
-        return {"republished": True}
+        started = self.service.republish()
+        return {"republished": True, "already_running": not started}
+
+
+def _clip(text: str, n: int = 200) -> str:
+    """Client text for a log line: one line (escaped), at most ``n`` characters."""
+    return text[:n].encode("unicode_escape").decode("ascii")
 
 
 class _AllRejected(RequestError):

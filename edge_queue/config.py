@@ -101,6 +101,23 @@ class KindSettings(_Section):
     timeout_s: float | None = Field(None, gt=0)
 
 
+class LimitsSettings(_Section):
+    """``[limits]``: what one household (or one careless client) may ask of the service
+    (docs/configuration.md, "[limits]"). Requests past a limit are refused with a clear code;
+    requests that arrive faster than they can be committed wait in the broker (back-pressure)."""
+
+    #: Jobs waiting to run (``queued`` + ``retrying``) at most; a submit past it: ``queue_full``.
+    max_queued_jobs: int = Field(100_000, ge=1)
+    #: Inputs in one ``submit`` at most (a batch); more: ``invalid_request`` on ``inputs``.
+    max_batch_inputs: int = Field(1_000, ge=1, le=10_000)
+    #: Requests executed per second at most, all clients together (0: no limit); the rest
+    #: wait in the broker, unacknowledged, and are answered later.
+    max_requests_per_s: float = Field(0, ge=0)
+    #: Free space (MiB) ``data_dir`` must keep; below it a submit is refused with ``disk_full``
+    #: while status, cancel, purge and every read keep working.
+    min_free_disk_mb: int = Field(256, ge=0)
+
+
 class TranscribeSettings(_Section):
     """faster-whisper settings. ``model``: a CTranslate2 model folder, or a model name that
     faster-whisper downloads where a network exists; ``None`` uses the bundled tiny.en of the
@@ -163,6 +180,7 @@ class Settings(BaseSettings):
     retry: RetrySettings = RetrySettings()
     transcribe: TranscribeSettings = TranscribeSettings()
     kinds: dict[str, KindSettings] = {}
+    limits: LimitsSettings = LimitsSettings()
 
     @classmethod
     def settings_customise_sources(

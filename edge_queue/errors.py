@@ -19,6 +19,8 @@ class ErrorCode(StrEnum):
     UNKNOWN_COMMAND = "unknown_command"
     UNKNOWN_KIND = "unknown_kind"
     PAYLOAD_TOO_LARGE = "payload_too_large"
+    QUEUE_FULL = "queue_full"
+    DISK_FULL = "disk_full"
     NOT_FOUND = "not_found"
     CONFLICT = "conflict"
     INPUT_NOT_FOUND = "input_not_found"

@@ -21,11 +21,22 @@ VERSION = 1
 JsonValue = Any
 
 
+#: A ``transaction`` is echoed in the response; its JSON may be at most this many bytes.
+MAX_TRANSACTION_BYTES = 1024
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     transaction: JsonValue = None
     reply_to: str | None = Field(None, max_length=1024)
+
+    @field_validator("transaction")
+    @classmethod
+    def _transaction(cls, v: JsonValue) -> JsonValue:
+        if v is not None and len(json.dumps(v, separators=(",", ":"))) > MAX_TRANSACTION_BYTES:
+            raise ValueError(f"transaction must encode to at most {MAX_TRANSACTION_BYTES} bytes of JSON")
+        return v
 
 
 class SubmitRequest(_Request):
@@ -33,7 +44,7 @@ class SubmitRequest(_Request):
 
     kind: str | None = Field(None, min_length=1, max_length=64)
     input: str | None = Field(None, min_length=1, max_length=4096)
-    inputs: list[str] | None = Field(None, min_length=1, max_length=1000)
+    inputs: list[str] | None = Field(None, min_length=1, max_length=10_000)
     options: dict[str, Any] = {}
     priority: int = Field(0, ge=-100, le=100)
     idempotency_key: str | None = Field(None, min_length=1, max_length=200)
@@ -131,7 +142,13 @@ def peek_envelope(raw: bytes) -> tuple[JsonValue, str | None]:
     if not isinstance(data, dict):
         return None, None
     reply_to = data.get("reply_to")
-    return data.get("transaction"), reply_to if isinstance(reply_to, str) else None
+    transaction = data.get("transaction")
+    try:
+        if len(json.dumps(transaction, separators=(",", ":"))) > MAX_TRANSACTION_BYTES:
+            transaction = None  # too large to echo back
+    except (TypeError, ValueError, RecursionError):
+        transaction = None
+    return transaction, reply_to if isinstance(reply_to, str) and len(reply_to) <= 1024 else None
 
 
 def _no_constant(name: str) -> Any:

@@ -10,11 +10,14 @@ This module is the one place where the outcome of an attempt becomes a job state
 
 from __future__ import annotations
 
+import errno
 import logging
-import queue
 import random
+import select
+import shutil
 import signal
 import socket
+import sqlite3
 import time
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
@@ -25,12 +28,13 @@ from . import payloads
 from .bridge import Bridge, Connected, Incoming, RetainedJob
 from .commands import Commands
 from .config import Settings
-from .errors import ConfigError, ErrorCode
+from .errors import ConfigError, ErrorCode, NotFoundError
 from .kinds import registry
 from .notify import Notifier
+from .preflight import check_data_dir
 from .states import JobState, is_terminal
 from .store import Store, iso, new_id
-from .supervisor import Outcome, Supervisor
+from .supervisor import Outcome, Supervisor, _Slot
 from .topics import ONLINE, Topics
 
 log = logging.getLogger(__name__)
@@ -47,6 +51,18 @@ RETAINED_SCAN_S = 3.0
 ECHO_WINDOW_S = 5.0
 #: How often terminal jobs past ``retention_days`` are purged.
 RETENTION_INTERVAL_S = 600.0
+#: Requests executed in one loop turn at most; the rest wait, in order, for the next turns.
+TURN_REQUESTS = 500
+#: No new request is taken while this many messages wait for the broker's acknowledgements.
+BACKLOG_HIGH = 20_000
+#: The republish after a connect sends this many job states per turn, while fewer than
+#: BACKLOG_LOW messages wait for the broker: it proceeds in pieces, between requests.
+REPUBLISH_PAGE = 1_000
+BACKLOG_LOW = 4_000
+#: A loop turn longer than this is logged (the watchdog and the Last Will allow far more).
+SLOW_TURN_S = 1.0
+#: How often free disk space is measured for ``limits.min_free_disk_mb``.
+DISK_CHECK_INTERVAL_S = 2.0
 
 
 def package_version() -> str:
@@ -95,6 +111,11 @@ def backoff_s(attempt: int, base_s: float, cap_s: float, rng: Callable[[], float
 class Service:
     """edge-queue's service process (``edge-queue serve``).
 
+    Threads: one. The loop (:meth:`step`) waits in one ``select`` on the broker's socket, the
+    worker pipes and process sentinels, and a signal socket; then :meth:`tick` acts on
+    everything pending, within per-turn budgets, as one group commit. Nothing it decides
+    (responses, PUBACKs, state publishes, job hand-outs) leaves before that commit.
+
     Args:
         settings: the validated configuration.
         client_id: MQTT client id; defaults to ``mqtt.client_id``.
@@ -121,7 +142,14 @@ class Service:
         self.stopping = False
         self.store: Store | None = None
         self.supervisor = Supervisor(settings)
-        self.bridge = Bridge(settings.mqtt, self.topics, client_id=client_id)
+        # Requests a little over max_payload_bytes are still read, to answer payload_too_large;
+        # far larger ones the broker does not send us at all (MQTT 5 Maximum Packet Size).
+        self.bridge = Bridge(
+            settings.mqtt,
+            self.topics,
+            client_id=client_id,
+            max_packet_bytes=max(4 * settings.max_payload_bytes, 1024 * 1024) + 65536,
+        )
         self.commands = Commands(self)
         self.notifier = Notifier()
         self._sig_r, self._sig_w = socket.socketpair()
@@ -134,19 +162,32 @@ class Service:
         self._last_queue_pub = 0.0
         self._dirty_batches: set[str] = set()
         self._last_batch_pub: dict[str, float] = {}
-        self._echoes: dict[str, float] = {}
+        self._dirty_jobs: dict[str, bytes] = {}  # job id -> its latest state, published once a turn
+        self._echoes: dict[str, float] = {}  # topic -> monotonic end of its echo window
         self._boot_changes: list[dict[str, Any]] = []  # events owed for changes made before connecting
-        self._lock: Any = None  # topic -> monotonic end of its echo window
+        self._lock: Any = None
         self._scan_retained_until: float | None = None
+        self._scan_unknown: list[str] = []
+        self._scan_cleared = 0
+        self._store_was_new = False
         self._next_retention = 0.0
+        self._republish_at: tuple[str, str] | None = None  # (phase, cursor) of the republish
+        self._carried: list[Outcome] = []  # outcomes of a turn whose commit failed
+        self._tokens = 0.0
+        self._tokens_at = time.monotonic()
+        self._disk_checked = 0.0
+        self._disk_free_mb: float | None = None
+        self.longest_turn_s = 0.0
 
     # -- boot ---------------------------------------------------------------------------
 
     def boot(self, *, connect_timeout_s: float = 30.0) -> None:
         """Open the store, requeue orphans, start workers, connect. Raises BrokerUnavailable."""
+        check_data_dir(self.settings)
         s = self.settings
         s.data_dir.mkdir(parents=True, exist_ok=True)
         self._lock = lock_data_dir(s.data_dir)
+        self._store_was_new = not s.db_path.exists() or s.db_path.stat().st_size == 0
         self.store = Store(s.db_path, s.durability)
         self.requeue_orphans()
         self.supervisor.start()
@@ -170,8 +211,8 @@ class Service:
                 )
                 log.warning("job %s: cancelled (the service ended while it was cancelling)", job_id)
             elif job["attempt"] >= job["max_attempts"]:
-                # The attempt counts (PRODUCT 4.3); with none left, the job fails: a job that
-                # takes the whole service down cannot loop forever.
+                # The attempt counts; with none left, the job fails: a job that takes the whole
+                # service down cannot loop forever.
                 job = store.transition(
                     job_id,
                     JobState.FAILED,
@@ -208,7 +249,7 @@ class Service:
     # -- the loop -----------------------------------------------------------------------
 
     def run(self) -> int:
-        """Boot, serve until SIGTERM/SIGINT, stop gracefully (PRODUCT 4.6). Returns 0."""
+        """Boot, serve until SIGTERM/SIGINT, stop gracefully. Returns 0."""
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
         self.boot()
@@ -229,45 +270,143 @@ class Service:
         return 0
 
     def step(self, max_wait_s: float = 1.0) -> None:
-        """One turn of the loop: wait for something, then act on all of it."""
-        self.supervisor.wait([self.bridge.wake_r, self._sig_r], self._wait_s(max_wait_s))
-        self.bridge.drain_wake()
+        """One turn of the loop: wait for something (at most ``max_wait_s`` seconds), then act
+        on what is pending, within the turn's budgets."""
+        sock = self.bridge.fileno()
+        readable: list[Any] = [self._sig_r, *self.supervisor.wait_handles()]
+        writable: list[Any] = []
+        if sock is not None:
+            readable.append(sock)
+            if self.bridge.want_write():
+                writable.append(sock)
+        timeout = self._wait_s(max_wait_s)
+        try:
+            select.select(readable, writable, [], timeout)
+        except InterruptedError:
+            pass
+        t0 = time.monotonic()
+        try:
+            while self._sig_r.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+        self.bridge.pump(time.monotonic())
         self.tick(self.clock())
+        self.bridge.pump(time.monotonic())
+        took = time.monotonic() - t0
+        if took > self.longest_turn_s:
+            self.longest_turn_s = took
+            if took >= SLOW_TURN_S:
+                log.warning("slow loop turn: %.2f s", took)
 
     def tick(self, now: float) -> None:
         """Act on everything pending at ``now``: messages, worker outcomes, due jobs, publishes.
 
-        All of it is one group commit (one fsync), and nothing it publishes, answers or
-        acknowledges leaves before that commit.
+        All of it is one group commit (one fsync); nothing it publishes, answers, acknowledges
+        or hands to a worker leaves before that commit. When the commit fails (a full disk, a
+        damaged file), the turn's requests are answered with the error and its worker outcomes
+        are kept for the next turn: none is lost and the service keeps serving.
         """
         store = self._store()
-        with self.bridge.held(), store.group():
-            while True:
-                try:
-                    item = self.bridge.inbox.get_nowait()
-                except queue.Empty:
+        taken: list[Incoming] = []
+        outcomes = self._carried + self.supervisor.poll()
+        self._carried = []
+        try:
+            with self.bridge.held(), store.group():
+                self._take_inbox(taken)
+                for outcome in outcomes:
+                    self.on_outcome(outcome, self.clock())
+                self.schedule(self.clock())
+                self.flush(self.clock())
+                self.housekeeping(self.clock())
+                self._republish_step()
+                self._publish_dirty_jobs()
+        except (sqlite3.Error, OSError) as e:
+            self._turn_failed(e, taken, outcomes)
+            return
+        self.supervisor.dispatch()
+
+    def _turn_failed(self, e: Exception, taken: list[Incoming], outcomes: list[Outcome]) -> None:
+        self.supervisor.unassign()
+        self._dirty_jobs.clear()
+        self._carried = [o for o in outcomes if o.op != "progress"]
+        full = _disk_full(e)
+        code = ErrorCode.DISK_FULL if full else ErrorCode.INTERNAL_ERROR
+        log.error(
+            "could not commit to %s: %s; %d request(s) answered %s, the turn's job changes are kept for the next turn",
+            self.settings.db_path,
+            e,
+            len(taken),
+            code,
+        )
+        message = (
+            "the disk holding the job store is full; free space and retry"
+            if full
+            else "the job store could not be written; see the service log"
+        )
+        with self.bridge.held():
+            for msg in taken:
+                if msg.retain or not msg.payload:
+                    self.bridge.ack(msg)
+                    continue
+                transaction, reply_to = payloads.peek_envelope(msg.payload)
+                self.respond(msg, payloads.error(code, message, transaction), reply_to)
+                self.bridge.ack(msg)
+
+    def _take_inbox(self, taken: list[Incoming]) -> None:
+        """Take what arrived, within the turn's budget: at most :data:`TURN_REQUESTS`
+        requests, none while the broker has :data:`BACKLOG_HIGH` of our messages to
+        acknowledge, and at most ``limits.max_requests_per_s``. What is left stays in the
+        inbox, unacknowledged, so the broker holds back the rest (MQTT flow control)."""
+        inbox = self.bridge.inbox
+        budget = TURN_REQUESTS
+        rate = self.settings.limits.max_requests_per_s
+        if rate:
+            mono = time.monotonic()
+            self._tokens = min(rate, self._tokens + (mono - self._tokens_at) * rate)
+            self._tokens_at = mono
+            budget = min(budget, int(self._tokens))
+        unknown: list[str] = []
+        while inbox:
+            item = inbox[0]
+            if isinstance(item, Incoming):
+                if budget <= 0 or self.bridge.backlog >= BACKLOG_HIGH:
                     break
-                if isinstance(item, Connected):
-                    self.republish()
-                    self._scan_retained_until = self.clock() + RETAINED_SCAN_S
-                    for job in self._boot_changes:  # changes made before the first connect
-                        self.publish_job(job)
-                    self._boot_changes.clear()
-                elif isinstance(item, RetainedJob):
-                    self.on_retained_job(item)
-                else:
-                    self.on_message(item)
-            for outcome in self.supervisor.poll():
-                self.on_outcome(outcome, self.clock())
-            self.schedule(self.clock())
-            self.flush(self.clock())
-            self.housekeeping(self.clock())
+                budget -= 1
+                if rate:
+                    self._tokens -= 1
+                inbox.popleft()
+                taken.append(item)
+                self.on_message(item)
+            elif isinstance(item, RetainedJob):
+                inbox.popleft()
+                unknown.append(item.job_id)
+            else:
+                inbox.popleft()
+                self.on_connected(item)
+        if unknown:
+            self.on_retained_jobs(unknown)
+
+    def on_connected(self, item: Connected) -> None:
+        """(Re)connected: ``online``, ``info``, the changes made before the first connect, and
+        a republish of every job and batch, in pieces (:meth:`_republish_step`)."""
+        self.bridge.publish(self.topics.status, ONLINE, retain=True)
+        self.bridge.publish(self.topics.info, payloads.encode(self.info()), retain=True)
+        for job in self._boot_changes:
+            self.publish_job(job)
+        self._boot_changes.clear()
+        self.start_republish()
+        self._scan_retained_until = self.clock() + RETAINED_SCAN_S
+        self._scan_unknown = []
+        self._scan_cleared = 0
 
     def housekeeping(self, now: float) -> None:
         """End the start-up scan of retained job topics; purge jobs past ``retention_days``."""
         if self._scan_retained_until is not None and now >= self._scan_retained_until:
             self._scan_retained_until = None
             self.bridge.stop_retained_scan()
+            if self._scan_cleared:
+                log.info("cleared the retained state of %d job(s) this store does not know", self._scan_cleared)
         if now >= self._next_retention:
             self._next_retention = now + RETENTION_INTERVAL_S
             expired = self._store().finished_before(now - self.settings.retention_days * 86400)
@@ -280,33 +419,71 @@ class Service:
                 self.purge(expired)
 
     def purge(self, job_ids: list[str]) -> list[str]:
-        """Delete terminal jobs and clear their retained topics (and of batches left empty)."""
+        """Delete terminal jobs, their output folders under ``data_dir`` (outputs written beside
+        the input are the user's and are kept), and clear their retained topics (and those of
+        batches left empty)."""
         gone, batches = self._store().delete(job_ids)
         for job_id in gone:
+            self._dirty_jobs.pop(job_id, None)
             self.bridge.publish(self.topics.job(job_id), b"", retain=True)
+            out_dir = self.settings.outputs_dir / job_id
+            if out_dir.is_dir():
+                shutil.rmtree(out_dir, ignore_errors=True)
         for batch_id in batches:
+            self._dirty_batches.discard(batch_id)
             self.bridge.publish(self.topics.batch(batch_id), b"", retain=True)
         if gone:
             self._queue_dirty = True
             log.info("purged %d job(s)", len(gone))
         return gone
 
-    def on_retained_job(self, item: RetainedJob) -> None:
-        """A retained ``<base>/jobs/<id>`` seen at start-up: clear it if the store does not
-        know the id (PRODUCT 3 rule 3)."""
-        if item.job_id not in self._store().job_ids_in([item.job_id]):
-            log.info("clearing retained state of unknown job %s", item.job_id)
-            self.bridge.publish(self.topics.job(item.job_id), b"", retain=True)
+    def on_retained_jobs(self, job_ids: list[str]) -> None:
+        """Retained ``<base>/jobs/<id>`` seen after a connect: clear those the store does not
+        know. A store created at this start that finds job state on the broker says so first:
+        it may be a store replaced by mistake (restore a backup before it is cleared)."""
+        store = self._store()
+        for start in range(0, len(job_ids), 500):
+            chunk = job_ids[start : start + 500]
+            known = store.job_ids_in(chunk)
+            for job_id in chunk:
+                if job_id in known:
+                    continue
+                if self._scan_cleared == 0:
+                    if self._store_was_new:
+                        log.error(
+                            "the job store %s was created at this start, but the broker holds job state on %s: "
+                            "clearing the retained state of jobs it does not know (if the store was replaced by "
+                            "mistake, stop edge-queue and restore a backup; see docs/operations.md)",
+                            self.settings.db_path,
+                            self.topics.all_jobs,
+                        )
+                    else:
+                        log.warning("clearing the retained state of jobs this store does not know")
+                self._scan_cleared += 1
+                log.debug("clearing retained state of unknown job %s", job_id)
+                self.bridge.publish(self.topics.job(job_id), b"", retain=True)
 
     def _wait_s(self, cap: float) -> float:
+        if self.bridge.inbox and self._inbox_has_takeable():
+            return 0.0
         waits = [cap]
+        if (b := self.bridge.wait_s(time.monotonic())) is not None:
+            waits.append(b)
         if (d := self.supervisor.next_deadline()) is not None:
             waits.append(d)
         if self._pending_progress or self._dirty_batches:
             waits.append(BATCH_PUBLISH_INTERVAL_S / 2)
+        if self._republish_at is not None or self._carried:
+            waits.append(0.05)
         if (due := self._store().next_due()) is not None:
             waits.append(max(0.0, due - self.clock()))
         return max(0.0, min(waits))
+
+    def _inbox_has_takeable(self) -> bool:
+        if self.bridge.backlog >= BACKLOG_HIGH:
+            return False
+        rate = self.settings.limits.max_requests_per_s
+        return not rate or self._tokens + (time.monotonic() - self._tokens_at) * rate >= 1
 
     # -- requests -----------------------------------------------------------------------
 
@@ -314,8 +491,10 @@ class Service:
         """Execute one request and answer it; the PUBACK follows the commit."""
         try:
             self._on_message(msg)
+        except (sqlite3.OperationalError, sqlite3.DatabaseError):
+            raise  # the whole turn fails over (see tick)
         except Exception:  # a bug costs one request, never the service
-            log.exception("request on %s: internal error", msg.topic)
+            log.exception("request on %s: internal error", _clip(msg.topic))
             self.respond(msg, payloads.error(ErrorCode.INTERNAL_ERROR, "internal error; see the service log"), None)
             self.bridge.ack(msg)
 
@@ -328,11 +507,16 @@ class Service:
             return
         if msg.retain:
             log.warning(
-                "retained request on %s not executed; cleared it (publish requests without the retain flag)", msg.topic
+                "retained request on %s not executed; cleared it (publish requests without the retain flag)",
+                _clip(msg.topic),
             )
             self._echoes[msg.topic] = now + ECHO_WINDOW_S
             self.bridge.publish(msg.topic, b"", retain=True)
-            transaction, reply_to = payloads.peek_envelope(msg.payload)
+            transaction, reply_to = (
+                payloads.peek_envelope(msg.payload)
+                if len(msg.payload) <= self.settings.max_payload_bytes
+                else (None, None)
+            )
             self.respond(
                 msg,
                 payloads.error(ErrorCode.INVALID_REQUEST, "retained requests are not executed", transaction),
@@ -352,6 +536,27 @@ class Service:
         if reply_to and self.topics.valid_reply_to(reply_to):
             self.bridge.respond(reply_to, body)
 
+    def disk_full(self) -> str | None:
+        """Why new work is refused for lack of disk space (``limits.min_free_disk_mb``), or None.
+        Free space is measured at most every :data:`DISK_CHECK_INTERVAL_S` seconds."""
+        limit = self.settings.limits.min_free_disk_mb
+        if not limit:
+            return None
+        mono = time.monotonic()
+        if self._disk_free_mb is None or mono - self._disk_checked >= DISK_CHECK_INTERVAL_S:
+            self._disk_checked = mono
+            try:
+                self._disk_free_mb = shutil.disk_usage(self.settings.data_dir).free / 2**20
+            except OSError:
+                self._disk_free_mb = None
+                return None
+        if self._disk_free_mb < limit:
+            return (
+                f"only {self._disk_free_mb:.0f} MiB free in {self.settings.data_dir} "
+                f"(limits.min_free_disk_mb is {limit}); free space, or purge old jobs and their outputs"
+            )
+        return None
+
     # -- outcomes -----------------------------------------------------------------------
 
     def on_outcome(self, outcome: Outcome, now: float) -> None:
@@ -359,7 +564,7 @@ class Service:
         store = self._store()
         job_id, attempt, data = outcome.job_id, outcome.attempt, outcome.data
         if outcome.op == "progress":
-            # Every stage is published; within a stage, at most once per second (rule 4).
+            # Every stage is published; within a stage, at most once per second.
             pending = self._pending_progress.get(job_id)
             previous = pending["stage"] if pending else self._published_stage.get(job_id)
             if pending and pending["stage"] != data.get("stage"):
@@ -374,7 +579,7 @@ class Service:
         self._published_stage.pop(job_id, None)
         try:
             job = store.get(job_id)
-        except Exception:
+        except NotFoundError:
             log.warning("outcome for unknown job %s ignored", job_id)
             return
         if job["attempt"] != attempt or job["state"] not in (JobState.RUNNING, JobState.CANCELLING):
@@ -387,6 +592,28 @@ class Service:
             )
             return
         cancelling = job["state"] == JobState.CANCELLING
+        if outcome.op == "unstarted":
+            # Its worker died before it started it: back to the queue, the attempt not counted.
+            if cancelling:
+                job = store.transition(
+                    job_id,
+                    JobState.CANCELLED,
+                    now,
+                    expect_attempt=attempt,
+                    error={"code": "cancelled", "message": "cancelled", "retryable": False},
+                )
+            else:
+                job = store.transition(
+                    job_id,
+                    JobState.QUEUED,
+                    now,
+                    expect_attempt=attempt,
+                    detail={"reason": "its worker ended before it started"},
+                    attempt=attempt - 1,
+                    owner=None,
+                )
+            self.publish_job(job)
+            return
         if outcome.op == "done":
             job = store.transition(
                 job_id,
@@ -403,7 +630,7 @@ class Service:
             return
         code = data.get("code", str(ErrorCode.INTERNAL_ERROR))
         message = data.get("message", "")
-        # Consecutive worker deaths: any other outcome breaks the run (PRODUCT 4.3).
+        # Consecutive worker deaths: any other outcome breaks the run.
         crashes = job["crashes"] + 1 if outcome.op == "lost" and code == ErrorCode.WORKER_LOST else 0
         retryable = bool(data.get("retryable", code not in (ErrorCode.CANCELLED,)))
         # While cancelling: a cancel seen at a checkpoint, or the worker ended after the grace
@@ -447,7 +674,9 @@ class Service:
                 retry_at=now + delay,
                 error={"code": code, "message": message, "retryable": True},
             )
-            log.warning("job %s attempt %d failed (%s: %s); retry in %.1f s", job_id, attempt, code, message, delay)
+            log.warning(
+                "job %s attempt %d failed (%s: %s); retry in %.1f s", job_id, attempt, code, _clip(message), delay
+            )
         else:
             job = store.transition(
                 job_id,
@@ -457,37 +686,56 @@ class Service:
                 crashes=crashes,
                 error={"code": code, "message": message, "retryable": retryable},
             )
-            log.error("job %s failed: %s: %s", job_id, code, message)
+            log.error("job %s failed: %s: %s", job_id, code, _clip(message))
         self.publish_job(job)
 
     # -- scheduling ---------------------------------------------------------------------
 
     def schedule(self, now: float) -> None:
-        """Give due jobs to idle workers, within each kind's ``max_concurrency``."""
+        """Give due jobs to workers, within each kind's ``max_concurrency``: idle workers
+        first, then short jobs to workers busy with short jobs (see :class:`Supervisor`)."""
         if self.paused or self.stopping:
             return
         store = self._store()
-        idle = self.supervisor.idle()
-        while idle:
-            busy = self.supervisor.busy_by_kind()
-            allowed = [k for k, lim in self._concurrency.items() if lim is None or busy[k] < lim]
-            job = store.claim(now, allowed, self.run_id)
+        if not store.waiting():
+            return
+        openings = self.supervisor.openings()
+        busy = self.supervisor.busy_by_kind()
+        for slot, fast_only in openings:
+            allowed = [
+                k
+                for k, lim in self._concurrency.items()
+                if (lim is None or busy[k] < lim) and (not fast_only or self.supervisor.fast(k))
+            ]
+            if fast_only and len(slot.jobs) >= 16:
+                continue
+            job = store.claim(now, allowed, self.run_id) if allowed else None
             if job is None:
-                return
-            timeout = job["timeout_s"] or self.settings.kind(job["kind"]).timeout_s
-            out_dir = self.settings.outputs_dir / job["job_id"]
-            self.supervisor.assign(idle.pop(), job, str(out_dir), timeout)
-            log.info(
-                "job %s started: %s %s (attempt %d)", job["job_id"], job["kind"], job["input"] or "", job["attempt"]
-            )
-            self.publish_job(job)
+                if fast_only:
+                    continue
+                if not any(s for s, f in openings if f):
+                    return
+                continue
+            self._assign(slot, job)
+            busy[job["kind"]] += 1
+
+    def _assign(self, slot: _Slot, job: dict[str, Any]) -> None:
+        timeout = job["timeout_s"] or self.settings.kind(job["kind"]).timeout_s
+        out_dir = self.settings.outputs_dir / job["job_id"]
+        self.supervisor.assign(slot, job, str(out_dir), timeout)
+        log.info(
+            "job %s started: %s %s (attempt %d)", job["job_id"], job["kind"], _clip(job["input"] or ""), job["attempt"]
+        )
+        self.publish_job(job)
 
     # -- publishing ---------------------------------------------------------------------
 
     def publish_job(self, job: dict[str, Any], event: str | None = None) -> None:
-        """Retained job topic, an event, the job's batch; marks ``<base>/queue`` for update."""
+        """An event now; the retained job topic once per turn with the job's latest state (a
+        job that changes several times in one turn is published once, ``seq`` only grows);
+        the job's batch; marks ``<base>/queue`` for update."""
         body = payloads.encode(payloads.job_object(job))
-        self.bridge.publish(self.topics.job(job["job_id"]), body, retain=True)
+        self._dirty_jobs[job["job_id"]] = body
         if event is None:
             event = "end" if is_terminal(job["state"]) else "update"
         # The event embeds the very bytes of the retained state: encoded once.
@@ -496,8 +744,16 @@ class Service:
             self._dirty_batches.add(job["batch_id"])
         self._queue_dirty = True
 
+    def _publish_dirty_jobs(self) -> None:
+        for job_id, body in self._dirty_jobs.items():
+            self.bridge.publish(self.topics.job(job_id), body, retain=True)
+        self._dirty_jobs.clear()
+
     def publish_batch(self, batch_id: str) -> None:
-        batch = self._store().batch(batch_id)
+        try:
+            batch = self._store().batch(batch_id)
+        except NotFoundError:
+            return
         self.bridge.publish(self.topics.batch(batch_id), payloads.encode(payloads.batch_object(batch)), retain=True)
 
     def _flush_progress(self, job_id: str, now: float) -> None:
@@ -522,6 +778,8 @@ class Service:
                 self._dirty_batches.discard(batch_id)
                 self._last_batch_pub[batch_id] = now
                 self.publish_batch(batch_id)
+        if len(self._last_batch_pub) > 10_000:  # forget the times of batches long quiet
+            self._last_batch_pub = {b: t for b, t in self._last_batch_pub.items() if now - t < 60}
         if self._queue_dirty and now - self._last_queue_pub >= QUEUE_PUBLISH_INTERVAL_S:
             self.publish_queue(now)
 
@@ -571,22 +829,53 @@ class Service:
             "broker_protocol": self.bridge.protocol_name,
         }
 
-    def republish(self) -> None:
-        """Republish ``info``, ``queue``, every job and batch from the store (rule 2)."""
-        store = self._store()
+    def republish(self) -> bool:
+        """Republish ``status``, ``info``, ``queue``, every job and batch from the store.
+
+        Proceeds in pieces between requests (:meth:`_republish_step`). Returns False when a
+        republish was already in progress: then that one covers this request too (state that
+        changes meanwhile is published by the change itself)."""
+        if self._republish_at is not None:
+            return False
         self.bridge.publish(self.topics.status, ONLINE, retain=True)
         self.bridge.publish(self.topics.info, payloads.encode(self.info()), retain=True)
-        for job in store.iter_jobs():
-            self.bridge.publish(self.topics.job(job["job_id"]), payloads.encode(payloads.job_object(job)), retain=True)
-        for batch_id in store.batch_ids():
-            self.publish_batch(batch_id)
-        self.publish_queue(self.clock())
+        self.start_republish()
+        return True
+
+    def start_republish(self) -> None:
+        self._republish_at = ("jobs", "")
+
+    def _republish_step(self) -> None:
+        """Send the next piece of the republish when the broker keeps up (the backlog of our
+        unacknowledged messages is under :data:`BACKLOG_LOW`)."""
+        if self._republish_at is None or self.bridge.backlog >= BACKLOG_LOW or not self.bridge.connected:
+            return
+        phase, cursor = self._republish_at
+        store = self._store()
+        if phase == "jobs":
+            page = store.iter_job_page(cursor, REPUBLISH_PAGE)
+            for job in page:
+                if job["job_id"] not in self._dirty_jobs:
+                    self.bridge.publish(
+                        self.topics.job(job["job_id"]), payloads.encode(payloads.job_object(job)), retain=True
+                    )
+            self._republish_at = ("jobs", page[-1]["job_id"]) if len(page) == REPUBLISH_PAGE else ("batches", "")
+        elif phase == "batches":
+            ids = store.batch_id_page(cursor, REPUBLISH_PAGE // 10)
+            for batch_id in ids:
+                self.publish_batch(batch_id)
+            if len(ids) == REPUBLISH_PAGE // 10:
+                self._republish_at = ("batches", ids[-1])
+            else:
+                self._republish_at = None
+                self.publish_queue(self.clock())
+                log.debug("republish done")
 
     # -- stop ---------------------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Graceful stop (PRODUCT 4.6): no new jobs; running ones get ``cancel_grace_s`` to
-        finish; the rest are ended and requeued without counting the attempt; ``offline``."""
+        """Graceful stop: no new jobs; running ones get ``cancel_grace_s`` to finish; the rest
+        are ended and requeued without counting the attempt; ``offline``."""
         store = self._store()
         self.stopping = True
         log.info(
@@ -596,35 +885,49 @@ class Service:
         )
         end = time.monotonic() + self.settings.cancel_grace_s
         while self.supervisor.running_job_ids() and time.monotonic() < end:
-            self.supervisor.wait([self.bridge.wake_r], min(0.5, max(0.0, end - time.monotonic())))
-            self.bridge.drain_wake()
-            self.tick(self.clock())
+            self.step(min(0.5, max(0.0, end - time.monotonic())))
         interrupted = self.supervisor.running_job_ids()
         self.supervisor.stop()
         now = self.clock()
-        for job_id in interrupted:
-            job = store.get(job_id)
-            if job["state"] in (JobState.RUNNING, JobState.CANCELLING):
-                dst = JobState.CANCELLED if job["state"] == JobState.CANCELLING else JobState.QUEUED
-                # A graceful stop is not the job's fault: its attempt does not count.
-                extra = {"attempt": job["attempt"] - 1} if dst == JobState.QUEUED else {}
-                job = store.transition(job_id, dst, now, detail={"reason": "graceful stop"}, **extra)
-                self.publish_job(job)
-                log.info("job %s %s by the graceful stop", job_id, dst.value)
-        self.publish_queue(now)
+        try:
+            with self.bridge.held(), store.group():
+                for job_id in interrupted:
+                    job = store.get(job_id)
+                    if job["state"] in (JobState.RUNNING, JobState.CANCELLING):
+                        dst = JobState.CANCELLED if job["state"] == JobState.CANCELLING else JobState.QUEUED
+                        # A graceful stop is not the job's fault: its attempt does not count.
+                        extra = {"attempt": job["attempt"] - 1} if dst == JobState.QUEUED else {}
+                        job = store.transition(job_id, dst, now, detail={"reason": "graceful stop"}, **extra)
+                        self.publish_job(job)
+                        log.info("job %s %s by the graceful stop", job_id, dst.value)
+                self._publish_dirty_jobs()
+                self.publish_queue(now)
+        except (sqlite3.Error, OSError) as e:
+            log.error("could not record the graceful stop in %s: %s", self.settings.db_path, e)
         self.bridge.close(offline=True)
         self.close()
-        log.info("stopped")
+        log.info("stopped (longest loop turn %.0f ms)", self.longest_turn_s * 1000)
 
     def close(self) -> None:
         """Release the store and the wake-up sockets (also for a service that never ran)."""
-        for sock in (self._sig_r, self._sig_w, self.bridge.wake_r, self.bridge._wake_w):
+        for sock in (self._sig_r, self._sig_w):
             sock.close()
         self.notifier.close()
         if self.store is not None:
             self.store.close()
         if self._lock is not None:
             self._lock.close()
+
+
+def _disk_full(e: BaseException) -> bool:
+    if isinstance(e, OSError):
+        return e.errno == errno.ENOSPC
+    return "disk is full" in str(e) or getattr(e, "sqlite_errorcode", None) == 13  # SQLITE_FULL
+
+
+def _clip(text: str, n: int = 200) -> str:
+    """Text from a client or the file system, for a log line: one line, at most ``n`` characters."""
+    return text[:n].encode("unicode_escape").decode("ascii")
 
 
 def serve(settings: Settings, *, client_id: str | None = None) -> int:

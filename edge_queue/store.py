@@ -1,10 +1,11 @@
 """The store: one SQLite database, the single source of truth (PRODUCT 2).
 
-Every SQL statement of edge-queue lives here. Writes go through sqlite-utils inside one
-``BEGIN IMMEDIATE`` transaction each (sqlite-utils 4 nests its own writes in savepoints when a
-transaction is open), so a job, its batch, its idempotency key and its event log row are
-committed together or not at all. Raw ``sqlite3`` is used only for what sqlite-utils cannot
-express: pragmas, ``BEGIN IMMEDIATE``, partial indexes and ``UPDATE ... RETURNING``.
+Every SQL statement of edge-queue lives here. sqlite-utils creates the schema and serves the
+rest of the reads; the hot path (submit, claim, transition, progress: several statements per
+job) uses plain ``sqlite3`` statements, prepared once per connection by its statement cache,
+because sqlite-utils introspects the table on every ``insert``/``update``. Each write runs in
+one ``BEGIN IMMEDIATE`` transaction, or a savepoint inside :meth:`Store.group`, so a job, its
+batch, its idempotency key and its event log row are committed together or not at all.
 
 All ``now`` arguments are Unix times in seconds (float); the store writes them as RFC 3339
 UTC strings with milliseconds, which sort in time order as text.
@@ -70,6 +71,36 @@ def dedupe_key(kind: str, input_: str | None, options: dict[str, Any]) -> str:
     return hashlib.sha256(canon.encode()).hexdigest()
 
 
+_JOB_COLUMNS = (
+    "job_id",
+    "seq",
+    "kind",
+    "input",
+    "options",
+    "batch_id",
+    "priority",
+    "state",
+    "stage",
+    "progress",
+    "eta_s",
+    "attempt",
+    "max_attempts",
+    "retry_at",
+    "error",
+    "result",
+    "dedupe_key",
+    "timeout_s",
+    "run_at",
+    "owner",
+    "crashes",
+    "created_at",
+    "started_at",
+    "finished_at",
+    "updated_at",
+)
+_INSERT_JOB = f"INSERT INTO jobs ({', '.join(_JOB_COLUMNS)}) VALUES ({', '.join('?' * len(_JOB_COLUMNS))})"
+
+
 @dataclass(frozen=True, slots=True)
 class JobSpec:
     """One job to create; ``options`` are already validated by the kind."""
@@ -112,6 +143,23 @@ class Store:
         self._group_depth = 0
         self.db = sqlite_utils.Database(conn)
         self.migrate()
+        # Indexes added after schema 1 (cheap when they exist).
+        self.conn.execute("CREATE INDEX IF NOT EXISTS jobs_finished ON jobs(finished_at) WHERE finished_at IS NOT NULL")
+        self._counts = self._load_counts()
+
+    def _load_counts(self) -> dict[str, int]:
+        counts = {s.value: 0 for s in JobState}
+        for state, n in self.conn.execute("SELECT state, count(*) FROM jobs GROUP BY state"):
+            counts[state] = n
+        return counts
+
+    def _row(self, sql: str, args: Sequence[Any]) -> dict[str, Any] | None:
+        """One row of ``sql`` as a dict with the JSON columns decoded, or ``None``."""
+        cur = self.conn.execute(sql, args)
+        row = cur.fetchone()
+        if row is None:
+            return None
+        return self._decode(dict(zip([d[0] for d in cur.description], row, strict=True)))
 
     def close(self) -> None:
         self.conn.close()
@@ -239,12 +287,14 @@ class Store:
         self._group_depth = 1
         try:
             yield
+            self._group_depth = 0
+            self.conn.execute("COMMIT")
         except BaseException:
             self._group_depth = 0
-            self.conn.execute("ROLLBACK")
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+            self._counts = self._load_counts()
             raise
-        self._group_depth = 0
-        self.conn.execute("COMMIT")
 
     # -- reading ------------------------------------------------------------------------
 
@@ -257,10 +307,10 @@ class Store:
 
     def get(self, job_id: str) -> dict[str, Any]:
         """The job row (JSON columns decoded). Raises :class:`NotFoundError`."""
-        rows = list(self.db.query("SELECT * FROM jobs WHERE job_id = ?", [job_id]))
-        if not rows:
+        row = self._row("SELECT * FROM jobs WHERE job_id = ?", [job_id])
+        if row is None:
             raise NotFoundError(f"no job {job_id!r}")
-        return self._decode(rows[0])
+        return row
 
     def list_jobs(
         self,
@@ -321,11 +371,28 @@ class Store:
         return [r[0] for r in self.conn.execute("SELECT batch_id FROM batches ORDER BY batch_id")]
 
     def counts(self) -> dict[str, int]:
-        """Number of jobs per state (every state present, zero when none)."""
-        counts = {s.value: 0 for s in JobState}
-        for state, n in self.conn.execute("SELECT state, count(*) FROM jobs GROUP BY state"):
-            counts[state] = n
-        return counts
+        """Number of jobs per state (every state present, zero when none); kept up to date by
+        every write, so reading it costs nothing."""
+        return dict(self._counts)
+
+    def waiting(self) -> int:
+        """Jobs waiting to run: ``queued`` + ``retrying``."""
+        return self._counts["queued"] + self._counts["retrying"]
+
+    def iter_job_page(self, after: str, limit: int) -> list[dict[str, Any]]:
+        """Up to ``limit`` jobs with ``job_id > after``, oldest first (a republish in pieces)."""
+        cur = self.conn.execute("SELECT * FROM jobs WHERE job_id > ? ORDER BY job_id LIMIT ?", [after, limit])
+        names = [d[0] for d in cur.description]
+        return [self._decode(dict(zip(names, r, strict=True))) for r in cur]
+
+    def batch_id_page(self, after: str, limit: int) -> list[str]:
+        """Up to ``limit`` batch ids greater than ``after``, in order."""
+        return [
+            r[0]
+            for r in self.conn.execute(
+                "SELECT batch_id FROM batches WHERE batch_id > ? ORDER BY batch_id LIMIT ?", [after, limit]
+            )
+        ]
 
     def running(self) -> list[dict[str, Any]]:
         return [
@@ -409,8 +476,9 @@ class Store:
             at = iso(now)
             batch_id = new_id(now) if as_batch else None
             if batch_id:
-                self.db.table("batches").insert(
-                    {"batch_id": batch_id, "total": len(specs), "created_at": at, "updated_at": at}
+                self.conn.execute(
+                    "INSERT INTO batches (batch_id, total, created_at, updated_at) VALUES (?, ?, ?, ?)",
+                    [batch_id, len(specs), at, at],
                 )
             out: list[Created] = []
             new_jobs: list[dict[str, Any]] = []
@@ -455,42 +523,28 @@ class Store:
                 }
                 new_jobs.append(job)
                 out.append(Created(self._decode(dict(job)), False))
-            # One insert_all per table: a batch of 100 costs one statement preparation.
-            self.db.table("jobs").insert_all(new_jobs)
-            self.db.table("job_events").insert_all(
-                {
-                    "job_id": j["job_id"],
-                    "at": at,
-                    "from_state": None,
-                    "to_state": JobState.QUEUED.value,
-                    "attempt": 0,
-                    "detail": None,
-                }
-                for j in new_jobs
-            )
-            if idempotency_key is not None:
-                self.db.table("idempotency_keys").insert(
-                    {
-                        "key": idempotency_key,
-                        "batch_id": batch_id,
-                        "created_at": at,
-                        "job_ids": json.dumps([c.job["job_id"] for c in out]),
-                    }
+            # Prepared once per connection (sqlite3's statement cache); one executemany each.
+            if new_jobs:
+                self.conn.executemany(_INSERT_JOB, [tuple(j[c] for c in _JOB_COLUMNS) for j in new_jobs])
+                self.conn.executemany(
+                    "INSERT INTO job_events (job_id, at, from_state, to_state, attempt, detail) "
+                    "VALUES (?, ?, NULL, 'queued', 0, NULL)",
+                    [(j["job_id"], at) for j in new_jobs],
                 )
+            if idempotency_key is not None:
+                self.conn.execute(
+                    "INSERT INTO idempotency_keys (key, batch_id, job_ids, created_at) VALUES (?, ?, ?, ?)",
+                    [idempotency_key, batch_id, json.dumps([c.job["job_id"] for c in out]), at],
+                )
+            self._counts["queued"] += len(new_jobs)
         return batch_id, out
 
     def _event(
         self, job_id: str, at: str, src: JobState | None, dst: JobState, attempt: int, detail: dict[str, Any] | None
     ) -> None:
-        self.db.table("job_events").insert(
-            {
-                "job_id": job_id,
-                "at": at,
-                "from_state": src.value if src else None,
-                "to_state": dst.value,
-                "attempt": attempt,
-                "detail": json.dumps(detail) if detail else None,
-            }
+        self.conn.execute(
+            "INSERT INTO job_events (job_id, at, from_state, to_state, attempt, detail) VALUES (?, ?, ?, ?, ?, ?)",
+            [job_id, at, src.value if src else None, dst.value, attempt, json.dumps(detail) if detail else None],
         )
 
     def claim(self, now: float, kinds: Iterable[str], owner: str) -> dict[str, Any] | None:
@@ -522,14 +576,16 @@ class Store:
             if row is None:
                 return None
             job_id, src = row
-            self.conn.execute(
+            job = self._row(
                 "UPDATE jobs SET state = 'running', attempt = attempt + 1, seq = seq + 1, "
                 "owner = ?, started_at = ?, updated_at = ?, retry_at = NULL, stage = NULL, "
-                "progress = 0, eta_s = NULL WHERE job_id = ?",
+                "progress = 0, eta_s = NULL WHERE job_id = ? RETURNING *",
                 [owner, at, at, job_id],
             )
-            job = self.get(job_id)
+            assert job is not None
             self._event(job_id, at, JobState(src), JobState.RUNNING, job["attempt"], None)
+            self._counts[src] -= 1
+            self._counts["running"] += 1
         return job
 
     def transition(
@@ -576,9 +632,13 @@ class Store:
                 elif key == "retry_at" and val is not None:
                     val = iso(val)
                 values[key] = val
-            self.db.table("jobs").update(job_id, values)
+            sets = ", ".join(f"{k} = ?" for k in values)
+            row = self._row(f"UPDATE jobs SET {sets} WHERE job_id = ? RETURNING *", [*values.values(), job_id])
+            assert row is not None
             self._event(job_id, at, src, dst, values.get("attempt", job["attempt"]), detail)
-            return self.get(job_id)
+            self._counts[src.value] -= 1
+            self._counts[dst.value] += 1
+            return row
 
     def progress(
         self, job_id: str, now: float, *, progress: float, stage: str | None, eta_s: float | None
@@ -586,12 +646,12 @@ class Store:
         """Record progress (percent 0-100) of a running job; ``seq`` advances. Returns the row."""
         at = iso(now)
         with self._immediate():
-            self.conn.execute(
+            row = self._row(
                 "UPDATE jobs SET progress = ?, stage = ?, eta_s = ?, seq = seq + 1, updated_at = ? "
-                "WHERE job_id = ? AND state IN ('running','cancelling')",
+                "WHERE job_id = ? AND state IN ('running','cancelling') RETURNING *",
                 [progress, stage, eta_s, at, job_id],
             )
-        return self.get(job_id)
+        return row if row is not None else self.get(job_id)
 
     def orphans(self, owner: str) -> list[str]:
         """Ids of jobs left ``running``/``cancelling`` by another run of the service."""
@@ -617,6 +677,7 @@ class Store:
                     self.conn.execute("DELETE FROM job_events WHERE job_id = ?", [job_id])
                     self.conn.execute("DELETE FROM jobs WHERE job_id = ?", [job_id])
                     gone.append(job_id)
+                    self._counts[row[0]] -= 1
                     if row[1]:
                         batches.add(row[1])
             empty = [

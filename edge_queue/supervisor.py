@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
@@ -26,6 +26,10 @@ log = logging.getLogger(__name__)
 
 #: Seconds between SIGTERM and SIGKILL when a worker must end.
 KILL_AFTER_S = 2.0
+#: Jobs one worker may hold at once (the one it runs and those it runs next), for short kinds.
+PREFETCH = 16
+#: A kind whose attempts take less than this many seconds on average is "short".
+FAST_S = 0.05
 
 
 @dataclass(slots=True)
@@ -33,8 +37,9 @@ class Outcome:
     """One thing the service must act on.
 
     ``op`` is ``progress`` (``data``: progress, stage, eta_s), ``done`` (``data``: result),
-    ``failed`` (``data``: code, message, retryable) or ``lost`` (the worker died during the
-    attempt; ``data``: code ``worker_lost``, ``timeout`` or ``cancelled``, message).
+    ``failed`` (``data``: code, message, retryable), ``lost`` (the worker died during the
+    attempt; ``data``: code ``worker_lost``, ``timeout`` or ``cancelled``, message) or
+    ``unstarted`` (the worker died before it started this job).
     """
 
     op: str
@@ -44,21 +49,59 @@ class Outcome:
 
 
 @dataclass(slots=True)
+class _Entry:
+    """A job given to a worker: ``msg`` as sent; times are monotonic seconds."""
+
+    msg: dict[str, Any]
+    timeout_s: float | None
+    started: float | None = None  # when it became the worker's current job
+    cancel_at: float | None = None  # when a cancel was asked for
+    cancel_grace_s: float = 0.0
+
+    @property
+    def cancel_deadline(self) -> float | None:
+        """End of the cancel grace period: it counts from the cancel, or from the start of a
+        job cancelled before its worker got to it."""
+        if self.cancel_at is None:
+            return None
+        return max(self.cancel_at, self.started if self.started is not None else self.cancel_at) + self.cancel_grace_s
+
+
+@dataclass(slots=True)
 class _Slot:
     index: int
     process: Any = None
     conn: Connection | None = None
-    job: dict[str, Any] | None = None
-    deadline: float | None = None  # monotonic: the attempt's timeout
-    cancel_deadline: float | None = None  # monotonic: end of the cancel grace period
+    #: Jobs given to this worker, in the order it runs them; the first is the one it runs now.
+    jobs: deque[_Entry] = field(default_factory=deque)
+    #: Jobs assigned this turn, sent by :meth:`Supervisor.dispatch` after the commit.
+    unsent: list[_Entry] = field(default_factory=list)
     end_reason: tuple[str, str] | None = None  # (code, message) when we ended it on purpose
+    recycle: str | None = None  # why to replace the worker once its jobs are done
     jobs_done: int = 0
     rss_mb: float | None = None
     pid: int | None = None
 
+    @property
+    def job(self) -> dict[str, Any] | None:
+        """The job the worker runs now, or ``None``."""
+        return self.jobs[0].msg if self.jobs else None
+
+    @property
+    def deadline(self) -> float | None:
+        head = self.jobs[0] if self.jobs else None
+        if head is None or head.timeout_s is None or head.started is None:
+            return None
+        return head.started + head.timeout_s
+
 
 class Supervisor:
     """A fixed pool of ``settings.workers`` worker processes started with ``spawn``.
+
+    Jobs of a kind whose attempts take less than :data:`FAST_S` on average (measured here) may
+    be given to a busy worker, up to :data:`PREFETCH` at once, so that many short jobs cost one
+    message and one loop turn instead of one each; any other job goes only to an idle worker.
+    A job's ``timeout_s`` counts from when its worker starts it.
 
     Args:
         settings: passed to each child.
@@ -70,6 +113,7 @@ class Supervisor:
         self.clock = clock
         self._ctx = multiprocessing.get_context("spawn")
         self.slots = [_Slot(i) for i in range(settings.workers)]
+        self._avg_s: dict[str, tuple[float, int]] = {}  # kind -> (mean run time in s, attempts seen)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -85,7 +129,9 @@ class Supervisor:
         proc.start()
         child.close()
         slot.process, slot.conn, slot.pid = proc, parent, proc.pid
-        slot.job = slot.deadline = slot.cancel_deadline = slot.end_reason = None
+        slot.jobs.clear()
+        slot.unsent.clear()
+        slot.end_reason = slot.recycle = None
         slot.jobs_done, slot.rss_mb = 0, None
         log.debug("worker %d started, pid %d", slot.index, proc.pid)
 
@@ -125,48 +171,93 @@ class Supervisor:
 
     # -- scheduling ---------------------------------------------------------------------
 
+    def fast(self, kind: str) -> bool:
+        """True when attempts of ``kind`` have taken less than :data:`FAST_S` on average."""
+        avg = self._avg_s.get(kind)
+        return avg is not None and avg[1] >= 3 and avg[0] < FAST_S
+
+    def openings(self) -> list[tuple[_Slot, bool]]:
+        """Where a job may go now: ``(slot, fast_only)``, idle workers first; ``fast_only``
+        means the worker is busy with short jobs and may take only another short one."""
+        out: list[tuple[_Slot, bool]] = []
+        for s in self.slots:
+            if s.process is None or s.recycle is not None:
+                continue
+            n = len(s.jobs)
+            if n == 0:
+                out.append((s, False))
+        for s in self.slots:
+            if s.process is None or s.recycle is not None:
+                continue
+            n = len(s.jobs)
+            if 0 < n < PREFETCH and all(self.fast(e.msg["kind"]) for e in s.jobs):
+                out.extend((s, True) for _ in range(PREFETCH - n))
+        return out
+
     def idle(self) -> list[_Slot]:
-        return [s for s in self.slots if s.job is None and s.process is not None]
+        return [s for s in self.slots if not s.jobs and s.process is not None]
 
     def busy_by_kind(self) -> Counter[str]:
-        return Counter(s.job["kind"] for s in self.slots if s.job is not None)
+        return Counter(e.msg["kind"] for s in self.slots for e in s.jobs)
 
     def worker_pids(self) -> dict[str, int | None]:
-        """job id -> pid of the worker running it."""
-        return {s.job["job_id"]: s.pid for s in self.slots if s.job is not None}
+        """job id -> pid of the worker running it (or holding it next)."""
+        return {e.msg["job_id"]: s.pid for s in self.slots for e in s.jobs}
 
     def running_job_ids(self) -> set[str]:
-        return {s.job["job_id"] for s in self.slots if s.job is not None}
+        return {e.msg["job_id"] for s in self.slots for e in s.jobs}
 
     def alive(self) -> int:
         return sum(1 for s in self.slots if s.process is not None and s.process.is_alive())
 
     def assign(self, slot: _Slot, job: dict[str, Any], output_dir: str, timeout_s: float | None) -> None:
-        """Send a claimed job to an idle worker; its timeout clock starts now."""
+        """Give a claimed job to a worker. It is sent by :meth:`dispatch`, after the claim is
+        committed; :meth:`unassign` takes back what was not sent (the commit failed)."""
         msg = {k: job[k] for k in ("job_id", "attempt", "kind", "input", "options")}
         msg["output_dir"] = output_dir
-        slot.job = msg
-        slot.deadline = self.clock() + timeout_s if timeout_s else None
-        slot.cancel_deadline = None
-        slot.end_reason = None
-        assert slot.conn is not None
-        slot.conn.send({"op": "run", "job": msg})
+        entry = _Entry(msg, timeout_s)
+        if not slot.jobs:
+            entry.started = self.clock()
+        slot.jobs.append(entry)
+        slot.unsent.append(entry)
+
+    def dispatch(self) -> None:
+        """Send every job assigned since the last call, one message per worker."""
+        for slot in self.slots:
+            if not slot.unsent:
+                continue
+            jobs = [e.msg for e in slot.unsent]
+            slot.unsent.clear()
+            try:
+                assert slot.conn is not None
+                slot.conn.send({"op": "run", "jobs": jobs})
+            except (OSError, AssertionError):
+                pass  # the worker is gone: poll() reports its jobs as lost
+
+    def unassign(self) -> None:
+        """Forget jobs assigned but not sent (their claims were rolled back)."""
+        for slot in self.slots:
+            for entry in slot.unsent:
+                slot.jobs.remove(entry)
+            slot.unsent.clear()
 
     def cancel(self, job_id: str, grace_s: float) -> bool:
-        """Ask the worker running ``job_id`` to stop; it is ended after ``grace_s`` seconds.
+        """Ask the worker holding ``job_id`` to stop it; a worker still running it ``grace_s``
+        seconds after it started it (or after now, if it runs it already) is ended.
 
-        Returns False when no worker runs that job.
+        Returns False when no worker holds that job.
         """
         for slot in self.slots:
-            if slot.job is not None and slot.job["job_id"] == job_id:
-                if slot.cancel_deadline is None:
-                    slot.cancel_deadline = self.clock() + grace_s
-                    try:
-                        assert slot.conn is not None
-                        slot.conn.send({"op": "cancel", "job_id": job_id})
-                    except OSError:
-                        pass
-                return True
+            for entry in slot.jobs:
+                if entry.msg["job_id"] == job_id:
+                    if entry.cancel_at is None:
+                        entry.cancel_at, entry.cancel_grace_s = self.clock(), grace_s
+                        try:
+                            assert slot.conn is not None
+                            slot.conn.send({"op": "cancel", "job_id": job_id})
+                        except (OSError, AssertionError):
+                            pass
+                    return True
         return False
 
     # -- events -------------------------------------------------------------------------
@@ -192,6 +283,7 @@ class Supervisor:
             try:
                 while conn is not None and conn.poll():
                     self._handle(slot, conn.recv(), out)
+                    conn = slot.conn
             except (EOFError, OSError):
                 pass
             if slot.process is not None and not slot.process.is_alive():
@@ -206,19 +298,30 @@ class Supervisor:
             return
         if op == "ready":
             return
-        job = slot.job
-        if job is None or msg.get("job_id") != job["job_id"] or msg.get("attempt") != job["attempt"]:
+        head = slot.jobs[0] if slot.jobs else None
+        if head is None or msg.get("job_id") != head.msg["job_id"] or msg.get("attempt") != head.msg["attempt"]:
             log.warning("worker %d: message for a job it does not run: %s", slot.index, op)
             return
+        job = head.msg
         data = {k: v for k, v in msg.items() if k not in ("op", "job_id", "attempt", "rss_mb")}
         out.append(Outcome(str(op), job["job_id"], job["attempt"], data))
         if op in ("done", "failed"):
-            slot.job = slot.deadline = slot.cancel_deadline = None
+            now = self.clock()
+            if head.started is not None:
+                mean, n = self._avg_s.get(job["kind"], (0.0, 0))
+                took = now - head.started
+                # An exponentially weighted mean over about the last 10 attempts.
+                self._avg_s[job["kind"]] = (took if n == 0 else mean + (took - mean) / min(n + 1, 10), n + 1)
+            slot.jobs.popleft()
+            if slot.jobs:
+                slot.jobs[0].started = now
             slot.jobs_done += 1
             slot.rss_mb = msg.get("rss_mb")
             reason = self._recycle_reason(slot, cancelled=data.get("code") == ErrorCode.CANCELLED)
-            if reason:
-                log.info("worker %d (pid %s) recycled: %s", slot.index, slot.pid, reason)
+            if reason and slot.recycle is None:
+                slot.recycle = reason
+            if slot.recycle is not None and not slot.jobs:
+                log.info("worker %d (pid %s) recycled: %s", slot.index, slot.pid, slot.recycle)
                 self._end(slot, polite=True)
                 self._spawn(slot)
 
@@ -234,16 +337,20 @@ class Supervisor:
         return None
 
     def _lost(self, slot: _Slot, out: list[Outcome]) -> None:
+        """The worker is gone: its current job is ``lost``, the jobs it had not started are
+        ``unstarted`` (they go back to the queue without losing an attempt)."""
         proc = slot.process
         code = proc.exitcode if proc is not None else None
-        if slot.job is not None:
+        if slot.jobs:
+            head = slot.jobs.popleft()
             reason = slot.end_reason or (str(ErrorCode.WORKER_LOST), f"the worker process died (exit code {code})")
-            out.append(
-                Outcome("lost", slot.job["job_id"], slot.job["attempt"], {"code": reason[0], "message": reason[1]})
-            )
+            data = {"code": reason[0], "message": reason[1]}
+            out.append(Outcome("lost", head.msg["job_id"], head.msg["attempt"], data))
             log.warning(
-                "worker %d (pid %s) ended during job %s: %s", slot.index, slot.pid, slot.job["job_id"], reason[1]
+                "worker %d (pid %s) ended during job %s: %s", slot.index, slot.pid, head.msg["job_id"], reason[1]
             )
+            for entry in slot.jobs:
+                out.append(Outcome("unstarted", entry.msg["job_id"], entry.msg["attempt"], {}))
         else:
             log.warning("worker %d (pid %s) exited with code %s while idle", slot.index, slot.pid, code)
         self._end(slot)
@@ -252,9 +359,13 @@ class Supervisor:
     def _deadlines(self, out: list[Outcome]) -> None:
         now = self.clock()
         for slot in self.slots:
-            if slot.job is None or slot.process is None:
+            if not slot.jobs or slot.process is None:
                 continue
-            if slot.cancel_deadline is not None and now >= slot.cancel_deadline:
+            head = slot.jobs[0]
+            if head.started is None:
+                head.started = now
+            cancel_at = head.cancel_deadline
+            if cancel_at is not None and now >= cancel_at:
                 slot.end_reason = (str(ErrorCode.CANCELLED), "cancelled: the worker was ended after the grace period")
             elif slot.deadline is not None and now >= slot.deadline:
                 slot.end_reason = (str(ErrorCode.TIMEOUT), "the attempt passed its timeout_s")
@@ -265,5 +376,12 @@ class Supervisor:
 
     def next_deadline(self) -> float | None:
         """Seconds until the nearest timeout or cancel deadline, or ``None``."""
-        times = [t for s in self.slots if s.job is not None for t in (s.deadline, s.cancel_deadline) if t is not None]
+        times: list[float] = []
+        for s in self.slots:
+            if s.jobs:
+                head = s.jobs[0]
+                if s.deadline is not None:
+                    times.append(s.deadline)
+                if head.cancel_deadline is not None:
+                    times.append(head.cancel_deadline)
         return max(0.0, min(times) - self.clock()) if times else None

@@ -105,8 +105,9 @@ class _Worker:
                 # rather than finish a job whose attempt the next service run will requeue.
                 os._exit(0)
             op = msg.get("op")
-            if op == "run":
-                self.jobs.put(msg["job"])
+            if op == "run":  # one or several jobs, run in order
+                for job in msg["jobs"]:
+                    self.jobs.put(job)
             elif op == "cancel":
                 self._cancelled.add(msg["job_id"])
             elif op == "stop":

@@ -161,6 +161,11 @@ class Watcher:
     def json_on(self, topic: str) -> list[dict[str, Any]]:
         return [json.loads(p) for p in self.on(topic) if p]
 
+    def job_events(self, base: str, job_id: str) -> list[dict[str, Any]]:
+        """The job objects on ``<base>/events`` for ``job_id``: every transition, in order (the
+        retained job topic may coalesce states replaced within one loop turn)."""
+        return [e["job"] for e in self.json_on(f"{base}/events") if e["job"]["job_id"] == job_id]
+
     def wait_json(self, topic: str, predicate: Callable[[dict[str, Any]], bool], timeout: float = 30) -> dict[str, Any]:
         def find() -> dict[str, Any] | None:
             for obj in self.json_on(topic):

@@ -77,7 +77,7 @@ def test_kill9_service_during_transcription(mosquitto, service_factory, long_spe
 
 def test_poison_job_ends_in_crash_loop_while_others_succeed(broker, service_factory, speech: Path) -> None:
     svc = service_factory(broker, [speech]).start()
-    watcher = svc.watcher("response/#", "jobs/+")
+    watcher = svc.watcher("response/#", "jobs/+", "events")
     poison = svc.request("submit", {"kind": "test_crash"}, watcher)["data"]["jobs"][0]["job_id"]
     good = [
         svc.request("submit", {"kind": "noop", "options": {"sleep_s": 0.2 * i}}, watcher)["data"]["jobs"][0]["job_id"]
@@ -85,7 +85,7 @@ def test_poison_job_ends_in_crash_loop_while_others_succeed(broker, service_fact
     ]
     final = watcher.wait_json(f"{svc.base}/jobs/{poison}", lambda m: m["state"] == "failed", timeout=60)
     assert final["error"]["code"] == "crash_loop" and final["attempt"] == 3 and not final["error"]["retryable"]
-    assert [m["state"] for m in watcher.json_on(f"{svc.base}/jobs/{poison}")].count("retrying") == 2
+    assert [j["state"] for j in watcher.job_events(svc.base, poison)].count("retrying") == 2
     for job_id in good:
         watcher.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] == "succeeded", timeout=60)
     assert svc.proc.poll() is None
@@ -132,12 +132,12 @@ def test_cancel_of_a_job_that_ignores_it_ends_the_worker(broker, service_factory
 def test_timeout_ends_the_attempt_and_retries_with_backoff(broker, service_factory, speech: Path) -> None:
     env = {"EDGE_QUEUE_RETRY__BACKOFF_BASE_S": "0.5", "EDGE_QUEUE_RETRY__BACKOFF_CAP_S": "1"}
     svc = service_factory(broker, [speech], env).start()
-    watcher = svc.watcher("response/#", "jobs/+")
+    watcher = svc.watcher("response/#", "jobs/+", "events")
     resp = svc.request("submit", {"kind": "test_hang", "timeout_s": 1, "max_attempts": 2}, watcher)
     topic = f"{svc.base}/jobs/{resp['data']['jobs'][0]['job_id']}"
     final = watcher.wait_json(topic, lambda m: m["state"] == "failed", timeout=30)
     assert final["error"]["code"] == "timeout" and final["attempt"] == 2
-    retrying = [m for m in watcher.json_on(topic) if m["state"] == "retrying"]
+    retrying = [j for j in watcher.job_events(svc.base, final["job_id"]) if j["state"] == "retrying"]
     assert len(retrying) == 1 and retrying[0]["retry_at"] and retrying[0]["error"]["retryable"]
     # a non-retryable code fails at once
     resp = svc.request("submit", {"kind": "test_fail", "options": {"code": "unsupported_media"}}, watcher)
