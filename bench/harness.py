@@ -492,7 +492,8 @@ def code_state() -> dict[str, Any]:
 
     def git(*args: str) -> str:
         try:
-            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+            out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout
+            return out.rstrip("\n")  # not strip(): porcelain lines start with a space
         except (OSError, subprocess.SubprocessError):
             return ""
 
