@@ -1,7 +1,8 @@
 """The ``edge-queue`` command line: a thin layer over the service, the broker and the client.
 
 Exit codes: 0 success; 1 a job did not succeed or a request was answered with an error;
-2 bad usage or configuration; 3 no broker answered.
+2 bad usage or configuration, or (``serve``, ``up``) a ``data_dir`` or store the service cannot
+use (``preflight``); 3 no broker answered.
 """
 
 from __future__ import annotations
@@ -100,6 +101,20 @@ def serve(config: ConfigOpt = None, media_root: MediaRootOpt = None) -> None:
     except BrokerUnavailable as e:
         typer.echo(f"edge-queue: {e.message}", err=True)
         raise typer.Exit(EXIT_NO_BROKER) from e
+    except (sqlite3.DatabaseError, OSError) as e:
+        raise typer.Exit(_boot_failure(settings, e)) from e
+
+
+def _boot_failure(settings: Settings, e: sqlite3.DatabaseError | OSError) -> int:
+    """For a store or data_dir error raised while the service opened them (before READY=1):
+    print the one line and return EXIT_USAGE. Anything else propagates."""
+    from .preflight import boot_failure
+
+    failure = boot_failure(settings, e)
+    if failure is None:
+        raise e
+    typer.echo(f"edge-queue: {failure.message}", err=True)
+    return EXIT_USAGE
 
 
 @app.command()
@@ -164,6 +179,8 @@ def up(config: ConfigOpt = None, media_root: MediaRootOpt = None) -> None:
     except BrokerUnavailable as e:
         typer.echo(f"edge-queue: {e.message}", err=True)
         code = EXIT_NO_BROKER
+    except (sqlite3.DatabaseError, OSError) as e:
+        code = _boot_failure(settings, e)
     finally:
         if embedded is not None:
             embedded.stop()
