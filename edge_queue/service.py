@@ -34,7 +34,7 @@ from .notify import Notifier
 from .preflight import check_data_dir
 from .states import JobState, is_terminal
 from .store import Store, iso, new_id
-from .supervisor import Outcome, Supervisor, _Slot
+from .supervisor import PREFETCH, Outcome, Supervisor, _Slot
 from .topics import ONLINE, Topics
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,8 @@ BACKLOG_HIGH = 20_000
 #: BACKLOG_LOW messages wait for the broker: it proceeds in pieces, between requests.
 REPUBLISH_PAGE = 1_000
 BACKLOG_LOW = 4_000
+#: A job's non-terminal retained state is published once it has stood this long (seconds).
+COALESCE_S = 0.02
 #: A loop turn longer than this is logged (the watchdog and the Last Will allow far more).
 SLOW_TURN_S = 1.0
 #: How often free disk space is measured for ``limits.min_free_disk_mb``.
@@ -162,7 +164,11 @@ class Service:
         self._last_queue_pub = 0.0
         self._dirty_batches: set[str] = set()
         self._last_batch_pub: dict[str, float] = {}
-        self._dirty_jobs: dict[str, bytes] = {}  # job id -> its latest state, published once a turn
+        # Retained job state is coalesced: job id -> (latest state, is terminal) decided this
+        # turn, and job id -> (latest state, monotonic time it changed first) of committed
+        # non-terminal states held back for COALESCE_S (see _publish_job_states).
+        self._turn_jobs: dict[str, tuple[bytes, bool]] = {}
+        self._held_jobs: dict[str, tuple[bytes, float]] = {}
         self._echoes: dict[str, float] = {}  # topic -> monotonic end of its echo window
         self._boot_changes: list[dict[str, Any]] = []  # events owed for changes made before connecting
         self._lock: Any = None
@@ -320,15 +326,15 @@ class Service:
                 self.flush(self.clock())
                 self.housekeeping(self.clock())
                 self._republish_step()
-                self._publish_dirty_jobs()
         except (sqlite3.Error, OSError) as e:
             self._turn_failed(e, taken, outcomes)
             return
         self.supervisor.dispatch()
+        self._publish_job_states(time.monotonic())
 
     def _turn_failed(self, e: Exception, taken: list[Incoming], outcomes: list[Outcome]) -> None:
         self.supervisor.unassign()
-        self._dirty_jobs.clear()
+        self._turn_jobs.clear()
         self._carried = [o for o in outcomes if o.op != "progress"]
         full = _disk_full(e)
         code = ErrorCode.DISK_FULL if full else ErrorCode.INTERNAL_ERROR
@@ -424,7 +430,8 @@ class Service:
         batches left empty)."""
         gone, batches = self._store().delete(job_ids)
         for job_id in gone:
-            self._dirty_jobs.pop(job_id, None)
+            self._turn_jobs.pop(job_id, None)
+            self._held_jobs.pop(job_id, None)
             self.bridge.publish(self.topics.job(job_id), b"", retain=True)
             out_dir = self.settings.outputs_dir / job_id
             if out_dir.is_dir():
@@ -475,6 +482,8 @@ class Service:
             waits.append(BATCH_PUBLISH_INTERVAL_S / 2)
         if self._republish_at is not None or self._carried:
             waits.append(0.05)
+        if self._held_jobs:
+            waits.append(COALESCE_S)
         if (due := self._store().next_due()) is not None:
             waits.append(max(0.0, due - self.clock()))
         return max(0.0, min(waits))
@@ -692,32 +701,38 @@ class Service:
     # -- scheduling ---------------------------------------------------------------------
 
     def schedule(self, now: float) -> None:
-        """Give due jobs to workers, within each kind's ``max_concurrency``: idle workers
-        first, then short jobs to workers busy with short jobs (see :class:`Supervisor`)."""
+        """Give due jobs to workers, within each kind's ``max_concurrency``, in priority order:
+        first one job to each idle worker, then short jobs to workers that hold only short jobs,
+        up to :data:`~edge_queue.supervisor.PREFETCH` each (see :class:`Supervisor`)."""
         if self.paused or self.stopping:
             return
-        store = self._store()
+        store, sup = self._store(), self.supervisor
         if not store.waiting():
             return
-        openings = self.supervisor.openings()
-        busy = self.supervisor.busy_by_kind()
-        for slot, fast_only in openings:
-            allowed = [
+        busy = sup.busy_by_kind()
+
+        def allowed(fast_only: bool) -> list[str]:
+            return [
                 k
                 for k, lim in self._concurrency.items()
-                if (lim is None or busy[k] < lim) and (not fast_only or self.supervisor.fast(k))
+                if (lim is None or busy[k] < lim) and (not fast_only or sup.fast(k))
             ]
-            if fast_only and len(slot.jobs) >= 16:
-                continue
-            job = store.claim(now, allowed, self.run_id) if allowed else None
+
+        for slot in sup.idle():
+            job = store.claim(now, allowed(False), self.run_id)
             if job is None:
-                if fast_only:
-                    continue
-                if not any(s for s, f in openings if f):
-                    return
-                continue
+                break
             self._assign(slot, job)
             busy[job["kind"]] += 1
+        for slot in sup.prefetching():
+            kinds = allowed(True)
+            while kinds and len(slot.jobs) < PREFETCH:
+                job = store.claim(now, kinds, self.run_id)
+                if job is None:
+                    return
+                self._assign(slot, job)
+                busy[job["kind"]] += 1
+                kinds = allowed(True)
 
     def _assign(self, slot: _Slot, job: dict[str, Any]) -> None:
         timeout = job["timeout_s"] or self.settings.kind(job["kind"]).timeout_s
@@ -735,19 +750,36 @@ class Service:
         job that changes several times in one turn is published once, ``seq`` only grows);
         the job's batch; marks ``<base>/queue`` for update."""
         body = payloads.encode(payloads.job_object(job))
-        self._dirty_jobs[job["job_id"]] = body
+        terminal = is_terminal(job["state"])
+        self._turn_jobs[job["job_id"]] = (body, terminal)
         if event is None:
-            event = "end" if is_terminal(job["state"]) else "update"
+            event = "end" if terminal else "update"
         # The event embeds the very bytes of the retained state: encoded once.
         self.bridge.publish(self.topics.events, b'{"v":1,"type":"%s","job":%s}' % (event.encode(), body))
         if job.get("batch_id"):
             self._dirty_batches.add(job["batch_id"])
         self._queue_dirty = True
 
-    def _publish_dirty_jobs(self) -> None:
-        for job_id, body in self._dirty_jobs.items():
+    def _publish_job_states(self, mono: float, *, everything: bool = False) -> None:
+        """Publish the retained job states committed by the turns so far: a terminal state at
+        once; any other state once it has stood for :data:`COALESCE_S` (a job that goes
+        queued -> running -> succeeded within that window is published once, as succeeded;
+        ``seq`` only grows, and ``<base>/events`` carries every transition)."""
+        held = self._held_jobs
+        for job_id, (body, terminal) in self._turn_jobs.items():
+            if terminal:
+                held.pop(job_id, None)
+                self.bridge.publish(self.topics.job(job_id), body, retain=True)
+            else:
+                since = held[job_id][1] if job_id in held else mono
+                held[job_id] = (body, since)
+        self._turn_jobs.clear()
+        if not held:
+            return
+        due = [j for j, (_, since) in held.items() if everything or mono - since >= COALESCE_S]
+        for job_id in due:
+            body, _ = held.pop(job_id)
             self.bridge.publish(self.topics.job(job_id), body, retain=True)
-        self._dirty_jobs.clear()
 
     def publish_batch(self, batch_id: str) -> None:
         try:
@@ -855,7 +887,7 @@ class Service:
         if phase == "jobs":
             page = store.iter_job_page(cursor, REPUBLISH_PAGE)
             for job in page:
-                if job["job_id"] not in self._dirty_jobs:
+                if job["job_id"] not in self._held_jobs and job["job_id"] not in self._turn_jobs:
                     self.bridge.publish(
                         self.topics.job(job["job_id"]), payloads.encode(payloads.job_object(job)), retain=True
                     )
@@ -900,8 +932,8 @@ class Service:
                         job = store.transition(job_id, dst, now, detail={"reason": "graceful stop"}, **extra)
                         self.publish_job(job)
                         log.info("job %s %s by the graceful stop", job_id, dst.value)
-                self._publish_dirty_jobs()
                 self.publish_queue(now)
+            self._publish_job_states(time.monotonic(), everything=True)
         except (sqlite3.Error, OSError) as e:
             log.error("could not record the graceful stop in %s: %s", self.settings.db_path, e)
         self.bridge.close(offline=True)

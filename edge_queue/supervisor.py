@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import select
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
@@ -176,26 +177,20 @@ class Supervisor:
         avg = self._avg_s.get(kind)
         return avg is not None and avg[1] >= 3 and avg[0] < FAST_S
 
-    def openings(self) -> list[tuple[_Slot, bool]]:
-        """Where a job may go now: ``(slot, fast_only)``, idle workers first; ``fast_only``
-        means the worker is busy with short jobs and may take only another short one."""
-        out: list[tuple[_Slot, bool]] = []
-        for s in self.slots:
-            if s.process is None or s.recycle is not None:
-                continue
-            n = len(s.jobs)
-            if n == 0:
-                out.append((s, False))
-        for s in self.slots:
-            if s.process is None or s.recycle is not None:
-                continue
-            n = len(s.jobs)
-            if 0 < n < PREFETCH and all(self.fast(e.msg["kind"]) for e in s.jobs):
-                out.extend((s, True) for _ in range(PREFETCH - n))
-        return out
+    def prefetching(self) -> list[_Slot]:
+        """Workers that hold only short jobs, fewer than :data:`PREFETCH`: they may take more."""
+        return [
+            s
+            for s in self.slots
+            if s.process is not None
+            and s.recycle is None
+            and 0 < len(s.jobs) < PREFETCH
+            and all(self.fast(e.msg["kind"]) for e in s.jobs)
+        ]
 
     def idle(self) -> list[_Slot]:
-        return [s for s in self.slots if not s.jobs and s.process is not None]
+        """Workers with no job (and not waiting to be replaced)."""
+        return [s for s in self.slots if not s.jobs and s.process is not None and s.recycle is None]
 
     def busy_by_kind(self) -> Counter[str]:
         return Counter(e.msg["kind"] for s in self.slots for e in s.jobs)
@@ -281,9 +276,13 @@ class Supervisor:
         for slot in self.slots:
             conn = slot.conn
             try:
-                while conn is not None and conn.poll():
-                    self._handle(slot, conn.recv(), out)
-                    conn = slot.conn
+                # select() with no wait: Connection.poll builds a selector on every call
+                while conn is not None and select.select([conn], [], [], 0)[0]:
+                    msg = conn.recv()
+                    for one in msg if isinstance(msg, list) else (msg,):
+                        self._handle(slot, one, out)
+                    if slot.conn is not conn:
+                        break  # the worker was replaced: its successor is read next turn
             except (EOFError, OSError):
                 pass
             if slot.process is not None and not slot.process.is_alive():
@@ -303,13 +302,13 @@ class Supervisor:
             log.warning("worker %d: message for a job it does not run: %s", slot.index, op)
             return
         job = head.msg
-        data = {k: v for k, v in msg.items() if k not in ("op", "job_id", "attempt", "rss_mb")}
+        data = {k: v for k, v in msg.items() if k not in ("op", "job_id", "attempt", "rss_mb", "took_s")}
         out.append(Outcome(str(op), job["job_id"], job["attempt"], data))
         if op in ("done", "failed"):
             now = self.clock()
-            if head.started is not None:
+            took = msg.get("took_s")
+            if isinstance(took, float):
                 mean, n = self._avg_s.get(job["kind"], (0.0, 0))
-                took = now - head.started
                 # An exponentially weighted mean over about the last 10 attempts.
                 self._avg_s[job["kind"]] = (took if n == 0 else mean + (took - mean) / min(n + 1, 10), n + 1)
             slot.jobs.popleft()

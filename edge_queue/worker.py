@@ -2,7 +2,8 @@
 
 The worker never touches MQTT or the store (PRODUCT 2). Its parent (``supervisor``) sends
 ``run``, ``cancel`` and ``stop`` messages; the worker answers with ``ready``, ``progress``,
-``done`` and ``failed`` (with the worker's ``rss_mb``) and ``log`` messages (plain dicts,
+``done`` and ``failed`` (with the worker's ``rss_mb`` and the attempt's run time ``took_s``) and
+``log`` messages (plain dicts,
 pickled by ``multiprocessing``).
 
 This is the one place where exceptions of a job become outcomes: a
@@ -30,6 +31,9 @@ from .kinds import registry
 
 #: Seconds between two progress messages of one job (stage changes are always sent).
 PROGRESS_INTERVAL_S = 0.25
+#: Outcomes sent in one message at most, and how long the first of them may wait (seconds).
+OUTCOME_BATCH = 16
+OUTCOME_BATCH_S = 0.005
 
 
 class _PipeLogHandler(logging.Handler):
@@ -87,10 +91,39 @@ class _Worker:
         self.jobs: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._cancelled: set[str] = set()
         self._lock = threading.Lock()
+        self._pending: list[dict[str, Any]] = []
+        self._timer: threading.Timer | None = None
 
     def send(self, msg: dict[str, Any]) -> None:
+        """Send one message (after any outcomes still waiting, so the order holds)."""
         with self._lock:
+            self._flush_locked()
             self.conn.send(msg)
+
+    def report(self, outcome: dict[str, Any]) -> None:
+        """Send an outcome: at once when no other job waits here; otherwise it waits for the
+        next ones, at most :data:`OUTCOME_BATCH` outcomes or :data:`OUTCOME_BATCH_S` seconds,
+        so that many short jobs cost the service one message."""
+        with self._lock:
+            self._pending.append(outcome)
+            if len(self._pending) >= OUTCOME_BATCH or self.jobs.empty():
+                self._flush_locked()
+            elif self._timer is None:
+                self._timer = threading.Timer(OUTCOME_BATCH_S, self.flush)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def flush(self) -> None:
+        with self._lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._pending:
+            self.conn.send(self._pending if len(self._pending) > 1 else self._pending[0])
+            self._pending = []
 
     def cancel_requested(self, job_id: str) -> bool:
         return job_id in self._cancelled
@@ -187,6 +220,9 @@ def main(conn: Connection, settings: Settings) -> None:
     threading.Thread(target=worker.read_loop, name="pipe-reader", daemon=True).start()
     worker.send({"op": "ready", "pid": os.getpid()})
     while (job := worker.jobs.get()) is not None:
+        t0 = time.monotonic()
         outcome = worker.run_one(job)
+        outcome["took_s"] = time.monotonic() - t0
         outcome["rss_mb"] = round(worker.rss_mb(), 1)
-        worker.send(outcome)
+        worker.report(outcome)
+    worker.flush()
