@@ -58,8 +58,10 @@ log = logging.getLogger(__name__)
 WINDOW = 2_000
 #: Unacknowledged QoS 1 requests the broker may send us at once (MQTT 5 Receive Maximum).
 RECEIVE_MAXIMUM = 1_000
-#: The socket is not read while the inbox holds this many items (unless acks are awaited).
+#: The socket is not read while the inbox holds this many items or payload bytes (unless
+#: our own publishes await acknowledgements: reading is how those arrive).
 INBOX_HIGH = 2_000
+INBOX_BYTES_HIGH = 32 * 2**20
 #: Packets read per :meth:`Bridge.pump` at most, so one turn stays short.
 READ_BUDGET = 2_000
 #: Seconds between reconnect attempts: from 1, doubling, at most 4 (the retained state must be
@@ -84,6 +86,7 @@ class Incoming:
     correlation_data: bytes | None = None
     dup: bool = False
     connection: int = 0  # which connection it came on (its PUBACK is for that one only)
+    size: int = 0  # bytes of the payload as received (the payload itself is dropped when too large)
 
 
 @dataclass(slots=True)
@@ -204,7 +207,9 @@ class Bridge:
         topics: the topic set of ``mqtt.base_topic``.
         client_id: overrides ``settings.client_id`` (tests run several services at once).
         max_packet_bytes: MQTT 5 Maximum Packet Size we accept; the broker does not send us
-            larger packets (requests that big are refused by the broker, never parsed here).
+            larger packets.
+        max_payload_bytes: a request payload larger than this is dropped as it arrives (only
+            its size is kept, for the ``payload_too_large`` answer), so it never waits in memory.
     """
 
     def __init__(
@@ -213,11 +218,14 @@ class Bridge:
         topics: Topics,
         client_id: str | None = None,
         max_packet_bytes: int | None = None,
+        max_payload_bytes: int | None = None,
     ) -> None:
         self.settings = settings
         self.topics = topics
         self.client_id = client_id or settings.client_id
         self.max_packet_bytes = max_packet_bytes
+        self.max_payload_bytes = max_payload_bytes
+        self.inbox_bytes = 0  # payload bytes in the inbox (the service subtracts what it takes)
         #: What arrived, in order; the service takes from the left.
         self.inbox: deque[Incoming | Connected | RetainedJob] = deque()
         self.protocol: mqtt.MQTTProtocolVersion = mqtt.MQTTv311 if settings.protocol == "3.1.1" else mqtt.MQTTv5
@@ -282,6 +290,14 @@ class Bridge:
             client.subscribe(self.topics.all_jobs, 0)
         self._scanning = True
         session_present = bool(getattr(flags, "session_present", False))
+        if session_present:
+            # Requests of the old connection not yet acknowledged: the broker sends them again
+            # on this one (same session), so the copies still waiting here are dropped.
+            kept = deque(m for m in self.inbox if not (isinstance(m, Incoming) and m.connection != self.connection))
+            self.inbox_bytes -= sum(len(m.payload) for m in self.inbox if isinstance(m, Incoming)) - sum(
+                len(m.payload) for m in kept if isinstance(m, Incoming)
+            )
+            self.inbox = kept
         log.info(
             "connected to %s:%s (MQTT %s, session present: %s)",
             self.settings.host,
@@ -312,11 +328,16 @@ class Bridge:
         props = getattr(msg, "properties", None)
         response_topic = getattr(props, "ResponseTopic", None) if props else None
         correlation = getattr(props, "CorrelationData", None) if props else None
+        size = len(msg.payload)
+        payload = b"" if self.max_payload_bytes and size > self.max_payload_bytes else bytes(msg.payload)
+        if correlation is not None and len(correlation) > 1024:
+            correlation = None  # echoed back: bounded like a transaction
+        self.inbox_bytes += len(payload)
         self.inbox.append(
             Incoming(
                 msg.topic,
                 command,
-                bytes(msg.payload),
+                payload,
                 bool(msg.retain),
                 msg.qos,
                 msg.mid,
@@ -324,6 +345,7 @@ class Bridge:
                 correlation,
                 bool(msg.dup),
                 self.connection,
+                size,
             )
         )
 
@@ -434,7 +456,8 @@ class Bridge:
         client = self._client
         self._more_to_read = False
         for _ in range(READ_BUDGET):
-            if len(self.inbox) >= INBOX_HIGH and self._unacked < WINDOW and not self._out:
+            full = len(self.inbox) >= INBOX_HIGH or self.inbox_bytes >= INBOX_BYTES_HIGH
+            if full and self._unacked < WINDOW and not self._out:
                 self._more_to_read = False  # back-pressure: leave it in the socket
                 return
             if client.socket() is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -96,6 +97,8 @@ class Commands:
         except EdgeQueueError as e:
             log.warning("request %s failed: %s: %s", _clip(command, 64), e.code, _clip(e.message))
             return payloads.error(e.code, e.message, transaction), reply_to
+        except sqlite3.Error:
+            raise  # the store failed (a full disk): the whole turn is answered (Service.tick)
         except Exception as e:  # a bug must cost one response, not the service
             log.exception("request %s: internal error", _clip(command, 64))
             return payloads.error(ErrorCode.INTERNAL_ERROR, f"{type(e).__name__}: {e}", transaction), reply_to

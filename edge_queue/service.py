@@ -61,6 +61,9 @@ REPUBLISH_PAGE = 1_000
 BACKLOG_LOW = 4_000
 #: A job's non-terminal retained state is published once it has stood this long (seconds).
 COALESCE_S = 0.02
+#: The largest MQTT packet the broker may send us: the size limit of the shipped broker
+#: configurations (mosquitto ``max_packet_size``); requests up to it get an answer.
+MAX_PACKET_BYTES = 16 * 2**20
 #: A loop turn longer than this is logged (the watchdog and the Last Will allow far more).
 SLOW_TURN_S = 1.0
 #: How often free disk space is measured for ``limits.min_free_disk_mb``.
@@ -144,13 +147,15 @@ class Service:
         self.stopping = False
         self.store: Store | None = None
         self.supervisor = Supervisor(settings)
-        # Requests a little over max_payload_bytes are still read, to answer payload_too_large;
-        # far larger ones the broker does not send us at all (MQTT 5 Maximum Packet Size).
+        # Requests over max_payload_bytes are answered payload_too_large from their size alone
+        # (the bridge drops their bytes on arrival); the broker sends us nothing larger than
+        # MAX_PACKET_BYTES (MQTT 5 Maximum Packet Size).
         self.bridge = Bridge(
             settings.mqtt,
             self.topics,
             client_id=client_id,
-            max_packet_bytes=max(4 * settings.max_payload_bytes, 1024 * 1024) + 65536,
+            max_packet_bytes=MAX_PACKET_BYTES,
+            max_payload_bytes=settings.max_payload_bytes,
         )
         self.commands = Commands(self)
         self.notifier = Notifier()
@@ -178,6 +183,8 @@ class Service:
         self._store_was_new = False
         self._next_retention = 0.0
         self._republish_at: tuple[str, str] | None = None  # (phase, cursor) of the republish
+        self._republish_started = 0.0
+        self._republish_count = 0
         self._carried: list[Outcome] = []  # outcomes of a turn whose commit failed
         self._tokens = 0.0
         self._tokens_at = time.monotonic()
@@ -382,6 +389,7 @@ class Service:
                 if rate:
                     self._tokens -= 1
                 inbox.popleft()
+                self.bridge.inbox_bytes -= len(item.payload)
                 taken.append(item)
                 self.on_message(item)
             elif isinstance(item, RetainedJob):
@@ -500,7 +508,7 @@ class Service:
         """Execute one request and answer it; the PUBACK follows the commit."""
         try:
             self._on_message(msg)
-        except (sqlite3.OperationalError, sqlite3.DatabaseError):
+        except sqlite3.Error:
             raise  # the whole turn fails over (see tick)
         except Exception:  # a bug costs one request, never the service
             log.exception("request on %s: internal error", _clip(msg.topic))
@@ -508,8 +516,10 @@ class Service:
             self.bridge.ack(msg)
 
     def _on_message(self, msg: Incoming) -> None:
+        """Checks in the order of docs/topics.md, "Order of checks"."""
         now = time.monotonic()
-        if not msg.payload and (msg.retain or self._echoes.get(msg.topic, 0) > now):
+        limit = self.settings.max_payload_bytes
+        if not msg.size and (msg.retain or self._echoes.get(msg.topic, 0) > now):
             # The broker echoing our own clearing of a retained request (amqtt may send it
             # more than once): not a request.
             self.bridge.ack(msg)
@@ -521,15 +531,24 @@ class Service:
             )
             self._echoes[msg.topic] = now + ECHO_WINDOW_S
             self.bridge.publish(msg.topic, b"", retain=True)
-            transaction, reply_to = (
-                payloads.peek_envelope(msg.payload)
-                if len(msg.payload) <= self.settings.max_payload_bytes
-                else (None, None)
-            )
+            transaction, reply_to = payloads.peek_envelope(msg.payload) if msg.size <= limit else (None, None)
             self.respond(
                 msg,
                 payloads.error(ErrorCode.INVALID_REQUEST, "retained requests are not executed", transaction),
                 reply_to,
+            )
+            self.bridge.ack(msg)
+            return
+        if msg.size > limit:
+            # Its bytes were dropped on arrival: refused from its size, nothing echoed back.
+            log.warning("request on %s rejected: payload_too_large (%d bytes)", _clip(msg.topic), msg.size)
+            self.respond(
+                msg,
+                payloads.error(
+                    ErrorCode.PAYLOAD_TOO_LARGE,
+                    f"payload is {msg.size} bytes; the limit is {limit} (max_payload_bytes)",
+                ),
+                None,
             )
             self.bridge.ack(msg)
             return
@@ -876,6 +895,8 @@ class Service:
 
     def start_republish(self) -> None:
         self._republish_at = ("jobs", "")
+        self._republish_started = time.monotonic()
+        self._republish_count = 0
 
     def _republish_step(self) -> None:
         """Send the next piece of the republish when the broker keeps up (the backlog of our
@@ -891,6 +912,7 @@ class Service:
                     self.bridge.publish(
                         self.topics.job(job["job_id"]), payloads.encode(payloads.job_object(job)), retain=True
                     )
+            self._republish_count += len(page)
             self._republish_at = ("jobs", page[-1]["job_id"]) if len(page) == REPUBLISH_PAGE else ("batches", "")
         elif phase == "batches":
             ids = store.batch_id_page(cursor, REPUBLISH_PAGE // 10)
@@ -901,7 +923,11 @@ class Service:
             else:
                 self._republish_at = None
                 self.publish_queue(self.clock())
-                log.debug("republish done")
+                log.info(
+                    "republished the retained state of %d job(s) in %.1f s",
+                    self._republish_count,
+                    time.monotonic() - self._republish_started,
+                )
 
     # -- stop ---------------------------------------------------------------------------
 

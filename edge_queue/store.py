@@ -258,8 +258,14 @@ class Store:
             try:
                 yield
             except BaseException:
-                self.conn.execute(f"ROLLBACK TO {name}")
-                self.conn.execute(f"RELEASE {name}")
+                # SQLite may have rolled back the whole transaction itself (SQLITE_FULL, IOERR):
+                # then there is no savepoint left, and the caller's error is what matters.
+                if self.conn.in_transaction:
+                    try:
+                        self.conn.execute(f"ROLLBACK TO {name}")
+                        self.conn.execute(f"RELEASE {name}")
+                    except sqlite3.Error:
+                        pass
                 raise
             finally:
                 self._group_depth -= 1
@@ -269,7 +275,8 @@ class Store:
         try:
             yield
         except BaseException:
-            self.conn.execute("ROLLBACK")
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
             raise
         self.conn.execute("COMMIT")
 

@@ -1,0 +1,708 @@
+"""Load, limits and bad input at scale (docs/operations.md, "Load and back-pressure").
+
+Every test runs the real service process against a private mosquitto started with the delivery
+settings of the shipped broker/mosquitto.conf, under a systemd-like watchdog: a NOTIFY_SOCKET
+listener that kills the service with SIGABRT, as systemd does, when its WATCHDOG=1 pings stop
+for longer than WatchdogSec. No test here may end with the watchdog having fired.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+
+from .conftest import ROOT, Broker, ServiceProcess, free_port, need, port_open, wait_until
+
+#: WatchdogSec of the watchdog the tests run the service under (the shipped unit says 30).
+WATCHDOG_S = 10.0
+#: The service's resident memory must stay under this, whatever the load (MiB).
+RSS_BOUND_MB = 200
+
+
+def _shipped_delivery_settings() -> str:
+    keep = ("max_queued_messages", "max_inflight_messages", "set_tcp_nodelay", "max_queued_bytes", "max_packet_size")
+    lines = (ROOT / "broker" / "mosquitto.conf").read_text().splitlines()
+    return "".join(line.strip() + "\n" for line in lines if line.strip().split(" ")[0] in keep)
+
+
+class PrivateMosquitto(Broker):
+    """A mosquitto of our own, configured like broker/mosquitto.conf for delivery (no
+    authentication), with persistence in its own folder; it can be stopped and started."""
+
+    def __init__(self, folder: Path, *, limit_packets: bool = True) -> None:
+        need(shutil.which("mosquitto") is not None, "mosquitto not installed (apt-get install mosquitto)")
+        super().__init__("127.0.0.1", free_port(), "mosquitto")
+        folder.mkdir(parents=True, exist_ok=True)
+        settings = _shipped_delivery_settings()
+        if not limit_packets:
+            settings = "".join(line + "\n" for line in settings.splitlines() if not line.startswith("max_packet_size"))
+        self.conf = folder / "mosquitto.conf"
+        self.conf.write_text(
+            f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence true\n"
+            f"persistence_location {folder}/\nlog_dest file {folder}/mosquitto.log\n" + settings
+        )
+        self.log = folder / "mosquitto.log"
+        self.start()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(["mosquitto", "-c", str(self.conf)], stderr=subprocess.DEVNULL)
+        wait_until(lambda: port_open(self.host, self.port), 10, "the private mosquitto to listen")
+
+    def stop(self) -> None:
+        assert self.proc is not None
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+@pytest.fixture
+def shipped_mosquitto(tmp_path: Path) -> Iterator[PrivateMosquitto]:
+    broker = PrivateMosquitto(tmp_path / "mosquitto")
+    yield broker
+    if broker.proc is not None and broker.proc.poll() is None:
+        broker.stop()
+
+
+class Watchdog:
+    """systemd's side of sd_notify: READY=1, WATCHDOG=1 pings, and a kill (SIGABRT) when the
+    pings stop for longer than ``watchdog_s`` after READY."""
+
+    def __init__(self, folder: Path, watchdog_s: float = WATCHDOG_S) -> None:
+        self.path = str(folder / f"notify-{uuid.uuid4().hex[:6]}.sock")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.settimeout(0.2)
+        self.watchdog_s = watchdog_s
+        self.pid: int | None = None
+        self.ready = threading.Event()
+        self.last_ping = 0.0
+        self.fired = False
+        self.longest_gap = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def env(self) -> dict[str, str]:
+        return {"NOTIFY_SOCKET": self.path, "WATCHDOG_USEC": str(int(self.watchdog_s * 1_000_000))}
+
+    def watch(self, pid: int) -> None:
+        """Watch a new process (after a restart): it must send READY=1 again."""
+        self.pid = pid
+        self.ready.clear()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(4096).decode()
+            except TimeoutError:
+                data = ""
+            now = time.monotonic()
+            if "READY=1" in data:
+                self.ready.set()
+                self.last_ping = now
+            if "WATCHDOG=1" in data:
+                self.longest_gap = max(self.longest_gap, now - self.last_ping)
+                self.last_ping = now
+            if "STOPPING=1" in data:
+                self.ready.clear()
+            if self.ready.is_set() and self.pid and now - self.last_ping > self.watchdog_s:
+                self.fired = True
+                self.ready.clear()
+                try:
+                    os.kill(self.pid, signal.SIGABRT)
+                except ProcessLookupError:
+                    pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()
+
+
+class Responses:
+    """A subscriber on ``<base>/response/#``: how many answers each transaction got."""
+
+    def __init__(self, broker: Broker, base: str) -> None:
+        self.count: Counter[Any] = Counter()
+        self.bodies: dict[Any, dict[str, Any]] = {}
+        self.last_at = 0.0
+        self._lock = threading.Lock()
+        ready = threading.Event()
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="resp-" + uuid.uuid4().hex[:8])
+        self.client.on_message = self._on_message
+        self.client.on_subscribe = lambda *a: ready.set()
+        self.client.on_connect = lambda c, *a: c.subscribe(f"{base}/response/#", 1)
+        self.client.connect(broker.host, broker.port, keepalive=120)
+        self.client.loop_start()
+        assert ready.wait(10)
+
+    def _on_message(self, client: Any, userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        body = json.loads(msg.payload)
+        tx = body.get("transaction")
+        with self._lock:
+            self.count[tx if not isinstance(tx, list) else tuple(tx)] += 1
+            self.bodies[tx if not isinstance(tx, list) else tuple(tx)] = body
+            self.last_at = time.monotonic()
+
+    def answered(self, txs: list[Any]) -> int:
+        with self._lock:
+            return sum(1 for t in txs if self.count[t])
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+class Publisher:
+    """A paho client that publishes QoS 1 requests as fast as it can, keeping fewer than
+    20,000 unacknowledged (paho's message ids are 16-bit)."""
+
+    def __init__(self, broker: Broker, base: str) -> None:
+        self.base = base
+        self.client = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id="pub-" + uuid.uuid4().hex[:8], protocol=mqtt.MQTTv5
+        )
+        self.client.max_inflight_messages_set(0)
+        self.client.max_queued_messages_set(0)
+        self.client.connect(broker.host, broker.port, keepalive=120)
+        self.client.loop_start()
+        self.infos: list[mqtt.MQTTMessageInfo] = []
+
+    def request(self, command: str, body: dict[str, Any] | bytes) -> None:
+        if len(self.infos) >= 20_000:
+            self.infos[-20_000].wait_for_publish(60)
+        payload = body if isinstance(body, bytes) else json.dumps(body)
+        self.infos.append(self.client.publish(f"{self.base}/request/{command}", payload, qos=1))
+
+    def submits(self, n: int, prefix: str) -> list[str]:
+        txs = []
+        for i in range(n):
+            tx = f"{prefix}{i}"
+            self.request("submit", {"kind": "noop", "idempotency_key": tx, "transaction": tx})
+            txs.append(tx)
+        return txs
+
+    def close(self) -> None:
+        for info in self.infos[-20_000:]:
+            info.wait_for_publish(60)
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+def service(broker: Broker, tmp: Path, dog: Watchdog, env: dict[str, str] | None = None) -> ServiceProcess:
+    svc = ServiceProcess(broker, tmp, [tmp], {"EDGE_QUEUE_LOG_LEVEL": "INFO", **dog.env(), **(env or {})})
+    svc.log_path = Path(dog.path).parent / svc.log_path.name  # never on a disk a test fills
+    return svc
+
+
+def start(svc: ServiceProcess, dog: Watchdog) -> float:
+    """Start the service under the watchdog; the seconds until it was online."""
+    t0 = time.monotonic()
+    svc.start(wait_online=False)
+    assert svc.proc is not None
+    dog.watch(svc.proc.pid)
+    svc_online(svc)
+    return time.monotonic() - t0
+
+
+def svc_online(svc: ServiceProcess, timeout: float = 60) -> None:
+    got = threading.Event()
+    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="on-" + uuid.uuid4().hex[:8])
+    c.on_connect = lambda cl, *a: cl.subscribe(f"{svc.base}/status", 1)
+    c.on_message = lambda cl, u, m: got.set() if m.payload == b"online" else None
+    c.connect(svc.broker.host, svc.broker.port)
+    c.loop_start()
+    try:
+        wait_until(lambda: got.is_set() or svc.proc.poll() is not None, timeout, "the service to be online")
+        assert svc.proc.poll() is None, svc.log()[-3000:]
+    finally:
+        c.loop_stop()
+        c.disconnect()
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def stop_and_longest_turn_ms(svc: ServiceProcess) -> float:
+    assert svc.stop() == 0, svc.log()[-3000:]
+    found = re.findall(r"longest loop turn (\d+) ms", svc.log())
+    assert found, svc.log()[-2000:]
+    return float(found[-1])
+
+
+def store_jobs(db: Path) -> tuple[int, str]:
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute("SELECT count(*) FROM jobs").fetchone()[0], conn.execute(
+            "PRAGMA integrity_check"
+        ).fetchone()[0]
+    finally:
+        conn.close()
+
+
+def figures(**kw: Any) -> None:
+    print("figures:", json.dumps(kw))
+
+
+# -- bursts ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [10_000, 50_000, 100_000])
+def test_burst_of_submits_from_one_client_is_answered_exactly_once(
+    shipped_mosquitto: PrivateMosquitto, tmp_path: Path, n: int
+) -> None:
+    dog = Watchdog(tmp_path)
+    svc = service(shipped_mosquitto, tmp_path, dog)
+    try:
+        start(svc, dog)
+        responses = Responses(shipped_mosquitto, svc.base)
+        pub = Publisher(shipped_mosquitto, svc.base)
+        t0 = time.monotonic()
+        txs = pub.submits(n, "b")
+        wait_until(lambda: responses.answered(txs) == n or svc.proc.poll() is not None, 600, f"{n} answers", 0.5)
+        took = responses.last_at - t0
+        assert svc.proc.poll() is None, svc.log()[-3000:]
+        peak = peak_rss_mb(svc.proc.pid)
+        pub.close()
+        assert max(responses.count[t] for t in txs) == 1  # exactly once
+        assert all(responses.bodies[t]["status"] == "ok" for t in txs)
+        longest = stop_and_longest_turn_ms(svc)
+        jobs, integrity = store_jobs(svc.db)
+        figures(
+            burst=n,
+            answers=responses.answered(txs),
+            last_answer_s=round(took, 1),
+            peak_rss_mb=round(peak),
+            longest_turn_ms=longest,
+        )
+        assert jobs == n and integrity == "ok"
+        assert peak < RSS_BOUND_MB
+        assert longest < WATCHDOG_S * 1000 / 2
+        assert not dog.fired
+        responses.close()
+    finally:
+        dog.close()
+
+
+def test_four_clients_at_once_with_other_requests(shipped_mosquitto: PrivateMosquitto, tmp_path: Path) -> None:
+    dog = Watchdog(tmp_path)
+    svc = service(shipped_mosquitto, tmp_path, dog)
+    try:
+        start(svc, dog)
+        responses = Responses(shipped_mosquitto, svc.base)
+        expected: list[list[str]] = [[] for _ in range(4)]
+
+        def client(k: int) -> None:
+            pub = Publisher(shipped_mosquitto, svc.base)
+            for i in range(5_000):
+                tx = f"c{k}-{i}"
+                pub.request("submit", {"kind": "noop", "idempotency_key": tx, "transaction": tx})
+                expected[k].append(tx)
+                if i % 25 == 0:  # reads and control mixed in
+                    for command, body in (
+                        ("list", {"limit": 5}),
+                        ("get", {"job_id": "0" * 16}),
+                        ("cancel", {"job_id": "0" * 16}),
+                        ("submit", b"not json at all {"),
+                    ):
+                        tx2 = f"c{k}-{command}-{i}"
+                        if isinstance(body, dict):
+                            pub.request(command, {**body, "transaction": tx2})
+                            expected[k].append(tx2)
+                        else:
+                            pub.request(command, body)
+            pub.close()
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        txs = [t for per in expected for t in per]
+        wait_until(lambda: responses.answered(txs) == len(txs) or svc.proc.poll() is not None, 600, "every answer", 0.5)
+        assert svc.proc.poll() is None, svc.log()[-3000:]
+        assert max(responses.count[t] for t in txs) == 1
+        assert responses.count[None] == 4 * 200  # the invalid JSON ones, one answer each
+        peak = peak_rss_mb(svc.proc.pid)
+        longest = stop_and_longest_turn_ms(svc)
+        figures(clients=4, requests=len(txs) + 800, peak_rss_mb=round(peak), longest_turn_ms=longest)
+        assert store_jobs(svc.db) == (20_000, "ok")
+        assert peak < RSS_BOUND_MB and longest < WATCHDOG_S * 1000 / 2 and not dog.fired
+        responses.close()
+    finally:
+        dog.close()
+
+
+def test_kill_9_during_a_burst_loses_nothing_acknowledged(shipped_mosquitto: PrivateMosquitto, tmp_path: Path) -> None:
+    dog = Watchdog(tmp_path)
+    svc = service(shipped_mosquitto, tmp_path, dog)
+    try:
+        start(svc, dog)
+        responses = Responses(shipped_mosquitto, svc.base)
+        pub = Publisher(shipped_mosquitto, svc.base)
+        txs = pub.submits(50_000, "k")
+        wait_until(lambda: responses.answered(txs) >= 10_000, 300, "10,000 answers", 0.2)
+        svc.kill()
+        before = {t for t in txs if responses.count[t]}
+        start(svc, dog)
+        # the broker redelivers what was not acknowledged: every request gets answered
+        wait_until(lambda: responses.answered(txs) == len(txs) or svc.proc.poll() is not None, 600, "answers", 0.5)
+        assert svc.proc.poll() is None, svc.log()[-3000:]
+        pub.close()
+        stop_and_longest_turn_ms(svc)
+        conn = sqlite3.connect(svc.db)
+        keys = {r[0] for r in conn.execute("SELECT key FROM idempotency_keys")}
+        jobs = conn.execute("SELECT count(*) FROM jobs").fetchone()[0]
+        integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
+        conn.close()
+        figures(kill9_burst=50_000, answered_before_kill=len(before), jobs=jobs)
+        assert before <= keys  # everything answered before the kill is in the store
+        assert keys == set(txs) and jobs == 50_000 and integrity == "ok"  # once each
+        assert not dog.fired
+        responses.close()
+    finally:
+        dog.close()
+
+
+# -- big stores -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def store_100k(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store holding 100,000 succeeded noop jobs (a few weeks of a busy box)."""
+    from edge_queue.store import JobSpec, Store, iso
+
+    path = tmp_path_factory.mktemp("store100k") / "edge-queue.db"
+    store = Store(path, "normal")
+    now = time.time()
+    for first in range(0, 100_000, 1000):
+        store.submit([JobSpec("noop", f"p{i}", {}) for i in range(first, first + 1000)], now)
+    at = iso(now)
+    store.conn.execute(
+        "UPDATE jobs SET state = 'succeeded', attempt = 1, seq = 3, started_at = ?, finished_at = ?, updated_at = ?",
+        [at, at, at],
+    )
+    store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.close()
+    return path
+
+
+class JobTopics:
+    """Counts the messages on ``<base>/jobs/+``, and the distinct jobs seen."""
+
+    def __init__(self, broker: Broker, base: str) -> None:
+        self.messages = 0
+        self.jobs: set[str] = set()
+        ready = threading.Event()
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="jt-" + uuid.uuid4().hex[:8])
+        self.client.on_message = self._on_message
+        self.client.on_subscribe = lambda *a: ready.set()
+        self.client.on_connect = lambda c, *a: c.subscribe(f"{base}/jobs/+", 0)
+        self.client.connect(broker.host, broker.port, keepalive=120)
+        self.client.loop_start()
+        assert ready.wait(10)
+
+    def _on_message(self, client: Any, userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        self.messages += 1
+        if msg.payload:
+            self.jobs.add(msg.topic)
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+def _answer_time(pub: Publisher, responses: Responses, tx: str) -> float:
+    t0 = time.monotonic()
+    pub.request("list", {"limit": 5, "transaction": tx})
+    wait_until(lambda: responses.count[tx], 60, f"the answer to {tx}", 0.01)
+    return time.monotonic() - t0
+
+
+def _republishes(svc: ServiceProcess) -> int:
+    return len(re.findall(r"republished the retained state of 100000 job", svc.log()))
+
+
+def test_restarts_with_100k_stored_jobs(shipped_mosquitto: PrivateMosquitto, tmp_path: Path, store_100k: Path) -> None:
+    dog = Watchdog(tmp_path)
+    svc = service(shipped_mosquitto, tmp_path, dog)
+    svc.data_dir.mkdir(parents=True)
+    shutil.copy(store_100k, svc.db)
+    try:
+        timeline: dict[str, Any] = {}
+        for run in ("first start", "restart (SIGTERM, start)", "broker restart"):
+            done_before = _republishes(svc)
+            if run == "broker restart":
+                shipped_mosquitto.stop()
+                t0 = time.monotonic()
+                shipped_mosquitto.start()
+                svc_online(svc)
+                online = time.monotonic() - t0
+            else:
+                t0 = time.monotonic()
+                online = start(svc, dog)
+            responses = Responses(shipped_mosquitto, svc.base)
+            pub = Publisher(shipped_mosquitto, svc.base)
+            first = _answer_time(pub, responses, f"{run}-first")
+            later = []
+            while _republishes(svc) == done_before and time.monotonic() - t0 < 300:
+                later.append(_answer_time(pub, responses, f"{run}-{len(later)}"))
+            timeline[run] = {
+                "online_s": round(online, 2),
+                "first_answer_after_online_s": round(first, 3),
+                "republish_done_s": round(time.monotonic() - t0, 1),
+                "answers_during_republish": len(later),
+                "slowest_answer_during_republish_s": round(max(later, default=0), 3),
+            }
+            assert _republishes(svc) == done_before + 1, svc.log()[-2000:]
+            assert online < 15 and first < 5 and max(later, default=0) < 5, timeline
+            for c in (responses, pub):
+                c.close()
+            if run == "first start":
+                stop_and_longest_turn_ms(svc)
+        # and every job's retained state is on the broker
+        topics = JobTopics(shipped_mosquitto, svc.base)
+        wait_until(lambda: len(topics.jobs) == 100_000, 120, "100,000 retained job states", 0.2)
+        topics.close()
+        longest = stop_and_longest_turn_ms(svc)
+        figures(restart_100k=timeline, longest_turn_ms=longest)
+        assert longest < WATCHDOG_S * 1000 / 2 and not dog.fired
+    finally:
+        dog.close()
+
+
+def test_republish_storm_is_coalesced(shipped_mosquitto: PrivateMosquitto, tmp_path: Path, store_100k: Path) -> None:
+    dog = Watchdog(tmp_path)
+    svc = service(shipped_mosquitto, tmp_path, dog)
+    svc.data_dir.mkdir(parents=True)
+    shutil.copy(store_100k, svc.db)
+    try:
+        start(svc, dog)
+        topics = JobTopics(shipped_mosquitto, svc.base)
+        responses = Responses(shipped_mosquitto, svc.base)
+        pub = Publisher(shipped_mosquitto, svc.base)
+        wait_until(lambda: len(topics.jobs) == 100_000, 300, "the start-up republish", 0.2)
+        before = topics.messages
+        for i in range(100):
+            pub.request("republish", {"transaction": f"r{i}"})
+        answers = [_answer_time(pub, responses, f"l{i}") for i in range(10)]
+        wait_until(lambda: responses.answered([f"r{i}" for i in range(100)]) == 100, 60, "100 answers")
+        running = sum(1 for i in range(100) if responses.bodies[f"r{i}"]["data"]["already_running"])
+        # wait for the republish to end: the message count stops growing
+        last = [-1]
+
+        def settled() -> bool:
+            now, last[0] = topics.messages, topics.messages
+            time.sleep(1.0)
+            return topics.messages == now
+
+        wait_until(settled, 300, "the republish to end")
+        sent = topics.messages - before
+        figures(republish_requests=100, job_messages=sent, coalesced=running, slowest_list_answer_s=max(answers))
+        assert sent <= 2 * 100_000  # one republish (maybe two), not a hundred
+        assert running >= 98
+        assert max(answers) < 5
+        stop_and_longest_turn_ms(svc)
+        assert not dog.fired
+        for c in (responses, topics, pub):
+            c.close()
+    finally:
+        dog.close()
+
+
+# -- oversized payloads ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("limit_packets", [True, False], ids=["shipped-broker", "broker-without-limit"])
+def test_oversized_payloads_are_refused_without_memory(tmp_path: Path, limit_packets: bool) -> None:
+    broker = PrivateMosquitto(tmp_path / "mosquitto", limit_packets=limit_packets)
+    dog = Watchdog(tmp_path)
+    svc = service(broker, tmp_path, dog)
+    try:
+        start(svc, dog)
+        responses = Responses(broker, svc.base)
+        pub = Publisher(broker, svc.base)
+        base_rss = rss_mb(svc.proc.pid)
+        for size_mb in (1, 50, 200):
+            big = mqtt.Client(
+                CallbackAPIVersion.VERSION2, client_id="big-" + uuid.uuid4().hex[:8], protocol=mqtt.MQTTv5
+            )
+            big.connect(broker.host, broker.port)
+            big.loop_start()
+            t0 = time.monotonic()
+            big.publish(f"{svc.base}/request/submit", b"{" + b" " * (size_mb * 2**20), qos=1).wait_for_publish(30)
+            if size_mb == 1:  # within what the broker takes: answered from its size alone
+                wait_until(lambda: responses.count[None], 10, "payload_too_large")
+                body = responses.bodies[None]
+                assert body["error"]["code"] == "payload_too_large" and body["transaction"] is None
+                assert time.monotonic() - t0 < 5
+            big.disconnect()
+            big.loop_stop()
+            tx = f"after-{size_mb}"
+            pub.request("submit", {"kind": "noop", "transaction": tx})
+            wait_until(lambda tx=tx: responses.count[tx], 30, f"the answer to {tx}")
+        peak = peak_rss_mb(svc.proc.pid)
+        figures(broker_limit=limit_packets, base_rss_mb=round(base_rss), peak_rss_mb=round(peak))
+        assert responses.count[None] == 1  # only the 1 MB one reached the service
+        assert peak < base_rss + 40, (base_rss, peak)
+        stop_and_longest_turn_ms(svc)
+        assert not dog.fired
+        responses.close()
+        pub.close()
+    finally:
+        dog.close()
+        broker.stop()
+
+
+# -- full disk ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 32 MiB tmpfs: a disk that really fills up."""
+    need(os.geteuid() == 0, "mounting a tmpfs needs root")
+    folder = tmp_path / "small"
+    folder.mkdir()
+    ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(folder)], capture_output=True)
+    need(ok.returncode == 0, f"cannot mount a tmpfs here: {ok.stderr.decode().strip()}")
+    yield folder
+    subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def _fill(path: Path, leave_mb: float) -> None:
+    """Write a file until only about ``leave_mb`` MiB are free (0: until the disk is full)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while leave_mb == 0 or shutil.disk_usage(path.parent).free > leave_mb * 2**20 + 65536:
+            os.write(fd, b"\0" * (65536 if leave_mb else 4096))
+    except OSError:
+        pass  # ENOSPC: full
+    finally:
+        os.close(fd)
+
+
+def _until_answered(pub: Publisher, responses: Responses, body: dict[str, Any], done: Any, what: str) -> dict[str, Any]:
+    """Send ``body`` (a fresh transaction each time) until its answer satisfies ``done``."""
+    tries = iter(range(10**6))
+
+    def attempt() -> dict[str, Any] | None:
+        tx = f"probe{next(tries)}-{uuid.uuid4().hex[:6]}"
+        pub.request("submit", {**body, "transaction": tx})
+        wait_until(lambda: responses.count[tx], 30, f"the answer to {tx}", 0.01)
+        answer = responses.bodies[tx]
+        return answer if done(answer) else None
+
+    return wait_until(attempt, 30, what, 0.25)
+
+
+LATER = {"kind": "noop", "run_at": "2999-01-01T00:00:00Z"}  # waits: its row stays in the store
+
+
+def test_low_disk_refuses_submits_and_serves_the_rest(
+    shipped_mosquitto: PrivateMosquitto, tmp_path: Path, small_disk: Path
+) -> None:
+    dog = Watchdog(tmp_path)
+    svc = service(shipped_mosquitto, small_disk, dog, {"EDGE_QUEUE_LIMITS__MIN_FREE_DISK_MB": "8"})
+    try:
+        start(svc, dog)
+        responses = Responses(shipped_mosquitto, svc.base)
+        pub = Publisher(shipped_mosquitto, svc.base)
+        for i in range(20):  # acknowledged work that must survive
+            pub.request("submit", {**LATER, "transaction": f"keep{i}", "idempotency_key": f"keep{i}"})
+        wait_until(lambda: responses.answered([f"keep{i}" for i in range(20)]) == 20, 30, "20 answers")
+        _fill(small_disk / "filler", leave_mb=4)
+        refused = _until_answered(pub, responses, LATER, lambda a: a["status"] == "error", "a refused submit")
+        assert refused["error"]["code"] == "disk_full" and "min_free_disk_mb" in refused["error"]["message"]
+        for tx, command, body in (
+            ("low-list", "list", {"limit": 3}),
+            ("low-cancel", "cancel", {"job_id": responses.bodies["keep0"]["data"]["jobs"][0]["job_id"]}),
+            ("low-purge", "purge", {"older_than_s": 0}),
+        ):
+            pub.request(command, {**body, "transaction": tx})
+            wait_until(lambda tx=tx: responses.count[tx], 30, f"the answer to {tx}")
+            assert responses.bodies[tx]["status"] == "ok", responses.bodies[tx]
+        (small_disk / "filler").unlink()
+        _until_answered(pub, responses, LATER, lambda a: a["status"] == "ok", "a submit accepted again")
+        stop_and_longest_turn_ms(svc)
+        conn = sqlite3.connect(svc.db)
+        keys = {r[0] for r in conn.execute("SELECT key FROM idempotency_keys")}
+        assert {f"keep{i}" for i in range(20)} <= keys
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        conn.close()
+        assert not dog.fired
+        responses.close()
+        pub.close()
+    finally:
+        dog.close()
+
+
+def test_a_disk_that_fills_up_costs_answers_not_the_service(
+    shipped_mosquitto: PrivateMosquitto, tmp_path: Path, small_disk: Path
+) -> None:
+    # No free-space guard: another program fills the disk under the service.
+    dog = Watchdog(tmp_path)
+    svc = service(shipped_mosquitto, small_disk, dog, {"EDGE_QUEUE_LIMITS__MIN_FREE_DISK_MB": "0"})
+    try:
+        start(svc, dog)
+        responses = Responses(shipped_mosquitto, svc.base)
+        pub = Publisher(shipped_mosquitto, svc.base)
+        _fill(small_disk / "filler", leave_mb=0)
+        txs = []
+        for i in range(40):  # 1,000 jobs each: the store must grow
+            tx = f"full{i}"
+            pub.request("submit", {**LATER, "inputs": [f"i{i}-{k}" for k in range(1000)], "transaction": tx})
+            txs.append(tx)
+        pub.request("list", {"limit": 1, "transaction": "full-list"})
+        wait_until(lambda: responses.answered([*txs, "full-list"]) == len(txs) + 1, 120, "every answer", 0.2)
+        assert max(responses.count[t] for t in txs) == 1
+        codes = Counter(
+            responses.bodies[t]["status"]
+            if responses.bodies[t]["status"] == "ok"
+            else responses.bodies[t]["error"]["code"]
+            for t in txs
+        )
+        assert set(codes) <= {"ok", "disk_full"} and codes["disk_full"] > 0, codes
+        assert svc.proc.poll() is None and "could not commit" in svc.log()
+        accepted = [t for t in txs if responses.bodies[t]["status"] == "ok"]
+        (small_disk / "filler").unlink()
+        after = _until_answered(pub, responses, LATER, lambda a: True, "an answer after space was freed")
+        assert after["status"] == "ok", after
+        stop_and_longest_turn_ms(svc)
+        conn = sqlite3.connect(svc.db)
+        jobs = conn.execute("SELECT count(*) FROM jobs").fetchone()[0]
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        conn.close()
+        figures(full_disk=dict(codes), jobs_kept=jobs)
+        assert jobs >= 1000 * len(accepted) + 1  # every accepted batch was kept, and the later job
+        assert not dog.fired
+        responses.close()
+        pub.close()
+    finally:
+        dog.close()
