@@ -17,8 +17,6 @@ def _states(watcher: Watcher, topic: str) -> list[str]:
     return [m["state"] for m in watcher.json_on(topic)]
 
 
-
-
 @pytest.mark.usefixtures("model_installed")
 def test_transcribe_jfk_seen_by_subscribers(broker, service_factory, speech: Path) -> None:
     # Given a service with its own base topic and a plain subscriber on <base>/jobs/+
