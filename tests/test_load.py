@@ -447,6 +447,8 @@ def _answer_time(pub: Publisher, responses: Responses, tx: str) -> float:
 
 
 def _republishes(svc: ServiceProcess) -> int:
+    if not svc.log_path.exists():
+        return 0
     return len(re.findall(r"republished the retained state of 100000 job", svc.log()))
 
 
@@ -702,6 +704,36 @@ def test_a_disk_that_fills_up_costs_answers_not_the_service(
         figures(full_disk=dict(codes), jobs_kept=jobs)
         assert jobs >= 1000 * len(accepted) + 1  # every accepted batch was kept, and the later job
         assert not dog.fired
+        responses.close()
+        pub.close()
+    finally:
+        dog.close()
+
+
+def test_thirty_batches_of_a_thousand_then_restart(shipped_mosquitto: PrivateMosquitto, tmp_path: Path) -> None:
+    # One ordinary client: 30 submits of 1,000 inputs each, then a plain restart.
+    dog = Watchdog(tmp_path)
+    svc = service(shipped_mosquitto, tmp_path, dog)
+    try:
+        start(svc, dog)
+        responses = Responses(shipped_mosquitto, svc.base)
+        pub = Publisher(shipped_mosquitto, svc.base)
+        txs = [f"batch{i}" for i in range(30)]
+        for tx in txs:
+            pub.request("submit", {"kind": "noop", "inputs": [f"{tx}-{k}" for k in range(1000)], "transaction": tx})
+        wait_until(lambda: responses.answered(txs) == 30, 120, "30 answers", 0.2)
+        assert all(responses.bodies[t]["status"] == "ok" for t in txs)
+        first_longest = stop_and_longest_turn_ms(svc)
+        online = start(svc, dog)
+        asked = time.monotonic()
+        pub.request("list", {"limit": 1, "transaction": "after-restart"})
+        wait_until(lambda: responses.count["after-restart"], 30, "an answer after the restart", 0.01)
+        answered = time.monotonic() - asked
+        longest = stop_and_longest_turn_ms(svc)
+        figures(batches=30, online_after_restart_s=round(online, 2), first_answer_s=round(answered, 3))
+        assert store_jobs(svc.db) == (30_000, "ok")
+        assert online < 15 and answered < 5
+        assert max(first_longest, longest) < WATCHDOG_S * 1000 / 2 and not dog.fired
         responses.close()
         pub.close()
     finally:
