@@ -430,3 +430,24 @@ def test_more_retained_jobs_than_mqtt_message_ids_are_all_republished(
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_new_store_finding_job_state_on_the_broker_says_so(mosquitto, service_factory, speech: Path) -> None:
+    # Given a service that ran jobs, whose store is then deleted (replaced by mistake)
+    svc = service_factory(mosquitto, [speech]).start()
+    watcher = svc.watcher("response/#", "jobs/+")
+    ids = [svc.request("submit", {"kind": "noop"}, watcher)["data"]["jobs"][0]["job_id"] for _ in range(3)]
+    for job_id in ids:
+        watcher.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] == "succeeded")
+    assert svc.stop() == 0
+    for name in ("edge-queue.db", "edge-queue.db-wal", "edge-queue.db-shm"):
+        (svc.data_dir / name).unlink(missing_ok=True)
+    # When it starts on a new, empty store
+    svc.start()
+    # Then the log says loudly that the new store met job state on the broker, before it clears it
+    wait_until(lambda: "was created at this start, but the broker holds job state" in svc.log(), 20, "the warning")
+    line = next(li for li in svc.log().splitlines() if "was created at this start" in li)
+    assert line.startswith("ERROR") and str(svc.db) in line and "restore a backup" in line
+    for job_id in ids:  # and the unknown jobs' retained state is cleared, as documented
+        wait_until(lambda job_id=job_id: watcher.on(f"{svc.base}/jobs/{job_id}")[-1] == b"", 20, "a cleared topic")
+    watcher.close()
