@@ -26,9 +26,11 @@ Traffic, all on 127.0.0.1:
   answered within ``--probe-bound`` seconds; the longest wait is reported. The wait includes
   service and broker restarts and the requests queued ahead of the probe: the default, 10 s,
   is a burst of 10,000 at the P1 target of 2,000 jobs/s (5 s), plus a restart (under 2 s,
-  P6), plus margin. A probe unanswered for ``--hang-after`` seconds (default 60) means the
-  service hung: the soak stops there with FAIL, dumps the service's Python stacks into its
-  log (faulthandler, SIGABRT) and prints the log's tail.
+  P6), plus margin. When no probe has been answered for ``--hang-after`` seconds (default
+  60), the service hung: the soak stops there with FAIL (HANG), dumps the service's Python
+  stacks into its log (faulthandler, SIGABRT) and prints the log's tail. Requests that stay
+  unanswered 10 s longer while the probes are answered end the run the same way (STALLED):
+  they were lost on the way.
 
 The broker is a private mosquitto on a free loopback port with the delivery settings of
 broker/mosquitto.conf (``max_queued_messages 0``, ``set_tcp_nodelay``) and its persistence
@@ -83,7 +85,12 @@ TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 class Hang(Exception):
-    """The service (or the run) stopped making progress; the soak gives up with FAIL."""
+    """The service stopped answering (or the run is out of time); the soak gives up with FAIL."""
+
+
+class Stalled(Exception):
+    """Requests stay unanswered while the service still answers the probe: they were lost on
+    the way (a broker that dropped them, a response never sent); the soak gives up with FAIL."""
 
 
 def log(msg: str) -> None:
@@ -373,7 +380,6 @@ class Probe:
     def __init__(self, peer: Peer) -> None:
         self.peer = peer
         self.sent: list[tuple[str, float]] = []  # (transaction, monotonic time), in order
-        self._open = 0  # index of the oldest probe that may be unanswered
         self.stop_ev = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -399,11 +405,15 @@ class Probe:
             out.append((r[0] if r else now) - t)
         return out
 
-    def oldest_unanswered_s(self, now: float) -> float:
-        sent = self.sent
-        while self._open < len(sent) and self.peer.answered(sent[self._open][0]):
-            self._open += 1
-        return now - sent[self._open][1] if self._open < len(sent) else 0.0
+    def silent_s(self, now: float) -> float:
+        """How long the service has been silent: the age of the oldest probe sent after the
+        newest answered one. (A probe lost on the way, and never answered, while later ones
+        are, is a missing response, counted by the checks, not silence.)"""
+        sent = list(self.sent)
+        i = len(sent)
+        while i > 0 and not self.peer.answered(sent[i - 1][0]):
+            i -= 1
+        return now - sent[i][1] if i < len(sent) else 0.0
 
 
 # Run on the way out whatever happens: no broker or service outlives the soak.
@@ -470,6 +480,9 @@ def soak() -> int:
     stop = threading.Event()
     started = time.monotonic()
     hard_end = started + args.max_time
+    # Requests without progress for this long while the probe is answered: stalled. Longer
+    # than --hang-after, so that a service that stopped answering is reported as hung.
+    stall_s = args.hang_after + 10
     kills = burst_kills_done = 0
     hang: str | None = None
     burst_keys: list[str] = []
@@ -497,9 +510,11 @@ def soak() -> int:
         now = time.monotonic()
         if now > hard_end:
             raise Hang(f"the run exceeded --max-time {args.max_time:.0f} s")
-        age = probe.oldest_unanswered_s(now)
-        if age > args.hang_after:
-            raise Hang(f"no answer to a liveness probe for {age:.0f} s (--hang-after {args.hang_after:.0f} s)")
+        silent = probe.silent_s(now)
+        if silent > args.hang_after:
+            raise Hang(
+                f"the service answered no liveness probe for {silent:.0f} s (--hang-after {args.hang_after:.0f} s)"
+            )
         svc.check_exited()
 
     def wait_until(pred: Callable[[], bool], until: float, poll_s: float = 0.005) -> None:
@@ -563,10 +578,10 @@ def soak() -> int:
                 break
             if n != last:
                 last, last_progress = n, time.monotonic()
-            elif time.monotonic() - last_progress > args.hang_after:
-                raise Hang(
-                    f"burst {b + 1}: {len(keys) - n} of {len(keys)} submits unanswered, "
-                    f"no new answer for {args.hang_after:.0f} s"
+            elif time.monotonic() - last_progress > stall_s:
+                raise Stalled(
+                    f"burst {b + 1}: {len(keys) - n} of {len(keys)} submits unanswered, no new answer for "
+                    f"{stall_s:.0f} s while the service answers the probe"
                 )
             time.sleep(0.2)
         t1 = time.monotonic()
@@ -613,8 +628,11 @@ def soak() -> int:
                 break
             if u != last_u:
                 last_u, last_progress = u, time.monotonic()
-            elif time.monotonic() - last_progress > args.hang_after:
-                raise Hang(f"{u} requests unanswered or not PUBACKed, no progress for {args.hang_after:.0f} s")
+            elif time.monotonic() - last_progress > stall_s:
+                raise Stalled(
+                    f"{u} requests unanswered or not PUBACKed, no progress for {stall_s:.0f} s "
+                    "while the service answers the probe"
+                )
             time.sleep(0.5)
         db = tmp / "data" / "edge-queue.db"
 
@@ -632,7 +650,8 @@ def soak() -> int:
         wait_until(lambda: not probe.peer.unanswered(), time.monotonic() + args.probe_bound, 0.05)
         exit_code = svc.stop()
     except Exception as e:  # Hang, or anything else: report it with the checks, never hang here
-        hang = f"HANG: {e}" if isinstance(e, Hang) else f"ERROR in the soak: {e!r}"
+        kind = {Hang: "HANG", Stalled: "STALLED"}.get(type(e))
+        hang = f"{kind}: {e}" if kind else f"ERROR in the soak: {e!r}"
         log(f"{hang}; dumping the service's stacks to its log")
         stop.set()
         probe.stop()
@@ -700,7 +719,7 @@ def soak() -> int:
         "database integrity ok": integrity == "ok",
         "every request got a response": not any(unanswered.values()) and not not_acked and not not_ok,
         f"every probe answered within {args.probe_bound:g} s": max_wait <= args.probe_bound and not probe_unanswered,
-        "no hang (nor soak error)": hang is None,
+        "no hang, stall or soak error": hang is None,
         "service never exited by itself": not svc.unexpected_exits,
         "clean stop exit 0": exit_code == 0,
     }
@@ -710,13 +729,17 @@ def soak() -> int:
         extra += f"{burst_acked} of them in {bursts} bursts of {args.burst}, "
     # After a hang, acknowledged submits still queued in the broker were never read: not "lost".
     lost_words = "lost" if hang is None else "acknowledged but not stored when the run stopped"
+    # PUBACK "No matching subscribers": the broker took the request and dropped it (the
+    # service's session and subscription were gone).
+    dropped = sum(n for p in peers for code, n in p.puback_codes.items() if code == "No matching subscribers")
     summary = (
         f"soak: {len(puback)} acknowledged, {extra}{len(jobs)} jobs stored, {len(not_terminal)} not terminal, "
         f"outcomes {outcomes}, {len(lost)} {lost_words}, "
         f"{len(key_mismatch)} key mismatches, {len(double)} succeeded twice, {kills} kill -9 cycles"
         f"{f' ({burst_kills_done} during bursts)' if bursts else ''}, "
         f"{broker.restarts if broker else 0} broker restarts, "
-        f"{sum(unanswered.values()) + not_acked} requests unanswered ({not_ok} not ok), "
+        f"{sum(unanswered.values()) + not_acked} requests unanswered ({not_ok} not ok"
+        f"{f', {dropped} dropped by the broker: no matching subscribers' if dropped else ''}), "
         f"probe max wait {max_wait:.1f} s (bound {args.probe_bound:g} s, {len(waits)} probes), "
         f"{attempts[1] or 0} jobs needed >1 attempt (max {attempts[0]}), integrity {integrity}, "
         f"{elapsed:.0f} s, seed {seed}: {'PASS' if ok else 'FAIL'}"
