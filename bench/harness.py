@@ -284,20 +284,26 @@ def new_client(tag: str) -> mqtt.Client:
 
 
 class Watcher:
-    """A plain paho subscriber on ``<base>/jobs/+`` (and ``<base>/response/submit``).
+    """A plain paho subscriber on ``<base>/jobs/+`` (and ``<base>/events``,
+    ``<base>/response/submit``): a state counts from whichever carries it first.
 
     For every job it keeps the monotonic time at which each (state, attempt) was first seen,
     and calls ``on_job`` hooks; ``wait`` blocks until a predicate over the watcher holds.
     """
 
-    def __init__(self, base: str, responses: bool = False) -> None:
+    def __init__(self, base: str, responses: bool = False, events: bool = False) -> None:
         self.base = base
         self.seen: dict[str, dict[tuple[str, int], float]] = {}
         self.last: dict[str, dict[str, Any]] = {}
         self.counts: dict[str, int] = {}
         self.responses: dict[Any, tuple[float, dict[str, Any]]] = {}
         self.cond = threading.Condition()
-        self._subs = [(f"{base}/jobs/+", 1)] + ([(f"{base}/response/submit", 1)] if responses else [])
+        # events carry every transition (the retained topic coalesces states replaced within 20 ms)
+        self._subs = (
+            [(f"{base}/jobs/+", 1)]
+            + ([(f"{base}/events", 1)] if events else [])
+            + ([(f"{base}/response/submit", 1)] if responses else [])
+        )
         self._ready = threading.Event()
         self.c = new_client("watch")
         self.c.on_connect = self._on_connect
@@ -320,6 +326,8 @@ class Watcher:
             if "/response/" in m.topic:
                 self.responses[body.get("transaction")] = (now, body)
             else:
+                if m.topic.endswith("/events"):
+                    body = body["job"]
                 jid, state = body["job_id"], body["state"]
                 marks = self.seen.setdefault(jid, {})
                 key = (state, body.get("attempt", 0))

@@ -1,7 +1,9 @@
 """P2: idle latency, one noop job at a time on an idle service.
 
 Per job: publish -> response seen, publish -> ``running`` seen, publish -> ``succeeded`` seen
-(all by a plain paho subscriber), and ``finished_at`` (the service's wall clock, ms) ->
+(all by a plain paho subscriber of the job topics and ``<base>/events``, which carries every
+transition; the retained job topic coalesces a ``running`` that lasts under 20 ms), and
+``finished_at`` (the service's wall clock, ms) ->
 ``succeeded`` seen. p50/p95/p99 per run; each figure is the median over runs.
 """
 
@@ -22,7 +24,7 @@ def one_run(n: int, log: Any) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {m: [] for m in METRICS}
     try:
         svc.start()
-        w = Watcher(svc.base, responses=True)
+        w = Watcher(svc.base, responses=True, events=True)
         pub = Publisher(svc.base)
         time.sleep(4.0)  # idle: workers up, start-up publishes and the 3 s retained scan done
         for i in range(n):

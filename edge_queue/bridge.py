@@ -136,8 +136,9 @@ class _Client(mqtt.Client):
 
     def _handle_pubackcomp(self, cmd: Literal["PUBACK", "PUBCOMP"]) -> MQTTErrorCode:
         packet = self._in_packet["packet"]
-        if cmd == "PUBACK" and len(packet) == 2:
-            (mid,) = struct.unpack("!H", packet)
+        # message id alone, or with reason code 0 (success) and an empty property length
+        if cmd == "PUBACK" and (len(packet) == 2 or (len(packet) <= 4 and not any(packet[2:]))):
+            (mid,) = struct.unpack("!H", packet[:2])
             if mid in self._out_messages:
                 return self._do_on_publish(mid, _PUBACK_OK, _NO_PROPERTIES)
             return MQTTErrorCode.MQTT_ERR_SUCCESS

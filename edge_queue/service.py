@@ -141,6 +141,8 @@ class Service:
         self.topics = Topics(settings.mqtt.base_topic)
         self.kinds = checked_kinds(settings)
         self._concurrency = {k: settings.kind(k).max_concurrency for k in self.kinds}
+        self._timeouts = {k: settings.kind(k).timeout_s for k in self.kinds}
+        self._outputs = str(settings.outputs_dir)
         self.run_id = new_id()
         self.started_at = iso(clock())
         self.paused = False
@@ -628,6 +630,7 @@ class Service:
                     JobState.CANCELLED,
                     now,
                     expect_attempt=attempt,
+                    current=job,
                     error={"code": "cancelled", "message": "cancelled", "retryable": False},
                 )
             else:
@@ -636,6 +639,7 @@ class Service:
                     JobState.QUEUED,
                     now,
                     expect_attempt=attempt,
+                    current=job,
                     detail={"reason": "its worker ended before it started"},
                     attempt=attempt - 1,
                     owner=None,
@@ -648,6 +652,7 @@ class Service:
                 JobState.SUCCEEDED,
                 now,
                 expect_attempt=attempt,
+                current=job,
                 result=data.get("result"),
                 progress=100.0,
                 error=None,
@@ -669,6 +674,7 @@ class Service:
                 JobState.CANCELLED,
                 now,
                 expect_attempt=attempt,
+                current=job,
                 crashes=crashes,
                 error={"code": "cancelled", "message": "cancelled", "retryable": False},
             )
@@ -679,6 +685,7 @@ class Service:
                 JobState.FAILED,
                 now,
                 expect_attempt=attempt,
+                current=job,
                 crashes=crashes,
                 error={
                     "code": str(ErrorCode.CRASH_LOOP),
@@ -698,6 +705,7 @@ class Service:
                 JobState.RETRYING,
                 now,
                 expect_attempt=attempt,
+                current=job,
                 crashes=crashes,
                 retry_at=now + delay,
                 error={"code": code, "message": message, "retryable": True},
@@ -711,6 +719,7 @@ class Service:
                 JobState.FAILED,
                 now,
                 expect_attempt=attempt,
+                current=job,
                 crashes=crashes,
                 error={"code": code, "message": message, "retryable": retryable},
             )
@@ -743,23 +752,32 @@ class Service:
                 break
             self._assign(slot, job)
             busy[job["kind"]] += 1
+        unlimited = [k for k, lim in self._concurrency.items() if lim is None]
         for slot in sup.prefetching():
-            kinds = allowed(True)
-            while kinds and len(slot.jobs) < PREFETCH:
+            # kinds without a concurrency limit: up to the worker's room at once
+            jobs = store.claim_many(
+                now, [k for k in allowed(True) if k in unlimited], self.run_id, PREFETCH - len(slot.jobs)
+            )
+            for job in jobs:
+                self._assign(slot, job)
+            while len(slot.jobs) < PREFETCH and (kinds := allowed(True)):
                 job = store.claim(now, kinds, self.run_id)
                 if job is None:
-                    return
+                    break
                 self._assign(slot, job)
                 busy[job["kind"]] += 1
-                kinds = allowed(True)
 
     def _assign(self, slot: _Slot, job: dict[str, Any]) -> None:
-        timeout = job["timeout_s"] or self.settings.kind(job["kind"]).timeout_s
-        out_dir = self.settings.outputs_dir / job["job_id"]
-        self.supervisor.assign(slot, job, str(out_dir), timeout)
-        log.info(
-            "job %s started: %s %s (attempt %d)", job["job_id"], job["kind"], _clip(job["input"] or ""), job["attempt"]
-        )
+        timeout = job["timeout_s"] or self._timeouts[job["kind"]]
+        self.supervisor.assign(slot, job, f"{self._outputs}/{job['job_id']}", timeout)
+        if log.isEnabledFor(logging.INFO):
+            log.info(
+                "job %s started: %s %s (attempt %d)",
+                job["job_id"],
+                job["kind"],
+                _clip(job["input"] or ""),
+                job["attempt"],
+            )
         self.publish_job(job)
 
     # -- publishing ---------------------------------------------------------------------

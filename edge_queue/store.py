@@ -561,39 +561,48 @@ class Store:
         past, or ``retrying`` with ``retry_at`` past. ``attempt`` is incremented; ``owner``
         (the service's per-start run id) marks whose attempt it is.
         """
+        jobs = self.claim_many(now, kinds, owner, 1)
+        return jobs[0] if jobs else None
+
+    def claim_many(self, now: float, kinds: Iterable[str], owner: str, n: int) -> list[dict[str, Any]]:
+        """:meth:`claim` up to ``n`` jobs at once, in claim order (one query per state)."""
         kinds = list(kinds)
-        if not kinds:
-            return None
+        if not kinds or n < 1:
+            return []
         at = iso(now)
         marks = ",".join("?" * len(kinds))
         with self._immediate():
             # One query per state, each walking the claim index in priority order; the
-            # better head of the two wins.
+            # better heads of the two win.
             heads = [
-                self.conn.execute(
+                h
+                for state, due in (("queued", "coalesce(run_at, '') <= ?"), ("retrying", "retry_at <= ?"))
+                for h in self.conn.execute(
                     f"SELECT job_id, state, priority, created_at FROM jobs INDEXED BY jobs_claim "
                     f"WHERE state = ? AND kind IN ({marks}) AND {due} "
-                    "ORDER BY priority DESC, created_at, job_id LIMIT 1",
-                    [state, *kinds, at],
-                ).fetchone()
-                for state, due in (("queued", "coalesce(run_at, '') <= ?"), ("retrying", "retry_at <= ?"))
+                    "ORDER BY priority DESC, created_at, job_id LIMIT ?",
+                    [state, *kinds, at, n],
+                )
             ]
-            found = [h for h in heads if h is not None]
-            row = min(found, key=lambda h: (-h[2], h[3], h[0]))[:2] if found else None
-            if row is None:
-                return None
-            job_id, src = row
-            job = self._row(
-                "UPDATE jobs SET state = 'running', attempt = attempt + 1, seq = seq + 1, "
-                "owner = ?, started_at = ?, updated_at = ?, retry_at = NULL, stage = NULL, "
-                "progress = 0, eta_s = NULL WHERE job_id = ? RETURNING *",
-                [owner, at, at, job_id],
+            heads.sort(key=lambda h: (-h[2], h[3], h[0]))
+            jobs = []
+            for job_id, src, _, _ in heads[:n]:
+                job = self._row(
+                    "UPDATE jobs SET state = 'running', attempt = attempt + 1, seq = seq + 1, "
+                    "owner = ?, started_at = ?, updated_at = ?, retry_at = NULL, stage = NULL, "
+                    "progress = 0, eta_s = NULL WHERE job_id = ? RETURNING *",
+                    [owner, at, at, job_id],
+                )
+                assert job is not None
+                jobs.append(job)
+                self._counts[src] -= 1
+                self._counts["running"] += 1
+            self.conn.executemany(
+                "INSERT INTO job_events (job_id, at, from_state, to_state, attempt, detail) "
+                "VALUES (?, ?, ?, 'running', ?, NULL)",
+                [(j["job_id"], at, src, j["attempt"]) for j, (_, src, _, _) in zip(jobs, heads, strict=False)],
             )
-            assert job is not None
-            self._event(job_id, at, JobState(src), JobState.RUNNING, job["attempt"], None)
-            self._counts[src] -= 1
-            self._counts["running"] += 1
-        return job
+        return jobs
 
     def transition(
         self,
@@ -603,6 +612,7 @@ class Store:
         *,
         expect_attempt: int | None = None,
         detail: dict[str, Any] | None = None,
+        current: dict[str, Any] | None = None,
         **fields: Any,
     ) -> dict[str, Any]:
         """Move a job to ``dst``, checked against the transition table; returns the new row.
@@ -611,13 +621,14 @@ class Store:
         that attempt (a late report from a superseded attempt is refused). ``fields`` are
         other columns to set (``error``, ``result``, ``retry_at`` as Unix seconds, ...).
         ``seq`` and ``updated_at`` advance; reaching a terminal state sets ``finished_at``.
+        ``current`` is the job's row as just read in this transaction, to save reading it again.
 
         Raises :class:`NotFoundError` for an unknown job and :class:`TransitionError` for a
         move the table forbids or a stale ``attempt``.
         """
         at = iso(now)
         with self._immediate():
-            job = self.get(job_id)
+            job = current if current is not None and current["job_id"] == job_id else self.get(job_id)
             src = JobState(job["state"])
             if expect_attempt is not None and job["attempt"] != expect_attempt:
                 raise TransitionError(f"job {job_id} is on attempt {job['attempt']}, not {expect_attempt}")
