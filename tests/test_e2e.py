@@ -305,3 +305,34 @@ def test_embedded_broker_sends_retained_messages_only_to_their_subscribers(amqtt
     assert [t for t, *_ in other.messages] == ["c/d"]
     first.close()
     other.close()
+
+
+def test_coalesced_retained_state_ends_final_and_events_carry_every_transition(
+    broker, service_factory, speech: Path
+) -> None:
+    # Given a subscriber of the job topics and of events, and noop jobs that finish within the
+    # 20 ms in which a non-final retained state is held back (docs/topics.md, "Job state")
+    svc = service_factory(broker, [speech]).start()
+    watcher = svc.watcher("jobs/+", "events", "response/#")
+    resp = svc.request("submit", {"kind": "noop", "inputs": [f"c{i}" for i in range(50)]}, watcher)
+    ids = [j["job_id"] for j in resp["data"]["jobs"]]
+    for job_id in ids:
+        watcher.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] == "succeeded")
+    for job_id in ids:
+        # Then the last retained state is the final one, with a seq above every state seen before
+        states = watcher.json_on(f"{svc.base}/jobs/{job_id}")
+        assert states[-1]["state"] == "succeeded"
+        assert all(s["seq"] < states[-1]["seq"] for s in states[:-1])
+        assert [s["seq"] for s in states] == sorted({s["seq"] for s in states})
+        # and events carried every transition, in order: queued (new), running, succeeded (end)
+        events = [e for e in watcher.json_on(f"{svc.base}/events") if e["job"]["job_id"] == job_id]
+        assert [(e["type"], e["job"]["state"]) for e in events] == [
+            ("new", "queued"),
+            ("update", "running"),
+            ("end", "succeeded"),
+        ]
+        assert [e["job"]["seq"] for e in events] == sorted({e["job"]["seq"] for e in events})
+        assert events[-1]["job"] == states[-1]  # the same final state on both
+    # And most of them were published once on the retained topic: coalescing happened
+    assert sum(len(watcher.json_on(f"{svc.base}/jobs/{j}")) for j in ids) < 3 * len(ids)
+    watcher.close()
