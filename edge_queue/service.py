@@ -225,6 +225,16 @@ class Service:
                     error={"code": "cancelled", "message": "cancelled", "retryable": False},
                 )
                 log.warning("job %s: cancelled (the service ended while it was cancelling)", job_id)
+            elif job["started_at"] is None and job["state"] == JobState.RUNNING:
+                # Still in its worker's queue when the service ended: the attempt never began.
+                job = store.transition(
+                    job_id,
+                    JobState.QUEUED,
+                    now,
+                    detail={"reason": "service restart before its worker started it"},
+                    owner=None,
+                    attempt=job["attempt"] - 1,
+                )
             elif job["attempt"] >= job["max_attempts"]:
                 # The attempt counts; with none left, the job fails: a job that takes the whole
                 # service down cannot loop forever.
@@ -593,6 +603,9 @@ class Service:
         """Turn what a worker reported (or its death) into the job's next state."""
         store = self._store()
         job_id, attempt, data = outcome.job_id, outcome.attempt, outcome.data
+        if outcome.op == "started":  # a job from a worker's queue became its current one
+            store.mark_started(job_id, attempt, now)
+            return
         if outcome.op == "progress":
             # Every stage is published; within a stage, at most once per second.
             pending = self._pending_progress.get(job_id)
@@ -756,14 +769,15 @@ class Service:
         for slot in sup.prefetching():
             # kinds without a concurrency limit: up to the worker's room at once
             jobs = store.claim_many(
-                now, [k for k in allowed(True) if k in unlimited], self.run_id, PREFETCH - len(slot.jobs)
+                now, [k for k in allowed(True) if k in unlimited], self.run_id, PREFETCH - len(slot.jobs), started=False
             )
             for job in jobs:
                 self._assign(slot, job)
             while len(slot.jobs) < PREFETCH and (kinds := allowed(True)):
-                job = store.claim(now, kinds, self.run_id)
-                if job is None:
+                claimed = store.claim_many(now, kinds, self.run_id, 1, started=False)
+                if not claimed:
                     break
+                job = claimed[0]
                 self._assign(slot, job)
                 busy[job["kind"]] += 1
 

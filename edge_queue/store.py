@@ -564,8 +564,14 @@ class Store:
         jobs = self.claim_many(now, kinds, owner, 1)
         return jobs[0] if jobs else None
 
-    def claim_many(self, now: float, kinds: Iterable[str], owner: str, n: int) -> list[dict[str, Any]]:
-        """:meth:`claim` up to ``n`` jobs at once, in claim order (one query per state)."""
+    def claim_many(
+        self, now: float, kinds: Iterable[str], owner: str, n: int, *, started: bool = True
+    ) -> list[dict[str, Any]]:
+        """:meth:`claim` up to ``n`` jobs at once, in claim order (one query per state).
+
+        ``started=False`` claims jobs for a worker's queue: ``started_at`` stays null until
+        :meth:`mark_started`, so that a service death before the worker got to them does not
+        count their attempt (:meth:`orphans`)."""
         kinds = list(kinds)
         if not kinds or n < 1:
             return []
@@ -591,7 +597,7 @@ class Store:
                     "UPDATE jobs SET state = 'running', attempt = attempt + 1, seq = seq + 1, "
                     "owner = ?, started_at = ?, updated_at = ?, retry_at = NULL, stage = NULL, "
                     "progress = 0, eta_s = NULL WHERE job_id = ? RETURNING *",
-                    [owner, at, at, job_id],
+                    [owner, at if started else None, at, job_id],
                 )
                 assert job is not None
                 jobs.append(job)
@@ -670,6 +676,13 @@ class Store:
                 [progress, stage, eta_s, at, job_id],
             )
         return row if row is not None else self.get(job_id)
+
+    def mark_started(self, job_id: str, attempt: int, now: float) -> None:
+        """Record that a worker started ``attempt`` of a job it held in its queue."""
+        self.conn.execute(
+            "UPDATE jobs SET started_at = ? WHERE job_id = ? AND attempt = ? AND started_at IS NULL",
+            [iso(now), job_id, attempt],
+        )
 
     def orphans(self, owner: str) -> list[str]:
         """Ids of jobs left ``running``/``cancelling`` by another run of the service."""

@@ -39,8 +39,9 @@ class Outcome:
 
     ``op`` is ``progress`` (``data``: progress, stage, eta_s), ``done`` (``data``: result),
     ``failed`` (``data``: code, message, retryable), ``lost`` (the worker died during the
-    attempt; ``data``: code ``worker_lost``, ``timeout`` or ``cancelled``, message) or
-    ``unstarted`` (the worker died before it started this job).
+    attempt; ``data``: code ``worker_lost``, ``timeout`` or ``cancelled``, message),
+    ``unstarted`` (the worker died before it started this job) or ``started`` (a job waiting in
+    a worker's queue became the one it runs).
     """
 
     op: str
@@ -313,7 +314,9 @@ class Supervisor:
                 self._avg_s[job["kind"]] = (took if n == 0 else mean + (took - mean) / min(n + 1, 10), n + 1)
             slot.jobs.popleft()
             if slot.jobs:
-                slot.jobs[0].started = now
+                nxt = slot.jobs[0]
+                nxt.started = now
+                out.append(Outcome("started", nxt.msg["job_id"], nxt.msg["attempt"], {}))
             slot.jobs_done += 1
             slot.rss_mb = msg.get("rss_mb")
             reason = self._recycle_reason(slot, cancelled=data.get("code") == ErrorCode.CANCELLED)

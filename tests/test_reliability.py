@@ -94,7 +94,7 @@ def test_poison_job_ends_in_crash_loop_while_others_succeed(broker, service_fact
 @pytest.mark.usefixtures("model_installed")
 def test_cancel_running_transcription_then_fresh_worker(mosquitto, service_factory, long_speech: Path) -> None:
     svc = service_factory(mosquitto, [long_speech.parent], {"EDGE_QUEUE_WORKERS": "1"}).start()
-    watcher = svc.watcher("response/#", "jobs/+", "queue")
+    watcher = svc.watcher("response/#", "jobs/+", "queue", "events")
     job_id = svc.request("submit", {"input": str(long_speech)}, watcher)["data"]["jobs"][0]["job_id"]
     topic = f"{svc.base}/jobs/{job_id}"
     watcher.wait_json(topic, lambda m: m["stage"] == "transcribing", timeout=60)
@@ -104,7 +104,7 @@ def test_cancel_running_transcription_then_fresh_worker(mosquitto, service_facto
     final = watcher.wait_json(topic, lambda m: m["state"] == "cancelled", timeout=15)
     assert time.monotonic() - asked < 10  # within the default grace period
     assert final["error"]["code"] == "cancelled"
-    states = [m["state"] for m in watcher.json_on(topic)]
+    states = [j["state"] for j in watcher.job_events(svc.base, job_id)]
     assert states.index("cancelling") < states.index("cancelled")
     # the next job runs on a fresh worker process
     nxt = svc.request("submit", {"kind": "noop", "options": {"sleep_s": 1.5}}, watcher)["data"]["jobs"][0]["job_id"]
