@@ -451,3 +451,36 @@ def test_a_new_store_finding_job_state_on_the_broker_says_so(mosquitto, service_
     for job_id in ids:  # and the unknown jobs' retained state is cleared, as documented
         wait_until(lambda job_id=job_id: watcher.on(f"{svc.base}/jobs/{job_id}")[-1] == b"", 20, "a cleared topic")
     watcher.close()
+
+
+def test_service_death_costs_an_attempt_only_to_jobs_that_started(mosquitto, service_factory, speech: Path) -> None:
+    # Given short jobs, which workers take up to 16 at a time (docs/topics.md, started_at)
+    svc = service_factory(mosquitto, [speech]).start()
+    watcher = svc.watcher("response/#", "jobs/+", "queue")
+    warm = svc.request("submit", {"kind": "noop", "inputs": [f"w{i}" for i in range(10)]}, watcher)
+    for job in warm["data"]["jobs"]:
+        watcher.wait_json(f"{svc.base}/jobs/{job['job_id']}", lambda m: m["state"] == "succeeded")
+    resp = svc.request(
+        "submit", {"kind": "noop", "options": {"sleep_s": 0.01}, "inputs": [f"j{i}" for i in range(400)]}, watcher
+    )
+    ids = [j["job_id"] for j in resp["data"]["jobs"]]
+    # When the service is killed while its workers hold several of them each
+    wait_until(
+        lambda: any(q["counts"]["running"] > 2 for q in watcher.json_on(f"{svc.base}/queue")), 30, "workers holding >2"
+    )
+    conn = sqlite3.connect(svc.db)
+    held = conn.execute("SELECT count(*) FROM jobs WHERE state = 'running'").fetchone()[0]
+    conn.close()
+    svc.kill()
+    svc.start()
+    for job_id in ids:
+        watcher.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] == "succeeded", timeout=60)
+    # Then only the jobs a worker had started (one per worker) lost an attempt
+    conn = sqlite3.connect(svc.db)
+    again = conn.execute(
+        f"SELECT count(*) FROM jobs WHERE attempt > 1 AND job_id IN ({','.join('?' * len(ids))})", ids
+    ).fetchone()[0]
+    conn.close()
+    assert held > 2, held
+    assert again <= 2, f"{again} jobs lost an attempt; {held} were held by workers"
+    watcher.close()
