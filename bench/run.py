@@ -294,6 +294,7 @@ divided by reference (lower is better); for throughput, measured divided by refe
 
 {table(rows)}
 
+{(BENCH / "profile.md").read_text() if (BENCH / "profile.md").exists() else ""}
 How each figure is measured is in the docstring of its module in `bench/`:
 `p1_throughput.py`, `p2_latency.py`, `p3_transcribe.py`, `p4_memory.py`, `p5_scale.py`,
 `p6_recovery.py`. Run them with `.venv/bin/python bench/run.py` (`--quick`, `--only P1,P2`,
