@@ -138,7 +138,7 @@ class Commands:
         waiting = svc._store().waiting()
         if waiting + len(raw_inputs) > limits.max_queued_jobs:
             raise RequestError(
-                f"{waiting} jobs are waiting to run; the queue holds at most {limits.max_queued_jobs} "
+                f"{waiting} job(s) waiting to run; the queue holds at most {limits.max_queued_jobs} "
                 "(limits.max_queued_jobs): submit again later",
                 code=ErrorCode.QUEUE_FULL,
             )

@@ -176,6 +176,7 @@ class Service:
         # non-terminal states held back for COALESCE_S (see _publish_job_states).
         self._turn_jobs: dict[str, tuple[bytes, bool]] = {}
         self._held_jobs: dict[str, tuple[bytes, float]] = {}
+        self._turn_purged: list[str] = []
         self._echoes: dict[str, float] = {}  # topic -> monotonic end of its echo window
         self._boot_changes: list[dict[str, Any]] = []  # events owed for changes made before connecting
         self._lock: Any = None
@@ -350,10 +351,20 @@ class Service:
             return
         self.supervisor.dispatch()
         self._publish_job_states(time.monotonic())
+        self._remove_outputs()
+
+    def _remove_outputs(self) -> None:
+        """Delete the output folders (under ``data_dir``) of jobs whose purge was committed."""
+        for job_id in self._turn_purged:
+            out_dir = self.settings.outputs_dir / job_id
+            if out_dir.is_dir():
+                shutil.rmtree(out_dir, ignore_errors=True)
+        self._turn_purged.clear()
 
     def _turn_failed(self, e: Exception, taken: list[Incoming], outcomes: list[Outcome]) -> None:
         self.supervisor.unassign()
         self._turn_jobs.clear()
+        self._turn_purged.clear()
         self._carried = [o for o in outcomes if o.op != "progress"]
         full = _disk_full(e)
         code = ErrorCode.DISK_FULL if full else ErrorCode.INTERNAL_ERROR
@@ -388,7 +399,8 @@ class Service:
         rate = self.settings.limits.max_requests_per_s
         if rate:
             mono = time.monotonic()
-            self._tokens = min(rate, self._tokens + (mono - self._tokens_at) * rate)
+            # a bucket of at least one token, so that a rate under 1/s still lets requests through
+            self._tokens = min(max(rate, 1.0), self._tokens + (mono - self._tokens_at) * rate)
             self._tokens_at = mono
             budget = min(budget, int(self._tokens))
         unknown: list[str] = []
@@ -453,9 +465,7 @@ class Service:
             self._turn_jobs.pop(job_id, None)
             self._held_jobs.pop(job_id, None)
             self.bridge.publish(self.topics.job(job_id), b"", retain=True)
-            out_dir = self.settings.outputs_dir / job_id
-            if out_dir.is_dir():
-                shutil.rmtree(out_dir, ignore_errors=True)
+            self._turn_purged.append(job_id)  # their output folders go once this is committed
         for batch_id in batches:
             self._dirty_batches.discard(batch_id)
             self.bridge.publish(self.topics.batch(batch_id), b"", retain=True)

@@ -205,9 +205,28 @@ class Publisher:
         self.client.loop_stop()
 
 
+_STARTED: list[ServiceProcess] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_service_left_behind() -> Iterator[None]:
+    """A test that fails midway still ends the services it started (and their workers)."""
+    yield
+    while _STARTED:
+        svc = _STARTED.pop()
+        if svc.proc is not None and svc.proc.poll() is None:
+            svc.proc.send_signal(signal.SIGTERM)
+            try:
+                svc.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                svc.proc.kill()
+                svc.proc.wait(10)
+
+
 def service(broker: Broker, tmp: Path, dog: Watchdog, env: dict[str, str] | None = None) -> ServiceProcess:
     svc = ServiceProcess(broker, tmp, [tmp], {"EDGE_QUEUE_LOG_LEVEL": "INFO", **dog.env(), **(env or {})})
     svc.log_path = Path(dog.path).parent / svc.log_path.name  # never on a disk a test fills
+    _STARTED.append(svc)
     return svc
 
 
@@ -675,7 +694,24 @@ def test_a_disk_that_fills_up_costs_answers_not_the_service(
         start(svc, dog)
         responses = Responses(shipped_mosquitto, svc.base)
         pub = Publisher(shipped_mosquitto, svc.base)
+        # a finished job with an output folder, to purge while the disk is full
+        done = _until_answered(pub, responses, {"kind": "noop"}, lambda a: a["status"] == "ok", "a job")
+        done_id = done["data"]["jobs"][0]["job_id"]
+        conn = sqlite3.connect(svc.db)
+        wait_until(
+            lambda: conn.execute("SELECT state FROM jobs WHERE job_id = ?", [done_id]).fetchone()[0] == "succeeded",
+            30,
+            "the job to succeed",
+        )
+        conn.close()
+        outputs = svc.data_dir / "outputs" / done_id
+        outputs.mkdir(parents=True, exist_ok=True)
+        (outputs / "result.txt").write_text("kept until the purge is committed")
         _fill(small_disk / "filler", leave_mb=0)
+        pub.request("purge", {"job_id": done_id, "transaction": "purge-full"})
+        wait_until(lambda: responses.count["purge-full"], 30, "the purge's answer")
+        assert responses.bodies["purge-full"]["error"]["code"] == "disk_full"
+        assert (outputs / "result.txt").exists()  # a purge that was not committed deleted nothing
         txs = []
         for i in range(40):  # 1,000 jobs each: the store must grow
             tx = f"full{i}"
@@ -696,6 +732,10 @@ def test_a_disk_that_fills_up_costs_answers_not_the_service(
         (small_disk / "filler").unlink()
         after = _until_answered(pub, responses, LATER, lambda a: True, "an answer after space was freed")
         assert after["status"] == "ok", after
+        pub.request("purge", {"job_id": done_id, "transaction": "purge-room"})
+        wait_until(lambda: responses.count["purge-room"], 30, "the purge's answer")
+        assert responses.bodies["purge-room"]["data"]["purged"] == [done_id]
+        wait_until(lambda: not outputs.exists(), 10, "the purged job's outputs to go")
         stop_and_longest_turn_ms(svc)
         conn = sqlite3.connect(svc.db)
         jobs = conn.execute("SELECT count(*) FROM jobs").fetchone()[0]
@@ -734,6 +774,27 @@ def test_thirty_batches_of_a_thousand_then_restart(shipped_mosquitto: PrivateMos
         assert store_jobs(svc.db) == (30_000, "ok")
         assert online < 15 and answered < 5
         assert max(first_longest, longest) < WATCHDOG_S * 1000 / 2 and not dog.fired
+        responses.close()
+        pub.close()
+    finally:
+        dog.close()
+
+
+def test_a_request_rate_under_one_per_second_still_answers(shipped_mosquitto: PrivateMosquitto, tmp_path: Path) -> None:
+    dog = Watchdog(tmp_path)
+    svc = service(shipped_mosquitto, tmp_path, dog, {"EDGE_QUEUE_LIMITS__MAX_REQUESTS_PER_S": "0.5"})
+    try:
+        start(svc, dog)
+        responses = Responses(shipped_mosquitto, svc.base)
+        pub = Publisher(shipped_mosquitto, svc.base)
+        t0 = time.monotonic()
+        for i in range(3):
+            pub.request("list", {"limit": 1, "transaction": f"slow{i}"})
+        wait_until(lambda: responses.answered([f"slow{i}" for i in range(3)]) == 3, 30, "three answers", 0.05)
+        took = time.monotonic() - t0
+        assert 3 <= took < 10, took  # one every 2 s: throttled, never stuck
+        stop_and_longest_turn_ms(svc)
+        assert not dog.fired
         responses.close()
         pub.close()
     finally:
