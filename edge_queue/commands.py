@@ -23,6 +23,11 @@ from .topics import COMMANDS, valid_id
 if TYPE_CHECKING:
     from .service import Service
 
+#: Jobs one ``cancel`` (batch or all) or ``purge`` (older_than_s) request, or one retention
+#: run, handles at most: one request cannot make one loop turn long. The response says
+#: ``"more": true`` when some are left for the next request.
+BULK_LIMIT = 5_000
+
 log = logging.getLogger(__name__)
 
 
@@ -163,6 +168,7 @@ class Commands:
             )
         if not specs:
             raise _AllRejected(rejected)
+        svc.turn_work += len(specs)
         batch_id, created = svc._store().submit(
             specs, svc.clock(), idempotency_key=req.idempotency_key, as_batch=len(raw_inputs) > 1
         )
@@ -220,7 +226,10 @@ class Commands:
                 raise NotFoundError(f"no batch {req.batch_id[:64]!r}")
             targets = store.batch(req.batch_id)["job_ids"]
         else:
-            targets = [j["job_id"] for s in ACTIVE for j in store.list_jobs(state=s.value, limit=10**9)]
+            targets = [j["job_id"] for s in ACTIVE for j in store.list_jobs(state=s.value, limit=BULK_LIMIT + 1)]
+        more = len(targets) > BULK_LIMIT
+        targets = targets[:BULK_LIMIT]
+        svc.turn_work += len(targets)
         cancelled, cancelling = [], []
         now = svc.clock()
         for job_id in targets:
@@ -243,7 +252,7 @@ class Commands:
                 continue
             log.info("job %s %s by request", job_id, job["state"])
             svc.publish_job(job)
-        return {"cancelled": cancelled, "cancelling": cancelling}
+        return {"cancelled": cancelled, "cancelling": cancelling, "more": more}
 
     def do_retry(self, req: payloads.JobRef) -> dict[str, Any]:
         svc = self.service
@@ -298,9 +307,11 @@ class Commands:
         else:
             assert req.older_than_s is not None
             ids = store.finished_before(
-                svc.clock() - req.older_than_s, req.states or ("succeeded", "failed", "cancelled"), limit=10**9
+                svc.clock() - req.older_than_s, req.states or ("succeeded", "failed", "cancelled"), limit=BULK_LIMIT + 1
             )
-        return {"purged": svc.purge(ids)}
+        more = len(ids) > BULK_LIMIT
+        svc.turn_work += min(len(ids), BULK_LIMIT)
+        return {"purged": svc.purge(ids[:BULK_LIMIT]), "more": more}
 
     def do_republish(self, req: payloads.EmptyRequest) -> dict[str, Any]:
         started = self.service.republish()

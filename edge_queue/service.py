@@ -26,7 +26,7 @@ from typing import Any
 
 from . import payloads
 from .bridge import Bridge, Connected, Incoming, RetainedJob
-from .commands import Commands
+from .commands import BULK_LIMIT, Commands
 from .config import Settings
 from .errors import ConfigError, ErrorCode, NotFoundError
 from .kinds import registry
@@ -53,6 +53,9 @@ ECHO_WINDOW_S = 5.0
 RETENTION_INTERVAL_S = 600.0
 #: Requests executed in one loop turn at most; the rest wait, in order, for the next turns.
 TURN_REQUESTS = 500
+#: Job changes one turn takes on through requests (jobs created, cancelled, purged) before it
+#: stops taking requests: a submit of 1,000 inputs counts 1,000.
+TURN_WORK = 2_000
 #: No new request is taken while this many messages wait for the broker's acknowledgements.
 BACKLOG_HIGH = 20_000
 #: The republish after a connect sends this many job states per turn, while fewer than
@@ -194,6 +197,7 @@ class Service:
         self._disk_checked = 0.0
         self._disk_free_mb: float | None = None
         self.longest_turn_s = 0.0
+        self.turn_work = 0  # job changes requests made in this turn (see TURN_WORK)
 
     # -- boot ---------------------------------------------------------------------------
 
@@ -335,6 +339,7 @@ class Service:
         """
         store = self._store()
         taken: list[Incoming] = []
+        self.turn_work = 0
         outcomes = self._carried + self.supervisor.poll()
         self._carried = []
         try:
@@ -407,7 +412,7 @@ class Service:
         while inbox:
             item = inbox[0]
             if isinstance(item, Incoming):
-                if budget <= 0 or self.bridge.backlog >= BACKLOG_HIGH:
+                if budget <= 0 or self.turn_work >= TURN_WORK or self.bridge.backlog >= BACKLOG_HIGH:
                     break
                 budget -= 1
                 if rate:
@@ -447,7 +452,9 @@ class Service:
                 log.info("cleared the retained state of %d job(s) this store does not know", self._scan_cleared)
         if now >= self._next_retention:
             self._next_retention = now + RETENTION_INTERVAL_S
-            expired = self._store().finished_before(now - self.settings.retention_days * 86400)
+            expired = self._store().finished_before(now - self.settings.retention_days * 86400, limit=BULK_LIMIT)
+            if len(expired) == BULK_LIMIT:
+                self._next_retention = now + 1.0  # more to purge: the rest in later turns
             if expired:
                 log.info(
                     "retention: purging %d job(s) finished more than %g days ago",

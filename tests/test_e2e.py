@@ -210,7 +210,7 @@ def test_noop_cancel_and_reply_to(broker, service_factory, speech: Path) -> None
     topic = f"{svc.base}/jobs/{job_id}"
     watcher.wait_json(topic, lambda m: m["state"] == "running")
     resp = svc.request("cancel", {"job_id": job_id}, watcher)
-    assert resp["data"] == {"cancelled": [], "cancelling": [job_id]}
+    assert resp["data"] == {"cancelled": [], "cancelling": [job_id], "more": False}
     final = watcher.wait_json(topic, lambda m: m["state"] == "cancelled", timeout=15)
     assert final["error"]["code"] == "cancelled"
     # (cancelling may last under the 20 ms the retained topic coalesces; events carry it)

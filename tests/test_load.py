@@ -799,3 +799,40 @@ def test_a_request_rate_under_one_per_second_still_answers(shipped_mosquitto: Pr
         pub.close()
     finally:
         dog.close()
+
+
+def test_bulk_requests_on_a_big_queue_keep_turns_short(shipped_mosquitto: PrivateMosquitto, tmp_path: Path) -> None:
+    # 60,000 waiting jobs from 60 submits of 1,000, then "cancel all" and a purge of them all.
+    dog = Watchdog(tmp_path)
+    svc = service(shipped_mosquitto, tmp_path, dog)
+    try:
+        start(svc, dog)
+        responses = Responses(shipped_mosquitto, svc.base)
+        pub = Publisher(shipped_mosquitto, svc.base)
+        txs = [f"d{i}" for i in range(60)]
+        for tx in txs:
+            pub.request("submit", {**LATER, "inputs": [f"{tx}-{k}" for k in range(1000)], "transaction": tx})
+        wait_until(lambda: responses.answered(txs) == 60, 120, "60 answers", 0.2)
+        rounds = {"cancel": 0, "purge": 0}
+        for command, body in (("cancel", {"all": True}), ("purge", {"older_than_s": 0})):
+            more = True
+            while more:
+                tx = f"{command}{rounds[command]}"
+                rounds[command] += 1
+                pub.request(command, {**body, "transaction": tx})
+                wait_until(lambda tx=tx: responses.count[tx], 60, f"the answer to {tx}", 0.05)
+                answer = responses.bodies[tx]
+                assert answer["status"] == "ok", answer
+                more = answer["data"]["more"]
+                assert rounds[command] <= 13
+        longest = stop_and_longest_turn_ms(svc)
+        figures(
+            bulk_jobs=60_000, cancel_requests=rounds["cancel"], purge_requests=rounds["purge"], longest_turn_ms=longest
+        )
+        assert rounds == {"cancel": 12, "purge": 12}
+        assert store_jobs(svc.db) == (0, "ok")
+        assert longest < WATCHDOG_S * 1000 / 2 and not dog.fired
+        responses.close()
+        pub.close()
+    finally:
+        dog.close()
