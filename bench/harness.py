@@ -190,29 +190,10 @@ class Service:
         return self.started_at
 
     def wait_online(self, timeout_s: float = 60.0) -> float:
-        got = threading.Event()
-        c = new_client("on")
-        c.on_connect = lambda cl, *a: cl.subscribe(f"{self.base}/status", 1)
-        c.on_message = lambda cl, u, m: got.set() if m.payload == b"online" else None
-        c.connect(HOST, PORT)
-        c.loop_start()
-        try:
-            end = time.monotonic() + timeout_s
-            while not got.wait(0.05):
-                if self.proc is not None and self.proc.poll() is not None:
-                    raise RuntimeError(f"service exited {self.proc.returncode}: {self.tail()}")
-                if time.monotonic() > end:
-                    raise TimeoutError(f"service not online after {timeout_s} s: {self.tail()}")
-            return time.monotonic()
-        finally:
-            c.loop_stop()
-            c.disconnect()
+        return wait_online(HOST, PORT, self.base, self.proc, self.tail, timeout_s)
 
     def tail(self, n: int = 1500) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
+        return log_tail(self.log_path, n)
 
     @property
     def pid(self) -> int:
@@ -271,6 +252,44 @@ class Service:
             clear_retained(self.base)
         if self._own_dir and self.data_dir is not None:
             shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+def log_tail(path: Path, n: int) -> str:
+    """The last ``n`` characters of a log file ("" when it cannot be read)."""
+    try:
+        return path.read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
+def wait_online(
+    host: str,
+    port: int,
+    base: str,
+    proc: subprocess.Popen[bytes] | None,
+    tail: Callable[[], str],
+    timeout_s: float = 60.0,
+) -> float:
+    """Wait for a retained ``online`` on ``<base>/status``; the monotonic time it was seen.
+    Raises RuntimeError when ``proc`` exits first, TimeoutError after ``timeout_s`` seconds
+    (both with ``tail()`` of the service's log)."""
+    got = threading.Event()
+    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"bench-on-{uuid.uuid4().hex[:8]}")
+    c.on_connect = lambda cl, *a: cl.subscribe(f"{base}/status", 1)
+    c.on_message = lambda cl, u, m: got.set() if m.payload == b"online" else None
+    c.connect(host, port)
+    c.loop_start()
+    try:
+        end = time.monotonic() + timeout_s
+        while not got.wait(0.05):
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"service exited {proc.returncode}: {tail()}")
+            if time.monotonic() > end:
+                raise TimeoutError(f"service not online after {timeout_s} s: {tail()}")
+        return time.monotonic()
+    finally:
+        c.loop_stop()
+        c.disconnect()
 
 
 # -- MQTT -----------------------------------------------------------------------------------

@@ -161,13 +161,7 @@ class Broker:
         self.down_s.append(time.monotonic() - t0)
 
     def tail(self, n: int = 1500) -> str:
-        text = ""
-        for name in ("stderr.log", "mosquitto.log"):
-            try:
-                text += (self.dir / name).read_text(errors="replace")
-            except OSError:
-                pass
-        return text[-n:]
+        return "".join(harness.log_tail(self.dir / name, n) for name in ("stderr.log", "mosquitto.log"))[-n:]
 
 
 class Service:
@@ -247,28 +241,10 @@ class Service:
             self.proc.wait(10)
 
     def wait_online(self, timeout_s: float = 60) -> None:
-        got = threading.Event()
-        c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="soak-on-" + uuid.uuid4().hex[:8])
-        c.on_connect = lambda cl, *a: cl.subscribe(f"{self.base}/status", 1)
-        c.on_message = lambda cl, u, m: got.set() if m.payload == b"online" else None
-        c.connect(self.host, self.port)
-        c.loop_start()
-        try:
-            end = time.monotonic() + timeout_s
-            while not got.wait(0.05):
-                if self.proc is not None and self.proc.poll() is not None:
-                    raise RuntimeError(f"service exited {self.proc.returncode}: {self.tail()}")
-                if time.monotonic() > end:
-                    raise RuntimeError(f"service not online after {timeout_s} s: {self.tail()}")
-        finally:
-            c.loop_stop()
-            c.disconnect()
+        harness.wait_online(self.host, self.port, self.base, self.proc, self.tail, timeout_s)
 
     def tail(self, n: int = 4000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
+        return harness.log_tail(self.log_path, n)
 
 
 class Peer:
@@ -517,6 +493,23 @@ def soak() -> int:
             )
         svc.check_exited()
 
+    def until_done(
+        measure: Callable[[], int], done: Callable[[int], bool], stalled: Callable[[int], str], poll_s: float
+    ) -> None:
+        """Poll ``measure`` until ``done`` holds; :class:`Stalled` (with ``stalled(value)``) when
+        the value stops changing for ``stall_s`` seconds, :class:`Hang` via ``guard``."""
+        last, last_progress = -1, time.monotonic()
+        while True:
+            guard()
+            value = measure()
+            if done(value):
+                return
+            if value != last:
+                last, last_progress = value, time.monotonic()
+            elif time.monotonic() - last_progress > stall_s:
+                raise Stalled(stalled(value))
+            time.sleep(poll_s)
+
     def wait_until(pred: Callable[[], bool], until: float, poll_s: float = 0.005) -> None:
         while not pred() and time.monotonic() < until:
             guard()
@@ -570,20 +563,15 @@ def soak() -> int:
                 broker_restart()
         wait_until(lambda: not th.is_alive(), hard_end)
         # No more chaos: every submit of the burst must be PUBACKed and answered.
-        last, last_progress = -1, time.monotonic()
-        while True:
-            guard()
-            n = burster.distinct - answered_before
-            if n >= len(keys) and all(burster.acked(k) for k in keys):
-                break
-            if n != last:
-                last, last_progress = n, time.monotonic()
-            elif time.monotonic() - last_progress > stall_s:
-                raise Stalled(
-                    f"burst {b + 1}: {len(keys) - n} of {len(keys)} submits unanswered, no new answer for "
-                    f"{stall_s:.0f} s while the service answers the probe"
-                )
-            time.sleep(0.2)
+        until_done(
+            lambda: burster.distinct - answered_before,
+            lambda n: n >= len(keys) and all(burster.acked(k) for k in keys),
+            lambda n: (
+                f"burst {b + 1}: {len(keys) - n} of {len(keys)} submits unanswered, no new answer for "
+                f"{stall_s:.0f} s while the service answers the probe"
+            ),
+            0.2,
+        )
         t1 = time.monotonic()
         stat = {"publish_s": round(published[0] - t0, 2), "answered_s": round(t1 - t0, 2)}
         burst_stats.append(stat)
@@ -620,20 +608,15 @@ def soak() -> int:
         wait_until(done.is_set, hard_end, 0.05)
         thread.join(5)
         # Every request answered (duplicates included), then every job finished.
-        last_u, last_progress = -1, time.monotonic()
-        while True:
-            guard()
-            u = sum(len(p.unanswered()) + p.not_acked() for p in (seq, burster))
-            if not u:
-                break
-            if u != last_u:
-                last_u, last_progress = u, time.monotonic()
-            elif time.monotonic() - last_progress > stall_s:
-                raise Stalled(
-                    f"{u} requests unanswered or not PUBACKed, no progress for {stall_s:.0f} s "
-                    "while the service answers the probe"
-                )
-            time.sleep(0.5)
+        until_done(
+            lambda: sum(len(p.unanswered()) + p.not_acked() for p in (seq, burster)),
+            lambda u: not u,
+            lambda u: (
+                f"{u} requests unanswered or not PUBACKed, no progress for {stall_s:.0f} s "
+                "while the service answers the probe"
+            ),
+            0.5,
+        )
         db = tmp / "data" / "edge-queue.db"
 
         def unfinished() -> int:

@@ -56,8 +56,10 @@ from .topics import OFFLINE, Topics
 
 log = logging.getLogger(__name__)
 
-#: Our QoS 1 publishes handed to paho and not yet acknowledged, at most (paho's ids are 16-bit).
+#: Our QoS 1 publishes handed to paho and not yet acknowledged, at most (paho's ids are 16-bit),
+#: and their payload bytes at most (one larger publish may go alone).
 WINDOW = 2_000
+WINDOW_BYTES = 8 * 2**20
 #: Unacknowledged QoS 1 requests the broker may send us at once (MQTT 5 Receive Maximum).
 RECEIVE_MAXIMUM = 1_000
 #: The socket is not read while the inbox holds this many items or payload bytes (unless
@@ -69,9 +71,15 @@ READ_BUDGET = 2_000
 #: Seconds between reconnect attempts: from 1, doubling, at most 4 (the retained state must be
 #: back within seconds of a broker restart).
 RECONNECT_MIN_S, RECONNECT_MAX_S = 1.0, 4.0
-#: While disconnected, at most this many responses and events wait for the broker; older ones
-#: are dropped (retained state is not kept: the republish after the reconnect sends it again).
+#: While disconnected, at most this many responses and events (and this many bytes of them)
+#: wait for the broker; older ones are dropped (retained state is not kept: the republish
+#: after the reconnect sends it again).
 OFFLINE_BACKLOG = 10_000
+OFFLINE_BACKLOG_BYTES = 32 * 2**20
+#: A request's MQTT 5 properties (Response Topic, Correlation Data, user properties) may take
+#: this many bytes; a request with more is answered ``invalid_request`` without them being
+#: decoded (paho's decoder copies the rest of the packet for every property it reads).
+MAX_PROPERTY_BYTES = 8 * 1024
 
 
 @dataclass(slots=True)
@@ -89,13 +97,7 @@ class Incoming:
     dup: bool = False
     connection: int = 0  # which connection it came on (its PUBACK is for that one only)
     size: int = 0  # bytes of the payload as received (the payload itself is dropped when too large)
-
-
-@dataclass(slots=True)
-class RetainedJob:
-    """A retained ``<base>/jobs/<id>`` message read during the start-up scan."""
-
-    job_id: str
+    property_bytes: int = 0  # MQTT 5 properties over MAX_PROPERTY_BYTES: their size; they were not decoded
 
 
 @dataclass(slots=True)
@@ -112,6 +114,11 @@ class _Pub:
     payload: bytes | str
     retain: bool
     props: Properties | None = None
+    once: bool = False  # not sent again after a disconnect (a copy on a topic a client named)
+
+    @property
+    def size(self) -> int:
+        return len(self.payload) + len(self.topic)
 
 
 @dataclass(slots=True)
@@ -134,6 +141,50 @@ class _Client(mqtt.Client):
     PUBACK is handled here with shared, read-only success values; any other goes to paho.
     """
 
+    #: Size of the MQTT 5 properties of the PUBLISH being handled when they were over
+    #: MAX_PROPERTY_BYTES and so not decoded; 0 otherwise.
+    dropped_property_bytes = 0
+    _decoded_properties: Properties | None = None
+
+    def _handle_publish(self) -> MQTTErrorCode:
+        """paho's, with the MQTT 5 properties decoded from their own bytes only, and not at all
+        when they are over :data:`MAX_PROPERTY_BYTES`: paho's decoder copies the rest of the
+        packet (payload included) for every property, so 100,000 user properties took minutes."""
+        self.dropped_property_bytes = 0
+        if self._protocol != mqtt.MQTTv5:
+            return super()._handle_publish()
+        packet = self._in_packet["packet"]
+        qos = (self._in_packet["command"] & 0x06) >> 1
+        try:
+            (slen,) = struct.unpack_from("!H", packet)
+            at = 2 + slen + (2 if qos else 0)
+            props_len, vbi_len = _decode_vbi(packet, at)
+        except (struct.error, ValueError, IndexError):
+            return MQTTErrorCode.MQTT_ERR_PROTOCOL
+        end = at + vbi_len + props_len
+        if end > len(packet):
+            return MQTTErrorCode.MQTT_ERR_PROTOCOL
+        properties = Properties(PacketTypes.PUBLISH)
+        if props_len > MAX_PROPERTY_BYTES:
+            self.dropped_property_bytes = props_len
+        elif props_len:
+            try:
+                properties.unpack(bytes(packet[at:end]))
+            except Exception:  # malformed or repeated properties: treated as too many
+                self.dropped_property_bytes = props_len
+                properties = Properties(PacketTypes.PUBLISH)
+        # paho decodes the rest, with an empty property section in place of the original
+        self._in_packet["packet"] = bytearray(packet[:at]) + b"\x00" + packet[end:]
+        self._decoded_properties = properties
+        return super()._handle_publish()
+
+    def _handle_on_message(self, message: mqtt.MQTTMessage) -> None:
+        props = getattr(self, "_decoded_properties", None)
+        if props is not None:
+            message.properties = props
+            self._decoded_properties = None
+        super()._handle_on_message(message)
+
     def _handle_pubackcomp(self, cmd: Literal["PUBACK", "PUBCOMP"]) -> MQTTErrorCode:
         packet = self._in_packet["packet"]
         # message id alone, or with reason code 0 (success) and an empty property length
@@ -143,6 +194,18 @@ class _Client(mqtt.Client):
                 return self._do_on_publish(mid, _PUBACK_OK, _NO_PROPERTIES)
             return MQTTErrorCode.MQTT_ERR_SUCCESS
         return super()._handle_pubackcomp(cmd)
+
+
+def _decode_vbi(buf: bytes | bytearray, at: int) -> tuple[int, int]:
+    """An MQTT Variable Byte Integer at ``buf[at:]``: ``(value, bytes used)``; ``ValueError``
+    when it is longer than 4 bytes or cut short (MQTT 5.0 section 1.5.5)."""
+    value = 0
+    for i in range(4):
+        byte = buf[at + i]
+        value |= (byte & 0x7F) << (7 * i)
+        if not byte & 0x80:
+            return value, i + 1
+    raise ValueError("malformed variable byte integer")
 
 
 def configure_client(client: mqtt.Client, s: MqttSettings) -> None:
@@ -253,15 +316,20 @@ class Bridge:
         self.max_payload_bytes = max_payload_bytes
         self.inbox_bytes = 0  # payload bytes in the inbox (the service subtracts what it takes)
         #: What arrived, in order; the service takes from the left.
-        self.inbox: deque[Incoming | Connected | RetainedJob] = deque()
+        self.inbox: deque[Incoming | Connected] = deque()
         self.protocol: mqtt.MQTTProtocolVersion = mqtt.MQTTv311 if settings.protocol == "3.1.1" else mqtt.MQTTv5
         self.connected = False
         self.connection = 0  # increments at every CONNACK
         self._refused: str | None = None
-        self._scanning = False
         self._held: list[_Pub | _Ack] | None = None
+        #: payload bytes made inside the current :meth:`held` block
+        self.held_bytes = 0
         self._out: deque[_Pub | _Ack] = deque()
-        self._unacked = 0
+        self._out_bytes = 0
+        #: our publishes handed to paho and not yet acknowledged: message id -> bytes
+        self._inflight: dict[int, int] = {}
+        self._inflight_bytes = 0
+        self._once: set[int] = set()  # message ids of in-flight publishes not to send again
         self._closing = False
         self._next_reconnect = 0.0
         self._reconnect_delay = RECONNECT_MIN_S
@@ -310,11 +378,8 @@ class Bridge:
         if self.protocol == mqtt.MQTTv5:
             opts = SubscribeOptions(qos=1, noLocal=True, retainAsPublished=True)
             client.subscribe(self.topics.requests, options=opts)
-            client.subscribe(self.topics.all_jobs, options=SubscribeOptions(qos=0, noLocal=True))
         else:
             client.subscribe(self.topics.requests, 1)
-            client.subscribe(self.topics.all_jobs, 0)
-        self._scanning = True
         session_present = bool(getattr(flags, "session_present", False))
         if session_present:
             # Requests of the old connection not yet acknowledged: the broker sends them again
@@ -338,6 +403,19 @@ class Bridge:
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
         was = self.connected
         self.connected = False
+        if self._once:
+            # Copies of responses on topics that clients named: not sent again on the next
+            # connection, so that one the broker refuses (and closes our connection for)
+            # cannot do it again at every reconnect. The response itself was on our topic.
+            for mid in self._once:
+                client._out_messages.pop(mid, None)
+                self._inflight_bytes -= self._inflight.pop(mid, 0)
+            log.warning(
+                "%d response copie(s) on client-named reply topics were not acknowledged before the connection "
+                "ended; they are not sent again",
+                len(self._once),
+            )
+            self._once.clear()
         self._next_reconnect = time.monotonic() + self._reconnect_delay
         if not self._closing and was:
             log.warning("disconnected from the broker (%s); reconnecting", reason)
@@ -347,9 +425,6 @@ class Bridge:
         if command is None:
             if msg.qos:
                 client.ack(msg.mid, msg.qos)
-            job_id = self.topics.parse_job(msg.topic)
-            if job_id and msg.retain and msg.payload and self._scanning:
-                self.inbox.append(RetainedJob(job_id))
             return
         props = getattr(msg, "properties", None)
         response_topic = getattr(props, "ResponseTopic", None) if props else None
@@ -372,11 +447,13 @@ class Bridge:
                 bool(msg.dup),
                 self.connection,
                 size,
+                client.dropped_property_bytes if isinstance(client, _Client) else 0,
             )
         )
 
     def _on_publish(self, client: mqtt.Client, userdata: Any, mid: int, reason: Any, properties: Any) -> None:
-        self._unacked = max(0, self._unacked - 1)
+        self._inflight_bytes -= self._inflight.pop(mid, 0)
+        self._once.discard(mid)
 
     # -- connecting ---------------------------------------------------------------------
 
@@ -446,7 +523,7 @@ class Bridge:
 
     def wait_s(self, now: float) -> float | None:
         """How long the loop may sleep as far as the bridge goes (``None``: no limit)."""
-        if self._more_to_read or (self._out and self._unacked < WINDOW and self.connected):
+        if self._more_to_read or (self._out and self._window_open() and self.connected):
             return 0.0
         if self._client.socket() is None and not self._closing:
             return max(0.0, self._next_reconnect - now)
@@ -456,6 +533,19 @@ class Bridge:
     def backlog(self) -> int:
         """Messages waiting here because the broker has not acknowledged earlier ones."""
         return len(self._out)
+
+    @property
+    def backlog_bytes(self) -> int:
+        """Payload bytes of the messages waiting here and of those not yet acknowledged."""
+        return self._out_bytes + self._inflight_bytes
+
+    @property
+    def unacked(self) -> int:
+        """Our publishes handed to paho that the broker has not acknowledged yet."""
+        return len(self._inflight)
+
+    def _window_open(self) -> bool:
+        return len(self._inflight) < WINDOW and (self._inflight_bytes < WINDOW_BYTES or not self._inflight)
 
     def pump(self, now: float, *, reconnect: bool = True) -> None:
         """Read what arrived (within the budgets), write what waits, keep the connection
@@ -483,7 +573,7 @@ class Bridge:
         self._more_to_read = False
         for _ in range(READ_BUDGET):
             full = len(self.inbox) >= INBOX_HIGH or self.inbox_bytes >= INBOX_BYTES_HIGH
-            if full and self._unacked < WINDOW and not self._out:
+            if full and self._window_open() and not self._out:
                 self._more_to_read = False  # back-pressure: leave it in the socket
                 return
             if client.socket() is None:
@@ -497,38 +587,39 @@ class Bridge:
         self._more_to_read = True
 
     def _hand_over(self) -> None:
-        """Give waiting messages to paho, in order, while fewer than WINDOW await a PUBACK."""
+        """Give waiting messages to paho, in order, while the window (:data:`WINDOW` messages,
+        :data:`WINDOW_BYTES` bytes) of publishes awaiting a PUBACK is open."""
         client, out = self._client, self._out
         if not self.connected:
-            if len(out) > OFFLINE_BACKLOG:
+            if len(out) > OFFLINE_BACKLOG or self._out_bytes > OFFLINE_BACKLOG_BYTES:
                 kept: deque[_Pub | _Ack] = deque(m for m in out if isinstance(m, _Pub) and not m.retain)
                 dropped = len(out) - len(kept)
-                while len(kept) > OFFLINE_BACKLOG:
-                    kept.popleft()
+                size = sum(m.size for m in kept if isinstance(m, _Pub))
+                while kept and (len(kept) > OFFLINE_BACKLOG or size > OFFLINE_BACKLOG_BYTES):
+                    size -= kept.popleft().size  # type: ignore[union-attr]
                     dropped += 1
-                self._out = kept
+                self._out, self._out_bytes = kept, size
                 log.warning("broker unreachable: dropped %d waiting messages (state is republished)", dropped)
             return
-        while out and self._unacked < WINDOW:
+        while out and self._window_open():
             m = out.popleft()
             if isinstance(m, _Ack):
                 if m.connection == self.connection:
                     client.ack(m.mid, m.qos)
                 continue
-            self._unacked += 1
+            size = m.size
+            self._out_bytes -= size
             info = client.publish(m.topic, m.payload, qos=1, retain=m.retain, properties=m.props)
+            self._inflight[info.mid] = size
+            self._inflight_bytes += size
+            if m.once:
+                self._once.add(info.mid)
             if info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN:
                 break  # paho keeps it and sends it after the reconnect
             if client.socket() is None:
                 break
 
     # -- what the service sends -----------------------------------------------------------
-
-    def stop_retained_scan(self) -> None:
-        """End the start-up read of retained ``<base>/jobs/+`` (see ``Service.on_retained_job``)."""
-        self._scanning = False
-        if self.connected:
-            self._client.unsubscribe(self.topics.all_jobs)
 
     @contextmanager
     def held(self) -> Iterator[None]:
@@ -538,28 +629,37 @@ class Bridge:
             yield
             return
         self._held = []
+        self.held_bytes = 0
         try:
             yield
             self._out.extend(self._held)
+            self._out_bytes += self.held_bytes
         finally:
             self._held = None
+            self.held_bytes = 0
 
     def _put(self, m: _Pub | _Ack) -> None:
+        size = m.size if isinstance(m, _Pub) else 0
         if self._held is None:
             self._out.append(m)
+            self._out_bytes += size
         else:
             self._held.append(m)
+            self.held_bytes += size
 
     def publish(self, topic: str, payload: bytes | str, *, retain: bool = False) -> None:
         """Publish at QoS 1, once the enclosing :meth:`held` block has committed."""
         self._put(_Pub(topic, payload, retain))
 
-    def respond(self, topic: str, payload: bytes, *, correlation_data: bytes | None = None) -> None:
+    def respond(self, topic: str, payload: bytes, *, correlation_data: bytes | None = None, once: bool = False) -> None:
+        """Publish a response (QoS 1, not retained). ``once``: if the connection ends before
+        the broker acknowledges it, it is dropped rather than sent again (for topics a client
+        named, which the broker may refuse)."""
         props = None
         if correlation_data is not None and self.protocol == mqtt.MQTTv5:
             props = Properties(PacketTypes.PUBLISH)
             props.CorrelationData = correlation_data
-        self._put(_Pub(topic, payload, False, props))
+        self._put(_Pub(topic, payload, False, props, once))
 
     def ack(self, msg: Incoming) -> None:
         """Send the PUBACK of a QoS 1 request: call only once its effects are committed."""
@@ -570,13 +670,13 @@ class Bridge:
         """Pump until everything waiting has been acknowledged, at most ``timeout_s`` seconds
         (used when stopping). Returns True when nothing is left."""
         end = time.monotonic() + timeout_s
-        while (self._out or self._unacked) and self.connected and time.monotonic() < end:
+        while (self._out or self._inflight) and self.connected and time.monotonic() < end:
             sock = self._client.socket()
             if sock is None:
                 break
             select.select([sock], [sock] if self._client.want_write() else [], [], 0.05)
             self.pump(time.monotonic(), reconnect=False)
-        return not self._out and not self._unacked
+        return not self._out and not self._inflight
 
     def close(self, *, offline: bool = True, timeout_s: float = 5.0) -> None:
         """Send what waits, publish ``offline`` (retained), then disconnect."""
@@ -584,7 +684,7 @@ class Bridge:
             self.publish(self.topics.status, OFFLINE, retain=True)
         if self.connected:
             if not self.flush(timeout_s):
-                log.warning("stopping with %d messages not acknowledged by the broker", self.backlog + self._unacked)
+                log.warning("stopping with %d messages not acknowledged by the broker", self.backlog + self.unacked)
         self._closing = True
         try:
             self._client.disconnect()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +17,7 @@ from pydantic import ValidationError
 
 from . import payloads
 from .errors import EdgeQueueError, ErrorCode, InputError, NotFoundError, RequestError
-from .states import ACTIVE, JobState, is_terminal
+from .states import ACTIVE, JobState, cancelled_error, is_terminal
 from .store import JobSpec
 from .topics import COMMANDS, valid_id
 
@@ -27,6 +28,11 @@ if TYPE_CHECKING:
 #: run, handles at most: one request cannot make one loop turn long. The response says
 #: ``"more": true`` when some are left for the next request.
 BULK_LIMIT = 5_000
+#: Rejected requests logged per window at most (:class:`RejectionLog`).
+REJECTIONS_LOGGED, REJECTION_WINDOW_S = 20, 10.0
+#: A ``list`` page holds jobs up to this many bytes of JSON (and at least one): 500 jobs with
+#: long inputs and transcripts would otherwise make one response of megabytes.
+LIST_MAX_BYTES = 1 * 2**20
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +64,34 @@ def check_input(raw: str, media_roots: list[Path]) -> str:
     return str(resolved)
 
 
+class RejectionLog:
+    """Warnings about rejected requests, at most :data:`REJECTIONS_LOGGED` per
+    :data:`REJECTION_WINDOW_S` seconds: one client sending thousands of bad requests cannot
+    flood the journal. The ones left out are counted, and the count is logged in one line
+    with the first warning of a later window."""
+
+    def __init__(self) -> None:
+        self.window_start = -REJECTION_WINDOW_S
+        self.logged = 0
+        self.left_out = 0
+
+    def warning(self, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now - self.window_start >= REJECTION_WINDOW_S:
+            if self.left_out:
+                log.warning("%d more rejected request(s) not logged in %.0f s", self.left_out, now - self.window_start)
+            self.window_start, self.logged, self.left_out = now, 0, 0
+        if self.logged < REJECTIONS_LOGGED:
+            self.logged += 1
+            log.warning(message, *args)
+        else:
+            self.left_out += 1
+
+
+#: The service's log of rejected requests (see :class:`RejectionLog`).
+rejections = RejectionLog()
+
+
 class Commands:
     """The request handlers of one service."""
 
@@ -73,13 +107,13 @@ class Commands:
         limit = svc.settings.max_payload_bytes
         if len(raw) > limit:
             # Refused before anything is parsed; nothing of it is echoed back.
-            log.warning("request %s rejected: payload_too_large (%d bytes)", _clip(command, 64), len(raw))
+            rejections.warning("request %s rejected: payload_too_large (%d bytes)", _clip(command, 64), len(raw))
             return payloads.error(
                 ErrorCode.PAYLOAD_TOO_LARGE, f"payload is {len(raw)} bytes; the limit is {limit} (max_payload_bytes)"
             ), None
         transaction, reply_to = payloads.peek_envelope(raw)
         if reply_to is not None and not svc.topics.valid_reply_to(reply_to):
-            log.warning("request %s rejected: invalid_request (reply_to)", _clip(command, 64))
+            rejections.warning("request %s rejected: invalid_request (reply_to)", _clip(command, 64))
             return payloads.error(
                 ErrorCode.INVALID_REQUEST,
                 "reply_to must be a topic without wildcards, not under the base topic except <base>/reply/...",
@@ -94,7 +128,7 @@ class Commands:
             data = getattr(self, f"do_{command}")(request)
             return payloads.ok(data, transaction), reply_to
         except RequestError as e:
-            log.warning("request %s rejected: %s: %s", _clip(command, 64), e.code, _clip(e.message))
+            rejections.warning("request %s rejected: %s: %s", _clip(command, 64), e.code, _clip(e.message))
             resp = payloads.error(e.code, e.message, transaction, e.field)
             if isinstance(e, _AllRejected):
                 resp["error"]["rejected"] = e.rejected
@@ -153,7 +187,7 @@ class Commands:
                 path = check_input(raw, svc.settings.media_roots) if kind.needs_input and raw else raw
             except InputError as e:
                 rejected.append({"input": raw, "code": str(e.code), "message": e.message})
-                log.warning("submit: input rejected: %s: %s", e.code, _clip(e.message))
+                rejections.warning("submit: input rejected: %s: %s", e.code, _clip(e.message))
                 continue
             specs.append(
                 JobSpec(
@@ -206,8 +240,16 @@ class Commands:
         rows = self.service._store().list_jobs(
             state=req.state, kind=req.kind, batch_id=req.batch_id, before=req.before, limit=req.limit
         )
-        jobs = [payloads.job_object(r) for r in rows]
-        return {"jobs": jobs, "next_before": jobs[-1]["job_id"] if len(jobs) == req.limit else None}
+        jobs: list[dict[str, Any]] = []
+        size = 0
+        for row in rows:
+            job = payloads.job_object(row)
+            size += len(payloads.encode(job))
+            if jobs and size > LIST_MAX_BYTES:
+                break  # the page ends here; next_before goes on from the last job listed
+            jobs.append(job)
+        full = len(jobs) == req.limit or len(jobs) < len(rows)
+        return {"jobs": jobs, "next_before": jobs[-1]["job_id"] if jobs and full else None}
 
     def do_cancel(self, req: payloads.CancelRequest) -> dict[str, Any]:
         svc, store = self.service, self.service._store()
@@ -241,7 +283,7 @@ class Commands:
                     JobState.CANCELLED,
                     now,
                     detail={"reason": "cancel"},
-                    error={"code": "cancelled", "message": "cancelled", "retryable": False},
+                    error=cancelled_error(),
                 )
                 cancelled.append(job_id)
             elif state == JobState.RUNNING:

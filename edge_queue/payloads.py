@@ -9,7 +9,7 @@ always carry ``"v": 1``.
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -69,6 +69,12 @@ class SubmitRequest(_Request):
                 raise ValueError("run_at must be an RFC 3339 timestamp") from e
             if parsed.tzinfo is None:
                 raise ValueError("run_at must carry a time zone (e.g. Z)")
+            try:
+                parsed.timestamp()
+                if not 1970 <= parsed.astimezone(UTC).year <= 9999:
+                    raise OverflowError
+            except (OverflowError, ValueError, OSError) as e:
+                raise ValueError("run_at must be between 1970 and 9999 (UTC)") from e
         return v
 
     def run_at_ts(self) -> float | None:
@@ -112,7 +118,7 @@ class PurgeRequest(_Request):
     """``purge``: one terminal job, or terminal jobs older than ``older_than_s`` in ``states``."""
 
     job_id: str | None = Field(None, min_length=1, max_length=64)
-    older_than_s: float | None = Field(None, ge=0)
+    older_than_s: float | None = Field(None, ge=0, le=100 * 365 * 86400)
     states: list[Literal["succeeded", "failed", "cancelled"]] | None = None
 
 
@@ -133,8 +139,22 @@ REQUEST_MODELS: dict[str, type[_Request]] = {
 }
 
 
+def _unicode(value: JsonValue) -> bool:
+    """True when ``value`` (decoded JSON) holds only Unicode text: JSON's ``\\ud800``-style
+    escapes can make lone surrogates, which no UTF-8 encoder (nor MQTT) accepts."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    except (TypeError, ValueError, RecursionError):
+        return False
+    return True
+
+
 def peek_envelope(raw: bytes) -> tuple[JsonValue, str | None]:
-    """Best-effort ``(transaction, reply_to)`` of a raw request, for error responses."""
+    """Best-effort ``(transaction, reply_to)`` of a raw request, for error responses.
+
+    Either is ``None`` when absent, unreadable, too large to echo, or not Unicode text."""
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -148,7 +168,11 @@ def peek_envelope(raw: bytes) -> tuple[JsonValue, str | None]:
             transaction = None  # too large to echo back
     except (TypeError, ValueError, RecursionError):
         transaction = None
-    return transaction, reply_to if isinstance(reply_to, str) and len(reply_to) <= 1024 else None
+    if not _unicode(transaction):
+        transaction = None
+    if not isinstance(reply_to, str) or len(reply_to) > 1024 or not _unicode(reply_to):
+        reply_to = None
+    return transaction, reply_to
 
 
 def _no_constant(name: str) -> Any:
@@ -198,6 +222,11 @@ def decode_request(command: str, raw: bytes, *, max_bytes: int, default_kind: st
         data = {"inputs": data}
     if not isinstance(data, dict):
         raise RequestError("payload must be a JSON object", field="(root)")
+    if "\\u" in stripped and not _unicode(data):
+        raise RequestError(
+            "payload holds a lone surrogate escape (such as \\ud800), which is not a Unicode character",
+            field="(root)",
+        )
     try:
         request = model.model_validate(data)
     except ValidationError as e:
@@ -276,5 +305,10 @@ def batch_object(batch: dict[str, Any]) -> dict[str, Any]:
 
 
 def encode(payload: dict[str, Any]) -> bytes:
-    """Compact UTF-8 JSON."""
-    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+    """Compact UTF-8 JSON. Text that is not Unicode (a file name that is not UTF-8, kept by
+    Python as lone surrogates) is written as JSON ``\\udcxx`` escapes rather than failing."""
+    text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(payload, separators=(",", ":")).encode()

@@ -36,6 +36,8 @@ from .store import SCHEMA_VERSION
 SQLITE_MAGIC = b"SQLite format 3\x00"
 #: Length of the SQLite database header, in bytes.
 HEADER_BYTES = 100
+#: The tables of every edge-queue store (schema 1 and later).
+STORE_TABLES = frozenset({"jobs", "batches", "job_events", "idempotency_keys"})
 #: At most this many characters of a ``quick_check`` report go into the one line.
 MAX_DETAIL_CHARS = 200
 
@@ -246,6 +248,10 @@ def _check_store(db: Path) -> None:
     try:
         problems = [str(row[0]) for row in conn.execute("PRAGMA quick_check")]
         version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        tables = {
+            str(row[0])
+            for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
+        }
     except sqlite3.DatabaseError as e:
         raise StoreDamaged(db, f"the store {db} is damaged ({e}): {RESTORE}") from e
     finally:
@@ -255,6 +261,19 @@ def _check_store(db: Path) -> None:
         if len(detail) > MAX_DETAIL_CHARS:
             detail = detail[: MAX_DETAIL_CHARS - 1] + "…"
         raise StoreDamaged(db, f"the store {db} is damaged (quick_check: {detail}): {RESTORE}")
+    if version == 0 and tables:
+        # edge-queue creates its schema and sets user_version in one transaction: tables
+        # without a version are another program's.
+        raise StoreDamaged(
+            db,
+            f"the store {db} is another program's SQLite database (tables {_names(tables)}, no edge-queue schema "
+            "version): point data_dir at edge-queue's own folder, or move the file away to start with an empty store",
+        )
+    if 0 < version <= SCHEMA_VERSION and not STORE_TABLES <= tables:
+        raise StoreDamaged(
+            db,
+            f"the store {db} lacks the table(s) {_names(STORE_TABLES - tables)} of an edge-queue store: {RESTORE}",
+        )
     if version > SCHEMA_VERSION:
         raise StoreDamaged(
             db,
@@ -262,6 +281,11 @@ def _check_store(db: Path) -> None:
             "upgrade edge-queue, or restore a backup made with `edge-queue backup` by this version "
             "(docs/operations.md, Upgrade)",
         )
+
+
+def _names(tables: set[str] | frozenset[str]) -> str:
+    listed = ", ".join(sorted(tables)[:5])
+    return listed + (f" and {len(tables) - 5} more" if len(tables) > 5 else "")
 
 
 def _raised_in_boot(exc: BaseException) -> bool:

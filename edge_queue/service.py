@@ -25,14 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from . import payloads
-from .bridge import Bridge, Connected, Incoming, RetainedJob
-from .commands import BULK_LIMIT, Commands
+from .bridge import MAX_PROPERTY_BYTES, Bridge, Connected, Incoming
+from .commands import BULK_LIMIT, Commands, rejections
 from .config import Settings
 from .errors import ConfigError, ErrorCode, NotFoundError
 from .kinds import registry
 from .notify import Notifier
 from .preflight import check_data_dir
-from .states import JobState, is_terminal
+from .scan import RetainedScan
+from .states import JobState, cancelled_error, is_terminal
 from .store import Store, iso, new_id
 from .supervisor import PREFETCH, Outcome, Supervisor, _Slot
 from .topics import ONLINE, Topics
@@ -45,8 +46,8 @@ PROGRESS_PUBLISH_INTERVAL_S = 1.0
 QUEUE_PUBLISH_INTERVAL_S = 1.0
 #: At most one ``<base>/batches/<id>`` publish per batch per this many seconds.
 BATCH_PUBLISH_INTERVAL_S = 0.5
-#: After each connect, retained job topics are read this long to clear unknown ones.
-RETAINED_SCAN_S = 3.0
+#: Job ids from the read of retained job topics (:mod:`.scan`) checked against the store per turn.
+SCAN_CHECK_PER_TURN = 5_000
 #: After clearing a retained request, empty messages on its topic are echoes for this long.
 ECHO_WINDOW_S = 5.0
 #: How often terminal jobs past ``retention_days`` are purged.
@@ -56,8 +57,13 @@ TURN_REQUESTS = 500
 #: Job changes one turn takes on through requests (jobs created, cancelled, purged) before it
 #: stops taking requests: a submit of 1,000 inputs counts 1,000.
 TURN_WORK = 2_000
-#: No new request is taken while this many messages wait for the broker's acknowledgements.
+#: No new request is taken while this many messages, or bytes of them, wait for the broker's
+#: acknowledgements.
 BACKLOG_HIGH = 20_000
+BACKLOG_BYTES_HIGH = 32 * 2**20
+#: A turn stops taking requests once what it is to publish reaches this many bytes (a
+#: ``list`` of 500 jobs may answer with a megabyte).
+TURN_BYTES = 8 * 2**20
 #: The republish after a connect sends this many job states per turn, while fewer than
 #: BACKLOG_LOW messages wait for the broker: it proceeds in pieces, between requests.
 REPUBLISH_PAGE = 1_000
@@ -183,8 +189,9 @@ class Service:
         self._echoes: dict[str, float] = {}  # topic -> monotonic end of its echo window
         self._boot_changes: list[dict[str, Any]] = []  # events owed for changes made before connecting
         self._lock: Any = None
-        self._scan_retained_until: float | None = None
-        self._scan_unknown: list[str] = []
+        self._scan: RetainedScan | None = None
+        self._rescan = False  # a connect happened while a read was running: read again after it
+        self._scan_ids: list[str] = []  # job ids read, still to check against the store
         self._scan_cleared = 0
         self._store_was_new = False
         self._next_retention = 0.0
@@ -227,7 +234,7 @@ class Service:
                     JobState.CANCELLED,
                     now,
                     detail=reason,
-                    error={"code": "cancelled", "message": "cancelled", "retryable": False},
+                    error=cancelled_error(),
                 )
                 log.warning("job %s: cancelled (the service ended while it was cancelling)", job_id)
             elif job["started_at"] is None and job["state"] == JobState.RUNNING:
@@ -391,8 +398,7 @@ class Service:
                     self.bridge.ack(msg)
                     continue
                 transaction, reply_to = payloads.peek_envelope(msg.payload)
-                self.respond(msg, payloads.error(code, message, transaction), reply_to)
-                self.bridge.ack(msg)
+                self.answer(msg, payloads.error(code, message, transaction), reply_to)
 
     def _take_inbox(self, taken: list[Incoming]) -> None:
         """Take what arrived, within the turn's budget: at most :data:`TURN_REQUESTS`
@@ -408,11 +414,12 @@ class Service:
             self._tokens = min(max(rate, 1.0), self._tokens + (mono - self._tokens_at) * rate)
             self._tokens_at = mono
             budget = min(budget, int(self._tokens))
-        unknown: list[str] = []
         while inbox:
             item = inbox[0]
             if isinstance(item, Incoming):
-                if budget <= 0 or self.turn_work >= TURN_WORK or self.bridge.backlog >= BACKLOG_HIGH:
+                if budget <= 0 or self.turn_work >= TURN_WORK or self.bridge.held_bytes >= TURN_BYTES:
+                    break
+                if not self._backlog_low():
                     break
                 budget -= 1
                 if rate:
@@ -421,14 +428,14 @@ class Service:
                 self.bridge.inbox_bytes -= len(item.payload)
                 taken.append(item)
                 self.on_message(item)
-            elif isinstance(item, RetainedJob):
-                inbox.popleft()
-                unknown.append(item.job_id)
             else:
                 inbox.popleft()
                 self.on_connected(item)
-        if unknown:
-            self.on_retained_jobs(unknown)
+
+    def _backlog_low(self) -> bool:
+        """True while the broker has fewer than :data:`BACKLOG_HIGH` messages and
+        :data:`BACKLOG_BYTES_HIGH` bytes of ours to take: requests are taken only then."""
+        return self.bridge.backlog < BACKLOG_HIGH and self.bridge.backlog_bytes < BACKLOG_BYTES_HIGH
 
     def on_connected(self, item: Connected) -> None:
         """(Re)connected: ``online``, ``info``, the changes made before the first connect, and
@@ -439,17 +446,42 @@ class Service:
             self.publish_job(job)
         self._boot_changes.clear()
         self.start_republish()
-        self._scan_retained_until = self.clock() + RETAINED_SCAN_S
-        self._scan_unknown = []
+        self._start_scan()
+
+    def _start_scan(self) -> None:
+        """Read the retained job topics on a connection of the scan's own (:mod:`.scan`)."""
+        if self._scan is not None:
+            self._rescan = True
+            return
+        self._rescan = False
+        self._scan_ids = []
         self._scan_cleared = 0
+        self._scan = RetainedScan(
+            self.settings.mqtt, self.topics, self.bridge.client_id, self.bridge.protocol, self._sig_w
+        )
+        self._scan.start()
+
+    def _scan_step(self) -> None:
+        """Take the scan's result when it has ended; check its job ids in pieces, one per turn."""
+        scan = self._scan
+        if scan is not None and not scan.is_alive():
+            self._scan = None
+            if scan.result is None:
+                log.warning("could not read the retained job topics to clear unknown ones: %s", scan.error)
+            else:
+                log.debug("read %d retained job topics in %.1f s", len(scan.result), scan.seconds)
+                self._scan_ids = sorted(scan.result)
+            if self._rescan:
+                self._start_scan()
+        if self._scan_ids:
+            piece, self._scan_ids = self._scan_ids[:SCAN_CHECK_PER_TURN], self._scan_ids[SCAN_CHECK_PER_TURN:]
+            self.on_retained_jobs(piece)
+            if not self._scan_ids and self._scan_cleared:
+                log.info("cleared the retained state of %d job(s) this store does not know", self._scan_cleared)
 
     def housekeeping(self, now: float) -> None:
-        """End the start-up scan of retained job topics; purge jobs past ``retention_days``."""
-        if self._scan_retained_until is not None and now >= self._scan_retained_until:
-            self._scan_retained_until = None
-            self.bridge.stop_retained_scan()
-            if self._scan_cleared:
-                log.info("cleared the retained state of %d job(s) this store does not know", self._scan_cleared)
+        """Clear retained job topics the store does not know; purge jobs past ``retention_days``."""
+        self._scan_step()
         if now >= self._next_retention:
             self._next_retention = now + RETENTION_INTERVAL_S
             expired = self._store().finished_before(now - self.settings.retention_days * 86400, limit=BULK_LIMIT)
@@ -526,7 +558,7 @@ class Service:
         return max(0.0, min(waits))
 
     def _inbox_has_takeable(self) -> bool:
-        if self.bridge.backlog >= BACKLOG_HIGH:
+        if not self._backlog_low():
             return False
         rate = self.settings.limits.max_requests_per_s
         return not rate or self._tokens + (time.monotonic() - self._tokens_at) * rate >= 1
@@ -541,8 +573,7 @@ class Service:
             raise  # the whole turn fails over (see tick)
         except Exception:  # a bug costs one request, never the service
             log.exception("request on %s: internal error", _clip(msg.topic))
-            self.respond(msg, payloads.error(ErrorCode.INTERNAL_ERROR, "internal error; see the service log"), None)
-            self.bridge.ack(msg)
+            self.answer(msg, payloads.error(ErrorCode.INTERNAL_ERROR, "internal error; see the service log"), None)
 
     def _on_message(self, msg: Incoming) -> None:
         """Checks in the order of docs/topics.md, "Order of checks"."""
@@ -554,24 +585,39 @@ class Service:
             self.bridge.ack(msg)
             return
         if msg.retain:
-            log.warning(
+            rejections.warning(
                 "retained request on %s not executed; cleared it (publish requests without the retain flag)",
                 _clip(msg.topic),
             )
             self._echoes[msg.topic] = now + ECHO_WINDOW_S
             self.bridge.publish(msg.topic, b"", retain=True)
             transaction, reply_to = payloads.peek_envelope(msg.payload) if msg.size <= limit else (None, None)
-            self.respond(
+            self.answer(
                 msg,
                 payloads.error(ErrorCode.INVALID_REQUEST, "retained requests are not executed", transaction),
                 reply_to,
             )
-            self.bridge.ack(msg)
+            return
+        if msg.property_bytes:
+            # Its MQTT 5 properties were too many to decode: answered on our topic only.
+            rejections.warning(
+                "request on %s rejected: invalid_request (%d bytes of properties)", _clip(msg.topic), msg.property_bytes
+            )
+            self.answer(
+                msg,
+                payloads.error(
+                    ErrorCode.INVALID_REQUEST,
+                    f"the request's MQTT 5 properties take {msg.property_bytes} bytes; "
+                    f"the limit is {MAX_PROPERTY_BYTES}",
+                    field="(properties)",
+                ),
+                None,
+            )
             return
         if msg.size > limit:
             # Its bytes were dropped on arrival: refused from its size, nothing echoed back.
-            log.warning("request on %s rejected: payload_too_large (%d bytes)", _clip(msg.topic), msg.size)
-            self.respond(
+            rejections.warning("request on %s rejected: payload_too_large (%d bytes)", _clip(msg.topic), msg.size)
+            self.answer(
                 msg,
                 payloads.error(
                     ErrorCode.PAYLOAD_TOO_LARGE,
@@ -579,19 +625,25 @@ class Service:
                 ),
                 None,
             )
-            self.bridge.ack(msg)
             return
         response, reply_to = self.commands.execute(msg.command, msg.payload)
-        self.respond(msg, response, reply_to)
-        self.bridge.ack(msg)
+        self.answer(msg, response, reply_to)
 
-    def respond(self, msg: Incoming, response: dict[str, Any], reply_to: str | None) -> None:
+    def answer(self, msg: Incoming, response: dict[str, Any], reply_to: str | None) -> None:
+        """Publish the response, acknowledge the request, then publish the copies for the
+        topics the client named (``reply_to``, the MQTT 5 Response Topic), in that order.
+
+        A copy on a client-named topic goes out after the PUBACK and is never sent twice
+        (:meth:`Bridge.respond` with ``once=True``): whatever the broker does with it (refuse
+        it, close our connection), the request is not delivered again and the service goes on.
+        """
         body = payloads.encode(response)
         self.bridge.respond(self.topics.response(msg.command), body)
+        self.bridge.ack(msg)
         if msg.response_topic and self.topics.valid_reply_to(msg.response_topic):
-            self.bridge.respond(msg.response_topic, body, correlation_data=msg.correlation_data)
+            self.bridge.respond(msg.response_topic, body, correlation_data=msg.correlation_data, once=True)
         if reply_to and self.topics.valid_reply_to(reply_to):
-            self.bridge.respond(reply_to, body)
+            self.bridge.respond(reply_to, body, once=True)
 
     def disk_full(self) -> str | None:
         """Why new work is refused for lack of disk space (``limits.min_free_disk_mb``), or None.
@@ -652,28 +704,19 @@ class Service:
             )
             return
         cancelling = job["state"] == JobState.CANCELLING
-        if outcome.op == "unstarted":
-            # Its worker died before it started it: back to the queue, the attempt not counted.
-            if cancelling:
-                job = store.transition(
-                    job_id,
-                    JobState.CANCELLED,
-                    now,
-                    expect_attempt=attempt,
-                    current=job,
-                    error={"code": "cancelled", "message": "cancelled", "retryable": False},
-                )
-            else:
-                job = store.transition(
-                    job_id,
-                    JobState.QUEUED,
-                    now,
-                    expect_attempt=attempt,
-                    current=job,
-                    detail={"reason": "its worker ended before it started"},
-                    attempt=attempt - 1,
-                    owner=None,
-                )
+        if outcome.op == "unstarted" and not cancelling:
+            # Its worker died before it started it: back to the queue, the attempt not counted
+            # (a cancelled one ends cancelled, below).
+            job = store.transition(
+                job_id,
+                JobState.QUEUED,
+                now,
+                expect_attempt=attempt,
+                current=job,
+                detail={"reason": "its worker ended before it started"},
+                attempt=attempt - 1,
+                owner=None,
+            )
             self.publish_job(job)
             return
         if outcome.op == "done":
@@ -698,7 +741,7 @@ class Service:
         retryable = bool(data.get("retryable", code not in (ErrorCode.CANCELLED,)))
         # While cancelling: a cancel seen at a checkpoint, or the worker ended after the grace
         # period, is "cancelled"; a failure the job reported by itself stays a failure.
-        if code == ErrorCode.CANCELLED or (cancelling and outcome.op == "lost"):
+        if code == ErrorCode.CANCELLED or (cancelling and outcome.op in ("lost", "unstarted")):
             job = store.transition(
                 job_id,
                 JobState.CANCELLED,
@@ -706,7 +749,7 @@ class Service:
                 expect_attempt=attempt,
                 current=job,
                 crashes=crashes,
-                error={"code": "cancelled", "message": "cancelled", "retryable": False},
+                error=cancelled_error(),
             )
             log.info("job %s cancelled", job_id)
         elif crashes >= self.settings.crash_loop_limit:

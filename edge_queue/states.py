@@ -56,3 +56,8 @@ def is_terminal(state: JobState | str) -> bool:
 def can_transition(src: JobState | str, dst: JobState | str) -> bool:
     """True when :data:`TRANSITIONS` allows ``src -> dst``. Raises ``ValueError`` for unknown names."""
     return JobState(dst) in TRANSITIONS[JobState(src)]
+
+
+def cancelled_error() -> dict[str, object]:
+    """The ``error`` of a job that ended ``cancelled`` (a fresh dict each time)."""
+    return {"code": "cancelled", "message": "cancelled", "retryable": False}

@@ -71,36 +71,6 @@ def dedupe_key(kind: str, input_: str | None, options: dict[str, Any]) -> str:
     return hashlib.sha256(canon.encode()).hexdigest()
 
 
-_JOB_COLUMNS = (
-    "job_id",
-    "seq",
-    "kind",
-    "input",
-    "options",
-    "batch_id",
-    "priority",
-    "state",
-    "stage",
-    "progress",
-    "eta_s",
-    "attempt",
-    "max_attempts",
-    "retry_at",
-    "error",
-    "result",
-    "dedupe_key",
-    "timeout_s",
-    "run_at",
-    "owner",
-    "crashes",
-    "created_at",
-    "started_at",
-    "finished_at",
-    "updated_at",
-)
-_INSERT_JOB = f"INSERT INTO jobs ({', '.join(_JOB_COLUMNS)}) VALUES ({', '.join('?' * len(_JOB_COLUMNS))})"
-
-
 @dataclass(frozen=True, slots=True)
 class JobSpec:
     """One job to create; ``options`` are already validated by the kind."""
@@ -532,7 +502,12 @@ class Store:
                 out.append(Created(self._decode(dict(job)), False))
             # Prepared once per connection (sqlite3's statement cache); one executemany each.
             if new_jobs:
-                self.conn.executemany(_INSERT_JOB, [tuple(j[c] for c in _JOB_COLUMNS) for j in new_jobs])
+                # every row has the same keys: the columns of the table
+                columns = list(new_jobs[0])
+                self.conn.executemany(
+                    f"INSERT INTO jobs ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+                    [tuple(j.values()) for j in new_jobs],
+                )
                 self.conn.executemany(
                     "INSERT INTO job_events (job_id, at, from_state, to_state, attempt, detail) "
                     "VALUES (?, ?, NULL, 'queued', 0, NULL)",

@@ -29,7 +29,24 @@ ONLINE = "online"
 OFFLINE = "offline"
 
 _ID = re.compile(r"^[a-z0-9]{1,64}$")
-_BASE = re.compile(r"^[^#+\x00]+$")
+#: What a broker refuses in a topic name as malformed UTF-8 (MQTT 5.0 section 1.5.4; mosquitto's
+#: ``mosquitto_validate_utf8``): control characters U+0000-U+001F and U+007F-U+009F, lone
+#: surrogates, the non-characters U+FDD0-U+FDEF and U+xxFFFE/U+xxFFFF; and the wildcards.
+_NOT_IN_TOPIC = re.compile(
+    "[#+\x00-\x1f\x7f-\x9f\ud800-\udfff\ufdd0-\ufdef"
+    + "".join(f"{chr(plane << 16 | 0xFFFE)}{chr(plane << 16 | 0xFFFF)}" for plane in range(17))
+    + "]"
+)
+
+#: Longest ``reply_to`` or MQTT 5 Response Topic accepted, in UTF-8 bytes.
+MAX_REPLY_TOPIC_BYTES = 1024
+
+
+def valid_topic_name(topic: str) -> bool:
+    """True when a broker accepts ``topic`` as the topic name of a PUBLISH: 1-65,535 bytes of
+    UTF-8 with none of the characters in :data:`_NOT_IN_TOPIC` (MQTT 5.0 sections 1.5.4 and
+    4.7.3). A topic that fails this makes mosquitto close the connection as "malformed"."""
+    return bool(topic) and not _NOT_IN_TOPIC.search(topic) and len(topic.encode("utf-8")) <= 65_535
 
 
 def valid_id(value: str) -> bool:
@@ -47,7 +64,7 @@ class Topics:
     base: str
 
     def __post_init__(self) -> None:
-        if not _BASE.match(self.base) or self.base.endswith("/") or self.base.startswith("/"):
+        if not valid_topic_name(self.base) or self.base.endswith("/") or self.base.startswith("/"):
             raise ValueError(f"invalid base topic {self.base!r}")
 
     @property
@@ -117,8 +134,10 @@ class Topics:
         return None
 
     def valid_reply_to(self, topic: str) -> bool:
-        """PRODUCT 3.1: no wildcards, not empty, not under ``<base>/`` except ``<base>/reply/``."""
-        if not topic or len(topic.encode()) > 1024 or any(c in topic for c in "#+\x00"):
+        """A topic a response may be published on (docs/topics.md, "Requests"): a valid topic
+        name (:func:`valid_topic_name`) of at most :data:`MAX_REPLY_TOPIC_BYTES` bytes, not
+        under ``<base>/`` except ``<base>/reply/...``."""
+        if not valid_topic_name(topic) or len(topic.encode("utf-8")) > MAX_REPLY_TOPIC_BYTES:
             return False
         if topic.startswith(f"{self.base}/") or topic == self.base:
             return topic.startswith(self.reply_prefix()) and len(topic) > len(self.reply_prefix())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -20,7 +21,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +45,10 @@ def _shipped_delivery_settings() -> str:
 
 class PrivateMosquitto(Broker):
     """A mosquitto of our own, configured like broker/mosquitto.conf for delivery (no
-    authentication), with persistence in its own folder; it can be stopped and started."""
+    authentication), with persistence in its own folder; it can be stopped and started.
+    ``extra`` is appended to its configuration (an ``acl_file`` line, say)."""
 
-    def __init__(self, folder: Path, *, limit_packets: bool = True) -> None:
+    def __init__(self, folder: Path, *, limit_packets: bool = True, extra: str = "") -> None:
         need(shutil.which("mosquitto") is not None, "mosquitto not installed (apt-get install mosquitto)")
         super().__init__("127.0.0.1", free_port(), "mosquitto")
         folder.mkdir(parents=True, exist_ok=True)
@@ -55,8 +57,11 @@ class PrivateMosquitto(Broker):
             settings = "".join(line + "\n" for line in settings.splitlines() if not line.startswith("max_packet_size"))
         self.conf = folder / "mosquitto.conf"
         self.conf.write_text(
+            # mosquitto started as root drops to the user "mosquitto", who cannot write (or read)
+            # the test's private folder: it keeps the user it was started as instead
+            f"user {pwd.getpwuid(os.geteuid()).pw_name}\n"
             f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence true\n"
-            f"persistence_location {folder}/\nlog_dest file {folder}/mosquitto.log\n" + settings
+            f"persistence_location {folder}/\nlog_dest file {folder}/mosquitto.log\n" + settings + extra
         )
         self.log = folder / "mosquitto.log"
         self.start()
@@ -135,7 +140,29 @@ class Watchdog:
         self.sock.close()
 
 
-class Responses:
+class _Subscriber:
+    """A paho client subscribed to one topic filter (subscription confirmed on return); the
+    subclass's ``_on_message`` takes what arrives, on paho's thread."""
+
+    def __init__(self, broker: Broker, topic: str, qos: int) -> None:
+        ready = threading.Event()
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="sub-" + uuid.uuid4().hex[:8])
+        self.client.on_message = self._on_message
+        self.client.on_subscribe = lambda *a: ready.set()
+        self.client.on_connect = lambda c, *a: c.subscribe(topic, qos)
+        self.client.connect(broker.host, broker.port, keepalive=120)
+        self.client.loop_start()
+        assert ready.wait(10), f"could not subscribe to {topic}"
+
+    def _on_message(self, client: Any, userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+class Responses(_Subscriber):
     """A subscriber on ``<base>/response/#``: how many answers each transaction got."""
 
     def __init__(self, broker: Broker, base: str) -> None:
@@ -143,14 +170,7 @@ class Responses:
         self.bodies: dict[Any, dict[str, Any]] = {}
         self.last_at = 0.0
         self._lock = threading.Lock()
-        ready = threading.Event()
-        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="resp-" + uuid.uuid4().hex[:8])
-        self.client.on_message = self._on_message
-        self.client.on_subscribe = lambda *a: ready.set()
-        self.client.on_connect = lambda c, *a: c.subscribe(f"{base}/response/#", 1)
-        self.client.connect(broker.host, broker.port, keepalive=120)
-        self.client.loop_start()
-        assert ready.wait(10)
+        super().__init__(broker, f"{base}/response/#", 1)
 
     def _on_message(self, client: Any, userdata: Any, msg: mqtt.MQTTMessage) -> None:
         body = json.loads(msg.payload)
@@ -163,10 +183,6 @@ class Responses:
     def answered(self, txs: list[Any]) -> int:
         with self._lock:
             return sum(1 for t in txs if self.count[t])
-
-    def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
 
 
 class Publisher:
@@ -205,28 +221,72 @@ class Publisher:
         self.client.loop_stop()
 
 
-_STARTED: list[ServiceProcess] = []
+class Rig:
+    """One service under test with its watchdog, a subscriber of its responses and a
+    publisher; the ``rig`` fixture ends all of them (and ``cleanups``), whatever the outcome."""
 
+    def __init__(
+        self, broker: Broker, folder: Path, tmp: Path, env: dict[str, str] | None = None, store: Path | None = None
+    ) -> None:
+        self.broker = broker
+        self.dog = Watchdog(tmp)
+        self.svc = service(broker, folder, self.dog, env)
+        if store is not None:  # start on a copy of this job store
+            self.svc.data_dir.mkdir(parents=True)
+            shutil.copy(store, self.svc.db)
+        self.responses: Responses | None = None
+        self.pub: Publisher | None = None
+        self.cleanups: list[Callable[[], Any]] = []
 
-@pytest.fixture(autouse=True)
-def _no_service_left_behind() -> Iterator[None]:
-    """A test that fails midway still ends the services it started (and their workers)."""
-    yield
-    while _STARTED:
-        svc = _STARTED.pop()
-        if svc.proc is not None and svc.proc.poll() is None:
-            svc.proc.send_signal(signal.SIGTERM)
+    def start(self) -> tuple[ServiceProcess, Responses, Publisher]:
+        """Start the service under the watchdog; it, its response subscriber and a publisher."""
+        start(self.svc, self.dog)
+        self.responses = Responses(self.broker, self.svc.base)
+        self.pub = Publisher(self.broker, self.svc.base)
+        return self.svc, self.responses, self.pub
+
+    def restart(self) -> float:
+        """Start the (stopped or killed) service again; the seconds until it was online."""
+        return start(self.svc, self.dog)
+
+    def close(self) -> None:
+        for client in (self.pub, self.responses):
+            if client is not None:
+                try:
+                    client.close()
+                except Exception:  # a test that failed midway may leave it half-closed
+                    pass
+        if self.svc.proc is not None and self.svc.proc.poll() is None:
             try:
-                svc.proc.wait(30)
+                self.svc.stop()
             except subprocess.TimeoutExpired:
-                svc.proc.kill()
-                svc.proc.wait(10)
+                pass  # stop() killed it
+        self.dog.close()
+        for cleanup in self.cleanups:
+            cleanup()
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Callable[..., Rig]]:
+    """``rig(broker, folder, env=None, store=None)``: a :class:`Rig` whose service keeps its
+    data in ``folder`` (starting from a copy of the job store ``store``). At the end it stops
+    everything and fails the test if the watchdog fired."""
+    made: list[Rig] = []
+
+    def make(broker: Broker, folder: Path, env: dict[str, str] | None = None, store: Path | None = None) -> Rig:
+        made.append(Rig(broker, folder, tmp_path, env, store))
+        return made[-1]
+
+    yield make
+    for r in made:
+        r.close()
+    # "No test here may end with the watchdog having fired" (module docstring)
+    assert not any(r.dog.fired for r in made), "the watchdog killed the service"
 
 
 def service(broker: Broker, tmp: Path, dog: Watchdog, env: dict[str, str] | None = None) -> ServiceProcess:
     svc = ServiceProcess(broker, tmp, [tmp], {"EDGE_QUEUE_LOG_LEVEL": "INFO", **dog.env(), **(env or {})})
     svc.log_path = Path(dog.path).parent / svc.log_path.name  # never on a disk a test fills
-    _STARTED.append(svc)
     return svc
 
 
@@ -295,119 +355,101 @@ def figures(**kw: Any) -> None:
 
 @pytest.mark.parametrize("n", [10_000, 50_000, 100_000])
 def test_burst_of_submits_from_one_client_is_answered_exactly_once(
-    shipped_mosquitto: PrivateMosquitto, tmp_path: Path, n: int
+    shipped_mosquitto: PrivateMosquitto, tmp_path: Path, n: int, rig: Callable[..., Rig]
 ) -> None:
-    dog = Watchdog(tmp_path)
-    svc = service(shipped_mosquitto, tmp_path, dog)
-    try:
-        start(svc, dog)
-        responses = Responses(shipped_mosquitto, svc.base)
+    r = rig(shipped_mosquitto, tmp_path)
+    svc, responses, pub = r.start()
+    t0 = time.monotonic()
+    txs = pub.submits(n, "b")
+    wait_until(lambda: responses.answered(txs) == n or svc.proc.poll() is not None, 600, f"{n} answers", 0.5)
+    took = responses.last_at - t0
+    assert svc.proc.poll() is None, svc.log()[-3000:]
+    peak = peak_rss_mb(svc.proc.pid)
+    pub.close()
+    assert max(responses.count[t] for t in txs) == 1  # exactly once
+    assert all(responses.bodies[t]["status"] == "ok" for t in txs)
+    longest = stop_and_longest_turn_ms(svc)
+    jobs, integrity = store_jobs(svc.db)
+    figures(
+        burst=n,
+        answers=responses.answered(txs),
+        last_answer_s=round(took, 1),
+        peak_rss_mb=round(peak),
+        longest_turn_ms=longest,
+    )
+    assert jobs == n and integrity == "ok"
+    assert peak < RSS_BOUND_MB
+    assert longest < WATCHDOG_S * 1000 / 2
+
+
+def test_four_clients_at_once_with_other_requests(
+    shipped_mosquitto: PrivateMosquitto, tmp_path: Path, rig: Callable[..., Rig]
+) -> None:
+    r = rig(shipped_mosquitto, tmp_path)
+    svc, responses, _ = r.start()
+    expected: list[list[str]] = [[] for _ in range(4)]
+
+    def client(k: int) -> None:
         pub = Publisher(shipped_mosquitto, svc.base)
-        t0 = time.monotonic()
-        txs = pub.submits(n, "b")
-        wait_until(lambda: responses.answered(txs) == n or svc.proc.poll() is not None, 600, f"{n} answers", 0.5)
-        took = responses.last_at - t0
-        assert svc.proc.poll() is None, svc.log()[-3000:]
-        peak = peak_rss_mb(svc.proc.pid)
+        for i in range(5_000):
+            tx = f"c{k}-{i}"
+            pub.request("submit", {"kind": "noop", "idempotency_key": tx, "transaction": tx})
+            expected[k].append(tx)
+            if i % 25 == 0:  # reads and control mixed in
+                for command, body in (
+                    ("list", {"limit": 5}),
+                    ("get", {"job_id": "0" * 16}),
+                    ("cancel", {"job_id": "0" * 16}),
+                    ("submit", b"not json at all {"),
+                ):
+                    tx2 = f"c{k}-{command}-{i}"
+                    if isinstance(body, dict):
+                        pub.request(command, {**body, "transaction": tx2})
+                        expected[k].append(tx2)
+                    else:
+                        pub.request(command, body)
         pub.close()
-        assert max(responses.count[t] for t in txs) == 1  # exactly once
-        assert all(responses.bodies[t]["status"] == "ok" for t in txs)
-        longest = stop_and_longest_turn_ms(svc)
-        jobs, integrity = store_jobs(svc.db)
-        figures(
-            burst=n,
-            answers=responses.answered(txs),
-            last_answer_s=round(took, 1),
-            peak_rss_mb=round(peak),
-            longest_turn_ms=longest,
-        )
-        assert jobs == n and integrity == "ok"
-        assert peak < RSS_BOUND_MB
-        assert longest < WATCHDOG_S * 1000 / 2
-        assert not dog.fired
-        responses.close()
-    finally:
-        dog.close()
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    txs = [t for per in expected for t in per]
+    wait_until(lambda: responses.answered(txs) == len(txs) or svc.proc.poll() is not None, 600, "every answer", 0.5)
+    assert svc.proc.poll() is None, svc.log()[-3000:]
+    assert max(responses.count[t] for t in txs) == 1
+    assert responses.count[None] == 4 * 200  # the invalid JSON ones, one answer each
+    peak = peak_rss_mb(svc.proc.pid)
+    longest = stop_and_longest_turn_ms(svc)
+    figures(clients=4, requests=len(txs) + 800, peak_rss_mb=round(peak), longest_turn_ms=longest)
+    assert store_jobs(svc.db) == (20_000, "ok")
+    assert peak < RSS_BOUND_MB and longest < WATCHDOG_S * 1000 / 2
 
 
-def test_four_clients_at_once_with_other_requests(shipped_mosquitto: PrivateMosquitto, tmp_path: Path) -> None:
-    dog = Watchdog(tmp_path)
-    svc = service(shipped_mosquitto, tmp_path, dog)
-    try:
-        start(svc, dog)
-        responses = Responses(shipped_mosquitto, svc.base)
-        expected: list[list[str]] = [[] for _ in range(4)]
-
-        def client(k: int) -> None:
-            pub = Publisher(shipped_mosquitto, svc.base)
-            for i in range(5_000):
-                tx = f"c{k}-{i}"
-                pub.request("submit", {"kind": "noop", "idempotency_key": tx, "transaction": tx})
-                expected[k].append(tx)
-                if i % 25 == 0:  # reads and control mixed in
-                    for command, body in (
-                        ("list", {"limit": 5}),
-                        ("get", {"job_id": "0" * 16}),
-                        ("cancel", {"job_id": "0" * 16}),
-                        ("submit", b"not json at all {"),
-                    ):
-                        tx2 = f"c{k}-{command}-{i}"
-                        if isinstance(body, dict):
-                            pub.request(command, {**body, "transaction": tx2})
-                            expected[k].append(tx2)
-                        else:
-                            pub.request(command, body)
-            pub.close()
-
-        threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(300)
-        txs = [t for per in expected for t in per]
-        wait_until(lambda: responses.answered(txs) == len(txs) or svc.proc.poll() is not None, 600, "every answer", 0.5)
-        assert svc.proc.poll() is None, svc.log()[-3000:]
-        assert max(responses.count[t] for t in txs) == 1
-        assert responses.count[None] == 4 * 200  # the invalid JSON ones, one answer each
-        peak = peak_rss_mb(svc.proc.pid)
-        longest = stop_and_longest_turn_ms(svc)
-        figures(clients=4, requests=len(txs) + 800, peak_rss_mb=round(peak), longest_turn_ms=longest)
-        assert store_jobs(svc.db) == (20_000, "ok")
-        assert peak < RSS_BOUND_MB and longest < WATCHDOG_S * 1000 / 2 and not dog.fired
-        responses.close()
-    finally:
-        dog.close()
-
-
-def test_kill_9_during_a_burst_loses_nothing_acknowledged(shipped_mosquitto: PrivateMosquitto, tmp_path: Path) -> None:
-    dog = Watchdog(tmp_path)
-    svc = service(shipped_mosquitto, tmp_path, dog)
-    try:
-        start(svc, dog)
-        responses = Responses(shipped_mosquitto, svc.base)
-        pub = Publisher(shipped_mosquitto, svc.base)
-        txs = pub.submits(50_000, "k")
-        wait_until(lambda: responses.answered(txs) >= 10_000, 300, "10,000 answers", 0.2)
-        svc.kill()
-        before = {t for t in txs if responses.count[t]}
-        start(svc, dog)
-        # the broker redelivers what was not acknowledged: every request gets answered
-        wait_until(lambda: responses.answered(txs) == len(txs) or svc.proc.poll() is not None, 600, "answers", 0.5)
-        assert svc.proc.poll() is None, svc.log()[-3000:]
-        pub.close()
-        stop_and_longest_turn_ms(svc)
-        conn = sqlite3.connect(svc.db)
-        keys = {r[0] for r in conn.execute("SELECT key FROM idempotency_keys")}
-        jobs = conn.execute("SELECT count(*) FROM jobs").fetchone()[0]
-        integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
-        conn.close()
-        figures(kill9_burst=50_000, answered_before_kill=len(before), jobs=jobs)
-        assert before <= keys  # everything answered before the kill is in the store
-        assert keys == set(txs) and jobs == 50_000 and integrity == "ok"  # once each
-        assert not dog.fired
-        responses.close()
-    finally:
-        dog.close()
+def test_kill_9_during_a_burst_loses_nothing_acknowledged(
+    shipped_mosquitto: PrivateMosquitto, tmp_path: Path, rig: Callable[..., Rig]
+) -> None:
+    r = rig(shipped_mosquitto, tmp_path)
+    svc, responses, pub = r.start()
+    txs = pub.submits(50_000, "k")
+    wait_until(lambda: responses.answered(txs) >= 10_000, 300, "10,000 answers", 0.2)
+    svc.kill()
+    before = {t for t in txs if responses.count[t]}
+    r.restart()
+    # the broker redelivers what was not acknowledged: every request gets answered
+    wait_until(lambda: responses.answered(txs) == len(txs) or svc.proc.poll() is not None, 600, "answers", 0.5)
+    assert svc.proc.poll() is None, svc.log()[-3000:]
+    pub.close()
+    stop_and_longest_turn_ms(svc)
+    conn = sqlite3.connect(svc.db)
+    keys = {r[0] for r in conn.execute("SELECT key FROM idempotency_keys")}
+    jobs = conn.execute("SELECT count(*) FROM jobs").fetchone()[0]
+    integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
+    conn.close()
+    figures(kill9_burst=50_000, answered_before_kill=len(before), jobs=jobs)
+    assert before <= keys  # everything answered before the kill is in the store
+    assert keys == set(txs) and jobs == 50_000 and integrity == "ok"  # once each
 
 
 # -- big stores -----------------------------------------------------------------------------
@@ -433,29 +475,18 @@ def store_100k(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-class JobTopics:
+class JobTopics(_Subscriber):
     """Counts the messages on ``<base>/jobs/+``, and the distinct jobs seen."""
 
     def __init__(self, broker: Broker, base: str) -> None:
         self.messages = 0
         self.jobs: set[str] = set()
-        ready = threading.Event()
-        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="jt-" + uuid.uuid4().hex[:8])
-        self.client.on_message = self._on_message
-        self.client.on_subscribe = lambda *a: ready.set()
-        self.client.on_connect = lambda c, *a: c.subscribe(f"{base}/jobs/+", 0)
-        self.client.connect(broker.host, broker.port, keepalive=120)
-        self.client.loop_start()
-        assert ready.wait(10)
+        super().__init__(broker, f"{base}/jobs/+", 0)
 
     def _on_message(self, client: Any, userdata: Any, msg: mqtt.MQTTMessage) -> None:
         self.messages += 1
         if msg.payload:
             self.jobs.add(msg.topic)
-
-    def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
 
 
 def _answer_time(pub: Publisher, responses: Responses, tx: str) -> float:
@@ -471,135 +502,118 @@ def _republishes(svc: ServiceProcess) -> int:
     return len(re.findall(r"republished the retained state of 100000 job", svc.log()))
 
 
-def test_restarts_with_100k_stored_jobs(shipped_mosquitto: PrivateMosquitto, tmp_path: Path, store_100k: Path) -> None:
-    dog = Watchdog(tmp_path)
-    svc = service(shipped_mosquitto, tmp_path, dog)
-    svc.data_dir.mkdir(parents=True)
-    shutil.copy(store_100k, svc.db)
-    try:
-        timeline: dict[str, Any] = {}
-        for run in ("first start", "restart (SIGTERM, start)", "broker restart"):
-            done_before = _republishes(svc)
-            if run == "broker restart":
-                shipped_mosquitto.stop()
-                t0 = time.monotonic()
-                shipped_mosquitto.start()
-                svc_online(svc)
-                online = time.monotonic() - t0
-            else:
-                t0 = time.monotonic()
-                online = start(svc, dog)
-            responses = Responses(shipped_mosquitto, svc.base)
-            pub = Publisher(shipped_mosquitto, svc.base)
-            first = _answer_time(pub, responses, f"{run}-first")
-            later = []
-            while _republishes(svc) == done_before and time.monotonic() - t0 < 300:
-                later.append(_answer_time(pub, responses, f"{run}-{len(later)}"))
-            timeline[run] = {
-                "online_s": round(online, 2),
-                "first_answer_after_online_s": round(first, 3),
-                "republish_done_s": round(time.monotonic() - t0, 1),
-                "answers_during_republish": len(later),
-                "slowest_answer_during_republish_s": round(max(later, default=0), 3),
-            }
-            assert _republishes(svc) == done_before + 1, svc.log()[-2000:]
-            assert online < 15 and first < 5 and max(later, default=0) < 5, timeline
-            for c in (responses, pub):
-                c.close()
-            if run == "first start":
-                stop_and_longest_turn_ms(svc)
-        # and every job's retained state is on the broker
-        topics = JobTopics(shipped_mosquitto, svc.base)
-        wait_until(lambda: len(topics.jobs) == 100_000, 120, "100,000 retained job states", 0.2)
-        topics.close()
-        longest = stop_and_longest_turn_ms(svc)
-        figures(restart_100k=timeline, longest_turn_ms=longest)
-        assert longest < WATCHDOG_S * 1000 / 2 and not dog.fired
-    finally:
-        dog.close()
-
-
-def test_republish_storm_is_coalesced(shipped_mosquitto: PrivateMosquitto, tmp_path: Path, store_100k: Path) -> None:
-    dog = Watchdog(tmp_path)
-    svc = service(shipped_mosquitto, tmp_path, dog)
-    svc.data_dir.mkdir(parents=True)
-    shutil.copy(store_100k, svc.db)
-    try:
-        start(svc, dog)
-        topics = JobTopics(shipped_mosquitto, svc.base)
+def test_restarts_with_100k_stored_jobs(
+    shipped_mosquitto: PrivateMosquitto, tmp_path: Path, store_100k: Path, rig: Callable[..., Rig]
+) -> None:
+    r = rig(shipped_mosquitto, tmp_path, store=store_100k)
+    svc = r.svc
+    timeline: dict[str, Any] = {}
+    for run in ("first start", "restart (SIGTERM, start)", "broker restart"):
+        done_before = _republishes(svc)
+        if run == "broker restart":
+            shipped_mosquitto.stop()
+            t0 = time.monotonic()
+            shipped_mosquitto.start()
+            svc_online(svc)
+            online = time.monotonic() - t0
+        else:
+            t0 = time.monotonic()
+            online = r.restart()
         responses = Responses(shipped_mosquitto, svc.base)
         pub = Publisher(shipped_mosquitto, svc.base)
-        wait_until(lambda: len(topics.jobs) == 100_000, 300, "the start-up republish", 0.2)
-        before = topics.messages
-        for i in range(100):
-            pub.request("republish", {"transaction": f"r{i}"})
-        answers = [_answer_time(pub, responses, f"l{i}") for i in range(10)]
-        wait_until(lambda: responses.answered([f"r{i}" for i in range(100)]) == 100, 60, "100 answers")
-        running = sum(1 for i in range(100) if responses.bodies[f"r{i}"]["data"]["already_running"])
-        # wait for the republish to end: the message count stops growing
-        last = [-1]
-
-        def settled() -> bool:
-            now, last[0] = topics.messages, topics.messages
-            time.sleep(1.0)
-            return topics.messages == now
-
-        wait_until(settled, 300, "the republish to end")
-        sent = topics.messages - before
-        figures(republish_requests=100, job_messages=sent, coalesced=running, slowest_list_answer_s=max(answers))
-        assert sent <= 2 * 100_000  # one republish (maybe two), not a hundred
-        assert running >= 98
-        assert max(answers) < 5
-        stop_and_longest_turn_ms(svc)
-        assert not dog.fired
-        for c in (responses, topics, pub):
+        first = _answer_time(pub, responses, f"{run}-first")
+        later = []
+        while _republishes(svc) == done_before and time.monotonic() - t0 < 300:
+            later.append(_answer_time(pub, responses, f"{run}-{len(later)}"))
+        timeline[run] = {
+            "online_s": round(online, 2),
+            "first_answer_after_online_s": round(first, 3),
+            "republish_done_s": round(time.monotonic() - t0, 1),
+            "answers_during_republish": len(later),
+            "slowest_answer_during_republish_s": round(max(later, default=0), 3),
+        }
+        assert _republishes(svc) == done_before + 1, svc.log()[-2000:]
+        # "requests are answered from the first second" (docs/operations.md): the read of
+        # 100,000 retained job topics goes on a connection of its own, not ahead of requests
+        assert online < 15 and first < 1 and max(later, default=0) < 5, timeline
+        for c in (responses, pub):
             c.close()
-    finally:
-        dog.close()
+        if run == "first start":
+            stop_and_longest_turn_ms(svc)
+    # and every job's retained state is on the broker
+    topics = JobTopics(shipped_mosquitto, svc.base)
+    wait_until(lambda: len(topics.jobs) == 100_000, 120, "100,000 retained job states", 0.2)
+    topics.close()
+    longest = stop_and_longest_turn_ms(svc)
+    figures(restart_100k=timeline, longest_turn_ms=longest)
+    assert longest < WATCHDOG_S * 1000 / 2
+
+
+def test_republish_storm_is_coalesced(
+    shipped_mosquitto: PrivateMosquitto, tmp_path: Path, store_100k: Path, rig: Callable[..., Rig]
+) -> None:
+    svc, responses, pub = rig(shipped_mosquitto, tmp_path, store=store_100k).start()
+    topics = JobTopics(shipped_mosquitto, svc.base)
+    wait_until(lambda: len(topics.jobs) == 100_000, 300, "the start-up republish", 0.2)
+    before = topics.messages
+    for i in range(100):
+        pub.request("republish", {"transaction": f"r{i}"})
+    answers = [_answer_time(pub, responses, f"l{i}") for i in range(10)]
+    wait_until(lambda: responses.answered([f"r{i}" for i in range(100)]) == 100, 60, "100 answers")
+    running = sum(1 for i in range(100) if responses.bodies[f"r{i}"]["data"]["already_running"])
+    # wait for the republish to end: the message count stops growing
+    last = [-1]
+
+    def settled() -> bool:
+        now, last[0] = topics.messages, topics.messages
+        time.sleep(1.0)
+        return topics.messages == now
+
+    wait_until(settled, 300, "the republish to end")
+    sent = topics.messages - before
+    figures(republish_requests=100, job_messages=sent, coalesced=running, slowest_list_answer_s=max(answers))
+    assert sent <= 2 * 100_000  # one republish (maybe two), not a hundred
+    assert running >= 98
+    assert max(answers) < 5
+    stop_and_longest_turn_ms(svc)
+    for c in (responses, topics, pub):
+        c.close()
 
 
 # -- oversized payloads ---------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("limit_packets", [True, False], ids=["shipped-broker", "broker-without-limit"])
-def test_oversized_payloads_are_refused_without_memory(tmp_path: Path, limit_packets: bool) -> None:
+def test_oversized_payloads_are_refused_without_memory(
+    tmp_path: Path, limit_packets: bool, rig: Callable[..., Rig]
+) -> None:
     broker = PrivateMosquitto(tmp_path / "mosquitto", limit_packets=limit_packets)
-    dog = Watchdog(tmp_path)
-    svc = service(broker, tmp_path, dog)
-    try:
-        start(svc, dog)
-        responses = Responses(broker, svc.base)
-        pub = Publisher(broker, svc.base)
-        base_rss = rss_mb(svc.proc.pid)
-        for size_mb in (1, 50, 200):
-            big = mqtt.Client(
-                CallbackAPIVersion.VERSION2, client_id="big-" + uuid.uuid4().hex[:8], protocol=mqtt.MQTTv5
-            )
-            big.connect(broker.host, broker.port)
-            big.loop_start()
-            t0 = time.monotonic()
-            big.publish(f"{svc.base}/request/submit", b"{" + b" " * (size_mb * 2**20), qos=1).wait_for_publish(30)
-            if size_mb == 1:  # within what the broker takes: answered from its size alone
-                wait_until(lambda: responses.count[None], 10, "payload_too_large")
-                body = responses.bodies[None]
-                assert body["error"]["code"] == "payload_too_large" and body["transaction"] is None
-                assert time.monotonic() - t0 < 5
-            big.disconnect()
-            big.loop_stop()
-            tx = f"after-{size_mb}"
-            pub.request("submit", {"kind": "noop", "transaction": tx})
-            wait_until(lambda tx=tx: responses.count[tx], 30, f"the answer to {tx}")
-        peak = peak_rss_mb(svc.proc.pid)
-        figures(broker_limit=limit_packets, base_rss_mb=round(base_rss), peak_rss_mb=round(peak))
-        assert responses.count[None] == 1  # only the 1 MB one reached the service
-        assert peak < base_rss + 40, (base_rss, peak)
-        stop_and_longest_turn_ms(svc)
-        assert not dog.fired
-        responses.close()
-        pub.close()
-    finally:
-        dog.close()
-        broker.stop()
+    r = rig(broker, tmp_path)
+    svc = r.svc
+    r.cleanups.append(broker.stop)
+    _, responses, pub = r.start()
+    base_rss = rss_mb(svc.proc.pid)
+    for size_mb in (1, 50, 200):
+        big = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="big-" + uuid.uuid4().hex[:8], protocol=mqtt.MQTTv5)
+        big.connect(broker.host, broker.port)
+        big.loop_start()
+        t0 = time.monotonic()
+        big.publish(f"{svc.base}/request/submit", b"{" + b" " * (size_mb * 2**20), qos=1).wait_for_publish(30)
+        if size_mb == 1:  # within what the broker takes: answered from its size alone
+            wait_until(lambda: responses.count[None], 10, "payload_too_large")
+            body = responses.bodies[None]
+            assert body["error"]["code"] == "payload_too_large" and body["transaction"] is None
+            assert time.monotonic() - t0 < 5
+        big.disconnect()
+        big.loop_stop()
+        tx = f"after-{size_mb}"
+        pub.request("submit", {"kind": "noop", "transaction": tx})
+        wait_until(lambda tx=tx: responses.count[tx], 30, f"the answer to {tx}")
+    peak = peak_rss_mb(svc.proc.pid)
+    figures(broker_limit=limit_packets, base_rss_mb=round(base_rss), peak_rss_mb=round(peak))
+    assert responses.count[None] == 1  # only the 1 MB one reached the service
+    assert peak < base_rss + 40, (base_rss, peak)
+    stop_and_longest_turn_ms(svc)
 
 
 # -- full disk ------------------------------------------------------------------------------
@@ -647,192 +661,155 @@ LATER = {"kind": "noop", "run_at": "2999-01-01T00:00:00Z"}  # waits: its row sta
 
 
 def test_low_disk_refuses_submits_and_serves_the_rest(
-    shipped_mosquitto: PrivateMosquitto, tmp_path: Path, small_disk: Path
+    shipped_mosquitto: PrivateMosquitto, tmp_path: Path, small_disk: Path, rig: Callable[..., Rig]
 ) -> None:
-    dog = Watchdog(tmp_path)
-    svc = service(shipped_mosquitto, small_disk, dog, {"EDGE_QUEUE_LIMITS__MIN_FREE_DISK_MB": "8"})
-    try:
-        start(svc, dog)
-        responses = Responses(shipped_mosquitto, svc.base)
-        pub = Publisher(shipped_mosquitto, svc.base)
-        for i in range(20):  # acknowledged work that must survive
-            pub.request("submit", {**LATER, "transaction": f"keep{i}", "idempotency_key": f"keep{i}"})
-        wait_until(lambda: responses.answered([f"keep{i}" for i in range(20)]) == 20, 30, "20 answers")
-        _fill(small_disk / "filler", leave_mb=4)
-        refused = _until_answered(pub, responses, LATER, lambda a: a["status"] == "error", "a refused submit")
-        assert refused["error"]["code"] == "disk_full" and "min_free_disk_mb" in refused["error"]["message"]
-        for tx, command, body in (
-            ("low-list", "list", {"limit": 3}),
-            ("low-cancel", "cancel", {"job_id": responses.bodies["keep0"]["data"]["jobs"][0]["job_id"]}),
-            ("low-purge", "purge", {"older_than_s": 0}),
-        ):
-            pub.request(command, {**body, "transaction": tx})
-            wait_until(lambda tx=tx: responses.count[tx], 30, f"the answer to {tx}")
-            assert responses.bodies[tx]["status"] == "ok", responses.bodies[tx]
-        (small_disk / "filler").unlink()
-        _until_answered(pub, responses, LATER, lambda a: a["status"] == "ok", "a submit accepted again")
-        stop_and_longest_turn_ms(svc)
-        conn = sqlite3.connect(svc.db)
-        keys = {r[0] for r in conn.execute("SELECT key FROM idempotency_keys")}
-        assert {f"keep{i}" for i in range(20)} <= keys
-        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-        conn.close()
-        assert not dog.fired
-        responses.close()
-        pub.close()
-    finally:
-        dog.close()
+    r = rig(shipped_mosquitto, small_disk, {"EDGE_QUEUE_LIMITS__MIN_FREE_DISK_MB": "8"})
+    svc, responses, pub = r.start()
+    for i in range(20):  # acknowledged work that must survive
+        pub.request("submit", {**LATER, "transaction": f"keep{i}", "idempotency_key": f"keep{i}"})
+    wait_until(lambda: responses.answered([f"keep{i}" for i in range(20)]) == 20, 30, "20 answers")
+    _fill(small_disk / "filler", leave_mb=4)
+    refused = _until_answered(pub, responses, LATER, lambda a: a["status"] == "error", "a refused submit")
+    assert refused["error"]["code"] == "disk_full" and "min_free_disk_mb" in refused["error"]["message"]
+    for tx, command, body in (
+        ("low-list", "list", {"limit": 3}),
+        ("low-cancel", "cancel", {"job_id": responses.bodies["keep0"]["data"]["jobs"][0]["job_id"]}),
+        ("low-purge", "purge", {"older_than_s": 0}),
+    ):
+        pub.request(command, {**body, "transaction": tx})
+        wait_until(lambda tx=tx: responses.count[tx], 30, f"the answer to {tx}")
+        assert responses.bodies[tx]["status"] == "ok", responses.bodies[tx]
+    (small_disk / "filler").unlink()
+    _until_answered(pub, responses, LATER, lambda a: a["status"] == "ok", "a submit accepted again")
+    stop_and_longest_turn_ms(svc)
+    conn = sqlite3.connect(svc.db)
+    keys = {r[0] for r in conn.execute("SELECT key FROM idempotency_keys")}
+    assert {f"keep{i}" for i in range(20)} <= keys
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    conn.close()
 
 
 def test_a_disk_that_fills_up_costs_answers_not_the_service(
-    shipped_mosquitto: PrivateMosquitto, tmp_path: Path, small_disk: Path
+    shipped_mosquitto: PrivateMosquitto, tmp_path: Path, small_disk: Path, rig: Callable[..., Rig]
 ) -> None:
     # No free-space guard: another program fills the disk under the service.
-    dog = Watchdog(tmp_path)
-    svc = service(shipped_mosquitto, small_disk, dog, {"EDGE_QUEUE_LIMITS__MIN_FREE_DISK_MB": "0"})
-    try:
-        start(svc, dog)
-        responses = Responses(shipped_mosquitto, svc.base)
-        pub = Publisher(shipped_mosquitto, svc.base)
-        # a finished job with an output folder, to purge while the disk is full
-        done = _until_answered(pub, responses, {"kind": "noop"}, lambda a: a["status"] == "ok", "a job")
-        done_id = done["data"]["jobs"][0]["job_id"]
-        conn = sqlite3.connect(svc.db)
-        wait_until(
-            lambda: conn.execute("SELECT state FROM jobs WHERE job_id = ?", [done_id]).fetchone()[0] == "succeeded",
-            30,
-            "the job to succeed",
-        )
-        conn.close()
-        outputs = svc.data_dir / "outputs" / done_id
-        outputs.mkdir(parents=True, exist_ok=True)
-        (outputs / "result.txt").write_text("kept until the purge is committed")
-        _fill(small_disk / "filler", leave_mb=0)
-        pub.request("purge", {"job_id": done_id, "transaction": "purge-full"})
-        wait_until(lambda: responses.count["purge-full"], 30, "the purge's answer")
-        assert responses.bodies["purge-full"]["error"]["code"] == "disk_full"
-        assert (outputs / "result.txt").exists()  # a purge that was not committed deleted nothing
-        txs = []
-        for i in range(40):  # 1,000 jobs each: the store must grow
-            tx = f"full{i}"
-            pub.request("submit", {**LATER, "inputs": [f"i{i}-{k}" for k in range(1000)], "transaction": tx})
-            txs.append(tx)
-        pub.request("list", {"limit": 1, "transaction": "full-list"})
-        wait_until(lambda: responses.answered([*txs, "full-list"]) == len(txs) + 1, 120, "every answer", 0.2)
-        assert max(responses.count[t] for t in txs) == 1
-        codes = Counter(
-            responses.bodies[t]["status"]
-            if responses.bodies[t]["status"] == "ok"
-            else responses.bodies[t]["error"]["code"]
-            for t in txs
-        )
-        assert set(codes) <= {"ok", "disk_full"} and codes["disk_full"] > 0, codes
-        assert svc.proc.poll() is None and "could not commit" in svc.log()
-        accepted = [t for t in txs if responses.bodies[t]["status"] == "ok"]
-        (small_disk / "filler").unlink()
-        after = _until_answered(pub, responses, LATER, lambda a: True, "an answer after space was freed")
-        assert after["status"] == "ok", after
-        pub.request("purge", {"job_id": done_id, "transaction": "purge-room"})
-        wait_until(lambda: responses.count["purge-room"], 30, "the purge's answer")
-        assert responses.bodies["purge-room"]["data"]["purged"] == [done_id]
-        wait_until(lambda: not outputs.exists(), 10, "the purged job's outputs to go")
-        stop_and_longest_turn_ms(svc)
-        conn = sqlite3.connect(svc.db)
-        jobs = conn.execute("SELECT count(*) FROM jobs").fetchone()[0]
-        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-        conn.close()
-        figures(full_disk=dict(codes), jobs_kept=jobs)
-        assert jobs >= 1000 * len(accepted) + 1  # every accepted batch was kept, and the later job
-        assert not dog.fired
-        responses.close()
-        pub.close()
-    finally:
-        dog.close()
+    r = rig(shipped_mosquitto, small_disk, {"EDGE_QUEUE_LIMITS__MIN_FREE_DISK_MB": "0"})
+    svc, responses, pub = r.start()
+    # a finished job with an output folder, to purge while the disk is full
+    done = _until_answered(pub, responses, {"kind": "noop"}, lambda a: a["status"] == "ok", "a job")
+    done_id = done["data"]["jobs"][0]["job_id"]
+    conn = sqlite3.connect(svc.db)
+    wait_until(
+        lambda: conn.execute("SELECT state FROM jobs WHERE job_id = ?", [done_id]).fetchone()[0] == "succeeded",
+        30,
+        "the job to succeed",
+    )
+    conn.close()
+    outputs = svc.data_dir / "outputs" / done_id
+    outputs.mkdir(parents=True, exist_ok=True)
+    (outputs / "result.txt").write_text("kept until the purge is committed")
+    _fill(small_disk / "filler", leave_mb=0)
+    pub.request("purge", {"job_id": done_id, "transaction": "purge-full"})
+    wait_until(lambda: responses.count["purge-full"], 30, "the purge's answer")
+    assert responses.bodies["purge-full"]["error"]["code"] == "disk_full"
+    assert (outputs / "result.txt").exists()  # a purge that was not committed deleted nothing
+    txs = []
+    for i in range(40):  # 1,000 jobs each: the store must grow
+        tx = f"full{i}"
+        pub.request("submit", {**LATER, "inputs": [f"i{i}-{k}" for k in range(1000)], "transaction": tx})
+        txs.append(tx)
+    pub.request("list", {"limit": 1, "transaction": "full-list"})
+    wait_until(lambda: responses.answered([*txs, "full-list"]) == len(txs) + 1, 120, "every answer", 0.2)
+    assert max(responses.count[t] for t in txs) == 1
+    codes = Counter(
+        responses.bodies[t]["status"] if responses.bodies[t]["status"] == "ok" else responses.bodies[t]["error"]["code"]
+        for t in txs
+    )
+    assert set(codes) <= {"ok", "disk_full"} and codes["disk_full"] > 0, codes
+    assert svc.proc.poll() is None and "could not commit" in svc.log()
+    accepted = [t for t in txs if responses.bodies[t]["status"] == "ok"]
+    (small_disk / "filler").unlink()
+    after = _until_answered(pub, responses, LATER, lambda a: True, "an answer after space was freed")
+    assert after["status"] == "ok", after
+    pub.request("purge", {"job_id": done_id, "transaction": "purge-room"})
+    wait_until(lambda: responses.count["purge-room"], 30, "the purge's answer")
+    assert responses.bodies["purge-room"]["data"]["purged"] == [done_id]
+    wait_until(lambda: not outputs.exists(), 10, "the purged job's outputs to go")
+    stop_and_longest_turn_ms(svc)
+    conn = sqlite3.connect(svc.db)
+    jobs = conn.execute("SELECT count(*) FROM jobs").fetchone()[0]
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    conn.close()
+    figures(full_disk=dict(codes), jobs_kept=jobs)
+    assert jobs >= 1000 * len(accepted) + 1  # every accepted batch was kept, and the later job
 
 
-def test_thirty_batches_of_a_thousand_then_restart(shipped_mosquitto: PrivateMosquitto, tmp_path: Path) -> None:
+def submit_batches(pub: Publisher, responses: Responses, prefix: str, count: int, body: dict[str, Any]) -> list[str]:
+    """``count`` submits of ``body`` with 1,000 inputs each; waits until each is answered.
+    Returns their transactions."""
+    txs = [f"{prefix}{i}" for i in range(count)]
+    for tx in txs:
+        pub.request("submit", {**body, "inputs": [f"{tx}-{k}" for k in range(1000)], "transaction": tx})
+    wait_until(lambda: responses.answered(txs) == count, 120, f"{count} answers", 0.2)
+    return txs
+
+
+def test_thirty_batches_of_a_thousand_then_restart(
+    shipped_mosquitto: PrivateMosquitto, tmp_path: Path, rig: Callable[..., Rig]
+) -> None:
     # One ordinary client: 30 submits of 1,000 inputs each, then a plain restart.
-    dog = Watchdog(tmp_path)
-    svc = service(shipped_mosquitto, tmp_path, dog)
-    try:
-        start(svc, dog)
-        responses = Responses(shipped_mosquitto, svc.base)
-        pub = Publisher(shipped_mosquitto, svc.base)
-        txs = [f"batch{i}" for i in range(30)]
-        for tx in txs:
-            pub.request("submit", {"kind": "noop", "inputs": [f"{tx}-{k}" for k in range(1000)], "transaction": tx})
-        wait_until(lambda: responses.answered(txs) == 30, 120, "30 answers", 0.2)
-        assert all(responses.bodies[t]["status"] == "ok" for t in txs)
-        first_longest = stop_and_longest_turn_ms(svc)
-        online = start(svc, dog)
-        asked = time.monotonic()
-        pub.request("list", {"limit": 1, "transaction": "after-restart"})
-        wait_until(lambda: responses.count["after-restart"], 30, "an answer after the restart", 0.01)
-        answered = time.monotonic() - asked
-        longest = stop_and_longest_turn_ms(svc)
-        figures(batches=30, online_after_restart_s=round(online, 2), first_answer_s=round(answered, 3))
-        assert store_jobs(svc.db) == (30_000, "ok")
-        assert online < 15 and answered < 5
-        assert max(first_longest, longest) < WATCHDOG_S * 1000 / 2 and not dog.fired
-        responses.close()
-        pub.close()
-    finally:
-        dog.close()
+    r = rig(shipped_mosquitto, tmp_path)
+    svc, responses, pub = r.start()
+    txs = submit_batches(pub, responses, "batch", 30, {"kind": "noop"})
+    assert all(responses.bodies[t]["status"] == "ok" for t in txs)
+    first_longest = stop_and_longest_turn_ms(svc)
+    online = r.restart()
+    asked = time.monotonic()
+    pub.request("list", {"limit": 1, "transaction": "after-restart"})
+    wait_until(lambda: responses.count["after-restart"], 30, "an answer after the restart", 0.01)
+    answered = time.monotonic() - asked
+    longest = stop_and_longest_turn_ms(svc)
+    figures(batches=30, online_after_restart_s=round(online, 2), first_answer_s=round(answered, 3))
+    assert store_jobs(svc.db) == (30_000, "ok")
+    assert online < 15 and answered < 5
+    assert max(first_longest, longest) < WATCHDOG_S * 1000 / 2
 
 
-def test_a_request_rate_under_one_per_second_still_answers(shipped_mosquitto: PrivateMosquitto, tmp_path: Path) -> None:
-    dog = Watchdog(tmp_path)
-    svc = service(shipped_mosquitto, tmp_path, dog, {"EDGE_QUEUE_LIMITS__MAX_REQUESTS_PER_S": "0.5"})
-    try:
-        start(svc, dog)
-        responses = Responses(shipped_mosquitto, svc.base)
-        pub = Publisher(shipped_mosquitto, svc.base)
-        t0 = time.monotonic()
-        for i in range(3):
-            pub.request("list", {"limit": 1, "transaction": f"slow{i}"})
-        wait_until(lambda: responses.answered([f"slow{i}" for i in range(3)]) == 3, 30, "three answers", 0.05)
-        took = time.monotonic() - t0
-        assert 3 <= took < 10, took  # one every 2 s: throttled, never stuck
-        stop_and_longest_turn_ms(svc)
-        assert not dog.fired
-        responses.close()
-        pub.close()
-    finally:
-        dog.close()
+def test_a_request_rate_under_one_per_second_still_answers(
+    shipped_mosquitto: PrivateMosquitto, tmp_path: Path, rig: Callable[..., Rig]
+) -> None:
+    r = rig(shipped_mosquitto, tmp_path, {"EDGE_QUEUE_LIMITS__MAX_REQUESTS_PER_S": "0.5"})
+    svc, responses, pub = r.start()
+    t0 = time.monotonic()
+    for i in range(3):
+        pub.request("list", {"limit": 1, "transaction": f"slow{i}"})
+    wait_until(lambda: responses.answered([f"slow{i}" for i in range(3)]) == 3, 30, "three answers", 0.05)
+    took = time.monotonic() - t0
+    assert 3 <= took < 10, took  # one every 2 s: throttled, never stuck
+    stop_and_longest_turn_ms(svc)
 
 
-def test_bulk_requests_on_a_big_queue_keep_turns_short(shipped_mosquitto: PrivateMosquitto, tmp_path: Path) -> None:
+def test_bulk_requests_on_a_big_queue_keep_turns_short(
+    shipped_mosquitto: PrivateMosquitto, tmp_path: Path, rig: Callable[..., Rig]
+) -> None:
     # 60,000 waiting jobs from 60 submits of 1,000, then "cancel all" and a purge of them all.
-    dog = Watchdog(tmp_path)
-    svc = service(shipped_mosquitto, tmp_path, dog)
-    try:
-        start(svc, dog)
-        responses = Responses(shipped_mosquitto, svc.base)
-        pub = Publisher(shipped_mosquitto, svc.base)
-        txs = [f"d{i}" for i in range(60)]
-        for tx in txs:
-            pub.request("submit", {**LATER, "inputs": [f"{tx}-{k}" for k in range(1000)], "transaction": tx})
-        wait_until(lambda: responses.answered(txs) == 60, 120, "60 answers", 0.2)
-        rounds = {"cancel": 0, "purge": 0}
-        for command, body in (("cancel", {"all": True}), ("purge", {"older_than_s": 0})):
-            more = True
-            while more:
-                tx = f"{command}{rounds[command]}"
-                rounds[command] += 1
-                pub.request(command, {**body, "transaction": tx})
-                wait_until(lambda tx=tx: responses.count[tx], 60, f"the answer to {tx}", 0.05)
-                answer = responses.bodies[tx]
-                assert answer["status"] == "ok", answer
-                more = answer["data"]["more"]
-                assert rounds[command] <= 13
-        longest = stop_and_longest_turn_ms(svc)
-        figures(
-            bulk_jobs=60_000, cancel_requests=rounds["cancel"], purge_requests=rounds["purge"], longest_turn_ms=longest
-        )
-        assert rounds == {"cancel": 12, "purge": 12}
-        assert store_jobs(svc.db) == (0, "ok")
-        assert longest < WATCHDOG_S * 1000 / 2 and not dog.fired
-        responses.close()
-        pub.close()
-    finally:
-        dog.close()
+    r = rig(shipped_mosquitto, tmp_path)
+    svc, responses, pub = r.start()
+    submit_batches(pub, responses, "d", 60, LATER)
+    rounds = {"cancel": 0, "purge": 0}
+    for command, body in (("cancel", {"all": True}), ("purge", {"older_than_s": 0})):
+        more = True
+        while more:
+            tx = f"{command}{rounds[command]}"
+            rounds[command] += 1
+            pub.request(command, {**body, "transaction": tx})
+            wait_until(lambda tx=tx: responses.count[tx], 60, f"the answer to {tx}", 0.05)
+            answer = responses.bodies[tx]
+            assert answer["status"] == "ok", answer
+            more = answer["data"]["more"]
+            assert rounds[command] <= 13
+    longest = stop_and_longest_turn_ms(svc)
+    figures(bulk_jobs=60_000, cancel_requests=rounds["cancel"], purge_requests=rounds["purge"], longest_turn_ms=longest)
+    assert rounds == {"cancel": 12, "purge": 12}
+    assert store_jobs(svc.db) == (0, "ok")
+    assert longest < WATCHDOG_S * 1000 / 2

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
+from edge_queue import payloads
 from edge_queue.commands import check_input
 from edge_queue.config import load_settings
 from edge_queue.errors import ConfigError, ErrorCode, InputError, RequestError
@@ -154,3 +156,61 @@ def test_unknown_environment_variables_are_named(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(ConfigError) as e:
         load_settings()
     assert "EDGE_QUEUE_WORKER" in e.value.message
+
+
+def test_rejected_requests_are_logged_at_most_twenty_per_ten_seconds(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edge_queue import commands
+
+    now = [1000.0]
+    monkeypatch.setattr(commands.time, "monotonic", lambda: now[0])
+    rejections = commands.RejectionLog()
+    with caplog.at_level("WARNING", logger="edge_queue.commands"):
+        # Given 500 bad requests in one second: 20 lines, the rest counted
+        for i in range(500):
+            rejections.warning("request %s rejected: invalid_json", i)
+        assert len(caplog.records) == 20
+        # When the next one comes after the window, then the count comes first, in one line
+        now[0] += commands.REJECTION_WINDOW_S
+        rejections.warning("request %s rejected: invalid_json", "late")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[20] == "480 more rejected request(s) not logged in 10 s"
+    assert lines[21] == "request late rejected: invalid_json"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"kind": "noop", "input": "/x\\ud800"}',
+        b'{"kind": "noop", "transaction": ["\\udfff"]}',
+        b'{"kind": "noop", "options": {"k": "\\ud83d"}}',
+        b'"\\udc80"',
+    ],
+)
+def test_lone_surrogate_escapes_are_invalid_requests(raw: bytes) -> None:
+    with pytest.raises(RequestError) as e:
+        payloads.decode_request("submit", raw, max_bytes=10_000, default_kind="noop")
+    assert (e.value.code, e.value.field) == ("invalid_request", "(root)")
+    assert payloads.peek_envelope(raw)[0] is None
+
+
+@pytest.mark.parametrize(
+    ("command", "raw", "field"),
+    [
+        ("submit", b'{"kind": "noop", "run_at": "0001-01-01T00:30:00+01:00"}', "run_at"),
+        ("submit", b'{"kind": "noop", "run_at": "9999-12-31T23:30:00-01:00"}', "run_at"),
+        ("submit", b'{"kind": "noop", "run_at": "1969-12-31T23:59:59Z"}', "run_at"),
+        ("purge", b'{"older_than_s": 1e308}', "older_than_s"),
+    ],
+)
+def test_out_of_range_times_are_invalid_requests(command: str, raw: bytes, field: str) -> None:
+    with pytest.raises(RequestError) as e:
+        payloads.decode_request(command, raw, max_bytes=10_000, default_kind="noop")
+    assert (e.value.code, e.value.field) == ("invalid_request", field)
+
+
+def test_text_that_is_not_unicode_is_encoded_as_escapes() -> None:
+    # a file name that is not UTF-8, as Python keeps it (surrogateescape)
+    name = os.fsdecode(b"/srv/media/caf\xe9.m4a")
+    assert json.loads(payloads.encode({"input": name}))["input"] == name

@@ -223,15 +223,39 @@ def test_store_from_a_newer_edge_queue(svc: ServiceProcess, notify, tmp_path: Pa
     )
 
 
-def test_sqlite_error_while_opening_after_the_checks(svc: ServiceProcess, notify, tmp_path: Path) -> None:
-    # Given a healthy SQLite file of another program: preflight passes, the migration fails
+@pytest.mark.parametrize("tables", [["jobs"], ["customers", "orders"]])
+def test_another_programs_database_is_refused_untouched(
+    svc: ServiceProcess, notify, tmp_path: Path, tables: list[str]
+) -> None:
+    # Given a healthy SQLite file of another program, even one with a table named jobs
     db = tmp_path / "d" / DB
     db.parent.mkdir()
     with sqlite3.connect(db) as conn:
-        conn.execute("CREATE TABLE jobs (x)")
+        for table in tables:
+            conn.execute(f"CREATE TABLE {table} (x)")
+            conn.execute(f"INSERT INTO {table} VALUES (1)")
+    conn.close()
+    before = db.read_bytes()
+    # When the service starts, then it refuses the file in one line and leaves it as it was
+    stderr = serve(svc, db.parent, notify[0])
+    assert_refused(
+        svc, stderr, notify[1], db, "is another program's SQLite database", "jobs" if tables == ["jobs"] else "orders"
+    )
+    assert db.read_bytes() == before
+    assert sorted(p.name for p in db.parent.iterdir() if p.name.startswith(DB)) == [DB]
+
+
+def test_sqlite_error_while_opening_after_the_checks(svc: ServiceProcess, notify, tmp_path: Path) -> None:
+    # Given an edge-queue store whose jobs table lost a column: preflight passes, opening fails
+    db = tmp_path / "d" / DB
+    db.parent.mkdir()
+    with sqlite3.connect(db) as conn:
+        for table in ("jobs", "batches", "job_events", "idempotency_keys"):
+            conn.execute(f"CREATE TABLE {table} (x)")
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     conn.close()
     check_data_dir(Settings(data_dir=db.parent))
-    # When the service opens it, then Store.migrate's sqlite3 error becomes the one line
+    # When the service opens it, then the sqlite3 error becomes the one line
     stderr = serve(svc, db.parent, notify[0])
     assert_refused(svc, stderr, notify[1], db, "could not be opened (no such column:", DOCTOR, BACKUP)
 
