@@ -61,7 +61,60 @@ def check_input(raw: str, media_roots: list[Path]) -> str:
             code=ErrorCode.INPUT_NOT_FOUND,
             field="input",
         )
+    if (what := refers_to_other_files(resolved)) is not None:
+        raise InputError(
+            f"{raw[:200]} is {what}, which refers to other files: edge-queue opens single audio and video files only",
+            code=ErrorCode.UNSUPPORTED_MEDIA,
+            field="input",
+        )
     return str(resolved)
+
+
+#: Suffixes of playlists and lists that name other files or URLs (docs/topics.md, "Inputs").
+_LIST_SUFFIXES = {
+    ".m3u": "a playlist",
+    ".m3u8": "an HLS playlist",
+    ".pls": "a playlist",
+    ".xspf": "a playlist",
+    ".asx": "a playlist",
+    ".wpl": "a playlist",
+    ".mpd": "a DASH manifest",
+    ".ffconcat": "an FFmpeg concat list",
+    ".concat": "an FFmpeg concat list",
+    ".sdp": "an SDP session description",
+}
+#: How such files start, whatever their name.
+_LIST_MAGIC = (
+    (b"#EXTM3U", "an HLS or M3U playlist"),
+    (b"ffconcat version", "an FFmpeg concat list"),
+    (b"[playlist]", "a playlist"),
+    (b"v=0", "an SDP session description"),
+)
+
+
+def refers_to_other_files(path: Path) -> str | None:
+    """What ``path`` is when it is a playlist, list or manifest that names other files or URLs
+    (by its suffix, or by its first bytes), else ``None``. The worker's FFmpeg cannot open such
+    files anyway (:data:`~edge_queue.kinds.media.SINGLE_FILE_DEMUXERS`); this refuses them at
+    submit with a clear message."""
+    if (what := _LIST_SUFFIXES.get(path.suffix.lower())) is not None:
+        return what
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None  # the worker reports what it finds
+    try:
+        head = os.read(fd, 512).lstrip(b"\xef\xbb\xbf \t\r\n")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    for magic, what in _LIST_MAGIC:
+        if head.startswith(magic):
+            return what
+    if head.startswith(b"<") and (b"<MPD" in head or b"<smil" in head.lower()):
+        return "an XML manifest"
+    return None
 
 
 class RejectionLog:
@@ -116,7 +169,7 @@ class Commands:
             rejections.warning("request %s rejected: invalid_request (reply_to)", _clip(command, 64))
             return payloads.error(
                 ErrorCode.INVALID_REQUEST,
-                "reply_to must be a topic without wildcards, not under the base topic except <base>/reply/...",
+                f"reply_to must be a topic under {svc.topics.reply_prefix()} without wildcards or control characters",
                 transaction,
                 "reply_to",
             ), None

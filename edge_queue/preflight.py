@@ -161,7 +161,8 @@ def _check_folder(data_dir: Path) -> None:
             "or move what is there away",
         )
     try:
-        data_dir.mkdir(parents=True, exist_ok=True)
+        if not data_dir.exists():
+            data_dir.mkdir(parents=True, mode=0o700)  # the store holds every transcript
     except OSError as e:
         raise DataDirError(
             data_dir,

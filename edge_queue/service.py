@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import random
 import select
 import shutil
@@ -212,10 +213,12 @@ class Service:
         """Open the store, requeue orphans, start workers, connect. Raises BrokerUnavailable."""
         check_data_dir(self.settings)
         s = self.settings
-        s.data_dir.mkdir(parents=True, exist_ok=True)
+        s.data_dir.mkdir(parents=True, mode=0o700, exist_ok=True)  # the store holds every transcript
         self._lock = lock_data_dir(s.data_dir)
         self._store_was_new = not s.db_path.exists() or s.db_path.stat().st_size == 0
         self.store = Store(s.db_path, s.durability)
+        if self._store_was_new:
+            os.chmod(s.db_path, 0o600)  # readable by the service's user only, whatever the umask
         self.requeue_orphans()
         self.supervisor.start()
         self.bridge.connect(connect_timeout_s)
@@ -419,6 +422,11 @@ class Service:
             if isinstance(item, Incoming):
                 if budget <= 0 or self.turn_work >= TURN_WORK or self.bridge.held_bytes >= TURN_BYTES:
                     break
+                if not self.bridge.connected:
+                    # Its PUBACK could not be sent: the broker would deliver it again, and it
+                    # would run twice. It waits for the reconnect (which drops the copies the
+                    # broker redelivers: Bridge._on_connect).
+                    break
                 if not self._backlog_low():
                     break
                 budget -= 1
@@ -558,7 +566,7 @@ class Service:
         return max(0.0, min(waits))
 
     def _inbox_has_takeable(self) -> bool:
-        if not self._backlog_low():
+        if not self._backlog_low() or not self.bridge.connected:
             return False
         rate = self.settings.limits.max_requests_per_s
         return not rate or self._tokens + (time.monotonic() - self._tokens_at) * rate >= 1

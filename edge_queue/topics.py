@@ -134,11 +134,10 @@ class Topics:
         return None
 
     def valid_reply_to(self, topic: str) -> bool:
-        """A topic a response may be published on (docs/topics.md, "Requests"): a valid topic
-        name (:func:`valid_topic_name`) of at most :data:`MAX_REPLY_TOPIC_BYTES` bytes, not
-        under ``<base>/`` except ``<base>/reply/...``."""
+        """A topic a response copy may be published on (docs/topics.md, "Where the response
+        goes"): a valid topic name (:func:`valid_topic_name`) of at most
+        :data:`MAX_REPLY_TOPIC_BYTES` bytes under ``<base>/reply/``, the only place outside its
+        own topics where the shipped ACLs let edge-queue publish."""
         if not valid_topic_name(topic) or len(topic.encode("utf-8")) > MAX_REPLY_TOPIC_BYTES:
             return False
-        if topic.startswith(f"{self.base}/") or topic == self.base:
-            return topic.startswith(self.reply_prefix()) and len(topic) > len(self.reply_prefix())
-        return True
+        return topic.startswith(self.reply_prefix()) and len(topic) > len(self.reply_prefix())

@@ -213,6 +213,9 @@ def main(conn: Connection, settings: Settings) -> None:
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
+    from .kinds.media import confine_inputs
+
+    confine_inputs(settings.media_roots)  # inputs are checked again when they are opened
     worker = _Worker(conn, settings)
     root = logging.getLogger()
     root.handlers[:] = [_PipeLogHandler(worker.send)]

@@ -235,11 +235,16 @@ class ServiceProcess:
             **(env or {}),
         }
         self.proc: subprocess.Popen[bytes] | None = None
+        #: a command line the service is started through (it must exec the rest of its arguments)
+        self.prefix: list[str] = []
 
     def start(self, wait_online: bool = True) -> ServiceProcess:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "edge_queue", "serve"], env=self.env, stdout=subprocess.DEVNULL, stderr=log
+                [*self.prefix, sys.executable, "-m", "edge_queue", "serve"],
+                env=self.env,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
             )
         if wait_online:
             w = Watcher(self.broker.host, self.broker.port, [f"{self.base}/status", f"{self.base}/info"])

@@ -234,7 +234,7 @@ def test_mqtt5_response_topic_and_correlation_data(mosquitto, service_factory, s
     )
     client.connect(mosquitto.host, mosquitto.port)
     client.loop_start()
-    my_topic = f"phones/{uuid.uuid4().hex[:8]}/answers"
+    my_topic = f"{svc.base}/reply/phones/{uuid.uuid4().hex[:8]}"
     client.subscribe(my_topic, 1)
     props = Properties(PacketTypes.PUBLISH)
     props.ResponseTopic = my_topic

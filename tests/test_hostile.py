@@ -40,15 +40,17 @@ from .test_load import (  # noqa: F401 (rig and shipped_mosquitto are fixtures, 
 #: Reply topics a broker refuses as malformed (MQTT 5.0 section 1.5.4); lone surrogates come
 #: as JSON escapes, in the test.
 BAD_REPLY_TOPICS = [
-    "replies/a\x01b",
-    "replies/a\x1f",
-    "replies/del\x7f",
-    "replies/c1\x85",
-    "replies/c1\x9f",
-    "replies/nonchar\ufdd0",
-    "replies/nonchar\ufffe",
-    "replies/nonchar\U0001ffff",
-    "replies/nonchar\U0010ffff",
+    "a\x01b",
+    "a\x1f",
+    "del\x7f",
+    "c1\x85",
+    "c1\x9f",
+    "nonchar\ufdd0",
+    "nonchar\ufffe",
+    "nonchar\U0001ffff",
+    "nonchar\U0010ffff",
+    "wild/+/card",
+    "wild/#",
 ]
 
 
@@ -67,7 +69,7 @@ def test_reply_topics_a_broker_refuses_are_refused_and_cost_nothing(
 ) -> None:
     # Given the service, and a watcher on a valid but unusual reply topic (the control)
     svc, responses, pub = rig(shipped_mosquitto, tmp_path).start()
-    good = "replies/café ☕ \u00a0ok"
+    good = f"{svc.base}/reply/café ☕ \u00a0ok"
     got: list[bytes] = []
     w = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="w-" + uuid.uuid4().hex[:8])
     w.on_message = lambda c, u, m: got.append(m.payload)
@@ -75,7 +77,9 @@ def test_reply_topics_a_broker_refuses_are_refused_and_cost_nothing(
     w.subscribe(good, 1)
     w.loop_start()
     # When a client asks for its response on each topic a broker refuses as malformed
-    for i, topic in enumerate(BAD_REPLY_TOPICS):
+    for i, topic in enumerate(
+        [f"{svc.base}/reply/{t}" for t in BAD_REPLY_TOPICS] + ["phones/answers", f"{svc.base}/jobs/x"]
+    ):
         body = _answer(pub, responses, "submit", {"kind": "noop", "reply_to": topic}, f"bad{i}")
         # Then it is refused on <base>/response/submit, naming reply_to, and nothing runs
         assert body["status"] == "error", (topic, body)
@@ -83,7 +87,7 @@ def test_reply_topics_a_broker_refuses_are_refused_and_cost_nothing(
     # ... and a lone surrogate escape, in reply_to or anywhere else, is refused the same way
     for i, raw in enumerate(
         [
-            '{"kind": "noop", "reply_to": "replies/\\ud800", "transaction": "sur0"}',
+            '{"kind": "noop", "reply_to": "' + svc.base + '/reply/\\ud800", "transaction": "sur0"}',
             '{"kind": "noop", "input": "x\\udfff", "transaction": "sur1"}',
             '{"kind": "noop", "transaction": "sur2", "idempotency_key": "\\ud83d"}',
         ]
@@ -110,20 +114,20 @@ def test_reply_topics_a_broker_refuses_are_refused_and_cost_nothing(
 
 
 def test_a_reply_the_broker_denies_costs_that_copy_only(tmp_path: Path, rig: Callable[..., Rig]) -> None:
-    # Given a broker whose ACL lets the service publish under its base topic only, and with
-    # mosquitto 2.0's handling of a denied QoS 1 publish (it may end the connection)
+    # Given a broker whose ACL denies the service some reply topics, with mosquitto 2.0.11's
+    # handling of a denied QoS 1 publish (it ends the connection)
     acl = tmp_path / "acl"
     acl.write_text("topic readwrite #\n")  # anonymous users, replaced below once the base is known
     broker = PrivateMosquitto(tmp_path / "mosquitto", extra=f"acl_file {acl}\n")
     r = rig(broker, tmp_path)
     r.cleanups.append(broker.stop)
-    acl.write_text(f"topic readwrite {r.svc.base}/#\ntopic read denied/#\n")
+    acl.write_text(f"topic deny {r.svc.base}/reply/denied/#\ntopic readwrite {r.svc.base}/#\n")
     broker.stop()
     broker.start()
     svc, responses, pub = r.start()
     # When clients ask for their responses on a topic the service may not publish to
     for i in range(20):
-        body = _answer(pub, responses, "submit", {"kind": "noop", "reply_to": f"denied/r{i}"}, f"d{i}")
+        body = _answer(pub, responses, "submit", {"kind": "noop", "reply_to": f"{svc.base}/reply/denied/r{i}"}, f"d{i}")
         assert body["status"] == "ok", body
     # Then each request ran once and was answered on the base topic (a response whose PUBACK
     # the closed connection lost is sent again: QoS 1 is at least once); others are served
@@ -255,11 +259,11 @@ def test_a_flood_of_large_responses_keeps_memory_and_turns_bounded(
     # When one client asks 300 times for 500 jobs, each with a reply_to and an MQTT 5 Response
     # Topic (three copies of every response)
     props = Properties(PacketTypes.PUBLISH)
-    props.ResponseTopic = "flood/rt"
+    props.ResponseTopic = f"{svc.base}/reply/flood/rt"
     for i in range(300):
         pub.client.publish(
             f"{svc.base}/request/list",
-            json.dumps({"limit": 500, "reply_to": "flood/rt2", "transaction": f"f{i}"}),
+            json.dumps({"limit": 500, "reply_to": f"{svc.base}/reply/flood/rt2", "transaction": f"f{i}"}),
             qos=1,
             properties=props,
         )

@@ -59,8 +59,10 @@ def test_topics_closed_vocabulary() -> None:
         t.job("../x")
     with pytest.raises(ValueError):
         Topics("a/#")
-    assert t.valid_reply_to("phone/replies") and t.valid_reply_to("home/eq/reply/me")
-    assert not t.valid_reply_to("home/eq/jobs/x") and not t.valid_reply_to("a/+/b")
+    assert t.valid_reply_to("home/eq/reply/me") and t.valid_reply_to("home/eq/reply/phone/x")
+    assert not t.valid_reply_to("home/eq/jobs/x") and not t.valid_reply_to("home/eq/reply/+/b")
+    # only under <base>/reply/: the shipped ACLs let the service publish nowhere else
+    assert not t.valid_reply_to("phone/replies") and not t.valid_reply_to("home/eq/reply/")
     assert t.parse_request("home/eq/request/get") == "get" and t.parse_request("other/request/get") is None
 
 

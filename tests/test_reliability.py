@@ -484,3 +484,17 @@ def test_service_death_costs_an_attempt_only_to_jobs_that_started(mosquitto, ser
     assert held > 2, held
     assert again <= 2, f"{again} jobs lost an attempt; {held} were held by workers"
     watcher.close()
+
+
+def test_a_new_store_and_its_folder_are_the_service_users_alone(mosquitto, service_factory, speech: Path) -> None:
+    # Given no data_dir yet, and a umask that would let everyone read new files
+    svc = service_factory(mosquitto, [speech])
+    assert not svc.data_dir.exists()
+    old = os.umask(0o022)
+    try:
+        svc.start()
+    finally:
+        os.umask(old)
+    # Then the folder and the store (every transcript is in it) are the service user's alone
+    assert svc.data_dir.stat().st_mode & 0o077 == 0, oct(svc.data_dir.stat().st_mode)
+    assert svc.db.stat().st_mode & 0o077 == 0, oct(svc.db.stat().st_mode)

@@ -8,6 +8,7 @@ input, write their outputs under ``ctx.output_dir``, call ``ctx.progress`` and
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -72,6 +73,31 @@ class OutputOptions(KindOptions):
         "data_dir", description="data_dir: <data_dir>/outputs/<job_id>/; beside: next to the input"
     )
     overwrite: bool = Field(False, description="replace existing files (beside only); else output_exists")
+
+
+#: Output file names are at most this many bytes: 255 (``NAME_MAX`` of Linux file systems)
+#: less what the temporary name of an output adds (``.<name>.<8 random>.part``).
+MAX_NAME_BYTES = 240
+
+
+def output_stem(input_path: str, longest_suffix: str) -> str:
+    """The stem of ``input_path`` for output names ending in suffixes up to ``longest_suffix``
+    (``".und.json"``, say). Unchanged when ``stem + longest_suffix`` fits :data:`MAX_NAME_BYTES`;
+    else cut on a character boundary and followed by ``~`` and the first 8 hex digits of the
+    SHA-1 of the whole stem, so the same input always gets the same names and two long names
+    that differ only at their ends still differ. Output names are built from this stem and
+    fixed suffixes only, never from client text."""
+    stem = Path(input_path).stem
+    raw = os.fsencode(stem)
+    if len(raw) + len(os.fsencode(longest_suffix)) <= MAX_NAME_BYTES:
+        return stem
+    digest = hashlib.sha1(raw).hexdigest()[:8]
+    cut = raw[: MAX_NAME_BYTES - len(os.fsencode(longest_suffix)) - 1 - len(digest)]
+    while cut and cut[-1] & 0xC0 == 0x80:  # a UTF-8 continuation byte: drop the partial character
+        cut = cut[:-1]
+    if cut and cut[-1] >= 0xC0:
+        cut = cut[:-1]
+    return f"{os.fsdecode(cut)}~{digest}"
 
 
 def check_free(paths: list[Path], overwrite: bool) -> None:

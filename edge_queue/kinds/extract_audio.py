@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from .base import JobContext, Kind, OutputOptions, check_free, temp_path
+from .base import JobContext, Kind, OutputOptions, check_free, output_stem, temp_path
 from .media import container_duration_s, end_of_input, finish_output, open_media, require_audio
 
 #: format -> (container format, encoder, file extension)
@@ -48,7 +48,7 @@ class ExtractAudio(Kind):
         assert input_path is not None
         container_fmt, codec, ext = FORMATS[options.format]
         folder = Path(input_path).parent if options.output == "beside" else ctx.output_dir
-        target = folder / f"{Path(input_path).stem}.{ext}"
+        target = folder / f"{output_stem(input_path, f'.{ext}')}.{ext}"
         overwrite = options.overwrite or options.output == "data_dir"
         if target.resolve() == Path(input_path).resolve():
             overwrite = False  # never replace the input itself

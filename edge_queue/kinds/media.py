@@ -8,44 +8,124 @@ so the audio stream is looked up here first.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from ..errors import ErrorCode, MediaError
 
-#: FFmpeg demuxers that accept plain text files; their "media" is never what a user meant.
-_TEXT_DEMUXERS = frozenset({"tty", "srt", "webvtt", "ass", "subviewer", "microdvd", "mpl2", "jacosub"})
+#: FFmpeg demuxers of single media files: the only ones FFmpeg may use to open an input
+#: (``format_whitelist``). Formats that pull in other files or URLs (HLS and DASH playlists,
+#: concat lists, image sequences, SDP, tee...) and text formats are left out, so FFmpeg never
+#: follows a reference out of the file, whatever the file claims to be. Names as FFmpeg's
+#: ``ffmpeg -demuxers`` lists them; a demuxer with several names ("mov,mp4,m4a,...") matches
+#: any of them.
+SINGLE_FILE_DEMUXERS: tuple[str, ...] = (
+    "aac", "ac3", "aiff", "amr", "ape", "asf", "au", "avi", "caf", "dsf", "dts", "dtshd", "dv",
+    "eac3", "flac", "flv", "gsm", "iff", "loas", "matroska", "mlp", "mov", "mp3", "mpc", "mpc8",
+    "mpeg", "mpegts", "mxf", "nut", "ogg", "rm", "shn", "tak", "truehd", "tta", "voc", "w64",
+    "wav", "wtv", "wv",
+)  # fmt: skip
+_FFMPEG_OPTIONS = {"format_whitelist": ",".join(SINGLE_FILE_DEMUXERS), "protocol_whitelist": "file"}
+
+#: The media roots inputs must stay in when they are opened (:func:`confine_inputs`); ``None``
+#: until the worker process sets them.
+_roots: tuple[Path, ...] | None = None
+
+
+def confine_inputs(media_roots: list[Path]) -> None:
+    """Make every later :func:`open_media` of an input check, on the opened file itself, that
+    it lies inside ``media_roots`` (called once by each worker process at its start)."""
+    global _roots
+    _roots = tuple(Path(os.path.realpath(r)) for r in media_roots)
+
+
+def _kind_of(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def _open_input(path: str, confined: bool) -> tuple[int, int]:
+    """Open ``path`` for reading as the worker sees it now: ``(descriptor, size in bytes)``.
+
+    The file is opened first (without blocking, so a FIFO cannot hold the worker) and checked
+    after, on the descriptor: it must be a regular file and, when ``confined``, the file it
+    really is (``/proc/self/fd``, whatever links led there) must lie inside the media roots. A
+    link or FIFO swapped in after the submit's checks is caught here. Raises
+    :class:`MediaError` ``input_not_found`` or ``input_outside_media_roots``.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as e:
+        raise MediaError(f"cannot open {path}: {e.strerror}", code=ErrorCode.INPUT_NOT_FOUND) from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise MediaError(f"{path} is {_kind_of(st.st_mode)}, not a regular file", code=ErrorCode.INPUT_NOT_FOUND)
+        if confined and _roots is not None:
+            real = Path(os.readlink(f"/proc/self/fd/{fd}"))
+            if not any(real == r or real.is_relative_to(r) for r in _roots):
+                # the target is not named: it is outside what the submitter may see
+                raise MediaError(
+                    f"{path} now leads outside media_roots (a link replaced it after the submit)",
+                    code=ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS,
+                )
+        return fd, st.st_size
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 @contextmanager
-def open_media(path: str) -> Iterator[Any]:
-    """``av.open(path)`` as a context manager.
+def open_media(path: str, *, confined: bool = True) -> Iterator[Any]:
+    """Open a media file with PyAV, as a context manager yielding the input container.
 
-    Raises :class:`MediaError` ``unsupported_media`` for a zero-length file or one that no
-    demuxer accepts, and ``decode_error`` for other FFmpeg failures while opening.
+    The file is opened and checked by :func:`_open_input` (a regular file; with ``confined``,
+    inside the media roots set by :func:`confine_inputs`), then FFmpeg reads that very file
+    (``/proc/self/fd/<n>``) with only the demuxers of :data:`SINGLE_FILE_DEMUXERS` and the
+    ``file`` protocol. ``confined=False`` is for edge-queue's own outputs.
+
+    Raises :class:`MediaError`: ``input_not_found`` / ``input_outside_media_roots`` (above),
+    ``unsupported_media`` for an empty file, one no allowed demuxer accepts (a playlist, a
+    list, text), and ``decode_error`` for other FFmpeg failures while opening.
     """
     import av  # heavy: loaded in the worker only
 
-    if os.path.getsize(path) == 0:
-        raise MediaError("the file is empty (0 bytes)", code=ErrorCode.UNSUPPORTED_MEDIA)
+    fd, size = _open_input(path, confined)
     try:
-        container = av.open(path)
-    except (av.error.InvalidDataError, av.error.EOFError) as e:
-        raise MediaError(
-            f"not a media file FFmpeg can read ({e.strerror or e})", code=ErrorCode.UNSUPPORTED_MEDIA
-        ) from e
-    except av.error.FFmpegError as e:
-        raise MediaError(f"cannot open media ({e.strerror or e})", code=ErrorCode.DECODE_ERROR) from e
-    try:
-        if container.format.name in _TEXT_DEMUXERS:
+        if size == 0:
+            raise MediaError("the file is empty (0 bytes)", code=ErrorCode.UNSUPPORTED_MEDIA)
+        try:
+            container = av.open(f"/proc/self/fd/{fd}", options=dict(_FFMPEG_OPTIONS))
+        except (av.error.InvalidDataError, av.error.EOFError) as e:
             raise MediaError(
-                f"not a media file (FFmpeg reads it as {container.format.name} text)", code=ErrorCode.UNSUPPORTED_MEDIA
-            )
-        yield container
+                f"not a media file FFmpeg can read ({e.strerror or e})", code=ErrorCode.UNSUPPORTED_MEDIA
+            ) from e
+        except av.error.FFmpegError as e:
+            if e.errno == errno.EINVAL:  # format_whitelist refused the demuxer FFmpeg found
+                raise MediaError(
+                    "not a single media file: playlists, lists, image sequences and text are not opened "
+                    "(edge-queue reads audio and video files only)",
+                    code=ErrorCode.UNSUPPORTED_MEDIA,
+                ) from e
+            raise MediaError(f"cannot open media ({e.strerror or e})", code=ErrorCode.DECODE_ERROR) from e
+        try:
+            yield container
+        finally:
+            container.close()
     finally:
-        container.close()
+        os.close(fd)
 
 
 def container_duration_s(container: Any) -> float | None:
@@ -88,7 +168,7 @@ def finish_output(tmp: Any, target: Any, *, overwrite: bool, decoded_s: float, d
 
     truncated(decoded_s, declared_s)
     publish_file(tmp, target, overwrite=overwrite)
-    with open_media(str(target)) as check:
+    with open_media(str(target), confined=False) as check:
         return round(container_duration_s(check) or 0.0, 3)
 
 
@@ -132,6 +212,6 @@ def describe(path: str) -> dict[str, Any]:
             "container": c.format.name,
             "duration_s": container_duration_s(c),
             "bit_rate": c.bit_rate or None,
-            "size_bytes": os.path.getsize(path),
+            "size_bytes": c.size,
             "streams": streams,
         }

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from ..errors import ErrorCode, MediaError
-from .base import JobContext, Kind, OutputOptions, check_free, temp_path
+from .base import JobContext, Kind, OutputOptions, check_free, output_stem, temp_path
 from .media import container_duration_s, end_of_input, finish_output, open_media
 
 
@@ -39,7 +39,7 @@ class Transcode(Kind):
         import av
 
         assert input_path is not None
-        stem = Path(input_path).stem
+        stem = output_stem(input_path, ".web.mp4")
         if options.output == "beside":
             target = Path(input_path).parent / f"{stem}.web.mp4"
         else:

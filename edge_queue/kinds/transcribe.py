@@ -15,13 +15,45 @@ from pydantic import Field
 
 from ..errors import ErrorCode, JobError, MediaError, RequestError
 from .audio import chunks, decode_pcm
-from .base import JobContext, Kind, OutputOptions, check_free, write_atomic
+from .base import JobContext, Kind, OutputOptions, check_free, output_stem, write_atomic
 from .media import container_duration_s, open_media, require_audio
 
 #: Loaded models of this worker process, keyed by (path or name, compute_type, cpu_threads).
 _MODELS: dict[tuple[str, str, int], Any] = {}
 
 TEXT_SUMMARY_CHARS = 4000
+#: Whisper's language codes: ``faster_whisper.tokenizer._LANGUAGE_CODES`` (OpenAI Whisper's
+#: ``tokenizer.LANGUAGES``), checked against it by the tests.
+WHISPER_LANGUAGES = frozenset(
+    "af am ar as az ba be bg bn bo br bs ca cs cy da de el en es et eu fa fi fo fr gl gu ha haw he hi "
+    "hr ht hu hy id is it ja jw ka kk km kn ko la lb ln lo lt lv mg mi mk ml mn mr ms mt my ne nl nn "
+    "no oc pa pl ps pt ro ru sa sd si sk sl sn so sq sr su sv sw ta te tg th tk tl tr tt uk ur uz vi "
+    "yi yo zh yue".split()
+)
+#: A Whisper model is multilingual when its vocabulary has at least this many tokens
+#: (CTranslate2's ``WhisperModel.is_multilingual``; the English-only ``.en`` models have 51,864).
+MULTILINGUAL_VOCABULARY = 51_865
+_MODEL_LANGUAGES: dict[str, frozenset[str]] = {}
+
+
+def model_languages(ref: str) -> frozenset[str]:
+    """The language codes a model may be told to use: all of :data:`WHISPER_LANGUAGES` for a
+    multilingual model, only ``en`` for an English-only one. A model folder is judged by the
+    size of its vocabulary (``vocabulary.txt`` or ``vocabulary.json``), a model name by its
+    ``.en`` ending."""
+    if ref not in _MODEL_LANGUAGES:
+        folder = Path(ref)
+        size: int | None = None
+        if (folder / "vocabulary.txt").is_file():
+            with open(folder / "vocabulary.txt", "rb") as fh:
+                size = sum(1 for _ in fh)
+        elif (folder / "vocabulary.json").is_file():
+            size = len(json.loads((folder / "vocabulary.json").read_text()))
+        english_only = size < MULTILINGUAL_VOCABULARY if size is not None else folder.name.endswith(".en")
+        _MODEL_LANGUAGES[ref] = frozenset({"en"}) if english_only else WHISPER_LANGUAGES
+    return _MODEL_LANGUAGES[ref]
+
+
 Format = Literal["txt", "srt", "vtt", "json"]
 FORMATS: tuple[Format, ...] = ("txt", "srt", "vtt", "json")
 #: Characters of the previous chunk's text given as the prompt of the next chunk.
@@ -118,6 +150,25 @@ class Transcribe(Kind):
             raise RequestError(
                 f"options.model: {options.model!r} is not in transcribe.models ({allowed})", field="options.model"
             )
+        if options.language is None:
+            return
+        if options.language not in WHISPER_LANGUAGES:
+            raise RequestError(
+                f"options.language: {options.language[:8]!r} is not a Whisper language code; "
+                f"one of: {', '.join(sorted(WHISPER_LANGUAGES))}",
+                field="options.language",
+            )
+        try:
+            ref = (
+                settings.transcribe.models[options.model] if options.model else resolve_model(settings.transcribe.model)
+            )
+        except JobError:
+            return  # no model at all: the job fails with that, clearly
+        if options.language not in model_languages(ref):
+            raise RequestError(
+                f'options.language: the model {Path(ref).name!r} is English-only; give "en" or leave it out',
+                field="options.language",
+            )
 
     def run(self, ctx: JobContext, input_path: str | None, options: Any) -> dict[str, Any]:
         assert input_path is not None
@@ -203,11 +254,12 @@ class Transcribe(Kind):
 
     @staticmethod
     def _outputs(ctx: JobContext, input_path: str, language: str | None, options: Any) -> dict[str, Path]:
-        stem = Path(input_path).stem
+        # language: a code of WHISPER_LANGUAGES (checked at submit) or the model's own
+        lang = language if language in WHISPER_LANGUAGES else "und"
         if options.output == "beside":  # <stem>.<lang>.srt, as Jellyfin and Plex expect
-            folder, name = Path(input_path).parent, f"{stem}.{language or 'und'}"
+            folder, name = Path(input_path).parent, f"{output_stem(input_path, f'.{lang}.json')}.{lang}"
         else:
-            folder, name = ctx.output_dir, stem
+            folder, name = ctx.output_dir, output_stem(input_path, ".json")
         return {fmt: folder / f"{name}.{fmt}" for fmt in options.formats}
 
     @staticmethod
