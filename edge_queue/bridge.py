@@ -170,8 +170,7 @@ class _Client(mqtt.Client):
         elif props_len:
             try:
                 properties.unpack(bytes(packet[at:end]))
-            except Exception:  # malformed or repeated properties: treated as too many
-                self.dropped_property_bytes = props_len
+            except Exception:  # text MQTT forbids (a U+FEFF), a repeated property: ignored
                 properties = Properties(PacketTypes.PUBLISH)
         # paho decodes the rest, with an empty property section in place of the original
         self._in_packet["packet"] = bytearray(packet[:at]) + b"\x00" + packet[end:]

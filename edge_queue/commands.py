@@ -118,25 +118,37 @@ def refers_to_other_files(path: Path) -> str | None:
 
 
 class RejectionLog:
-    """Warnings about rejected requests, at most :data:`REJECTIONS_LOGGED` per
-    :data:`REJECTION_WINDOW_S` seconds: one client sending thousands of bad requests cannot
-    flood the journal. The ones left out are counted, and the count is logged in one line
-    with the first warning of a later window."""
+    """Log lines of one repeated kind (rejected requests, failed commits), at most
+    :data:`REJECTIONS_LOGGED` per :data:`REJECTION_WINDOW_S` seconds: one client sending
+    thousands of bad requests, or a full disk, cannot flood the journal. The ones left out are
+    counted, and the count is logged in one line with the first line of a later window.
 
-    def __init__(self) -> None:
+    Args:
+        what: what is counted, for that line ("rejected request(s)").
+        level: the ``logging`` level of every line.
+        logger: where the lines go.
+    """
+
+    def __init__(
+        self, what: str = "rejected request(s)", level: int = logging.WARNING, logger: logging.Logger = log
+    ) -> None:
+        self.what, self.level, self.logger = what, level, logger
         self.window_start = -REJECTION_WINDOW_S
         self.logged = 0
         self.left_out = 0
 
     def warning(self, message: str, *args: Any) -> None:
+        """Log ``message % args`` at :attr:`level`, unless this window's lines are spent."""
         now = time.monotonic()
         if now - self.window_start >= REJECTION_WINDOW_S:
             if self.left_out:
-                log.warning("%d more rejected request(s) not logged in %.0f s", self.left_out, now - self.window_start)
+                self.logger.log(
+                    self.level, "%d more %s not logged in %.0f s", self.left_out, self.what, now - self.window_start
+                )
             self.window_start, self.logged, self.left_out = now, 0, 0
         if self.logged < REJECTIONS_LOGGED:
             self.logged += 1
-            log.warning(message, *args)
+            self.logger.log(self.level, message, *args)
         else:
             self.left_out += 1
 
@@ -235,6 +247,8 @@ class Commands:
                 code=ErrorCode.QUEUE_FULL,
             )
         specs, rejected = [], []
+        # every input costs its checks (a file system look-up), accepted or not
+        svc.turn_work += len(raw_inputs)
         for raw in raw_inputs:
             try:
                 path = check_input(raw, svc.settings.media_roots) if kind.needs_input and raw else raw
@@ -255,7 +269,6 @@ class Commands:
             )
         if not specs:
             raise _AllRejected(rejected)
-        svc.turn_work += len(specs)
         batch_id, created = svc._store().submit(
             specs, svc.clock(), idempotency_key=req.idempotency_key, as_batch=len(raw_inputs) > 1
         )

@@ -9,7 +9,7 @@ always carry ``"v": 1``.
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -21,6 +21,9 @@ VERSION = 1
 JsonValue = Any
 
 
+#: The latest ``run_at`` (9999-12-30T00:00:00Z, in seconds since the epoch): a day short of
+#: the end of what ``datetime`` represents, so no time computed from it overflows.
+MAX_RUN_AT = 253_402_128_000.0
 #: A ``transaction`` is echoed in the response; its JSON may be at most this many bytes.
 MAX_TRANSACTION_BYTES = 1024
 
@@ -70,11 +73,10 @@ class SubmitRequest(_Request):
             if parsed.tzinfo is None:
                 raise ValueError("run_at must carry a time zone (e.g. Z)")
             try:
-                parsed.timestamp()
-                if not 1970 <= parsed.astimezone(UTC).year <= 9999:
+                if not 0 <= parsed.timestamp() <= MAX_RUN_AT:
                     raise OverflowError
             except (OverflowError, ValueError, OSError) as e:
-                raise ValueError("run_at must be between 1970 and 9999 (UTC)") from e
+                raise ValueError("run_at must be between 1970-01-01 and 9999-12-30 (UTC)") from e
         return v
 
     def run_at_ts(self) -> float | None:

@@ -275,6 +275,13 @@ def _check_store(db: Path) -> None:
             db,
             f"the store {db} lacks the table(s) {_names(STORE_TABLES - tables)} of an edge-queue store: {RESTORE}",
         )
+    if version > SCHEMA_VERSION and not STORE_TABLES & tables:
+        raise StoreDamaged(
+            db,
+            f"the store {db} is another program's SQLite database (tables {_names(tables)}, schema version "
+            f"{version}): point data_dir at edge-queue's own folder, or move the file away to start with "
+            "an empty store",
+        )
     if version > SCHEMA_VERSION:
         raise StoreDamaged(
             db,

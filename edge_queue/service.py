@@ -27,7 +27,7 @@ from typing import Any
 
 from . import payloads
 from .bridge import MAX_PROPERTY_BYTES, Bridge, Connected, Incoming
-from .commands import BULK_LIMIT, Commands, rejections
+from .commands import BULK_LIMIT, Commands, RejectionLog, rejections
 from .config import Settings
 from .errors import ConfigError, ErrorCode, NotFoundError
 from .kinds import registry
@@ -200,6 +200,7 @@ class Service:
         self._republish_started = 0.0
         self._republish_count = 0
         self._carried: list[Outcome] = []  # outcomes of a turn whose commit failed
+        self._commit_failures = RejectionLog("failed commit(s)", logging.ERROR, log)
         self._tokens = 0.0
         self._tokens_at = time.monotonic()
         self._disk_checked = 0.0
@@ -383,7 +384,7 @@ class Service:
         self._carried = [o for o in outcomes if o.op != "progress"]
         full = _disk_full(e)
         code = ErrorCode.DISK_FULL if full else ErrorCode.INTERNAL_ERROR
-        log.error(
+        self._commit_failures.warning(
             "could not commit to %s: %s; %d request(s) answered %s, the turn's job changes are kept for the next turn",
             self.settings.db_path,
             e,

@@ -97,6 +97,16 @@ def test_reply_topics_a_broker_refuses_are_refused_and_cost_nothing(
         err = responses.bodies[f"sur{i}"]["error"]
         assert err["code"] == "invalid_request", err
         assert err["field"] in ("reply_to", "(root)"), err
+    # ... an MQTT 5 Response Topic that MQTT forbids (a U+FEFF) is ignored: the request runs and
+    # is answered on <base>/response/submit with its transaction
+    raw_publish(
+        shipped_mosquitto,
+        f"{svc.base}/request/submit",
+        b'{"kind": "noop", "transaction": "bom"}',
+        b"\x08" + _utf8(f"{svc.base}/reply/\ufeff"),
+    )
+    wait_until(lambda: responses.count["bom"], 30, "the answer to bom")
+    assert responses.bodies["bom"]["status"] == "ok", responses.bodies["bom"]
     # ... while a valid reply topic with non-ASCII text gets its copy
     body = _answer(pub, responses, "submit", {"kind": "noop", "reply_to": good}, "good")
     assert body["status"] == "ok", body
@@ -109,7 +119,7 @@ def test_reply_topics_a_broker_refuses_are_refused_and_cost_nothing(
     assert _disconnects(log) == 0, log[-3000:]
     assert "Traceback" not in log, log[-3000:]
     jobs = _answer(pub, responses, "list", {"limit": 500}, "list")["data"]["jobs"]
-    assert len(jobs) == 1, jobs
+    assert len(jobs) == 2, jobs
     stop_and_longest_turn_ms(svc)
 
 
@@ -184,17 +194,22 @@ def _read_packet(sock: socket.socket) -> tuple[int, bytes]:
     return header, exactly(length)
 
 
-def raw_publish_with_user_properties(broker, topic: str, payload: bytes, count: int) -> None:
-    """Publish at QoS 1 over a raw MQTT 5 socket, with ``count`` user properties ("k", "v"),
-    and wait for the PUBACK. paho's own encoder is too slow for 100,000 properties."""
+def raw_publish(broker, topic: str, payload: bytes, props: bytes) -> None:
+    """Publish at QoS 1 over a raw MQTT 5 socket with the encoded properties ``props``, and wait
+    for the PUBACK: paho's encoder refuses what MQTT forbids, and is too slow for 100,000
+    properties."""
     with socket.create_connection((broker.host, broker.port), timeout=30) as sock:
         connect = b"\x00\x04MQTT\x05\x02\x00\x3c\x00" + _utf8("props-" + uuid.uuid4().hex[:8])
         sock.sendall(_packet(0x10, connect))
         assert _read_packet(sock)[0] == 0x20  # CONNACK
-        props = b"".join(b"\x26" + _utf8("k") + _utf8(f"v{i}") for i in range(count))
         body = _utf8(topic) + b"\x00\x01" + _vbi(len(props)) + props + payload
         sock.sendall(_packet(0x32, body))
         assert _read_packet(sock)[0] == 0x40  # PUBACK
+
+
+def raw_publish_with_user_properties(broker, topic: str, payload: bytes, count: int) -> None:
+    """:func:`raw_publish` with ``count`` user properties ("k", "v<i>")."""
+    raw_publish(broker, topic, payload, b"".join(b"\x26" + _utf8("k") + _utf8(f"v{i}") for i in range(count)))
 
 
 @pytest.mark.parametrize("count", [2_000, 100_000])
@@ -289,3 +304,23 @@ def test_a_flood_of_large_responses_keeps_memory_and_turns_bounded(
     # ... memory stays within the byte budgets (not 300 x 3 x 1 MiB), turns stay short
     assert peak < base + 120, (base, peak)
     assert longest < 2000
+
+
+def test_submits_of_rejected_inputs_keep_turns_short(
+    shipped_mosquitto: PrivateMosquitto, tmp_path: Path, rig: Callable[..., Rig]
+) -> None:
+    # Given the service
+    svc, responses, pub = rig(shipped_mosquitto, tmp_path).start()
+    # When a client sends 200 submits of 1,000 paths each, all outside the media roots
+    bad = [f"/etc/x{i}" for i in range(1000)]
+    for i in range(200):
+        pub.request("submit", {"kind": "probe", "inputs": bad, "transaction": f"r{i}"})
+    # Then each is refused, and no loop turn took long: every checked input counts in a
+    # turn's budget, accepted or not
+    wait_until(lambda: responses.answered([f"r{i}" for i in range(200)]) == 200, 300, "200 answers", 0.1)
+    assert responses.bodies["r0"]["error"]["code"] == "input_outside_media_roots"
+    t0 = time.monotonic()
+    _answer(pub, responses, "list", {"limit": 1}, "after")
+    longest = stop_and_longest_turn_ms(svc)
+    figures(rejected_inputs=200_000, next_answer_s=round(time.monotonic() - t0, 3), longest_turn_ms=longest)
+    assert longest < 1000

@@ -203,6 +203,7 @@ def test_lone_surrogate_escapes_are_invalid_requests(raw: bytes) -> None:
         ("submit", b'{"kind": "noop", "run_at": "0001-01-01T00:30:00+01:00"}', "run_at"),
         ("submit", b'{"kind": "noop", "run_at": "9999-12-31T23:30:00-01:00"}', "run_at"),
         ("submit", b'{"kind": "noop", "run_at": "1969-12-31T23:59:59Z"}', "run_at"),
+        ("submit", b'{"kind": "noop", "run_at": "9999-12-31T23:59:59.999999+00:00"}', "run_at"),
         ("purge", b'{"older_than_s": 1e308}', "older_than_s"),
     ],
 )

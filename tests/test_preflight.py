@@ -223,24 +223,24 @@ def test_store_from_a_newer_edge_queue(svc: ServiceProcess, notify, tmp_path: Pa
     )
 
 
-@pytest.mark.parametrize("tables", [["jobs"], ["customers", "orders"]])
+@pytest.mark.parametrize(("tables", "version"), [(["jobs"], 0), (["customers", "orders"], 0), (["moz_places"], 7)])
 def test_another_programs_database_is_refused_untouched(
-    svc: ServiceProcess, notify, tmp_path: Path, tables: list[str]
+    svc: ServiceProcess, notify, tmp_path: Path, tables: list[str], version: int
 ) -> None:
-    # Given a healthy SQLite file of another program, even one with a table named jobs
+    # Given a healthy SQLite file of another program, even one with a table named jobs, or
+    # one with a schema version of its own
     db = tmp_path / "d" / DB
     db.parent.mkdir()
     with sqlite3.connect(db) as conn:
         for table in tables:
             conn.execute(f"CREATE TABLE {table} (x)")
             conn.execute(f"INSERT INTO {table} VALUES (1)")
+        conn.execute(f"PRAGMA user_version = {version}")
     conn.close()
     before = db.read_bytes()
     # When the service starts, then it refuses the file in one line and leaves it as it was
     stderr = serve(svc, db.parent, notify[0])
-    assert_refused(
-        svc, stderr, notify[1], db, "is another program's SQLite database", "jobs" if tables == ["jobs"] else "orders"
-    )
+    assert_refused(svc, stderr, notify[1], db, "is another program's SQLite database", tables[-1])
     assert db.read_bytes() == before
     assert sorted(p.name for p in db.parent.iterdir() if p.name.startswith(DB)) == [DB]
 
