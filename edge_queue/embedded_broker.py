@@ -82,17 +82,76 @@ def _broker_class() -> type:
     return OwnSubscriptionsBroker
 
 
+#: A connected client whose socket has taken nothing for this long (amqtt's write buffer for it
+#: stays above its high-water mark) is disconnected: amqtt keeps every message for a client
+#: that never reads, inside edge-queue's process (docs/operations.md, "Load and back-pressure").
+SLOW_CONSUMER_S = 2.0
+#: Messages amqtt keeps for a disconnected client with a persistent session, at most; the
+#: oldest are dropped (mosquitto's ``max_queued_messages``; amqtt has no such limit).
+OFFLINE_MESSAGES = 10_000
+#: How often clients are checked, in seconds.
+CLIENT_CHECK_S = 0.5
+
+
+def _transport(handler: Any) -> Any:
+    """The asyncio transport of an amqtt protocol handler's TCP connection, or ``None``."""
+    writer = getattr(getattr(handler, "writer", None), "_writer", None)
+    return getattr(writer, "transport", None)
+
+
+async def guard_clients(broker: Any, stop: asyncio.Event) -> None:
+    """Bound what amqtt 0.12 holds per client, until ``stop`` is set: disconnect a connected
+    client stuck for :data:`SLOW_CONSUMER_S` (its Last Will, if any, is published as for any
+    lost connection), and keep at most :data:`OFFLINE_MESSAGES` messages for a disconnected one.
+    Uses amqtt's session table (``Broker._sessions``: client id -> (session, handler))."""
+    stuck_since: dict[str, float] = {}
+    while not stop.is_set():
+        await asyncio.sleep(CLIENT_CHECK_S)
+        now = time.monotonic()
+        for client_id, (session, handler) in list(broker._sessions.items()):
+            transport = _transport(handler)
+            if transport is not None and not transport.is_closing():
+                high = transport.get_write_buffer_limits()[1]
+                if transport.get_write_buffer_size() < max(high, 1):
+                    stuck_since.pop(client_id, None)
+                elif now - stuck_since.setdefault(client_id, now) >= SLOW_CONSUMER_S:
+                    log.warning(
+                        "embedded broker: client %r has read nothing for %.0f s while messages wait for it: "
+                        "disconnected",
+                        client_id,
+                        SLOW_CONSUMER_S,
+                    )
+                    stuck_since.pop(client_id, None)
+                    transport.abort()
+                continue
+            stuck_since.pop(client_id, None)
+            queue = getattr(session, "retained_messages", None)
+            if queue is not None and queue.qsize() > OFFLINE_MESSAGES:
+                dropped = queue.qsize() - OFFLINE_MESSAGES
+                for _ in range(dropped):
+                    queue.get_nowait()
+                log.warning(
+                    "embedded broker: dropped the %d oldest messages kept for disconnected client %r "
+                    "(at most %d are kept)",
+                    dropped,
+                    client_id,
+                    OFFLINE_MESSAGES,
+                )
+
+
 async def serve(config: dict[str, Any], stop: asyncio.Event, started: threading.Event | None = None) -> None:
     """Run an amqtt broker with ``config`` until ``stop`` is set; ``started`` is set once it
-    listens."""
+    listens. :func:`guard_clients` runs beside it."""
     broker = _broker_class()(config)
     await broker.start()
+    guard = asyncio.create_task(guard_clients(broker, stop))
     if started is not None:
         started.set()
     log.info("embedded broker listening on %s", config["listeners"]["default"]["bind"])
     try:
         await stop.wait()
     finally:
+        guard.cancel()
         await broker.shutdown()
         log.info("embedded broker stopped")
 

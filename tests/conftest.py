@@ -237,11 +237,13 @@ class ServiceProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         #: a command line the service is started through (it must exec the rest of its arguments)
         self.prefix: list[str] = []
+        #: ``serve``, or ``up`` (with the embedded broker when none answers on the port)
+        self.command = "serve"
 
     def start(self, wait_online: bool = True) -> ServiceProcess:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [*self.prefix, sys.executable, "-m", "edge_queue", "serve"],
+                [*self.prefix, sys.executable, "-m", "edge_queue", self.command],
                 env=self.env,
                 stdout=subprocess.DEVNULL,
                 stderr=log,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import socket
 import struct
 import time
@@ -25,7 +26,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from .conftest import wait_until
+from .conftest import Broker, free_port, wait_until
 from .test_load import (  # noqa: F401 (rig and shipped_mosquitto are fixtures, used by name)
     PrivateMosquitto,
     Rig,
@@ -324,3 +325,59 @@ def test_submits_of_rejected_inputs_keep_turns_short(
     longest = stop_and_longest_turn_ms(svc)
     figures(rejected_inputs=200_000, next_answer_s=round(time.monotonic() - t0, 3), longest_turn_ms=longest)
     assert longest < 1000
+
+
+def _slow_subscriber(port: int, topic: str, client_id: str, clean: bool) -> socket.socket:
+    """An MQTT 3.1.1 client that subscribes to ``topic`` at QoS 1 and never reads again."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    flags = b"\x02" if clean else b"\x00"
+    sock.sendall(_packet(0x10, b"\x00\x04MQTT\x04" + flags + b"\x00\x3c" + _utf8(client_id)))
+    sock.sendall(_packet(0x82, b"\x00\x01" + _utf8(topic) + b"\x01"))
+    return sock
+
+
+@pytest.mark.parametrize("clean", [True, False], ids=["clean-session", "persistent-session"])
+def test_subscribers_that_never_read_cannot_fill_the_embedded_broker(
+    tmp_path: Path, store_of_long_jobs: Path, service_factory, clean: bool
+) -> None:
+    # Given `edge-queue up` with its embedded amqtt broker (inside the service's process) and
+    # 5,000 jobs of 4 KB each, settled after the start-up republish
+    port = free_port()
+    svc = service_factory(Broker("127.0.0.1", port, "amqtt"), [tmp_path])
+    svc.command = "up"
+    svc.data_dir.mkdir(parents=True)
+    shutil.copy(store_of_long_jobs, svc.db)
+    svc.start(wait_online=False)  # its broker comes up with it
+    wait_until(lambda: "republished the retained state of 5000 job" in svc.log(), 120, "the start-up republish")
+    base = rss_mb(svc.proc.pid)
+    # When two clients subscribe to everything and never read, and another asks for 1,500
+    # pages of 1 MiB
+    slow = [_slow_subscriber(port, f"{svc.base}/#", f"slow{i}", clean) for i in range(2)]
+    watcher = svc.watcher("response/#")
+    pub = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="flood-" + uuid.uuid4().hex[:6])
+    try:
+        pub.connect("127.0.0.1", port)
+        pub.loop_start()
+        for i in range(1500):
+            pub.publish(f"{svc.base}/request/list", json.dumps({"limit": 500, "transaction": i}), qos=1)
+        # Then the stuck clients are disconnected, the flood is answered, and memory stays
+        # bounded: the peak includes what amqtt buffers for the test's own watcher, which reads
+        # but more slowly (amqtt has no flow control); before, 1,500 pages made it +1.5 GB
+        wait_until(lambda: svc.log().count("has read nothing for") >= 2, 60, "the stuck clients to be disconnected")
+        wait_until(lambda: len(watcher.json_on(f"{svc.base}/response/list")) >= 1500, 300, "1,500 answers", 0.2)
+        peak = peak_rss_mb(svc.proc.pid)
+        assert svc.request("list", {"limit": 1}, watcher)["status"] == "ok"
+        figures(
+            clean_session=clean,
+            base_rss_mb=round(base),
+            peak_rss_mb=round(peak),
+            after_rss_mb=round(rss_mb(svc.proc.pid)),
+        )
+        assert peak < base + 600, (base, peak)
+    finally:
+        pub.loop_stop()
+        pub.disconnect()
+        watcher.close()
+        for sock in slow:
+            sock.close()
