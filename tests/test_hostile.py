@@ -36,6 +36,7 @@ from .test_load import (  # noqa: F401 (rig and shipped_mosquitto are fixtures, 
     rss_mb,
     shipped_mosquitto,
     stop_and_longest_turn_ms,
+    succeeded_store,
 )
 
 #: Reply topics a broker refuses as malformed (MQTT 5.0 section 1.5.4); lone surrogates come
@@ -246,22 +247,7 @@ def test_a_request_with_many_user_properties_is_refused_at_once(
 def store_of_long_jobs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A store of 5,000 queued-and-finished noop jobs whose input paths are 4,000 characters
     long: a ``list`` of 500 of them would be 2 MB."""
-    from edge_queue.store import JobSpec, Store, iso
-
-    path = tmp_path_factory.mktemp("longjobs") / "edge-queue.db"
-    store = Store(path, "normal")
-    now = time.time()
-    long_input = "/srv/media/" + "x" * 3990
-    for first in range(0, 5_000, 1000):
-        store.submit([JobSpec("noop", f"{long_input}{i}", {}) for i in range(first, first + 1000)], now)
-    at = iso(now)
-    store.conn.execute(
-        "UPDATE jobs SET state = 'succeeded', attempt = 1, seq = 3, started_at = ?, finished_at = ?, updated_at = ?",
-        [at, at, at],
-    )
-    store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    store.close()
-    return path
+    return succeeded_store(tmp_path_factory.mktemp("longjobs") / "edge-queue.db", 5_000, "/srv/media/" + "x" * 3990)
 
 
 def test_a_flood_of_large_responses_keeps_memory_and_turns_bounded(

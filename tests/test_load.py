@@ -458,13 +458,19 @@ def test_kill_9_during_a_burst_loses_nothing_acknowledged(
 @pytest.fixture(scope="module")
 def store_100k(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A store holding 100,000 succeeded noop jobs (a few weeks of a busy box)."""
+    return succeeded_store(tmp_path_factory.mktemp("store100k") / "edge-queue.db", 100_000, "p")
+
+
+def succeeded_store(path: Path, count: int, input_prefix: str) -> Path:
+    """A job store at ``path`` holding ``count`` succeeded noop jobs whose inputs are
+    ``<input_prefix><n>``, written 1,000 per transaction and checkpointed; returns ``path``."""
     from edge_queue.store import JobSpec, Store, iso
 
-    path = tmp_path_factory.mktemp("store100k") / "edge-queue.db"
     store = Store(path, "normal")
     now = time.time()
-    for first in range(0, 100_000, 1000):
-        store.submit([JobSpec("noop", f"p{i}", {}) for i in range(first, first + 1000)], now)
+    for first in range(0, count, 1000):
+        batch = range(first, min(first + 1000, count))
+        store.submit([JobSpec("noop", f"{input_prefix}{i}", {}) for i in batch], now)
     at = iso(now)
     store.conn.execute(
         "UPDATE jobs SET state = 'succeeded', attempt = 1, seq = 3, started_at = ?, finished_at = ?, updated_at = ?",
