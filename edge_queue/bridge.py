@@ -76,6 +76,12 @@ RECONNECT_MIN_S, RECONNECT_MAX_S = 1.0, 4.0
 #: after the reconnect sends it again).
 OFFLINE_BACKLOG = 10_000
 OFFLINE_BACKLOG_BYTES = 32 * 2**20
+#: Bytes asked of the socket per read: one ``recv`` brings many packets, which paho then takes
+#: from memory (paho asks the socket for each packet's first byte, its length and its body).
+READ_CHUNK = 64 * 1024
+#: Packets queued for the socket are joined into writes of at most this many bytes (paho sends
+#: each packet with its own ``send``).
+WRITE_CHUNK = 64 * 1024
 #: A request's MQTT 5 properties (Response Topic, Correlation Data, user properties) may take
 #: this many bytes; a request with more is answered ``invalid_request`` without them being
 #: decoded (paho's decoder copies the rest of the packet for every property it reads).
@@ -133,13 +139,62 @@ _NO_PROPERTIES = Properties(PacketTypes.PUBACK)
 
 
 class _Client(mqtt.Client):
-    """paho's client, with a shorter path for the common PUBACK.
+    """paho's client, with shorter paths where the service spends its time at load:
 
-    paho decodes every PUBACK into a new ``ReasonCode`` and ``Properties`` object, even one
-    that holds nothing but its message id (a success without properties, which is what brokers
-    send); at several acknowledgements per job that was a tenth of the service's time. Such a
-    PUBACK is handled here with shared, read-only success values; any other goes to paho.
+    - reads: one ``recv`` of up to :data:`READ_CHUNK` bytes serves many packets (paho reads a
+      packet's first byte, each byte of its length and its body with a ``recv`` each);
+    - writes: packets queued in one loop turn are joined and sent with one ``send`` per
+      :data:`WRITE_CHUNK` bytes, when the loop calls ``loop_write`` (paho sends each at once);
+    - PUBACKs: paho decodes every PUBACK into a new ``ReasonCode`` and ``Properties`` object,
+      even one that holds nothing but its message id (a success without properties, which is
+      what brokers send). Such a PUBACK is handled here with shared, read-only success values;
+      any other goes to paho.
+
+    The client must be driven by :meth:`Bridge.pump` (``loop_write`` after each turn's
+    publishes); it has no network thread.
     """
+
+    _rbuf: bytes = b""
+    _rpos = 0
+
+    def buffered(self) -> bool:
+        """True when bytes already read from the socket wait to be handled."""
+        return self._rpos < len(self._rbuf)
+
+    def _sock_recv(self, bufsize: int) -> bytes:
+        if self._rpos >= len(self._rbuf):
+            data = super()._sock_recv(max(bufsize, READ_CHUNK))  # BlockingIOError: nothing there
+            if len(data) <= bufsize:
+                return data
+            self._rbuf, self._rpos = data, 0
+        pos = self._rpos
+        chunk = self._rbuf[pos : pos + bufsize]
+        self._rpos = pos + len(chunk)
+        return chunk
+
+    def _sock_close(self) -> None:
+        self._rbuf, self._rpos = b"", 0  # what was read belonged to the connection that ends
+        super()._sock_close()
+
+    def _packet_queue(
+        self,
+        command: int,
+        packet: bytes | bytearray,
+        mid: int,
+        qos: int,
+        info: mqtt.MQTTMessageInfo | None = None,
+    ) -> MQTTErrorCode:
+        out = self._out_packet
+        if out and _joinable(command, qos):
+            last = out[-1]
+            if _joinable(last["command"], last["qos"]) and last["to_process"] + len(packet) <= WRITE_CHUNK:
+                buf = last["packet"]
+                if not isinstance(buf, bytearray):
+                    buf = last["packet"] = bytearray(buf)
+                buf += packet
+                last["to_process"] += len(packet)
+                return MQTTErrorCode.MQTT_ERR_SUCCESS
+        return super()._packet_queue(command, packet, mid, qos, info)
 
     #: Size of the MQTT 5 properties of the PUBLISH being handled when they were over
     #: MAX_PROPERTY_BYTES and so not decoded; 0 otherwise.
@@ -186,13 +241,34 @@ class _Client(mqtt.Client):
 
     def _handle_pubackcomp(self, cmd: Literal["PUBACK", "PUBCOMP"]) -> MQTTErrorCode:
         packet = self._in_packet["packet"]
-        # message id alone, or with reason code 0 (success) and an empty property length
-        if cmd == "PUBACK" and (len(packet) == 2 or (len(packet) <= 4 and not any(packet[2:]))):
-            (mid,) = struct.unpack("!H", packet[:2])
-            if mid in self._out_messages:
-                return self._do_on_publish(mid, _PUBACK_OK, _NO_PROPERTIES)
+        # message id alone, or with a success reason code (0, or 16 "no matching subscribers":
+        # an event nobody listens to) and an empty property length
+        n = len(packet)
+        if cmd == "PUBACK" and (n == 2 or (2 < n <= 4 and packet[2] < 0x80 and not any(packet[3:]))):
+            mid = (packet[0] << 8) | packet[1]
+            msg = self._out_messages.pop(mid, None)
+            if msg is not None:
+                self._inflight_messages -= 1
+                on_publish = self.on_publish
+                if on_publish is not None:
+                    on_publish(self, self._userdata, mid, _PUBACK_OK, _NO_PROPERTIES)  # type: ignore[call-arg]
+                msg.info._set_as_published()
             return MQTTErrorCode.MQTT_ERR_SUCCESS
         return super()._handle_pubackcomp(cmd)
+
+
+_PUBLISH, _DISCONNECT = 0x30, 0xE0
+
+
+def _no_op(*_: Any) -> None:
+    pass
+
+
+def _joinable(command: int, qos: int) -> bool:
+    """Whether a queued packet may share a write with others: not a DISCONNECT (paho closes the
+    socket once it is written) nor a QoS 0 PUBLISH (paho reports it published once written)."""
+    kind = command & 0xF0
+    return kind != _DISCONNECT and not (kind == _PUBLISH and qos == 0)
 
 
 def _decode_vbi(buf: bytes | bytearray, at: int) -> tuple[int, int]:
@@ -333,13 +409,13 @@ class Bridge:
         self._next_reconnect = 0.0
         self._reconnect_delay = RECONNECT_MIN_S
         self._more_to_read = False
-        self._client = self._make_client()
+        self._client: _Client = self._make_client()
 
     @property
     def protocol_name(self) -> str:
         return "5" if self.protocol == mqtt.MQTTv5 else "3.1.1"
 
-    def _make_client(self) -> mqtt.Client:
+    def _make_client(self) -> _Client:
         v5 = self.protocol == mqtt.MQTTv5
         client = _Client(
             CallbackAPIVersion.VERSION2,
@@ -357,6 +433,9 @@ class Bridge:
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
         client.on_publish = self._on_publish
+        # packets wait for the loop's loop_write (and are joined there) instead of being sent one
+        # by one as they are queued
+        client.on_socket_register_write = _no_op
         return client
 
     # -- paho's callbacks (run inside pump(), on the service's thread) -------------------
@@ -522,7 +601,9 @@ class Bridge:
 
     def wait_s(self, now: float) -> float | None:
         """How long the loop may sleep as far as the bridge goes (``None``: no limit)."""
-        if self._more_to_read or (self._out and self._window_open() and self.connected):
+        if self._more_to_read or (self._client.buffered() and not self._inbox_full()):
+            return 0.0
+        if self._out and self._window_open() and self.connected:
             return 0.0
         if self._client.socket() is None and not self._closing:
             return max(0.0, self._next_reconnect - now)
@@ -542,6 +623,9 @@ class Bridge:
     def unacked(self) -> int:
         """Our publishes handed to paho that the broker has not acknowledged yet."""
         return len(self._inflight)
+
+    def _inbox_full(self) -> bool:
+        return len(self.inbox) >= INBOX_HIGH or self.inbox_bytes >= INBOX_BYTES_HIGH
 
     def _window_open(self) -> bool:
         return len(self._inflight) < WINDOW and (self._inflight_bytes < WINDOW_BYTES or not self._inflight)
@@ -571,8 +655,7 @@ class Bridge:
         client = self._client
         self._more_to_read = False
         for _ in range(READ_BUDGET):
-            full = len(self.inbox) >= INBOX_HIGH or self.inbox_bytes >= INBOX_BYTES_HIGH
-            if full and self._window_open() and not self._out:
+            if self._inbox_full() and self._window_open() and not self._out:
                 self._more_to_read = False  # back-pressure: leave it in the socket
                 return
             if client.socket() is None:

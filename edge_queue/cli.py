@@ -19,6 +19,7 @@ import typer
 
 from .config import Settings, load_settings
 from .errors import BrokerUnavailable, ConfigError
+from .logfmt import OneLineFormatter
 from .states import JobState
 
 app = typer.Typer(
@@ -55,8 +56,10 @@ def _settings(config: Path | None, media_roots: list[Path] | None = None) -> Set
 
 
 def _logging(level: str) -> None:
-    # journald adds the time; one line per event on stderr.
-    logging.basicConfig(level=level, stream=sys.stderr, force=True, format="%(levelname)s %(name)s: %(message)s")
+    # journald adds the time; one line per event on stderr, which client text cannot forge
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(OneLineFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
     for noisy in ("amqtt", "transitions"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))
 

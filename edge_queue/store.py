@@ -62,7 +62,12 @@ def new_id(now: float | None = None) -> str:
     for _ in range(9):
         ms, r = divmod(ms, 36)
         head = _ALPHABET[r] + head
-    return head + "".join(secrets.choice(_ALPHABET) for _ in range(7))
+    r = int.from_bytes(secrets.token_bytes(8))  # 64 random bits for 7 base-36 digits
+    tail = ""
+    for _ in range(7):
+        r, d = divmod(r, 36)
+        tail += _ALPHABET[d]
+    return head + tail
 
 
 def dedupe_key(kind: str, input_: str | None, options: dict[str, Any]) -> str:

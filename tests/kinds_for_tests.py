@@ -42,6 +42,8 @@ class Hang(Kind):
 
 class FailOptions(KindOptions):
     code: str = "internal_error"
+    #: raise a plain exception with this message instead (an unexpected error, as a library's)
+    raise_message: str | None = None
 
 
 class Fail(Kind):
@@ -52,6 +54,8 @@ class Fail(Kind):
     needs_input = False
 
     def run(self, ctx: JobContext, input_path: str | None, options: Any) -> dict[str, Any]:
+        if options.raise_message is not None:
+            raise RuntimeError(options.raise_message)
         raise JobError("failing on purpose", code=ErrorCode(options.code))
 
 

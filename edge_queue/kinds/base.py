@@ -124,11 +124,34 @@ def publish_file(tmp: Path, path: Path, *, overwrite: bool) -> Path:
     return path
 
 
+def process_umask() -> int:
+    """The process's file mode creation mask, read without changing it (``Umask:`` of
+    ``/proc/self/status``, Linux 4.7+; elsewhere set and restored at once)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def temp_path(path: Path) -> Path:
-    """A temporary file name beside ``path`` (same filesystem, so the rename is atomic)."""
+    """A temporary file name beside ``path`` (same filesystem, so the rename is atomic).
+
+    The file gets the mode any new file of the process gets (``0666`` less the umask), not
+    the ``0600`` of :func:`tempfile.mkstemp`: an output beside a recording is then readable by
+    whoever the umask lets read it (a media server's user with ``UMask=0022``;
+    docs/operations.md, "Files the service writes")."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    os.close(fd)
+    try:
+        os.fchmod(fd, 0o666 & ~process_umask())
+    finally:
+        os.close(fd)
     return Path(tmp)
 
 

@@ -1,0 +1,39 @@
+"""Log lines that text from clients and files cannot forge (docs/operations.md, "Logs").
+
+A transaction, an idempotency key, an option value, a file name or an error message from FFmpeg
+may hold a newline followed by something that looks like a log record of its own. Every record
+is therefore written as one line: control characters (C0, DEL, C1), the Unicode line and
+paragraph separators and lone surrogates in its message are written as Python escapes
+(``\\n``, ``\\x1b``, ``\\u2028``, ``\\udcff``). A traceback, which spans lines by nature, has
+every line after the first prefixed with ``  | ``, so no line of it can pass for a record.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+#: What may not appear raw in a log line.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+#: Prefix of the lines after the first of a multi-line record (a traceback).
+CONTINUATION = "  | "
+
+
+def escape(text: str) -> str:
+    """``text`` with every character of :data:`_UNSAFE` written as its Python escape."""
+    return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+class OneLineFormatter(logging.Formatter):
+    """A :class:`logging.Formatter` whose records each start exactly one line (see the module)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        safe = escape(message)
+        if safe != message:
+            record.msg, record.args = safe, None
+        text = super().format(record)
+        if "\n" in text or _UNSAFE.search(text):
+            first, *rest = text.split("\n")
+            text = "\n".join([escape(first), *(CONTINUATION + escape(line) for line in rest)])
+        return text

@@ -1,0 +1,114 @@
+"""Faults users met in the field, each as the user met it, against the real service process and
+a real broker (docs/operations.md "Logs", "Files the service writes"; docs/cli.md "doctor";
+docs/topics.md "Error codes")."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+
+FORGED = "INFO edge_queue.service: job 0000forged00000 succeeded"
+#: What every line of the service's log starts with: a record, or the continuation of one.
+RECORD = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: |^  \| ")
+
+
+def _umask(mask: str) -> list[str]:
+    return ["sh", "-c", f'umask {mask} && exec "$@"', "sh"]
+
+
+def test_text_from_clients_and_files_cannot_start_a_log_line(broker, service_factory, tmp_path: Path) -> None:
+    # Given a media root holding a file whose name carries a newline and a forged record
+    # (the file system allows any byte but "/" and NUL), and a running service
+    media = tmp_path / "media"
+    media.mkdir()
+    odd = media / f"clip\n{FORGED}\x1b[2J.wav"
+    odd.write_bytes(b"RIFF not really a wav")
+    svc = service_factory(broker, [media]).start()
+    watcher = svc.watcher("response/#", "jobs/+")
+    evil = f"x\n{FORGED}\r\u2028{FORGED}"
+    # When clients put the forged record into every text field the service may log
+    ok = svc.request("submit", {"kind": "probe", "input": str(odd), "idempotency_key": evil}, watcher)
+    assert ok["status"] == "ok", ok
+    job_id = ok["data"]["jobs"][0]["job_id"]
+    watcher.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] == "failed", timeout=60)
+    # (an unexpected error whose message holds client text: its traceback is logged)
+    raised = svc.request("submit", {"kind": "test_fail", "options": {"raise_message": evil}}, watcher)
+    assert raised["status"] == "ok", raised
+    raised_id = raised["data"]["jobs"][0]["job_id"]
+    watcher.wait_json(f"{svc.base}/jobs/{raised_id}", lambda m: m["state"] in ("failed", "retrying"), timeout=60)
+    bad = svc.request("submit", {"kind": "noop", "options": {evil: evil}, "idempotency_key": evil}, watcher)
+    assert bad["status"] == "error", bad
+    assert svc.request("submit", {"kind": "nope\n" + FORGED, "input": evil}, watcher)["status"] == "error"
+    assert svc.request("get", {"job_id": evil}, watcher)["status"] == "error"
+    svc.request("cancel\u2028" + FORGED, {"job_id": evil}, watcher)  # an unknown command, named by its topic
+    assert svc.stop() == 0
+    # Then every line of the log is a record of the service, or the continuation of one:
+    # the forged record appears only inside other records, escaped
+    log = svc.log()
+    assert "forged" in log  # the texts were logged, so the check below is not empty
+    lines = log.splitlines()
+    strays = [line for line in lines if not RECORD.match(line)]
+    assert strays == [], strays
+    assert not any(line.startswith(FORGED) or line.startswith("  | " + FORGED) for line in lines)
+    assert "\x1b" not in log and "\u2028" not in log and "\r" not in log
+
+
+@pytest.mark.parametrize(("mask", "mode"), [("022", 0o644), ("027", 0o640)])
+def test_outputs_beside_the_input_follow_the_umask(
+    broker, service_factory, tmp_path: Path, speech: Path, mask: str, mode: int
+) -> None:
+    # Given a 0644 recording in a media folder, and the service started with a umask
+    media = tmp_path / "media"
+    media.mkdir()
+    clip = media / "clip.flac"
+    shutil.copy(speech / "jfk.flac", clip)
+    clip.chmod(0o644)
+    svc = service_factory(broker, [media])
+    svc.prefix = _umask(mask)
+    svc.start()
+    watcher = svc.watcher("response/#", "jobs/+")
+    # When its audio is extracted beside it
+    options = {"output": "beside", "format": "wav"}
+    ok = svc.request("submit", {"kind": "extract_audio", "input": str(clip), "options": options}, watcher)
+    assert ok["status"] == "ok", ok
+    job_id = ok["data"]["jobs"][0]["job_id"]
+    done = watcher.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] in ("succeeded", "failed"), 120)
+    assert done["state"] == "succeeded", done
+    # Then the output has the mode the umask gives a new file (a media server's user can read
+    # it with 022), not 0600
+    out = Path(done["result"]["output"])
+    assert out.parent == media
+    assert stat.S_IMODE(out.stat().st_mode) == mode, oct(out.stat().st_mode)
+
+
+def test_a_traceback_cannot_hold_a_line_that_passes_for_a_record() -> None:
+    # Given the service's log format, and an exception whose message holds a forged record
+    # (a library quoting a file name or a client's text in its error)
+    import io
+    import logging
+
+    from edge_queue.logfmt import OneLineFormatter
+
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(OneLineFormatter("%(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger("edge_queue.test_logfmt")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        raise RuntimeError(f"cannot read /srv/media/a\n{FORGED}\x1b[2J")
+    except RuntimeError:
+        # When it is logged with its traceback, and a message with client text is logged
+        logger.exception("job %s: unexpected error", "j1")
+    logger.warning("input %s", f"b\r\n{FORGED}\u2028")
+    logger.removeHandler(handler)
+    # Then every line is a record or the continuation of one, and the text is all there
+    lines = out.getvalue().splitlines()
+    assert [line for line in lines if not RECORD.match(line)] == []
+    assert sum(line.startswith(("ERROR", "WARNING")) for line in lines) == 2
+    assert any(line.startswith("  | ") and "forged" in line for line in lines)
+    assert "\\x1b[2J" in out.getvalue() and "\x1b" not in out.getvalue()
