@@ -358,11 +358,15 @@ def cancel(job_id: str, config: ConfigOpt = None) -> None:
 def doctor(
     config: ConfigOpt = None,
     skip_model: Annotated[bool, typer.Option("--skip-model", help="do not load the Whisper model(s)")] = False,
+    media_root: MediaRootOpt = None,
 ) -> None:
-    """Check the broker, data dir, disk, database, media roots and model; exit 1 on a failure."""
+    """Check the broker, data dir, disk, database, media roots and model; exit 1 on a failure.
+
+    Media roots: those of the configuration and ``--media-root`` (as for ``up``/``serve``);
+    with none, those the running service publishes on ``<base>/info``."""
     from .doctor import run_checks
 
-    settings = _settings(config)
+    settings = _settings(config, media_root)
     logging.getLogger().setLevel(logging.WARNING)
     failed = False
     for check in run_checks(settings, model=not skip_model):

@@ -37,6 +37,12 @@ LIST_MAX_BYTES = 1 * 2**20
 log = logging.getLogger(__name__)
 
 
+def roots_text(media_roots: list[Path]) -> str:
+    """The media roots as one short text for messages: ``/srv/media, /mnt/rec`` or ``none
+    configured``."""
+    return ", ".join(str(r) for r in media_roots) or "none configured"
+
+
 def check_input(raw: str, media_roots: list[Path]) -> str:
     """Resolve ``raw`` (symlinks, ``..``) and confine it to ``media_roots`` (PRODUCT 6).
 
@@ -45,16 +51,22 @@ def check_input(raw: str, media_roots: list[Path]) -> str:
     the answer does not reveal which files exist outside the roots) or ``input_not_found``
     (missing, or not a regular file).
     """
+    where = roots_text(media_roots)
     if "\x00" in raw or not os.path.isabs(raw):
         raise InputError(
-            f"input must be an absolute path inside media_roots: {raw[:200]!r}",
+            f"input must be an absolute path inside media_roots ({where}): {raw[:200]!r}",
             code=ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS,
             field="input",
         )
     resolved = Path(os.path.realpath(raw))
     roots = [Path(os.path.realpath(r)) for r in media_roots]
     if not any(resolved == r or resolved.is_relative_to(r) for r in roots):
-        raise InputError(f"{raw[:200]} is outside media_roots", code=ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS, field="input")
+        raise InputError(
+            f"{raw[:200]} is outside media_roots ({where}); the service's configuration sets them "
+            "(media_roots, or --media-root of edge-queue up/serve)",
+            code=ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS,
+            field="input",
+        )
     if not resolved.is_file():
         raise InputError(
             f"{raw[:200]} does not exist, is not a file, or is not readable by the service",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
@@ -9,6 +10,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .config import Settings
 from .errors import EdgeQueueError
@@ -31,7 +33,9 @@ class Check:
         return f"{mark}  {self.name}: {self.detail}"
 
 
-def _broker(settings: Settings) -> Iterator[Check]:
+def _broker(settings: Settings, service: dict[str, Any]) -> Iterator[Check]:
+    """The broker and the service on ``mqtt.base_topic``; fills ``service`` with what the
+    service publishes (``status``, and ``info`` as a dict) for the later checks."""
     from .bridge import detect_protocol
     from .client import RequestClient
 
@@ -47,16 +51,24 @@ def _broker(settings: Settings) -> Iterator[Check]:
     yield Check("broker", True, f"{where} accepts us {who}, MQTT {protocol}")
     # Is a service answering on this base topic? A notice, not a failure: doctor runs before start too.
     client.subscribe(client.topics.status)
+    client.subscribe(client.topics.info)
     status = None
     end = time.monotonic() + 1.5
-    for _ in iter(lambda: time.monotonic() < end, False):
+    while time.monotonic() < end and (status is None or "info" not in service):
         try:
             topic, raw = client.messages.get(timeout=0.2)
         except Exception:
             continue
         if topic == client.topics.status:
             status = raw.decode(errors="replace")
-            break
+        elif topic == client.topics.info:
+            try:
+                info = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(info, dict):
+                service["info"] = info
+    service["status"] = status
     client.close()
     yield Check("service", True, f"{client.topics.status} is {status or 'not set'}", warn=status != "online")
 
@@ -93,10 +105,24 @@ def _data_dir(settings: Settings) -> Iterator[Check]:
     yield Check("database", result == "ok", f"{db}: integrity {result}, {jobs} jobs")
 
 
-def _media_roots(settings: Settings) -> Iterator[Check]:
-    if not settings.media_roots:
-        yield Check("media_roots", False, "none configured: every submit would be rejected")
-    for root in settings.media_roots:
+def _media_roots(settings: Settings, service: dict[str, Any]) -> Iterator[Check]:
+    """The configured media roots; when the configuration (and ``--media-root``) gives none,
+    those of the running service (``media_roots`` of ``<base>/info``: it may have been started
+    with ``--media-root``)."""
+    roots = [str(r) for r in settings.media_roots]
+    if not roots:
+        published = service.get("info", {}).get("media_roots")
+        if service.get("status") == "online" and isinstance(published, list) and published:
+            roots = [str(r) for r in published]
+            yield Check("media_roots", True, f"none in the configuration; the running service uses {', '.join(roots)}")
+        else:
+            yield Check(
+                "media_roots",
+                False,
+                "none configured: every submit would be rejected "
+                "(set media_roots in the configuration, or pass --media-root as to edge-queue up)",
+            )
+    for root in roots:
         p = Path(root)
         ok = p.is_dir() and os.access(p, os.R_OK | os.X_OK)
         yield Check(f"media root {p}", ok, "readable" if ok else "missing or not readable")
@@ -121,8 +147,9 @@ def _model(settings: Settings) -> Iterator[Check]:
 
 def run_checks(settings: Settings, *, model: bool = True) -> Iterator[Check]:
     """Every check, in order: broker, data dir, disk, database, media roots, model(s)."""
-    yield from _broker(settings)
+    service: dict[str, Any] = {}
+    yield from _broker(settings, service)
     yield from _data_dir(settings)
-    yield from _media_roots(settings)
+    yield from _media_roots(settings, service)
     if model:
         yield from _model(settings)

@@ -27,7 +27,7 @@ from typing import Any
 
 from . import payloads
 from .bridge import MAX_PROPERTY_BYTES, Bridge, Connected, Incoming
-from .commands import BULK_LIMIT, Commands, RejectionLog, rejections
+from .commands import BULK_LIMIT, Commands, RejectionLog, rejections, roots_text
 from .config import Settings
 from .errors import ConfigError, ErrorCode, NotFoundError
 from .kinds import registry
@@ -296,11 +296,13 @@ class Service:
         self.boot()
         where = f"{self.settings.mqtt.host}:{self.settings.mqtt.port}"
         log.info(
-            "edge-queue %s serving on %s (base topic %s, %d workers)",
+            "edge-queue %s serving on %s (base topic %s, %d workers); data in %s; media roots: %s",
             package_version(),
             where,
             self.topics.base,
             self.settings.workers,
+            self.settings.data_dir,
+            roots_text(self.settings.media_roots),
         )
         self.notifier.ready(f"serving on {where}, base topic {self.topics.base}")
         while not self.stopping:
@@ -977,6 +979,7 @@ class Service:
                 for name, k in self.kinds.items()
             },
             "default_kind": self.settings.default_kind,
+            "media_roots": [str(r) for r in self.settings.media_roots],
             "workers": self.settings.workers,
             "broker_protocol": self.bridge.protocol_name,
         }

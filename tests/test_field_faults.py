@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -112,3 +114,68 @@ def test_a_traceback_cannot_hold_a_line_that_passes_for_a_record() -> None:
     assert sum(line.startswith(("ERROR", "WARNING")) for line in lines) == 2
     assert any(line.startswith("  | ") and "forged" in line for line in lines)
     assert "\\x1b[2J" in out.getvalue() and "\x1b" not in out.getvalue()
+
+
+def test_a_refused_input_names_the_media_roots_and_the_start_names_them_too(
+    broker, service_factory, tmp_path: Path
+) -> None:
+    # Given a service with two media roots
+    roots = [tmp_path / "media", tmp_path / "recordings"]
+    for root in roots:
+        root.mkdir()
+    svc = service_factory(broker, roots).start()
+    watcher = svc.watcher("response/#")
+    # When a file outside them, and a relative path, are submitted
+    for raw in ("/etc/hostname", "media/clip.wav"):
+        resp = svc.request("submit", {"kind": "probe", "input": raw}, watcher)
+        # Then the refusal says what the roots are and where they are set
+        assert resp["status"] == "error", resp
+        err = resp["error"]
+        assert err["code"] == "input_outside_media_roots", err
+        assert all(str(r) in err["message"] for r in roots), err
+        assert "media_roots" in err["message"] and "--media-root" in err["message"] or raw[0] != "/", err
+    # and the start-up line names the data folder and the roots
+    line = next(line for line in svc.log().splitlines() if "serving on" in line)
+    assert str(svc.data_dir) in line and all(str(r) in line for r in roots), line
+
+
+def test_doctor_checks_the_media_roots_the_running_service_uses(mosquitto, service_factory, tmp_path: Path) -> None:
+    # Given a service started as the README starts it: no roots in any configuration, one
+    # given with --media-root on its command line
+    media = tmp_path / "media"
+    media.mkdir()
+    svc = service_factory(mosquitto, [])
+    svc.env["EDGE_QUEUE_MEDIA_ROOTS"] = "[]"
+    svc.prefix = ["sh", "-c", f'exec "$@" --media-root {media}', "sh"]
+    svc.start()
+    # When doctor runs with the same configuration (none)
+    out = subprocess.run(
+        [sys.executable, "-m", "edge_queue", "doctor", "--skip-model"],
+        env=svc.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    # Then it checks the roots the service uses, and passes
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"the running service uses {media}" in out.stdout and f"ok    media root {media}: readable" in out.stdout
+    # and with --media-root, as for up and serve, it checks that folder
+    other = tmp_path / "other"
+    out = subprocess.run(
+        [sys.executable, "-m", "edge_queue", "doctor", "--skip-model", "--media-root", str(other)],
+        env=svc.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1 and f"FAIL  media root {other}" in out.stdout, out.stdout
+    # and with the service stopped and no roots anywhere, it fails saying how to set them
+    assert svc.stop() == 0
+    out = subprocess.run(
+        [sys.executable, "-m", "edge_queue", "doctor", "--skip-model"],
+        env=svc.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1 and "FAIL  media_roots: none configured" in out.stdout and "--media-root" in out.stdout
