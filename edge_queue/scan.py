@@ -1,19 +1,20 @@
 """The read of edge-queue's retained topics after a connect, on a connection of its own.
 
-After every connect the service compares the retained ``<base>/jobs/<id>`` topics on the broker
-with its store and clears those the store does not know (a purge while the broker was away, a
+After every connect the service compares the retained ``<base>/jobs/<id>`` and
+``<base>/batches/<id>`` topics on the broker with its store and clears those the store does not
+know (a purge while the broker was away, a
 restored broker save, a replaced store). A broker with 100,000 retained job topics sends 100,000
 messages for that; read on the service's own connection they would queue ahead of every request
 for seconds. So they are read by a process of its own (``python -m edge_queue.scan``: in a
 thread, decoding them took the interpreter lock from the service's loop for seconds), over its
 own short-lived, clean-session MQTT connection (client id ``<client id>-scan-<random>``), and
-only the job ids reach the service (docs/operations.md, "Load and back-pressure").
+only the ids reach the service (docs/operations.md, "Load and back-pressure").
 
 The process does nothing but read: it never publishes and never touches the store. It gets its
 settings on standard input (the password never appears in a command line) and writes one job id
-per line, then ``complete`` or ``error: <reason>``. A thread of the service waits for it and
-hands the result over through :attr:`RetainedScan.result` and one byte on the service's wake
-socket.
+per line and one ``batch <id>`` line per batch, then ``complete`` or ``error: <reason>``. A
+thread of the service waits for it and hands the result over through :attr:`RetainedScan.result`
+and one byte on the service's wake socket.
 """
 
 from __future__ import annotations
@@ -44,12 +45,17 @@ MAX_SCAN_S = 300.0
 
 
 def read_retained_job_ids(
-    settings: MqttSettings, topics: Topics, client_id: str, protocol: mqtt.MQTTProtocolVersion
+    settings: MqttSettings,
+    topics: Topics,
+    client_id: str,
+    protocol: mqtt.MQTTProtocolVersion,
+    batches: set[str] | None = None,
 ) -> tuple[set[str], str | None]:
-    """Connect as ``client_id`` (clean session), subscribe to ``<base>/jobs/+`` at QoS 0 and
-    collect the job ids of the retained, non-empty messages until none came for
-    :data:`QUIET_S` seconds after the SUBACK. Returns ``(job ids, None)``, or ``(what was
-    read, reason)`` when the read did not finish (refused, connection lost, :data:`MAX_SCAN_S`)."""
+    """Connect as ``client_id`` (clean session), subscribe to ``<base>/jobs/+`` and
+    ``<base>/batches/+`` at QoS 0 and collect the ids of the retained, non-empty messages until
+    none came for :data:`QUIET_S` seconds after the SUBACK. Returns ``(job ids, None)``, or
+    ``(what was read, reason)`` when the read did not finish (refused, connection lost,
+    :data:`MAX_SCAN_S`); batch ids go into ``batches`` when it is given."""
     ids: set[str] = set()
     state: dict[str, Any] = {"subscribed": False, "last": 0.0, "refused": None}
 
@@ -57,7 +63,7 @@ def read_retained_job_ids(
         if reason.is_failure:
             state["refused"] = str(reason)
         else:
-            client.subscribe(topics.all_jobs, 0)
+            client.subscribe([(topics.all_jobs, 0), (topics.all_batches, 0)])
 
     def on_subscribe(client: mqtt.Client, userdata: Any, mid: int, reasons: Any, props: Any) -> None:
         state["subscribed"], state["last"] = True, time.monotonic()
@@ -68,6 +74,8 @@ def read_retained_job_ids(
             job_id = topics.parse_job(msg.topic)
             if job_id:
                 ids.add(job_id)
+            elif batches is not None and (batch_id := topics.parse_batch(msg.topic)):
+                batches.add(batch_id)
 
     v5 = protocol == mqtt.MQTTv5
     client = mqtt.Client(
@@ -134,6 +142,8 @@ class RetainedScan(threading.Thread):
         self.protocol = protocol
         self.wake = wake
         self.result: set[str] | None = None
+        #: the batch ids read, once :attr:`result` is set
+        self.batches: set[str] = set()
         self.error: str | None = None
         self.seconds = 0.0
 
@@ -156,7 +166,8 @@ class RetainedScan(threading.Thread):
             )
             lines = proc.stdout.splitlines()
             if lines and lines[-1] == "complete":
-                self.result = set(lines[:-1])
+                self.result = {line for line in lines[:-1] if not line.startswith("batch ")}
+                self.batches = {line[len("batch ") :] for line in lines[:-1] if line.startswith("batch ")}
             elif lines and lines[-1].startswith("error: "):
                 self.error = lines[-1][len("error: ") :]
             else:
@@ -175,12 +186,14 @@ def main() -> int:
     """``python -m edge_queue.scan``: the request on standard input, job ids on standard output."""
     request = json.loads(sys.stdin.read())
     settings = MqttSettings.model_validate(request["settings"])
+    batches: set[str] = set()
     ids, error = read_retained_job_ids(
-        settings, Topics(request["base"]), request["client_id"], mqtt.MQTTProtocolVersion(request["protocol"])
+        settings, Topics(request["base"]), request["client_id"], mqtt.MQTTProtocolVersion(request["protocol"]), batches
     )
     out = sys.stdout
     if error is None:
         out.write("".join(f"{job_id}\n" for job_id in sorted(ids)))
+        out.write("".join(f"batch {batch_id}\n" for batch_id in sorted(batches)))
         out.write("complete\n")
     else:
         out.write(f"error: {error}\n")

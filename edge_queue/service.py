@@ -480,8 +480,14 @@ class Service:
             if scan.result is None:
                 log.warning("could not read the retained job topics to clear unknown ones: %s", scan.error)
             else:
-                log.debug("read %d retained job topics in %.1f s", len(scan.result), scan.seconds)
+                log.debug(
+                    "read %d retained job and %d batch topics in %.1f s",
+                    len(scan.result),
+                    len(scan.batches),
+                    scan.seconds,
+                )
                 self._scan_ids = sorted(scan.result)
+                self.on_retained_batches(sorted(scan.batches))
             if self._rescan:
                 self._start_scan()
         if self._scan_ids:
@@ -523,6 +529,21 @@ class Service:
             self._queue_dirty = True
             log.info("purged %d job(s)", len(gone))
         return gone
+
+    def on_retained_batches(self, batch_ids: list[str]) -> None:
+        """Retained ``<base>/batches/<id>`` seen after a connect: clear those the store does not
+        know (a fresh ``data_dir``, a broker save older than a purge)."""
+        store = self._store()
+        cleared = 0
+        for start in range(0, len(batch_ids), 500):
+            chunk = batch_ids[start : start + 500]
+            known = store.batch_ids_in(chunk)
+            for batch_id in chunk:
+                if batch_id not in known:
+                    cleared += 1
+                    self.bridge.publish(self.topics.batch(batch_id), b"", retain=True)
+        if cleared:
+            log.info("cleared the retained state of %d batch(es) this store does not know", cleared)
 
     def on_retained_jobs(self, job_ids: list[str]) -> None:
         """Retained ``<base>/jobs/<id>`` seen after a connect: clear those the store does not

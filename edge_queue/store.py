@@ -330,6 +330,11 @@ class Store:
         marks = ",".join("?" * len(job_ids))
         return {r[0] for r in self.conn.execute(f"SELECT job_id FROM jobs WHERE job_id IN ({marks})", job_ids)}
 
+    def batch_ids_in(self, batch_ids: list[str]) -> set[str]:
+        """The subset of ``batch_ids`` that the store knows."""
+        marks = ",".join("?" * len(batch_ids))
+        return {r[0] for r in self.conn.execute(f"SELECT batch_id FROM batches WHERE batch_id IN ({marks})", batch_ids)}
+
     def batch(self, batch_id: str) -> dict[str, Any]:
         """The batch with ``counts`` per state, ``job_ids`` and ``done``. Raises NotFoundError."""
         rows = list(self.db.query("SELECT * FROM batches WHERE batch_id = ?", [batch_id]))

@@ -93,6 +93,18 @@ class Topics:
         """Subscription filter for every retained job topic: ``<base>/jobs/+``."""
         return f"{self.base}/jobs/+"
 
+    @property
+    def all_batches(self) -> str:
+        """Subscription filter for every retained batch topic: ``<base>/batches/+``."""
+        return f"{self.base}/batches/+"
+
+    def parse_batch(self, topic: str) -> str | None:
+        """The batch id of ``<base>/batches/<id>``, or ``None`` for any other topic."""
+        prefix = f"{self.base}/batches/"
+        if topic.startswith(prefix) and valid_id(topic[len(prefix) :]):
+            return topic[len(prefix) :]
+        return None
+
     def job(self, job_id: str) -> str:
         if not valid_id(job_id):
             raise ValueError(f"invalid job id {job_id!r}")

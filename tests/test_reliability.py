@@ -433,12 +433,15 @@ def test_more_retained_jobs_than_mqtt_message_ids_are_all_republished(
 
 
 def test_a_new_store_finding_job_state_on_the_broker_says_so(mosquitto, service_factory, speech: Path) -> None:
-    # Given a service that ran jobs, whose store is then deleted (replaced by mistake)
+    # Given a service that ran jobs and a batch, whose store is then deleted (replaced by mistake)
     svc = service_factory(mosquitto, [speech]).start()
-    watcher = svc.watcher("response/#", "jobs/+")
+    watcher = svc.watcher("response/#", "jobs/+", "batches/+")
     ids = [svc.request("submit", {"kind": "noop"}, watcher)["data"]["jobs"][0]["job_id"] for _ in range(3)]
+    batch = svc.request("submit", {"kind": "noop", "inputs": ["a", "b"]}, watcher)["data"]
+    ids += [j["job_id"] for j in batch["jobs"]]
     for job_id in ids:
         watcher.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] == "succeeded")
+    watcher.wait_json(f"{svc.base}/batches/{batch['batch_id']}", lambda m: m["done"])
     assert svc.stop() == 0
     for name in ("edge-queue.db", "edge-queue.db-wal", "edge-queue.db-shm"):
         (svc.data_dir / name).unlink(missing_ok=True)
@@ -450,6 +453,9 @@ def test_a_new_store_finding_job_state_on_the_broker_says_so(mosquitto, service_
     assert line.startswith("ERROR") and str(svc.db) in line and "restore a backup" in line
     for job_id in ids:  # and the unknown jobs' retained state is cleared, as documented
         wait_until(lambda job_id=job_id: watcher.on(f"{svc.base}/jobs/{job_id}")[-1] == b"", 20, "a cleared topic")
+    # and so is the unknown batch's (docs/topics.md, "Topics")
+    batch_topic = f"{svc.base}/batches/{batch['batch_id']}"
+    wait_until(lambda: watcher.on(batch_topic)[-1] == b"", 20, "the cleared batch topic")
     watcher.close()
 
 
