@@ -454,7 +454,15 @@ class Bridge:
         # requests again on this one, and they are answered then.
         self._out = deque(m for m in self._out if not isinstance(m, _Ack) or m.connection == self.connection)
         if self.protocol == mqtt.MQTTv5:
-            opts = SubscribeOptions(qos=1, noLocal=True, retainAsPublished=True)
+            # Retain Handling 1: retained requests are sent only for a new subscription, not again
+            # when the session (and its subscription) survived: a retained request published
+            # while we were away arrives once, from the session's queue (MQTT 5.0, 3.8.3.1).
+            opts = SubscribeOptions(
+                qos=1,
+                noLocal=True,
+                retainAsPublished=True,
+                retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB,
+            )
             client.subscribe(self.topics.requests, options=opts)
         else:
             client.subscribe(self.topics.requests, 1)

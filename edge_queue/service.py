@@ -11,6 +11,7 @@ This module is the one place where the outcome of an attempt becomes a job state
 from __future__ import annotations
 
 import errno
+import hashlib
 import logging
 import os
 import random
@@ -49,7 +50,8 @@ QUEUE_PUBLISH_INTERVAL_S = 1.0
 BATCH_PUBLISH_INTERVAL_S = 0.5
 #: Job ids from the read of retained job topics (:mod:`.scan`) checked against the store per turn.
 SCAN_CHECK_PER_TURN = 5_000
-#: After clearing a retained request, empty messages on its topic are echoes for this long.
+#: MQTT 3.1.1: after clearing a retained request, the broker's echo of the clearing is expected
+#: for this long.
 ECHO_WINDOW_S = 5.0
 #: How often terminal jobs past ``retention_days`` are purged.
 RETENTION_INTERVAL_S = 600.0
@@ -187,7 +189,10 @@ class Service:
         self._turn_jobs: dict[str, tuple[bytes, bool]] = {}
         self._held_jobs: dict[str, tuple[bytes, float]] = {}
         self._turn_purged: list[str] = []
-        self._echoes: dict[str, float] = {}  # topic -> monotonic end of its echo window
+        #: MQTT 3.1.1 only: topic -> (echoes of our clearing still expected, monotonic deadline)
+        self._echoes: dict[str, tuple[int, float]] = {}
+        #: retained requests answered lately: (topic, payload digest) -> monotonic deadline
+        self._answered_retained: dict[tuple[str, bytes], float] = {}
         self._boot_changes: list[dict[str, Any]] = []  # events owed for changes made before connecting
         self._lock: Any = None
         self._scan: RetainedScan | None = None
@@ -611,17 +616,26 @@ class Service:
         """Checks in the order of docs/topics.md, "Order of checks"."""
         now = time.monotonic()
         limit = self.settings.max_payload_bytes
-        if not msg.size and (msg.retain or self._echoes.get(msg.topic, 0) > now):
-            # The broker echoing our own clearing of a retained request (amqtt may send it
-            # more than once): not a request.
+        if not msg.size and (msg.retain or self._take_echo(msg.topic, now)):
+            # Someone clearing a retained request, or (MQTT 3.1.1) the broker echoing our own
+            # clearing of one: not a request.
             self.bridge.ack(msg)
             return
         if msg.retain:
+            key = (msg.topic, hashlib.sha256(msg.payload).digest() + msg.size.to_bytes(8))
+            if self._answered_retained.get(key, 0.0) > now:
+                # The same retained message again (an MQTT 3.1.1 broker sends it from the
+                # session's queue and again for the subscription): answered once.
+                self.bridge.ack(msg)
+                return
+            if len(self._answered_retained) >= 1000:
+                self._answered_retained = {k: t for k, t in self._answered_retained.items() if t > now}
+            self._answered_retained[key] = now + ECHO_WINDOW_S
             rejections.warning(
                 "retained request on %s not executed; cleared it (publish requests without the retain flag)",
                 _clip(msg.topic),
             )
-            self._echoes[msg.topic] = now + ECHO_WINDOW_S
+            self._expect_echo(msg.topic, now)
             self.bridge.publish(msg.topic, b"", retain=True)
             transaction, reply_to = payloads.peek_envelope(msg.payload) if msg.size <= limit else (None, None)
             self.answer(
@@ -660,6 +674,31 @@ class Service:
             return
         response, reply_to = self.commands.execute(msg.command, msg.payload)
         self.answer(msg, response, reply_to)
+
+    def _expect_echo(self, topic: str, now: float) -> None:
+        """We clear a retained request on ``topic``. MQTT 5: our subscription has No Local, so
+        the broker does not send the clearing back. MQTT 3.1.1 has no such option: the broker
+        sends it back as a plain empty message, which is counted here and not answered; an empty
+        request beyond that count (a client's) is answered as any other."""
+        if self.bridge.protocol_name == "5":
+            return
+        if len(self._echoes) >= 1000:
+            self._echoes = {t: e for t, e in self._echoes.items() if e[1] > now}
+        count, _ = self._echoes.get(topic, (0, 0.0))
+        self._echoes[topic] = (count + 1, now + ECHO_WINDOW_S)
+
+    def _take_echo(self, topic: str, now: float) -> bool:
+        """True when an empty message on ``topic`` is the echo of our own clearing (see
+        :meth:`_expect_echo`); counts it."""
+        count, deadline = self._echoes.get(topic, (0, 0.0))
+        if count <= 0 or deadline < now:
+            self._echoes.pop(topic, None)
+            return False
+        if count == 1:
+            del self._echoes[topic]
+        else:
+            self._echoes[topic] = (count - 1, deadline)
+        return True
 
     def answer(self, msg: Incoming, response: dict[str, Any], reply_to: str | None) -> None:
         """Publish the response, acknowledge the request, then publish the copies for the
