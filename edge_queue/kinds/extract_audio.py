@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
+from ..errors import ErrorCode, JobError, RequestError
 from .base import JobContext, Kind, OutputOptions, check_free, output_stem, temp_path
-from .media import container_duration_s, end_of_input, finish_output, open_media, require_audio
+from .media import (
+    container_duration_s,
+    encoder_errors,
+    encoder_rates,
+    end_of_input,
+    finish_output,
+    open_media,
+    pick_rate,
+    require_audio,
+)
+
+if TYPE_CHECKING:
+    from ..config import Settings
 
 #: format -> (container format, encoder, file extension)
 FORMATS: dict[str, tuple[str, str, str]] = {
@@ -17,30 +30,78 @@ FORMATS: dict[str, tuple[str, str, str]] = {
     "opus": ("ogg", "libopus", "opus"),
     "mp3": ("mp3", "libmp3lame", "mp3"),
 }
-OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
+#: Highest Opus bit rate per channel, bits/s: FFmpeg's libopus wrapper refuses more
+#: (``libavcodec/libopusenc.c``: 500 to 256000 per channel). PyAV does not report it.
+OPUS_MAX_BIT_RATE_PER_CHANNEL = 256000
 
 
 class ExtractAudioOptions(OutputOptions):
     format: Literal["wav", "flac", "opus", "mp3"] = "wav"
-    sample_rate: int | None = Field(None, ge=8000, le=192000, description="Hz; default: the source's")
+    sample_rate: int | None = Field(
+        None,
+        ge=8000,
+        le=192000,
+        description="Hz; opus and mp3 take only some rates (a submit with another is refused, naming "
+        "them); default: the source's, or the next rate above it the format takes",
+    )
     channels: Literal[1, 2] | None = Field(None, description="default: the source's, at most 2")
-    bit_rate: int | None = Field(None, ge=8000, le=512000, description="bits/s for opus and mp3")
+    bit_rate: int | None = Field(
+        None, ge=8000, le=512000, description="bits/s for opus (at most 256000 per channel) and mp3"
+    )
 
-    @model_validator(mode="after")
-    def _opus_rate(self) -> ExtractAudioOptions:
-        if self.format == "opus" and self.sample_rate is not None and self.sample_rate not in OPUS_RATES:
-            raise ValueError(f"opus supports sample_rate {', '.join(map(str, OPUS_RATES))}")
-        return self
+
+def _describe(fmt: str, rate: int, channels: int | None, bit_rate: int | None) -> str:
+    parts = [f"{fmt} ({FORMATS[fmt][1]}) at {rate} Hz"]
+    if channels:
+        parts.append(f"{channels} channel{'s' if channels > 1 else ''}")
+    if bit_rate and fmt in ("opus", "mp3"):
+        parts.append(f"{bit_rate} bit/s")
+    return ", ".join(parts)
+
+
+def settings_problem(fmt: str, sample_rate: int | None, channels: int | None, bit_rate: int | None) -> tuple[str, str]:
+    """What the encoder of ``fmt`` cannot do with these settings: ``(option name, sentence)``,
+    or ``("", "")`` when it can. ``sample_rate`` in Hz and ``bit_rate`` in bits/s (``None``:
+    not given); ``channels`` 1 or 2, ``None`` when not known yet (the source's). The rates come
+    from PyAV (:func:`~.media.encoder_rates`), the Opus bit-rate limit from FFmpeg's source."""
+    codec = FORMATS[fmt][1]
+    if sample_rate is not None:
+        rates = encoder_rates(codec)
+        if rates is not None and sample_rate not in rates:
+            allowed = ", ".join(map(str, rates))
+            return "sample_rate", f"{fmt} ({codec}) takes sample_rate {allowed} Hz, not {sample_rate}"
+    if fmt == "opus" and bit_rate is not None and channels is not None:
+        most = OPUS_MAX_BIT_RATE_PER_CHANNEL * channels
+        if bit_rate > most:
+            return "bit_rate", (
+                f"opus (libopus) takes at most {OPUS_MAX_BIT_RATE_PER_CHANNEL} bit/s per channel, "
+                f"{most} for {channels} channel{'s' if channels > 1 else ''}; not bit_rate {bit_rate}"
+            )
+    return "", ""
 
 
 class ExtractAudio(Kind):
-    """Result: ``output`` (path), ``format``, ``codec``, ``sample_rate``, ``channels``,
+    """Result: ``output`` (path), ``format``, ``codec``, ``sample_rate`` (Hz), ``channels``,
     ``duration_s``, ``size_bytes``. Output: ``<stem>.<ext>`` in the job's output folder, or
-    beside the input with ``output: "beside"``."""
+    beside the input with ``output: "beside"``.
+
+    Settings the format's encoder cannot take are refused at submit (:meth:`check_options`,
+    ``invalid_request`` naming ``options.<name>`` and what is allowed); those only the source
+    reveals (an opus ``bit_rate`` above 256000 for a mono source without ``channels``) fail
+    the job once with ``invalid_request``, not retried. Without ``sample_rate`` the source's
+    rate is kept when the encoder takes it, else the nearest above it (else the highest)."""
 
     name = "extract_audio"
     Options = ExtractAudioOptions
     description = "decode the audio track to wav/flac/opus/mp3"
+
+    @classmethod
+    def check_options(cls, options: Any, settings: Settings) -> None:
+        """Raise :class:`~edge_queue.errors.RequestError` ``invalid_request`` with field
+        ``options.sample_rate`` or ``options.bit_rate`` for a setting the encoder refuses."""
+        name, why = settings_problem(options.format, options.sample_rate, options.channels, options.bit_rate)
+        if name:
+            raise RequestError(f"options.{name}: {why}", field=f"options.{name}")
 
     def run(self, ctx: JobContext, input_path: str | None, options: Any) -> dict[str, Any]:
         import av
@@ -58,15 +119,23 @@ class ExtractAudio(Kind):
             with open_media(input_path) as inp:
                 a_in = require_audio(inp)
                 declared = container_duration_s(inp)
-                rate = options.sample_rate or a_in.rate or 48000
-                if options.format == "opus" and rate not in OPUS_RATES:
-                    rate = 48000
+                rate = options.sample_rate or pick_rate(codec, a_in.rate)
                 channels = options.channels or min(a_in.channels or 2, 2)
+                bit_rate = options.bit_rate if options.format in ("opus", "mp3") else None
+                # again here, with what the source tells: a job may come past the submit's check
+                name, why = settings_problem(options.format, rate, channels, bit_rate)
+                if name:
+                    if name == "bit_rate" and options.channels is None:
+                        why += " (the source is mono: give channels 2, or a lower bit_rate)"
+                    raise JobError(f"options.{name}: {why}", code=ErrorCode.INVALID_REQUEST)
                 layout = "mono" if channels == 1 else "stereo"
-                with av.open(str(tmp), "w", format=container_fmt) as out:
+                with (
+                    encoder_errors(_describe(options.format, rate, channels, bit_rate)),
+                    av.open(str(tmp), "w", format=container_fmt) as out,
+                ):
                     stream: Any = out.add_stream(codec, rate=rate, layout=layout)
-                    if options.bit_rate and options.format in ("opus", "mp3"):
-                        stream.bit_rate = options.bit_rate
+                    if bit_rate:
+                        stream.bit_rate = bit_rate
                     fmt = (av.Codec(codec, "w").audio_formats or [av.AudioFormat("s16")])[0].name
                     resampler = av.AudioResampler(format=fmt, layout=layout, rate=rate)
                     ctx.progress(0, "extracting")

@@ -13,10 +13,11 @@ import os
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ..errors import ErrorCode, MediaError
+from ..errors import ErrorCode, JobError, MediaError
 
 #: FFmpeg demuxers of single media files: the only ones FFmpeg may use to open an input
 #: (``format_whitelist``). Formats that pull in other files or URLs (HLS and DASH playlists,
@@ -170,6 +171,73 @@ def finish_output(tmp: Any, target: Any, *, overwrite: bool, decoded_s: float, d
     publish_file(tmp, target, overwrite=overwrite)
     with open_media(str(target), confined=False) as check:
         return round(container_duration_s(check) or 0.0, 3)
+
+
+@cache
+def encoder_rates(codec: str) -> tuple[int, ...] | None:
+    """The sample rates (Hz, ascending) the FFmpeg encoder ``codec`` takes, as PyAV reports
+    them (``av.Codec(codec, "w").audio_rates``); ``None`` when it takes any rate. Imports
+    PyAV: the service calls it only for an option that needs it."""
+    import av
+
+    rates = av.Codec(codec, "w").audio_rates
+    return tuple(sorted(rates)) if rates else None
+
+
+def pick_rate(codec: str, source_hz: int | None, default_hz: int = 48000) -> int:
+    """The sample rate (Hz) to encode a source of ``source_hz`` with ``codec`` when no rate was
+    asked for: the source's when the encoder takes it, else the lowest rate it takes above the
+    source's (no detail is lost), else its highest (a 96 kHz source becomes 48 kHz for mp3)."""
+    source = source_hz or default_hz
+    rates = encoder_rates(codec)
+    if rates is None or source in rates:
+        return source
+    return next((r for r in rates if r > source), rates[-1])
+
+
+def refused_by_encoder(error: BaseException) -> bool:
+    """True when an FFmpeg error means the encoder (or the converter feeding it) cannot do
+    the settings it was given: invalid argument, not implemented, out of range. The same
+    settings fail the same way on every attempt, so no retry can help."""
+    import av
+
+    if isinstance(
+        error,
+        (
+            av.error.ArgumentError,
+            av.error.PatchWelcomeError,
+            av.error.OptionNotFoundError,
+            av.error.EncoderNotFoundError,
+            av.error.ExperimentalError,
+            av.error.NotImplementedError,
+        ),
+    ):
+        return True
+    return isinstance(error, av.error.FFmpegError) and getattr(error, "errno", None) in (
+        errno.EINVAL,
+        errno.ENOSYS,
+        errno.EDOM,
+        errno.ERANGE,
+    )
+
+
+@contextmanager
+def encoder_errors(settings: str) -> Iterator[None]:
+    """Turn an encoder's refusal of its settings (:func:`refused_by_encoder`) inside the block
+    into :class:`~edge_queue.errors.JobError` ``invalid_request`` (not retried), with a plain
+    message naming ``settings`` (e.g. ``"mp3 (libmp3lame) at 96000 Hz, 2 channels"``) and
+    FFmpeg's reason, never its internals. Other errors pass through unchanged (a full disk
+    stays what it is)."""
+    try:
+        yield
+    except Exception as e:
+        if not refused_by_encoder(e):
+            raise
+        reason = getattr(e, "strerror", None) or type(e).__name__
+        raise JobError(
+            f"the encoder refused {settings} ({reason}); the same settings fail on every attempt",
+            code=ErrorCode.INVALID_REQUEST,
+        ) from e
 
 
 def require_audio(container: Any) -> Any:

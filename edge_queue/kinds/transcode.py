@@ -10,7 +10,7 @@ from pydantic import Field
 
 from ..errors import ErrorCode, MediaError
 from .base import JobContext, Kind, OutputOptions, check_free, output_stem, temp_path
-from .media import container_duration_s, end_of_input, finish_output, open_media
+from .media import container_duration_s, encoder_errors, end_of_input, finish_output, open_media, pick_rate
 
 
 class TranscodeOptions(OutputOptions):
@@ -24,6 +24,42 @@ class TranscodeOptions(OutputOptions):
 
 def _even(n: float) -> int:
     return max(2, int(round(n / 2)) * 2)
+
+
+class _VideoClock:
+    """Timestamps of the video frames on the input stream's own time base ``tb``.
+
+    :meth:`stamp` gives each frame its decoded presentation time (no grid: a variable frame
+    rate stays variable), strictly increasing by at least one tick of ``tb``; a frame without
+    a timestamp follows the previous one by its duration (else by ``1 / rate``).
+    :meth:`durations` gives the encoded packets the duration of the frame they carry, so the
+    last frame lasts as long as in the input and the track ends where the input's ends.
+    """
+
+    def __init__(self, tb: Fraction, rate: Fraction) -> None:
+        self.tb = tb
+        self.step = max(1, round(1 / (rate * tb)))
+        self.last: int | None = None
+        self.last_duration = self.step
+        self.length: dict[int, int] = {}
+
+    def stamp(self, frame: Any) -> int:
+        ftb = frame.time_base or self.tb
+        pts = None if frame.pts is None else round(Fraction(frame.pts) * ftb / self.tb)
+        if pts is None:
+            pts = 0 if self.last is None else self.last + self.last_duration
+        elif self.last is not None and pts <= self.last:
+            pts = self.last + 1
+        duration = round(Fraction(frame.duration) * ftb / self.tb) if frame.duration else 0
+        self.last, self.last_duration = pts, duration if duration > 0 else self.step
+        self.length[pts] = self.last_duration
+        return pts
+
+    def durations(self, packets: list[Any]) -> list[Any]:
+        for packet in packets:
+            if packet.pts is not None and packet.pts in self.length:
+                packet.duration = self.length.pop(packet.pts)
+        return packets
 
 
 class Transcode(Kind):
@@ -54,21 +90,33 @@ class Transcode(Kind):
                 if v_in is None and a_in is None:
                     raise MediaError("no video or audio stream", code=ErrorCode.UNSUPPORTED_MEDIA)
                 declared = container_duration_s(inp)
-                with av.open(str(tmp), "w", format="mp4", options={"movflags": "+faststart"}) as out:
-                    width = height = None
+                width = height = None
+                settings = []
+                if v_in is not None:
+                    src_w, src_h = v_in.codec_context.width, v_in.codec_context.height
+                    v_h = _even(min(src_h, options.max_height or src_h))
+                    v_w = _even(src_w * v_h / src_h)
+                    width, height = v_w, v_h
+                    rate = v_in.average_rate or v_in.guessed_rate or Fraction(25)
+                    # The encoder runs on the input's own clock, so every frame keeps its
+                    # timestamp: a variable frame rate (phones) stays variable. ``rate`` is
+                    # only x264's rate-control hint and the stream's declared average.
+                    v_tb = v_in.time_base or Fraction(1, 90000)
+                    clock = _VideoClock(v_tb, rate)
+                    settings.append(f"H.264 (libx264) {v_w}x{v_h}, crf {options.crf}, preset {options.preset}")
+                if a_in is not None:
+                    layout = "mono" if (a_in.channels or 2) == 1 else "stereo"
+                    a_rate = pick_rate("aac", a_in.rate)  # AAC takes 7350..96000 Hz, not any
+                    settings.append(f"AAC {a_rate} Hz {layout}, {options.audio_bit_rate} bit/s")
+                with (
+                    encoder_errors(" with ".join(settings)),
+                    av.open(str(tmp), "w", format="mp4", options={"movflags": "+faststart"}) as out,
+                ):
                     if v_in is not None:
-                        src_w, src_h = v_in.codec_context.width, v_in.codec_context.height
-                        height = _even(min(src_h, options.max_height or src_h))
-                        width = _even(src_w * height / src_h)
-                        rate = v_in.average_rate or v_in.guessed_rate or Fraction(25)
-                        vs = out.add_stream("libx264", rate=rate)
-                        vs.width, vs.height, vs.pix_fmt = width, height, "yuv420p"
+                        vs = out.add_stream("libx264", rate=rate, time_base=v_tb)
+                        vs.width, vs.height, vs.pix_fmt = v_w, v_h, "yuv420p"
                         vs.options = {"crf": str(options.crf), "preset": options.preset}
-                        v_tb = vs.codec_context.time_base or Fraction(1, int(rate))
-                        last_pts = -1
                     if a_in is not None:
-                        layout = "mono" if (a_in.channels or 2) == 1 else "stereo"
-                        a_rate = a_in.rate or 48000
                         aus = out.add_stream("aac", rate=a_rate, layout=layout)
                         aus.bit_rate = options.audio_bit_rate
                         resampler = av.AudioResampler(format="fltp", layout=layout, rate=a_rate)
@@ -87,16 +135,14 @@ class Transcode(Kind):
                             if declared:
                                 ctx.progress(100 * min(last / declared, 1.0), "transcoding")
                         if isinstance(frame, av.VideoFrame):
-                            scaled = frame.reformat(width=width, height=height, format="yuv420p")
-                            pts = int(round(float(frame.time or 0) / v_tb)) if frame.time is not None else last_pts + 1
-                            scaled.pts, last_pts = max(pts, last_pts + 1), max(pts, last_pts + 1)
-                            scaled.time_base = v_tb
-                            out.mux(vs.encode(scaled))
+                            scaled = frame.reformat(width=v_w, height=v_h, format="yuv420p")
+                            scaled.pts, scaled.time_base = clock.stamp(frame), v_tb
+                            out.mux(clock.durations(vs.encode(scaled)))
                         else:
                             for af in resampler.resample(frame):
                                 out.mux(aus.encode(af))
                     if v_in is not None:
-                        out.mux(vs.encode(None))
+                        out.mux(clock.durations(vs.encode(None)))
                     if a_in is not None:
                         out.mux(aus.encode(None))
             duration = finish_output(tmp, target, overwrite=overwrite, decoded_s=last, declared_s=declared)
