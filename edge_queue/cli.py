@@ -38,7 +38,7 @@ ConfigOpt = Annotated[
 ]
 MediaRootOpt = Annotated[list[Path] | None, typer.Option("--media-root", "-m", help="add a media root (repeatable)")]
 
-EXIT_FAILED, EXIT_USAGE, EXIT_NO_BROKER = 1, 2, 3
+EXIT_FAILED, EXIT_USAGE, EXIT_NO_BROKER, EXIT_OFFLINE = 1, 2, 3, 4
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
@@ -75,9 +75,14 @@ def _client(settings: Settings) -> Any:
 
 
 def _request(settings: Settings, command: str, body: dict[str, Any]) -> dict[str, Any]:
+    from .client import ServiceOffline
+
     client = _client(settings)
     try:
         resp = client.request(command, body)
+    except ServiceOffline as e:
+        typer.echo(f"edge-queue: {e.message}", err=True)
+        raise typer.Exit(EXIT_OFFLINE) from e
     except TimeoutError as e:
         typer.echo(f"edge-queue: {e}", err=True)
         raise typer.Exit(EXIT_NO_BROKER) from e
@@ -227,10 +232,15 @@ def submit(
         body["input"] = paths[0]
     else:
         body["inputs"] = paths
+    from .client import ServiceOffline
+
     client = _client(settings)
     try:
         try:
             resp = client.request("submit", body)
+        except ServiceOffline as e:
+            typer.echo(f"edge-queue: {e.message}", err=True)
+            raise typer.Exit(EXIT_OFFLINE) from e
         except TimeoutError as e:
             typer.echo(f"edge-queue: {e}", err=True)
             raise typer.Exit(EXIT_NO_BROKER) from e

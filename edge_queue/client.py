@@ -20,8 +20,28 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from .bridge import configure_client, detect_protocol, set_nodelay
 from .config import MqttSettings
-from .errors import BrokerUnavailable
-from .topics import Topics
+from .errors import BrokerUnavailable, EdgeQueueError
+from .topics import OFFLINE, ONLINE, Topics
+
+#: Seconds to wait for the retained ``<base>/status`` after subscribing (a broker sends it at once).
+STATUS_WAIT_S = 1.0
+#: MQTT 5 PUBACK reason code 16: the broker had no subscriber for the message, nor a session
+#: that would take it later (MQTT 5.0, 3.4.2.1).
+NO_MATCHING_SUBSCRIBERS = 16
+
+
+class ServiceOffline(EdgeQueueError):
+    """edge-queue is not online on the base topic (``<base>/status`` is ``offline`` or unset).
+
+    Attributes:
+        held: True when the broker took the request for edge-queue's persistent session (it
+            runs when edge-queue comes back), False when the broker said nobody would get it
+            (MQTT 5 "no matching subscribers"), None when the broker cannot tell (MQTT 3.1.1).
+    """
+
+    def __init__(self, message: str, held: bool | None) -> None:
+        super().__init__(message)
+        self.held = held
 
 
 class RequestClient:
@@ -33,6 +53,10 @@ class RequestClient:
         self.client_id = "edge-queue-cli-" + uuid.uuid4().hex[:12]
         self.reply_topic = self.topics.reply_prefix() + self.client_id
         self._replies: dict[str, queue.SimpleQueue[dict[str, Any]]] = {}
+        self._status: str | None = None
+        self._status_seen = threading.Event()
+        self._puback: dict[int, int] = {}  # message id -> PUBACK reason code
+        self._puback_seen = threading.Condition()
         self.messages: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
         self._connected = threading.Event()
         self._refused: str | None = None
@@ -49,6 +73,7 @@ class RequestClient:
         configure_client(c, s)
         c.on_connect = self._on_connect
         c.on_message = self._on_message
+        c.on_publish = self._on_publish
         try:
             c.connect(s.host, s.port, keepalive=30)
         except OSError as e:
@@ -64,10 +89,19 @@ class RequestClient:
             self._refused = str(reason)
         else:
             set_nodelay(client)
-            client.subscribe(self.reply_topic, 1)
+            client.subscribe([(self.reply_topic, 1), (self.topics.status, 1)])
         self._connected.set()
 
+    def _on_publish(self, client: mqtt.Client, userdata: Any, mid: int, reason: Any, props: Any) -> None:
+        with self._puback_seen:
+            self._puback[mid] = int(getattr(reason, "value", 0) or 0)
+            self._puback_seen.notify_all()
+
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        if msg.topic == self.topics.status:
+            self._status = msg.payload.decode(errors="replace")
+            self._status_seen.set()
+            return
         if msg.topic == self.reply_topic:
             try:
                 body = json.loads(msg.payload)
@@ -82,12 +116,55 @@ class RequestClient:
     def subscribe(self, topic: str) -> None:
         self._client.subscribe(topic, 1)
 
+    def status(self, wait_s: float = STATUS_WAIT_S) -> str | None:
+        """The retained ``<base>/status`` (``online``, ``offline``), or None when none is set."""
+        self._status_seen.wait(wait_s)
+        return self._status
+
+    def _offline(self, command: str, payload: str) -> ServiceOffline:
+        """Publish the request once while edge-queue is offline and say what became of it, from
+        the broker's PUBACK (MQTT 5 reason code 16: nobody, not even a stored session, takes it)."""
+        info = self._client.publish(self.topics.request(command), payload, qos=1)
+        with self._puback_seen:
+            self._puback_seen.wait_for(lambda: info.mid in self._puback, timeout=5.0)
+            reason = self._puback.pop(info.mid, None)
+        state = "offline" if self._status == OFFLINE else "not running (no status on the broker)"
+        where = self.topics.status
+        if reason is None:
+            return ServiceOffline(f"edge-queue is {state} ({where}); the broker did not acknowledge the request", None)
+        if reason == NO_MATCHING_SUBSCRIBERS:
+            return ServiceOffline(
+                f"edge-queue is {state} ({where}) and the broker keeps no session for it: the request was "
+                "not kept; start edge-queue and send it again",
+                False,
+            )
+        if self._client._protocol != mqtt.MQTTv5:
+            return ServiceOffline(
+                f"edge-queue is {state} ({where}); the request was sent, and runs when edge-queue comes back "
+                "if the broker keeps its session (this broker does not say)",
+                None,
+            )
+        return ServiceOffline(
+            f"edge-queue is {state} ({where}); the broker holds the request for it: it runs when edge-queue "
+            "comes back (its response will not reach this command)",
+            True,
+        )
+
     def request(
-        self, command: str, body: dict[str, Any] | None = None, *, timeout_s: float = 30.0, resend_s: float = 3.0
+        self,
+        command: str,
+        body: dict[str, Any] | None = None,
+        *,
+        timeout_s: float = 30.0,
+        resend_s: float = 3.0,
+        when_offline: bool = False,
     ) -> dict[str, Any]:
         """Send ``command`` and return its response; resend every ``resend_s`` seconds.
 
-        Raises ``TimeoutError`` when no response arrives in ``timeout_s`` seconds.
+        Unless ``when_offline``, the retained ``<base>/status`` is read first: when it is not
+        ``online`` the request is published once and :class:`ServiceOffline` is raised at once,
+        saying whether the broker holds it for edge-queue. Raises ``TimeoutError`` when no
+        response arrives in ``timeout_s`` seconds although edge-queue is online.
         """
         body = dict(body or {})
         transaction = uuid.uuid4().hex
@@ -98,6 +175,8 @@ class RequestClient:
         box: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         self._replies[key] = box
         payload = json.dumps(body)
+        if not when_offline and self.status() != ONLINE:
+            raise self._offline(command, payload)
         end = time.monotonic() + timeout_s
         try:
             while time.monotonic() < end:
@@ -108,7 +187,10 @@ class RequestClient:
                     continue
         finally:
             self._replies.pop(key, None)
-        raise TimeoutError(f"no response to {command} within {timeout_s:.0f} s: is edge-queue running?")
+        raise TimeoutError(
+            f"no response to {command} within {timeout_s:.0f} s although edge-queue is {self._status or 'unknown'} "
+            f"on {self.topics.status}: see its log"
+        )
 
     def job_updates(self, timeout_s: float) -> Iterator[tuple[str, dict[str, Any] | None]]:
         """``(job_id, job object or None when cleared)`` for messages on subscribed job topics."""

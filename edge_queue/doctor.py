@@ -50,18 +50,15 @@ def _broker(settings: Settings, service: dict[str, Any]) -> Iterator[Check]:
     who = f"as {s.username}" if s.username else "anonymously"
     yield Check("broker", True, f"{where} accepts us {who}, MQTT {protocol}")
     # Is a service answering on this base topic? A notice, not a failure: doctor runs before start too.
-    client.subscribe(client.topics.status)
     client.subscribe(client.topics.info)
-    status = None
+    status = client.status(1.5)
     end = time.monotonic() + 1.5
-    while time.monotonic() < end and (status is None or "info" not in service):
+    while time.monotonic() < end and "info" not in service:
         try:
             topic, raw = client.messages.get(timeout=0.2)
         except Exception:
             continue
-        if topic == client.topics.status:
-            status = raw.decode(errors="replace")
-        elif topic == client.topics.info:
+        if topic == client.topics.info:
             try:
                 info = json.loads(raw)
             except ValueError:

@@ -7,6 +7,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -107,3 +109,48 @@ def test_config_check(tmp_path: Path) -> None:
         [sys.executable, "-m", "edge_queue", "config", "check", str(bad)], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 2 and "mqtt.prot" in out.stderr
+
+
+def test_submit_while_the_service_is_offline_says_so_at_once(mosquitto, service_factory, speech: Path) -> None:
+    # Given a service that ran once (the broker keeps its session) and is now stopped
+    svc = service_factory(mosquitto, [speech]).start()
+    assert svc.stop() == 0
+    # When a job is submitted from the command line
+    started = time.monotonic()
+    out = cli(svc, "submit", "--kind", "noop", "held-while-offline")
+    took = time.monotonic() - started
+    # Then the command says at once that edge-queue is offline and that the broker holds the
+    # request, with its own exit code (not 30 s of silence and "no response")
+    assert out.returncode == 4, out.stderr
+    assert "offline" in out.stderr and "holds the request" in out.stderr, out.stderr
+    assert took < 15, took
+    # and the job runs once the service is back
+    watcher = svc.watcher("jobs/+")
+    svc.start()
+
+    def held_job_succeeded() -> bool:
+        bodies = [json.loads(p) for _, p, _, _ in list(watcher.messages) if p]
+        return any(str(b.get("input")).endswith("/held-while-offline") and b["state"] == "succeeded" for b in bodies)
+
+    wait_until(
+        held_job_succeeded,
+        60,
+        "the held job to succeed",
+    )
+    watcher.close()
+
+
+def test_submit_to_a_base_topic_no_service_ever_used_says_the_request_was_not_kept(mosquitto, tmp_path: Path) -> None:
+    # Given a base topic on which no edge-queue ever ran
+    env = {**os.environ, "EDGE_QUEUE_MQTT__BASE_TOPIC": "eqnone" + uuid.uuid4().hex[:8]}
+    # When a job is submitted there
+    out = subprocess.run(
+        [sys.executable, "-m", "edge_queue", "submit", "--kind", "noop", "x"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    # Then the command says the request was not kept, and how to go on
+    assert out.returncode == 4, out.stderr
+    assert "not running" in out.stderr and "not kept" in out.stderr, out.stderr

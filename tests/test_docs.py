@@ -218,6 +218,7 @@ _TOPIC_METHODS = {
     # parsers and validators: no topic of their own
     "parse_request": lambda t: [],
     "parse_job": lambda t: [],
+    "parse_batch": lambda t: [],
     "valid_reply_to": lambda t: [],
 }
 
