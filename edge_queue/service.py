@@ -159,6 +159,7 @@ class Service:
         self.started_at = iso(clock())
         self.paused = False
         self.stopping = False
+        self.stop_now = False  # a second SIGTERM/SIGINT: do not wait for running jobs
         self.store: Store | None = None
         self.supervisor = Supervisor(settings)
         # Requests over max_payload_bytes are answered payload_too_large from their size alone
@@ -285,7 +286,10 @@ class Service:
         return self.store
 
     def request_stop(self, *_: Any) -> None:
-        """Signal handler (SIGTERM, SIGINT): only sets a flag and wakes the loop."""
+        """Signal handler (SIGTERM, SIGINT): only sets a flag and wakes the loop. A second
+        signal during the graceful stop ends the wait for running jobs at once."""
+        if self.stopping:
+            self.stop_now = True
         self.stopping = True
         try:
             self._sig_w.send(b"\0")
@@ -1106,9 +1110,11 @@ class Service:
             len(self.supervisor.running_job_ids()),
         )
         end = time.monotonic() + self.settings.cancel_grace_s
-        while self.supervisor.running_job_ids() and time.monotonic() < end:
+        while self.supervisor.running_job_ids() and time.monotonic() < end and not self.stop_now:
             self.step(min(0.5, max(0.0, end - time.monotonic())))
         interrupted = self.supervisor.running_job_ids()
+        if self.stop_now and interrupted:
+            log.warning("second stop signal: stopping now; %d running job(s) are queued again", len(interrupted))
         self.supervisor.stop()
         now = self.clock()
         try:

@@ -138,7 +138,12 @@ class Supervisor:
         log.debug("worker %d started, pid %d", slot.index, proc.pid)
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Ask every worker to stop, wait up to ``timeout_s``, then TERM and KILL the rest."""
+        """End every worker: one still running a job (past the grace period, whose end the
+        caller waited for) is ended at once, SIGTERM then SIGKILL after :data:`KILL_AFTER_S`;
+        an idle one is asked to stop and given up to ``timeout_s`` seconds."""
+        for slot in self.slots:
+            if slot.jobs and slot.process is not None:
+                self._end(slot)
         for slot in self.slots:
             if slot.conn is not None:
                 try:

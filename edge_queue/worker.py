@@ -205,6 +205,18 @@ def _die_with_parent() -> None:
         pass
 
 
+def _thread_lock_for_tqdm() -> None:
+    """faster-whisper makes a tqdm progress bar for every transcription, and tqdm's first bar
+    creates a multiprocessing lock (a POSIX semaphore). A worker ended in the middle of a job
+    leaves it registered, and Python's resource tracker then warns of a "leaked semaphore" at
+    every stop. A thread lock serves: a worker's bars are never shared with another process."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return
+    tqdm.set_lock(threading.RLock())
+
+
 def main(conn: Connection, settings: Settings) -> None:
     """Entry point of a worker process (started with ``spawn``).
 
@@ -216,6 +228,7 @@ def main(conn: Connection, settings: Settings) -> None:
     from .kinds.media import confine_inputs
 
     confine_inputs(settings.media_roots)  # inputs are checked again when they are opened
+    _thread_lock_for_tqdm()
     worker = _Worker(conn, settings)
     root = logging.getLogger()
     root.handlers[:] = [_PipeLogHandler(worker.send)]

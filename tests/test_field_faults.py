@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -239,3 +241,54 @@ def test_a_retained_request_sent_while_the_service_is_down_is_answered_once(
     assert marker["status"] == "ok"
     answers = [r for r in _responses(watcher, topic) if r.get("transaction") == "r1"]
     assert len(answers) == 1 and answers[0]["status"] == "error", answers
+
+
+def _running(watcher, base: str, job_id: str) -> None:
+    watcher.wait_json(f"{base}/jobs/{job_id}", lambda m: m["state"] == "running", timeout=60)
+
+
+@pytest.mark.usefixtures("model_installed")
+def test_stopping_with_a_job_running_keeps_its_word(mosquitto, service_factory, long_speech: Path) -> None:
+    # Given a service with a 2 s grace period, transcribing 100 s of speech
+    svc = service_factory(mosquitto, [long_speech.parent], {"EDGE_QUEUE_CANCEL_GRACE_S": "2"}).start()
+    watcher = svc.watcher("response/#", "jobs/+")
+    job_id = svc.request("submit", {"input": str(long_speech)}, watcher)["data"]["jobs"][0]["job_id"]
+    _running(watcher, svc.base, job_id)
+    wait_until(
+        lambda: any(m.get("progress", 0) > 0 for m in watcher.json_on(f"{svc.base}/jobs/{job_id}")), 60, "progress"
+    )
+    # When it is stopped (SIGTERM, as systemd does)
+    started = time.monotonic()
+    svc.proc.send_signal(signal.SIGTERM)
+    code = svc.proc.wait(30)
+    took = time.monotonic() - started
+    # Then it stops within the grace period it announced, plus the time to end the worker
+    assert code == 0
+    assert "waiting up to 2 s" in svc.log()
+    assert took < 2 + 2.5, took
+    # and the job is queued again without its attempt counted, with no warning about leaked
+    # resources of the ended worker
+    last = watcher.json_on(f"{svc.base}/jobs/{job_id}")[-1]
+    assert last["state"] == "queued" and last["attempt"] == 0, last
+    assert "leaked" not in svc.log(), svc.log()[-2000:]
+
+
+def test_a_second_interrupt_stops_at_once(mosquitto, service_factory, tmp_path: Path) -> None:
+    # Given a service (10 s grace period) running a job that never reaches a checkpoint
+    svc = service_factory(mosquitto, [tmp_path]).start()
+    watcher = svc.watcher("response/#", "jobs/+")
+    job_id = svc.request("submit", {"kind": "test_hang"}, watcher)["data"]["jobs"][0]["job_id"]
+    _running(watcher, svc.base, job_id)
+    # When Ctrl-C is pressed twice
+    started = time.monotonic()
+    svc.proc.send_signal(signal.SIGINT)
+    wait_until(lambda: "stopping: waiting up to 10 s" in svc.log(), 10, "the graceful stop to begin")
+    svc.proc.send_signal(signal.SIGINT)
+    code = svc.proc.wait(30)
+    took = time.monotonic() - started
+    # Then the second one stops it at once, the job queued again for the next start
+    assert code == 0
+    assert took < 5, took
+    assert "stopping now" in svc.log()
+    last = watcher.json_on(f"{svc.base}/jobs/{job_id}")[-1]
+    assert last["state"] == "queued" and last["attempt"] == 0, last
