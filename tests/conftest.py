@@ -24,6 +24,8 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from .kinds_for_tests import EXTRA_KINDS
 
@@ -328,6 +330,67 @@ def publish(broker: Broker, topic: str, payload: bytes | str, retain: bool = Fal
 _COMMANDS = ("submit", "cancel", "retry", "get", "list", "pause", "resume", "purge", "republish")
 
 
+def retained_under(broker: Broker, base: str, quiet_s: float = 0.3, timeout_s: float = 30.0) -> set[str]:
+    """The topics under ``<base>/`` that hold a retained message on ``broker`` (read until no
+    retained message came for ``quiet_s`` after the SUBACK)."""
+    found: set[str] = set()
+    state = {"subscribed": False, "last": time.monotonic()}
+
+    def on_message(c: Any, u: Any, m: mqtt.MQTTMessage) -> None:
+        state["last"] = time.monotonic()
+        if m.retain and m.payload:
+            found.add(m.topic)
+
+    def on_subscribe(*_: Any) -> None:
+        state["subscribed"], state["last"] = True, time.monotonic()
+
+    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="clean-" + uuid.uuid4().hex[:10])
+    c.on_message, c.on_subscribe = on_message, on_subscribe
+    c.on_connect = lambda cl, *a: cl.subscribe(f"{base}/#", 0)
+    c.connect(broker.host, broker.port)
+    c.loop_start()
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if state["subscribed"] and time.monotonic() - state["last"] >= quiet_s:
+            break
+        time.sleep(0.02)
+    c.loop_stop()
+    c.disconnect()
+    return found
+
+
+def clean_broker(broker: Broker, base: str, client_id: str | None = None) -> None:
+    """Leave nothing of a test's service on a broker that outlives the test (the system
+    mosquitto): clear every retained topic under ``<base>/`` and end the service's persistent
+    session (``client_id``), with the requests the broker still held for it."""
+    if client_id:
+        # a clean start with session expiry 0 discards the stored session when it disconnects
+        ender = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
+        connected = threading.Event()
+        ender.on_connect = lambda *a: connected.set()
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = 0
+        try:
+            ender.connect(broker.host, broker.port, clean_start=True, properties=props)
+            ender.loop_start()
+            connected.wait(10)
+            ender.disconnect()
+            ender.loop_stop()
+        except OSError:
+            pass
+    topics = retained_under(broker, base)
+    if not topics:
+        return
+    pub = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="clean-" + uuid.uuid4().hex[:10])
+    pub.connect(broker.host, broker.port)
+    pub.loop_start()
+    infos = [pub.publish(topic, b"", qos=1, retain=True) for topic in sorted(topics)]
+    for info in infos:
+        info.wait_for_publish(10)
+    pub.disconnect()
+    pub.loop_stop()
+
+
 @pytest.fixture
 def service_factory(tmp_path: Path) -> Iterator[Callable[..., ServiceProcess]]:
     made: list[ServiceProcess] = []
@@ -338,10 +401,15 @@ def service_factory(tmp_path: Path) -> Iterator[Callable[..., ServiceProcess]]:
         return svc
 
     yield make
-    for svc in made:
-        if svc.proc is not None and svc.proc.poll() is None:
-            code = svc.stop()
-            assert code == 0, svc.log()
+    try:
+        for svc in made:
+            if svc.proc is not None and svc.proc.poll() is None:
+                code = svc.stop()
+                assert code == 0, svc.log()
+    finally:
+        for svc in made:
+            if (svc.broker.host, svc.broker.port) == SYSTEM_MQTT and port_open(*SYSTEM_MQTT):
+                clean_broker(svc.broker, svc.base, svc.env.get("EDGE_QUEUE_MQTT__CLIENT_ID"))
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import publish, wait_until
+from .conftest import ServiceProcess, clean_broker, publish, retained_under, wait_until
 
 FORGED = "INFO edge_queue.service: job 0000forged00000 succeeded"
 #: What every line of the service's log starts with: a record, or the continuation of one.
@@ -292,3 +292,19 @@ def test_a_second_interrupt_stops_at_once(mosquitto, service_factory, tmp_path: 
     assert "stopping now" in svc.log()
     last = watcher.json_on(f"{svc.base}/jobs/{job_id}")[-1]
     assert last["state"] == "queued" and last["attempt"] == 0, last
+
+
+def test_a_tests_service_leaves_nothing_on_the_shared_broker(mosquitto, tmp_path: Path) -> None:
+    # Given a service of a test on the system broker that ran jobs and a batch and was stopped
+    svc = ServiceProcess(mosquitto, tmp_path, [tmp_path]).start()
+    watcher = svc.watcher("response/#", "jobs/+")
+    batch = svc.request("submit", {"kind": "noop", "inputs": ["a", "b"]}, watcher)["data"]
+    for job in batch["jobs"]:
+        watcher.wait_json(f"{svc.base}/jobs/{job['job_id']}", lambda m: m["state"] == "succeeded")
+    watcher.close()
+    assert svc.stop() == 0
+    assert len(retained_under(mosquitto, svc.base)) >= 6  # status, info, queue, 2 jobs, batch
+    # When the cleanup that service_factory runs after every test runs
+    clean_broker(mosquitto, svc.base, svc.env["EDGE_QUEUE_MQTT__CLIENT_ID"])
+    # Then no retained topic of it is left
+    assert retained_under(mosquitto, svc.base) == set()
