@@ -12,6 +12,7 @@ import logging
 import os
 import sqlite3
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -328,27 +329,56 @@ def jobs(
     if kind:
         body["kind"] = kind
     data = _request(settings, "list", body)
+    if not sys.stdout.isatty():  # scripts get one tab-separated line per job, whole values
+        for j in data["jobs"]:
+            row = (
+                j["job_id"],
+                j["kind"],
+                j["state"],
+                f"{j['progress'] or 0:.0f}%",
+                f"{j['attempt']}/{j['max_attempts']}",
+                j["input"] or "",
+                j["updated_at"],
+            )
+            typer.echo("\t".join(row))
+        return
+    # A terminal gets a table that fits its width (80 columns too): the input's file name,
+    # cut with an ellipsis when it does not fit, and the time of the last change, local.
     rows = [
         (
             j["job_id"],
             j["kind"],
             j["state"],
-            f"{j['progress'] or 0:.0f}%",
+            f"{j['progress'] or 0:.0f}",
             f"{j['attempt']}/{j['max_attempts']}",
-            j["input"] or "",
-            j["updated_at"],
+            _short_time(j["updated_at"]),
+            Path(j["input"]).name if j["input"] else "",
         )
         for j in data["jobs"]
     ]
-    if not sys.stdout.isatty():  # scripts get one tab-separated line per job
-        for row in rows:
-            typer.echo("\t".join(row))
-        return
-    table = Table("job", "kind", "state", "progress", "attempt", "input", "updated")
-    table.columns[0].no_wrap = True
+    console = Console()
+    table = Table(box=None, padding=(0, 1), pad_edge=False, header_style="bold")
+    headers = ("job", "kind", "state", "%", "try", "updated")
+    widths = [max([len(h), *(len(row[i]) for row in rows)]) for i, h in enumerate(headers)]
+    for header, width in zip(headers, widths, strict=True):  # whole, always: only the input gives way
+        table.add_column(header, no_wrap=True, width=width, justify="right" if header == "%" else "left")
+    # what is left of the line: each column but the last takes its width and 2 of padding
+    room = max(8, console.width - sum(widths) - 2 * len(headers))
+    table.add_column("input", no_wrap=True, overflow="ellipsis", max_width=room)
     for row in rows:
         table.add_row(*row)
-    Console().print(table)
+    console.print(table)
+
+
+def _short_time(stamp: str) -> str:
+    """An RFC 3339 UTC time as local ``HH:MM:SS`` when it is today, else ``MM-DD HH:MM``."""
+    try:
+        when = datetime.fromisoformat(stamp.replace("Z", "+00:00")).astimezone()
+    except ValueError:
+        return stamp
+    if when.date() == datetime.now().astimezone().date():
+        return when.strftime("%H:%M:%S")
+    return when.strftime("%m-%d %H:%M")
 
 
 @app.command()

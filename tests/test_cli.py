@@ -154,3 +154,49 @@ def test_submit_to_a_base_topic_no_service_ever_used_says_the_request_was_not_ke
     # Then the command says the request was not kept, and how to go on
     assert out.returncode == 4, out.stderr
     assert "not running" in out.stderr and "not kept" in out.stderr, out.stderr
+
+
+def _in_a_terminal(svc, columns: int, *args: str) -> str:
+    """Run the CLI with its standard output on a pseudo-terminal ``columns`` wide."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    env = {**svc.env, "COLUMNS": str(columns), "TERM": "dumb"}
+    proc = subprocess.Popen([sys.executable, "-m", "edge_queue", *args], env=env, stdout=follower, stderr=follower)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    proc.wait(60)
+    os.close(leader)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_jobs_fits_an_80_column_terminal(mosquitto, service_factory, tmp_path: Path) -> None:
+    # Given jobs with long inputs (paths as deep as a NAS's)
+    deep = tmp_path / ("recordings-of-the-family-" * 3) / "2026" / "11"
+    deep.mkdir(parents=True)
+    name = "a-very-long-voicemail-file-name-from-a-phone-" + "x" * 40 + ".m4a"
+    (deep / name).write_bytes(b"not audio")
+    svc = service_factory(mosquitto, [tmp_path]).start()
+    watcher = svc.watcher("response/#")
+    ids = [svc.request("submit", {"kind": "noop", "input": str(deep / name)}, watcher)["data"]["jobs"][0]["job_id"]]
+    ids += [svc.request("submit", {"kind": "probe", "input": str(deep / name)}, watcher)["data"]["jobs"][0]["job_id"]]
+    # When `edge-queue jobs` runs in an 80-column terminal
+    out = _in_a_terminal(svc, 80, "jobs")
+    # Then no line is wider than 80 columns, one line per job, and every job id is whole
+    lines = [line for line in out.replace("\r", "").splitlines() if line.strip()]
+    assert all(len(line) <= 80 for line in lines), "\n".join(lines)
+    for job_id in ids:
+        assert sum(job_id in line for line in lines) == 1, out
+    assert any("a-very-long-voicemail" in line for line in lines), out
