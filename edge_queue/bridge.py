@@ -82,6 +82,9 @@ READ_CHUNK = 64 * 1024
 #: Packets queued for the socket are joined into writes of at most this many bytes (paho sends
 #: each packet with its own ``send``).
 WRITE_CHUNK = 64 * 1024
+#: Seconds a broker gets to answer a probe CONNECT (one for MQTT 5, one for 3.1.1); a broker
+#: answers within milliseconds, so a port that answers neither is not an MQTT broker.
+PROBE_S = 3.0
 #: A request's MQTT 5 properties (Response Topic, Correlation Data, user properties) may take
 #: this many bytes; a request with more is answered ``invalid_request`` without them being
 #: decoded (paho's decoder copies the rest of the packet for every property it reads).
@@ -349,15 +352,19 @@ def detect_protocol(s: MqttSettings, client_id: str, timeout_s: float) -> str:
     last: BrokerUnavailable | None = None
     while time.monotonic() < deadline:  # the broker may still be starting (boot order)
         try:
-            reason = _probe(s, client_id, mqtt.MQTTv5, min(5.0, max(deadline - time.monotonic(), 0.5)))
+            reason = _probe(s, client_id, mqtt.MQTTv5, min(PROBE_S, max(deadline - time.monotonic(), 0.5)))
             if reason is not None and reason != "Unsupported protocol version":
                 return "5"
-            if _probe(s, client_id, mqtt.MQTTv311, min(5.0, max(deadline - time.monotonic(), 0.5))) is not None:
+            if _probe(s, client_id, mqtt.MQTTv311, min(PROBE_S, max(deadline - time.monotonic(), 0.5))) is not None:
                 return "3.1.1"
-            last = BrokerUnavailable(
-                f"{s.host}:{s.port} accepted a TCP connection but answered no MQTT CONNECT: is it an MQTT broker?"
+            # Something listens there but speaks no MQTT: waiting will not change that.
+            raise BrokerUnavailable(
+                f"{s.host}:{s.port} accepted a TCP connection but answered no MQTT CONNECT "
+                f"(MQTT 5 nor 3.1.1, {PROBE_S:.0f} s each): is it an MQTT broker? Check mqtt.host and mqtt.port"
             )
         except BrokerUnavailable as e:
+            if "accepted a TCP connection" in e.message:
+                raise
             last = e
             time.sleep(min(1.0, max(deadline - time.monotonic(), 0)))
     raise last or BrokerUnavailable(f"no MQTT broker answered at {s.host}:{s.port} within {timeout_s} s")

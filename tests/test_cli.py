@@ -200,3 +200,28 @@ def test_jobs_fits_an_80_column_terminal(mosquitto, service_factory, tmp_path: P
     for job_id in ids:
         assert sum(job_id in line for line in lines) == 1, out
     assert any("a-very-long-voicemail" in line for line in lines), out
+
+
+@pytest.mark.parametrize("command", [["jobs"], ["serve"]])
+def test_a_port_that_is_not_mqtt_is_named_at_once(tmp_path: Path, command: list[str]) -> None:
+    # Given a port where something listens, accepts connections and says nothing (not MQTT)
+    import socket as socketlib
+
+    server = socketlib.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    port = server.getsockname()[1]
+    env = {**os.environ, "EDGE_QUEUE_MQTT__PORT": str(port), "EDGE_QUEUE_DATA_DIR": str(tmp_path / "d")}
+    # When the CLI, or the service, is pointed at it
+    started = time.monotonic()
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "edge_queue", *command], env=env, capture_output=True, text=True, timeout=60
+        )
+    finally:
+        server.close()
+    took = time.monotonic() - started
+    # Then it says within seconds (not after 30 s of silence) that this is no MQTT broker
+    assert out.returncode == 3, out.stderr
+    assert "is it an MQTT broker?" in out.stderr and str(port) in out.stderr, out.stderr
+    assert took < 10, took  # two probes of 3 s; it was 10 s for the CLI, 30 s for serve
