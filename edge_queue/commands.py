@@ -441,6 +441,16 @@ class Commands:
         started = self.service.republish()
         return {"republished": True, "already_running": not started}
 
+    def do_kinds(self, req: payloads.EmptyRequest) -> dict[str, Any]:
+        """Every job kind with the JSON Schema of its options (``<base>/info`` names the
+        options only, so that it stays small)."""
+        return {
+            "kinds": {
+                name: {"description": k.description, "needs_input": k.needs_input, "options": k.schema()}
+                for name, k in self.service.kinds.items()
+            }
+        }
+
 
 def _clip(text: str, n: int = 200) -> str:
     """Client text for a log line: one line (escaped), at most ``n`` characters."""

@@ -125,7 +125,7 @@ class PurgeRequest(_Request):
 
 
 class EmptyRequest(_Request):
-    """``pause``, ``resume``, ``republish``: no fields but ``transaction``/``reply_to``."""
+    """``pause``, ``resume``, ``republish``, ``kinds``: no fields but ``transaction``/``reply_to``."""
 
 
 REQUEST_MODELS: dict[str, type[_Request]] = {
@@ -138,6 +138,7 @@ REQUEST_MODELS: dict[str, type[_Request]] = {
     "resume": EmptyRequest,
     "purge": PurgeRequest,
     "republish": EmptyRequest,
+    "kinds": EmptyRequest,
 }
 
 
@@ -210,7 +211,7 @@ def decode_request(command: str, raw: bytes, *, max_bytes: int, default_kind: st
     stripped = text.strip()
     if command == "submit" and stripped and stripped[0] not in '{["':
         return SubmitRequest(kind=default_kind, input=stripped)
-    if not stripped and command in ("pause", "resume", "republish"):
+    if not stripped and command in ("pause", "resume", "republish", "kinds"):
         return EmptyRequest()
     try:
         data = json.loads(stripped, parse_constant=_no_constant, parse_float=_finite)

@@ -1038,8 +1038,12 @@ class Service:
             "version": package_version(),
             "started_at": self.started_at,
             "base_topic": self.topics.base,
-            "kinds": {
-                name: {"description": k.description, "needs_input": k.needs_input, "options": k.schema()}
+            "kinds": {  # the options' JSON Schemas: the kinds request
+                name: {
+                    "description": k.description,
+                    "needs_input": k.needs_input,
+                    "options": sorted(k.Options.model_fields),
+                }
                 for name, k in self.kinds.items()
             },
             "default_kind": self.settings.default_kind,

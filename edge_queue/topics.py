@@ -20,6 +20,7 @@ COMMANDS: tuple[str, ...] = (
     "resume",
     "purge",
     "republish",
+    "kinds",
 )
 
 #: The response topic level used for requests whose command is not in :data:`COMMANDS`.

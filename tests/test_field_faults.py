@@ -308,3 +308,21 @@ def test_a_tests_service_leaves_nothing_on_the_shared_broker(mosquitto, tmp_path
     clean_broker(mosquitto, svc.base, svc.env["EDGE_QUEUE_MQTT__CLIENT_ID"])
     # Then no retained topic of it is left
     assert retained_under(mosquitto, svc.base) == set()
+
+
+def test_info_stays_small_and_the_option_schemas_have_a_request(broker, service_factory, tmp_path: Path) -> None:
+    # Given a running service, seen by a subscriber of everything
+    svc = service_factory(broker, [tmp_path]).start()
+    watcher = svc.watcher("info", "response/#")
+    info = watcher.wait_json(f"{svc.base}/info", lambda m: True)
+    # Then <base>/info names each kind's options but carries no schema (it was 4.6 KB)
+    raw = watcher.on(f"{svc.base}/info")[-1]
+    assert len(raw) < 2048, len(raw)
+    assert "sleep_s" in info["kinds"]["noop"]["options"] and "language" in info["kinds"]["transcribe"]["options"]
+    # and the kinds request answers with the JSON Schemas, an empty payload as for pause
+    publish(svc.broker, f"{svc.base}/request/kinds", "")
+    resp = watcher.wait_json(f"{svc.base}/response/kinds", lambda m: True)
+    assert resp["status"] == "ok", resp
+    schema = resp["data"]["kinds"]["transcribe"]["options"]
+    assert schema["type"] == "object" and "language" in schema["properties"]
+    assert set(resp["data"]["kinds"]) == set(info["kinds"])
