@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import logging
 import os
 import random
@@ -53,6 +54,12 @@ SCAN_CHECK_PER_TURN = 5_000
 #: MQTT 3.1.1: after clearing a retained request, the broker's echo of the clearing is expected
 #: for this long.
 ECHO_WINDOW_S = 5.0
+#: Requests whose effect changes the store: their first response is kept, so that the same
+#: request delivered again after a lost acknowledgement is answered with it, not run twice.
+STATEFUL_COMMANDS = frozenset({"submit", "cancel", "retry", "pause", "resume", "purge"})
+#: The record of an executed request is kept this long (seconds): a broker redelivers only
+#: within the service's session, which expires after ``mqtt.session_expiry_s`` (default a day).
+DELIVERED_KEEP_S = 7 * 86400.0
 #: How often terminal jobs past ``retention_days`` are purged.
 RETENTION_INTERVAL_S = 600.0
 #: Requests executed in one loop turn at most; the rest wait, in order, for the next turns.
@@ -510,6 +517,7 @@ class Service:
         self._scan_step()
         if now >= self._next_retention:
             self._next_retention = now + RETENTION_INTERVAL_S
+            self._store().forget_requests(now - max(DELIVERED_KEEP_S, self.settings.mqtt.session_expiry_s))
             expired = self._store().finished_before(now - self.settings.retention_days * 86400, limit=BULK_LIMIT)
             if len(expired) == BULK_LIMIT:
                 self._next_retention = now + 1.0  # more to purge: the rest in later turns
@@ -626,15 +634,15 @@ class Service:
             self.bridge.ack(msg)
             return
         if msg.retain:
-            key = (msg.topic, hashlib.sha256(msg.payload).digest() + msg.size.to_bytes(8))
-            if self._answered_retained.get(key, 0.0) > now:
+            retained_key = (msg.topic, hashlib.sha256(msg.payload).digest() + msg.size.to_bytes(8))
+            if self._answered_retained.get(retained_key, 0.0) > now:
                 # The same retained message again (an MQTT 3.1.1 broker sends it from the
                 # session's queue and again for the subscription): answered once.
                 self.bridge.ack(msg)
                 return
             if len(self._answered_retained) >= 1000:
                 self._answered_retained = {k: t for k, t in self._answered_retained.items() if t > now}
-            self._answered_retained[key] = now + ECHO_WINDOW_S
+            self._answered_retained[retained_key] = now + ECHO_WINDOW_S
             rejections.warning(
                 "retained request on %s not executed; cleared it (publish requests without the retain flag)",
                 _clip(msg.topic),
@@ -676,7 +684,22 @@ class Service:
                 None,
             )
             return
+        key = request_key(msg) if msg.qos and msg.command in STATEFUL_COMMANDS else None
+        if key is not None and msg.dup:
+            first = self._store().recall_request(key)
+            if first is not None:
+                # Delivered again after its acknowledgement was lost: it took effect already.
+                log.info(
+                    "request %s on %s delivered again after a lost acknowledgement: answered with its first "
+                    "response, not executed again",
+                    msg.mid,
+                    _clip(msg.topic),
+                )
+                self.answer(msg, json.loads(first[0]), first[1])
+                return
         response, reply_to = self.commands.execute(msg.command, msg.payload)
+        if key is not None and response.get("status") == "ok":
+            self._store().remember_request(key, payloads.encode(response), reply_to, self.clock())
         self.answer(msg, response, reply_to)
 
     def _expect_echo(self, topic: str, now: float) -> None:
@@ -1149,6 +1172,20 @@ class Service:
             self.store.close()
         if self._lock is not None:
             self._lock.close()
+
+
+def request_key(msg: Incoming) -> bytes:
+    """What identifies one delivery of a request to this service: the packet identifier the
+    broker gave it on our session (kept when the broker sends it again, MQTT 5.0 4.4), its
+    topic and payload (SHA-256). The same publish delivered again after a lost PUBACK has the
+    same key; the broker numbers new messages on, so two requests share a key only when they
+    are equal and 65,536 messages apart, and then only a redelivery (DUP) is looked up."""
+    digest = hashlib.sha256()
+    digest.update(msg.mid.to_bytes(2, "big"))
+    digest.update(msg.topic.encode())
+    digest.update(b"\0")
+    digest.update(msg.payload)
+    return digest.digest()
 
 
 def _disk_full(e: BaseException) -> bool:

@@ -118,8 +118,14 @@ class Store:
         self._group_depth = 0
         self.db = sqlite_utils.Database(conn)
         self.migrate()
-        # Indexes added after schema 1 (cheap when they exist).
+        # Indexes and tables added after schema 1 (cheap when they exist).
         self.conn.execute("CREATE INDEX IF NOT EXISTS jobs_finished ON jobs(finished_at) WHERE finished_at IS NOT NULL")
+        self.db.table("delivered_requests").create(
+            {"key": bytes, "response": bytes, "reply_to": str, "at": float},
+            pk="key",
+            not_null={"response", "at"},
+            if_not_exists=True,
+        )
         self._counts = self._load_counts()
 
     def _load_counts(self) -> dict[str, int]:
@@ -329,6 +335,27 @@ class Store:
         """The subset of ``job_ids`` that the store knows."""
         marks = ",".join("?" * len(job_ids))
         return {r[0] for r in self.conn.execute(f"SELECT job_id FROM jobs WHERE job_id IN ({marks})", job_ids)}
+
+    # -- requests delivered again (docs/topics.md, "Requests delivered twice") ------------
+
+    def remember_request(self, key: bytes, response: bytes, reply_to: str | None, now: float) -> None:
+        """Record the response to an executed request, in the transaction of its effect, so
+        that the same request delivered again (``key``: :func:`edge_queue.service.request_key`)
+        is answered with it instead of taking effect twice."""
+        self.conn.execute(
+            "INSERT OR REPLACE INTO delivered_requests (key, response, reply_to, at) VALUES (?, ?, ?, ?)",
+            [key, response, reply_to, now],
+        )
+
+    def recall_request(self, key: bytes) -> tuple[bytes, str | None] | None:
+        """``(response, reply_to)`` recorded for ``key``, or None."""
+        row = self.conn.execute("SELECT response, reply_to FROM delivered_requests WHERE key = ?", [key]).fetchone()
+        return None if row is None else (bytes(row[0]), row[1])
+
+    def forget_requests(self, before: float) -> int:
+        """Drop the records of requests executed before ``before`` (Unix seconds); their count."""
+        with self._immediate():
+            return self.conn.execute("DELETE FROM delivered_requests WHERE at < ?", [before]).rowcount
 
     def batch_ids_in(self, batch_ids: list[str]) -> set[str]:
         """The subset of ``batch_ids`` that the store knows."""

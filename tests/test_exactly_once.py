@@ -1,0 +1,211 @@
+"""A request delivered twice takes effect once (docs/topics.md, "Requests delivered twice").
+
+Between the service and a private mosquitto sits a TCP proxy that, when armed, drops the
+service's next PUBACK and cuts the connection, as a flaky Wi-Fi link or a NAT timeout would.
+mosquitto then delivers the request again, with the DUP flag, when the service reconnects.
+Requests carry no idempotency key, as `mosquitto_pub` and Home Assistant send them.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import free_port, publish, wait_until
+from .test_load import PrivateMosquitto
+
+PUBACK = 0x40
+
+
+class AckDroppingProxy:
+    """Forwards TCP between clients and ``upstream``; :meth:`arm` makes it drop the next PUBACK
+    a client sends and close that connection (the broker never learns the request was taken)."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.port = free_port()
+        self.server = socket.create_server(("127.0.0.1", self.port))
+        self.armed = threading.Event()
+        self.dropped = 0
+        self.connections = 0
+        self._open: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def arm(self) -> None:
+        self.armed.set()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            self.connections += 1
+            self._open += [client, upstream]
+            threading.Thread(target=self._to_broker, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    def _to_broker(self, src: socket.socket, dst: socket.socket) -> None:
+        """Client -> broker, packet by packet, so that one PUBACK can be dropped."""
+        buf = b""
+        try:
+            while data := src.recv(65536):
+                buf += data
+                out = b""
+                while (packet := _next_packet(buf)) is not None:
+                    buf = buf[len(packet) :]
+                    if packet[0] & 0xF0 == PUBACK and self.armed.is_set():
+                        self.armed.clear()
+                        self.dropped += 1
+                        dst.sendall(out)
+                        raise ConnectionAbortedError("PUBACK dropped")
+                    out += packet
+                if out:
+                    dst.sendall(out)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.server.close()
+        for s in self._open:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+
+def _next_packet(buf: bytes) -> bytes | None:
+    """The first whole MQTT packet of ``buf``, or None when it is not all there yet."""
+    if len(buf) < 2:
+        return None
+    length, mult, i = 0, 1, 1
+    while True:
+        if i >= len(buf):
+            return None
+        byte = buf[i]
+        length += (byte & 0x7F) * mult
+        mult *= 128
+        i += 1
+        if not byte & 0x80:
+            break
+    return buf[: i + length] if len(buf) >= i + length else None
+
+
+@pytest.fixture
+def flaky(tmp_path: Path, service_factory: Callable[..., Any]) -> Iterator[tuple[Any, AckDroppingProxy]]:
+    """A service that reaches a private mosquitto through an :class:`AckDroppingProxy`."""
+    broker = PrivateMosquitto(tmp_path / "broker")
+    proxy = AckDroppingProxy(broker.port)
+    svc = service_factory(broker, [tmp_path])
+    svc.env["EDGE_QUEUE_MQTT__PORT"] = str(proxy.port)
+    try:
+        svc.start()
+        yield svc, proxy
+        assert svc.stop() == 0
+    finally:
+        proxy.close()
+        broker.stop()
+
+
+def _after_a_lost_ack(svc: Any, proxy: AckDroppingProxy, command: str, body: dict[str, Any]) -> None:
+    """Publish ``body`` (no idempotency key) while the proxy drops the service's PUBACK, and
+    wait until the service has reconnected and the broker has delivered the request again."""
+    before = svc.log().count("connected to")
+    proxy.arm()
+    publish(svc.broker, f"{svc.base}/request/{command}", json.dumps(body))
+    wait_until(lambda: proxy.dropped >= 1, 30, "the PUBACK to be dropped")
+    wait_until(lambda: svc.log().count("connected to") > before, 30, "the service to reconnect")
+
+
+def _responses(watcher: Any, svc: Any, command: str, transaction: str) -> list[dict[str, Any]]:
+    return [r for r in watcher.json_on(f"{svc.base}/response/{command}") if r.get("transaction") == transaction]
+
+
+def _settled(svc: Any, watcher: Any) -> None:
+    """A later request answered: whatever the redelivery did is done."""
+    marker = watcher.json_on(f"{svc.base}/response/get")
+    publish(svc.broker, f"{svc.base}/request/get", json.dumps({"job_id": "nosuchjob0000000", "transaction": "m"}))
+    wait_until(lambda: len(watcher.json_on(f"{svc.base}/response/get")) > len(marker), 30, "the marker's answer")
+
+
+@pytest.mark.parametrize("shape", ["single", "batch"])
+def test_a_submit_delivered_again_makes_its_jobs_once(flaky, shape: str) -> None:
+    svc, proxy = flaky
+    watcher = svc.watcher("response/#", "jobs/+")
+    # Given a submit without an idempotency key whose PUBACK is lost (the job ran already)
+    body: dict[str, Any] = {"kind": "noop", "transaction": "t1"}
+    body.update({"input": "one"} if shape == "single" else {"inputs": ["a", "b", "c"]})
+    _after_a_lost_ack(svc, proxy, "submit", body)
+    _settled(svc, watcher)
+    # Then the broker's second delivery made no second job: every response names the same jobs
+    answers = _responses(watcher, svc, "submit", "t1")
+    assert answers and all(a["status"] == "ok" for a in answers), answers
+    assert len({json.dumps(a["data"], sort_keys=True) for a in answers}) == 1, answers
+    created = {t for t, p, *_ in watcher.messages if t.startswith(f"{svc.base}/jobs/") and p}
+    assert len(created) == (1 if shape == "single" else 3), created
+    assert "delivered again after a lost acknowledgement" in svc.log()
+
+
+def test_a_retry_delivered_again_runs_the_job_once_more_only(flaky) -> None:
+    svc, proxy = flaky
+    watcher = svc.watcher("response/#", "jobs/+", "events")
+    # Given a failed job
+    resp = svc.request("submit", {"kind": "test_fail", "options": {"code": "unsupported_media"}}, watcher)
+    job_id = resp["data"]["jobs"][0]["job_id"]
+    watcher.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] == "failed")
+    # When a retry of it is delivered twice
+    _after_a_lost_ack(svc, proxy, "retry", {"job_id": job_id, "transaction": "r1"})
+    _settled(svc, watcher)
+    wait_until(lambda: watcher.job_events(svc.base, job_id)[-1]["state"] == "failed", 30, "the retried run to end")
+    # Then the job ran once more, not twice
+    runs = [e for e in watcher.job_events(svc.base, job_id) if e["state"] == "running"]
+    assert len(runs) == 2, runs
+    assert all(a["status"] == "ok" for a in _responses(watcher, svc, "retry", "r1"))
+
+
+@pytest.mark.parametrize("command", ["cancel", "pause", "resume", "purge"])
+def test_other_requests_delivered_again_are_answered_with_their_first_response(flaky, command: str) -> None:
+    svc, proxy = flaky
+    watcher = svc.watcher("response/#", "jobs/+")
+    body: dict[str, Any] = {"transaction": "c1"}
+    if command == "cancel":
+        resp = svc.request("submit", {"kind": "test_hang"}, watcher)
+        body["job_id"] = resp["data"]["jobs"][0]["job_id"]
+        watcher.wait_json(f"{svc.base}/jobs/{body['job_id']}", lambda m: m["state"] == "running")
+    if command == "purge":
+        resp = svc.request("submit", {"kind": "noop"}, watcher)
+        watcher.wait_json(f"{svc.base}/jobs/{resp['data']['jobs'][0]['job_id']}", lambda m: m["state"] == "succeeded")
+        body["older_than_s"] = 0
+    # When the request is delivered twice
+    _after_a_lost_ack(svc, proxy, command, body)
+    _settled(svc, watcher)
+    # Then every answer is the first one (a second cancel would say the job already ended)
+    answers = _responses(watcher, svc, command, "c1")
+    assert answers and all(a == answers[0] for a in answers), answers
+    assert answers[0]["status"] == "ok", answers
