@@ -211,7 +211,10 @@ def _parse_options(pairs: list[str] | None) -> dict[str, Any]:
 
 @app.command()
 def submit(
-    files: Annotated[list[str], typer.Argument(help="media files (paths as the service sees them)")],
+    files: Annotated[
+        list[str] | None,
+        typer.Argument(help="media files (paths as the service sees them); none for a kind without input"),
+    ] = None,
     kind: Annotated[str | None, typer.Option("--kind", "-k", help="job kind (default: default_kind)")] = None,
     option: Annotated[
         list[str] | None, typer.Option("--option", "-o", help="KEY=VALUE kind option (JSON value)")
@@ -228,10 +231,10 @@ def submit(
         "options": _parse_options(option),
         "priority": priority,
     }
-    paths = [p if p.startswith("/") else os.path.abspath(p) for p in files]
+    paths = [p if p.startswith("/") else os.path.abspath(p) for p in files or []]
     if len(paths) == 1:
         body["input"] = paths[0]
-    else:
+    elif paths:
         body["inputs"] = paths
     from .client import ServiceOffline
 

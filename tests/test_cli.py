@@ -48,6 +48,8 @@ def test_cli_cancel_and_errors(mosquitto, service_factory, speech: Path) -> None
     assert cancelled.returncode == 0 and job_id in cancelled.stdout
     again = cli(svc, "cancel", "nosuchjob")
     assert again.returncode == 1 and "not_found" in again.stderr
+    bare = cli(svc, "submit", "--kind", "noop")  # a kind without input needs no file
+    assert bare.returncode == 0 and len(bare.stdout.split()[0]) == 16, bare.stdout + bare.stderr
     missing = cli(svc, "submit", str(speech / "nope.flac"))
     assert missing.returncode == 1 and "input_not_found" in missing.stderr
 
