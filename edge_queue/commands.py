@@ -441,6 +441,19 @@ class Commands:
         started = self.service.republish()
         return {"republished": True, "already_running": not started}
 
+    def do_events(self, req: payloads.EventsRequest) -> dict[str, Any]:
+        """The event cursor: the state changes after ``after``, with ``next_after`` to ask for
+        next, the oldest ``event_id`` still kept, and ``dropped`` when events after the cursor
+        were deleted before they were read (docs/topics.md, ``events``)."""
+        store = self.service._store()
+        events, oldest, dropped = store.events_after(req.after, req.limit, job_id=req.job_id, types=req.types)
+        if len(events) == req.limit:
+            next_after = events[-1]["event_id"]
+        else:  # everything up to the newest event was looked at
+            newest = store.conn.execute("SELECT max(id) FROM job_events").fetchone()[0] or 0
+            next_after = max(req.after, events[-1]["event_id"] if events else 0, newest)
+        return {"events": events, "next_after": next_after, "oldest_event_id": oldest, "dropped": dropped}
+
     def do_kinds(self, req: payloads.EmptyRequest) -> dict[str, Any]:
         """Every job kind with the JSON Schema of its options (``<base>/info`` names the
         options only, so that it stays small)."""

@@ -116,6 +116,17 @@ class ListRequest(_Request):
     before: str | None = Field(None, max_length=64)
 
 
+class EventsRequest(_Request):
+    """``events``: the event log after the cursor ``after`` (an ``event_id``; 0: from the
+    start), oldest first, at most ``limit`` (1-500, default 500), optionally of one job and of
+    some event types."""
+
+    after: int = Field(0, ge=0, le=2**63 - 1)
+    limit: int = Field(500, ge=1, le=500)
+    job_id: str | None = Field(None, min_length=1, max_length=64)
+    types: list[Literal["new", "update", "end"]] | None = Field(None, min_length=1, max_length=3)
+
+
 class PurgeRequest(_Request):
     """``purge``: one terminal job, or terminal jobs older than ``older_than_s`` in ``states``."""
 
@@ -139,6 +150,7 @@ REQUEST_MODELS: dict[str, type[_Request]] = {
     "purge": PurgeRequest,
     "republish": EmptyRequest,
     "kinds": EmptyRequest,
+    "events": EventsRequest,
 }
 
 

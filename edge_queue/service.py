@@ -963,8 +963,15 @@ class Service:
         self._turn_jobs[job["job_id"]] = (body, terminal)
         if event is None:
             event = "end" if terminal else "update"
-        # The event embeds the very bytes of the retained state: encoded once.
-        self.bridge.publish(self.topics.events, b'{"v":1,"type":"%s","job":%s}' % (event.encode(), body))
+        # The event embeds the very bytes of the retained state: encoded once. event_id: the
+        # state change's id in the store's event log (the events request's cursor); progress
+        # is not a state change and has none.
+        event_id = job.get("event_id")
+        self.bridge.publish(
+            self.topics.events,
+            b'{"v":1,"type":"%s","event_id":%s,"job":%s}'
+            % (event.encode(), b"null" if event_id is None else str(int(event_id)).encode(), body),
+        )
         if job.get("batch_id"):
             self._dirty_batches.add(job["batch_id"])
         self._queue_dirty = True

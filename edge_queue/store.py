@@ -33,7 +33,8 @@ from .states import ACTIVE, JobState, can_transition, is_terminal
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+#: 2: ``jobs.lock_key``; ``job_events.id`` never reused (AUTOINCREMENT, the event cursor); ``store_meta``.
+SCHEMA_VERSION = 2
 _ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
 _JSON_COLUMNS = ("options", "error", "result")
 
@@ -154,6 +155,9 @@ class Store:
             raise RuntimeError(f"database schema {version} is newer than this edge-queue ({SCHEMA_VERSION})")
         if version == SCHEMA_VERSION:
             return
+        if version == 1:
+            self._migrate_1_to_2()
+            return
         with self._immediate():
             self.db.table("batches").create(
                 {"batch_id": str, "total": int, "created_at": str, "updated_at": str},
@@ -187,6 +191,7 @@ class Store:
                     "started_at": str,
                     "finished_at": str,
                     "updated_at": str,
+                    "lock_key": str,
                 },
                 pk="job_id",
                 not_null={"seq", "kind", "state", "attempt", "max_attempts", "priority", "created_at"},
@@ -194,19 +199,7 @@ class Store:
                 foreign_keys=[("batch_id", "batches", "batch_id")],
                 if_not_exists=True,
             )
-            self.db.table("job_events").create(
-                {
-                    "id": int,
-                    "job_id": str,
-                    "at": str,
-                    "from_state": str,
-                    "to_state": str,
-                    "attempt": int,
-                    "detail": str,
-                },
-                pk="id",
-                if_not_exists=True,
-            )
+            self._create_events_table("job_events")
             self.db.table("idempotency_keys").create(
                 {"key": str, "batch_id": str, "job_ids": str, "created_at": str},
                 pk="key",
@@ -227,6 +220,36 @@ class Store:
                 "CREATE INDEX IF NOT EXISTS jobs_run_at ON jobs(run_at) WHERE state = 'queued' AND run_at IS NOT NULL"
             )
             self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    def _create_events_table(self, name: str) -> None:
+        """The event log: ``id`` is AUTOINCREMENT, so an id is never given twice, even after
+        the newest events were deleted (sqlite-utils cannot declare it)."""
+        self.conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {name} (id INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT, at TEXT, "
+            "from_state TEXT, to_state TEXT, attempt INTEGER, detail TEXT)"
+        )
+        self.db.table("store_meta").create({"key": str, "value": int}, pk="key", if_not_exists=True)
+        # the holder and the waiters of each lock key, in submit order (Store.claim_many)
+        self.conn.execute(
+            "CREATE INDEX IF NOT EXISTS jobs_lock ON jobs(lock_key, created_at, job_id) "
+            "WHERE lock_key IS NOT NULL AND state IN ('queued','running','retrying','cancelling')"
+        )
+
+    def _migrate_1_to_2(self) -> None:
+        """Schema 1 -> 2 in one transaction: ``jobs.lock_key``, and the event log copied into
+        a table whose ids are never reused (same ids)."""
+        with self._immediate():
+            self.conn.execute("ALTER TABLE jobs ADD COLUMN lock_key TEXT")
+            self._create_events_table("job_events_v2")  # (and the lock index, on the new column)
+            self.conn.execute(
+                "INSERT INTO job_events_v2 (id, job_id, at, from_state, to_state, attempt, detail) "
+                "SELECT id, job_id, at, from_state, to_state, attempt, detail FROM job_events"
+            )
+            self.conn.execute("DROP TABLE job_events")
+            self.conn.execute("ALTER TABLE job_events_v2 RENAME TO job_events")
+            self.conn.execute("CREATE INDEX IF NOT EXISTS idx_job_events_job_id ON job_events(job_id)")
+            self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        log.info("job store %s upgraded to schema %d", self.path, SCHEMA_VERSION)
 
     @contextmanager
     def _immediate(self) -> Iterator[None]:
@@ -437,6 +460,53 @@ class Store:
         """The event log of one job, oldest first."""
         return list(self.db.query("SELECT * FROM job_events WHERE job_id = ? ORDER BY id", [job_id]))
 
+    def events_after(
+        self, after: int, limit: int, *, job_id: str | None = None, types: Iterable[str] | None = None
+    ) -> tuple[list[dict[str, Any]], int | None, bool]:
+        """The event cursor (docs/topics.md, ``events``): at most ``limit`` events with an id
+        above ``after``, oldest first, each ``{"event_id", "type", "job_id", "state",
+        "from_state", "attempt", "at", "detail"}`` (``type``: ``new`` when the job was created,
+        ``end`` when it reached a terminal state, else ``update``).
+
+        Returns ``(events, oldest event id kept or None, dropped)``: ``dropped`` is True when an
+        event with an id above ``after`` was deleted (with its purged job) before it was read."""
+        where: list[str] = ["id > ?"]
+        args: list[Any] = [after]
+        if job_id is not None:
+            where.append("job_id = ?")
+            args.append(job_id)
+        if types is not None:
+            kinds = set(types)
+            terms = []
+            if "new" in kinds:
+                terms.append("from_state IS NULL")
+            if "end" in kinds:
+                terms.append("(from_state IS NOT NULL AND to_state IN ('succeeded','failed','cancelled'))")
+            if "update" in kinds:
+                terms.append("(from_state IS NOT NULL AND to_state NOT IN ('succeeded','failed','cancelled'))")
+            where.append("(" + (" OR ".join(terms) or "0") + ")")
+        rows = self.conn.execute(
+            "SELECT id, job_id, at, from_state, to_state, attempt, detail FROM job_events "
+            f"WHERE {' AND '.join(where)} ORDER BY id LIMIT ?",
+            [*args, limit],
+        ).fetchall()
+        events = [
+            {
+                "event_id": r[0],
+                "type": "new" if r[3] is None else "end" if is_terminal(JobState(r[4])) else "update",
+                "job_id": r[1],
+                "state": r[4],
+                "from_state": r[3],
+                "attempt": r[5],
+                "at": r[2],
+                "detail": json.loads(r[6]) if r[6] else None,
+            }
+            for r in rows
+        ]
+        oldest = self.conn.execute("SELECT min(id) FROM job_events").fetchone()[0]
+        deleted = self.conn.execute("SELECT value FROM store_meta WHERE key = 'events_deleted_upto'").fetchone()
+        return events, oldest, bool(deleted and deleted[0] > after)
+
     @staticmethod
     def backup(src: Path | str, dest: Path | str) -> None:
         """Copy the database ``src`` to ``dest`` with SQLite's online backup API: consistent
@@ -495,6 +565,7 @@ class Store:
                     [batch_id, len(specs), at, at],
                 )
             out: list[Created] = []
+            fresh: list[Created] = []
             new_jobs: list[dict[str, Any]] = []
             for spec in specs:
                 key = dedupe_key(spec.kind, spec.input, spec.options)
@@ -537,6 +608,7 @@ class Store:
                 }
                 new_jobs.append(job)
                 out.append(Created(self._decode(dict(job)), False))
+                fresh.append(out[-1])
             # Prepared once per connection (sqlite3's statement cache); one executemany each.
             if new_jobs:
                 # every row has the same keys: the columns of the table
@@ -550,6 +622,8 @@ class Store:
                     "VALUES (?, ?, NULL, 'queued', 0, NULL)",
                     [(j["job_id"], at) for j in new_jobs],
                 )
+                for created, event_id in zip(fresh, self._last_event_ids(len(new_jobs)), strict=True):
+                    created.job["event_id"] = event_id
             if idempotency_key is not None:
                 self.conn.execute(
                     "INSERT INTO idempotency_keys (key, batch_id, job_ids, created_at) VALUES (?, ?, ?, ?)",
@@ -560,11 +634,20 @@ class Store:
 
     def _event(
         self, job_id: str, at: str, src: JobState | None, dst: JobState, attempt: int, detail: dict[str, Any] | None
-    ) -> None:
-        self.conn.execute(
+    ) -> int:
+        """Append one event to the log; its ``event_id``."""
+        cur = self.conn.execute(
             "INSERT INTO job_events (job_id, at, from_state, to_state, attempt, detail) VALUES (?, ?, ?, ?, ?, ?)",
             [job_id, at, src.value if src else None, dst.value, attempt, json.dumps(detail) if detail else None],
         )
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    def _last_event_ids(self, n: int) -> range:
+        """The ids of the ``n`` events just inserted by one ``executemany`` (AUTOINCREMENT ids
+        are consecutive inside one write transaction)."""
+        last = self.conn.execute("SELECT last_insert_rowid()").fetchone()[0]
+        return range(last - n + 1, last + 1)
 
     def claim(self, now: float, kinds: Iterable[str], owner: str) -> dict[str, Any] | None:
         """Move the next due job of one of ``kinds`` to ``running`` and return it, or ``None``.
@@ -620,6 +703,9 @@ class Store:
                 "VALUES (?, ?, ?, 'running', ?, NULL)",
                 [(j["job_id"], at, src, j["attempt"]) for j, (_, src, _, _) in zip(jobs, heads, strict=False)],
             )
+            if jobs:
+                for job, event_id in zip(jobs, self._last_event_ids(len(jobs)), strict=True):
+                    job["event_id"] = event_id
         return jobs
 
     def transition(
@@ -671,7 +757,7 @@ class Store:
             sets = ", ".join(f"{k} = ?" for k in values)
             row = self._row(f"UPDATE jobs SET {sets} WHERE job_id = ? RETURNING *", [*values.values(), job_id])
             assert row is not None
-            self._event(job_id, at, src, dst, values.get("attempt", job["attempt"]), detail)
+            row["event_id"] = self._event(job_id, at, src, dst, values.get("attempt", job["attempt"]), detail)
             self._counts[src.value] -= 1
             self._counts[dst.value] += 1
             return row
@@ -717,6 +803,15 @@ class Store:
             for job_id in job_ids:
                 row = self.conn.execute("SELECT state, batch_id FROM jobs WHERE job_id = ?", [job_id]).fetchone()
                 if row and is_terminal(row[0]):
+                    (newest,) = self.conn.execute(
+                        "SELECT max(id) FROM job_events WHERE job_id = ?", [job_id]
+                    ).fetchone()
+                    if newest is not None:  # the event cursor reports events deleted unread (events_after)
+                        self.conn.execute(
+                            "INSERT INTO store_meta (key, value) VALUES ('events_deleted_upto', ?) "
+                            "ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value)",
+                            [newest],
+                        )
                     self.conn.execute("DELETE FROM job_events WHERE job_id = ?", [job_id])
                     self.conn.execute("DELETE FROM jobs WHERE job_id = ?", [job_id])
                     gone.append(job_id)

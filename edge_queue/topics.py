@@ -21,6 +21,7 @@ COMMANDS: tuple[str, ...] = (
     "purge",
     "republish",
     "kinds",
+    "events",
 )
 
 #: The response topic level used for requests whose command is not in :data:`COMMANDS`.

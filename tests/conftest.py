@@ -327,7 +327,7 @@ def publish(broker: Broker, topic: str, payload: bytes | str, retain: bool = Fal
     pub.loop_stop()
 
 
-_COMMANDS = ("submit", "cancel", "retry", "get", "list", "pause", "resume", "purge", "republish", "kinds")
+_COMMANDS = ("submit", "cancel", "retry", "get", "list", "pause", "resume", "purge", "republish", "kinds", "events")
 
 
 def retained_under(broker: Broker, base: str, quiet_s: float = 0.3, timeout_s: float = 30.0) -> set[str]:

@@ -136,3 +136,38 @@ def test_state_table() -> None:
     assert {s for s in JobState if is_terminal(s)} == {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}
     assert can_transition("running", "queued") and not can_transition("succeeded", "queued")
     assert set(TRANSITIONS) == set(JobState)
+
+
+def test_a_schema_1_store_is_upgraded_keeping_its_events_and_their_ids(tmp_path: Path) -> None:
+    # Given a store as edge-queue wrote it before schema 2 (event ids a plain rowid, no
+    # lock_key), with a few jobs and their events
+    path = tmp_path / "old.db"
+    store = Store(path)
+    _, created = store.submit([JobSpec("noop", f"x{i}", {}) for i in range(3)], 1.0, as_batch=True)
+    store.claim_many(2.0, ["noop"], "run", 3)
+    before = list(store.conn.execute("SELECT * FROM job_events ORDER BY id"))
+    conn = store.conn
+    conn.execute("DROP INDEX jobs_lock")
+    conn.execute("ALTER TABLE jobs DROP COLUMN lock_key")
+    conn.execute("ALTER TABLE job_events RENAME TO job_events_new")
+    conn.execute(
+        "CREATE TABLE job_events (id INTEGER PRIMARY KEY, job_id TEXT, at TEXT, from_state TEXT, to_state TEXT, "
+        "attempt INTEGER, detail TEXT)"
+    )
+    conn.execute("INSERT INTO job_events SELECT * FROM job_events_new")
+    conn.execute("DROP TABLE job_events_new")
+    conn.execute("DROP TABLE store_meta")
+    conn.execute("PRAGMA user_version=1")
+    store.close()
+    # When the new edge-queue opens it
+    store = Store(path)
+    # Then it is schema 2, with the same events under the same ids, and new ids follow them
+    assert store.conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    after = list(store.conn.execute("SELECT * FROM job_events ORDER BY id"))
+    assert after == before
+    assert (
+        "AUTOINCREMENT" in store.conn.execute("SELECT sql FROM sqlite_master WHERE name = 'job_events'").fetchone()[0]
+    )
+    job = store.transition(created[0].job["job_id"], JobState.SUCCEEDED, 3.0)
+    assert job["event_id"] == before[-1][0] + 1
+    assert "lock_key" in store.db.table("jobs").columns_dict
