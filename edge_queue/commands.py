@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from . import payloads
 from .errors import EdgeQueueError, ErrorCode, InputError, NotFoundError, RequestError
 from .states import ACTIVE, JobState, cancelled_error, is_terminal
-from .store import JobSpec
+from .store import JobSpec, LockHeld
 from .topics import COMMANDS, valid_id
 
 if TYPE_CHECKING:
@@ -262,6 +262,11 @@ class Commands:
                 "(limits.max_queued_jobs): submit again later",
                 code=ErrorCode.QUEUE_FULL,
             )
+        if req.lock_key is not None and req.on_lock == "reject" and len(raw_inputs) > 1:
+            raise RequestError(
+                'a lock key with on_lock "reject" takes one input; with "wait" the inputs run one after another',
+                field="on_lock",
+            )
         specs, rejected = [], []
         # every input costs its checks (a file system look-up), accepted or not
         svc.turn_work += len(raw_inputs)
@@ -281,13 +286,23 @@ class Commands:
                     max_attempts=req.max_attempts or svc.settings.retry.max_attempts,
                     timeout_s=req.timeout_s,
                     run_at=req.run_at_ts(),
+                    lock_key=req.lock_key,
+                    reject_when_locked=req.on_lock == "reject",
                 )
             )
         if not specs:
             raise _AllRejected(rejected)
-        batch_id, created = svc._store().submit(
-            specs, svc.clock(), idempotency_key=req.idempotency_key, as_batch=len(raw_inputs) > 1
-        )
+        try:
+            batch_id, created = svc._store().submit(
+                specs, svc.clock(), idempotency_key=req.idempotency_key, as_batch=len(raw_inputs) > 1
+            )
+        except LockHeld as e:
+            raise RequestError(
+                f"lock key {_clip(e.lock_key, 200)!r} is held by job {e.holder}, which is not finished; "
+                'submit with "on_lock": "wait" to run after it',
+                code=ErrorCode.LOCK_HELD,
+                field="lock_key",
+            ) from e
         for c in created:
             if not c.duplicate:
                 if log.isEnabledFor(logging.INFO):
@@ -320,7 +335,12 @@ class Commands:
         if req.state is not None and req.state not in {s.value for s in JobState}:
             raise RequestError(f"unknown state {req.state[:32]!r}", field="state")
         rows = self.service._store().list_jobs(
-            state=req.state, kind=req.kind, batch_id=req.batch_id, before=req.before, limit=req.limit
+            state=req.state,
+            kind=req.kind,
+            batch_id=req.batch_id,
+            before=req.before,
+            limit=req.limit,
+            lock_key=req.lock_key,
         )
         jobs: list[dict[str, Any]] = []
         size = 0

@@ -54,6 +54,8 @@ class SubmitRequest(_Request):
     max_attempts: int | None = Field(None, ge=1, le=100)
     timeout_s: float | None = Field(None, gt=0, le=7 * 86400)
     run_at: str | None = None
+    lock_key: str | None = Field(None, min_length=1, max_length=200)
+    on_lock: Literal["reject", "wait"] = "reject"
 
     @field_validator("inputs")
     @classmethod
@@ -114,6 +116,7 @@ class ListRequest(_Request):
     batch_id: str | None = Field(None, max_length=64)
     limit: int = Field(50, ge=1, le=500)
     before: str | None = Field(None, max_length=64)
+    lock_key: str | None = Field(None, min_length=1, max_length=200)
 
 
 class EventsRequest(_Request):
@@ -290,6 +293,7 @@ _JOB_FIELDS = (
     "started_at",
     "finished_at",
     "updated_at",
+    "lock_key",
 )
 
 

@@ -37,6 +37,13 @@ log = logging.getLogger(__name__)
 SCHEMA_VERSION = 2
 _ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
 _JSON_COLUMNS = ("options", "error", "result")
+#: SQL condition on a row of ``jobs``: it has no lock key, or it is the oldest active job of its
+#: key (the one that may run; the others wait for it, in submit order).
+_LOCK_HEAD = (
+    "(jobs.lock_key IS NULL OR jobs.job_id = (SELECT l.job_id FROM jobs AS l INDEXED BY jobs_lock "
+    "WHERE l.lock_key = jobs.lock_key AND l.state IN ('queued','running','retrying','cancelling') "
+    "ORDER BY l.created_at, l.job_id LIMIT 1))"
+)
 
 
 def iso(ts: float) -> str:
@@ -88,6 +95,18 @@ class JobSpec:
     max_attempts: int = 3
     timeout_s: float | None = None
     run_at: float | None = None
+    #: jobs with one lock key run one at a time, in submit order (docs/topics.md, "Lock keys")
+    lock_key: str | None = None
+    #: with a lock key: refuse the job (:class:`LockHeld`) while another job holds the key
+    reject_when_locked: bool = False
+
+
+class LockHeld(Exception):
+    """A submit with ``on_lock: reject`` met an active job holding its lock key."""
+
+    def __init__(self, lock_key: str, holder: str) -> None:
+        super().__init__(f"lock key {lock_key!r} is held by job {holder}")
+        self.lock_key, self.holder = lock_key, holder
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,11 +350,12 @@ class Store:
         batch_id: str | None = None,
         before: str | None = None,
         limit: int = 50,
+        lock_key: str | None = None,
     ) -> list[dict[str, Any]]:
         """Jobs newest first, filtered; ``before`` is a job id to page past (exclusive)."""
         where: list[str] = []
         args: list[Any] = []
-        for col, val in (("state", state), ("kind", kind), ("batch_id", batch_id)):
+        for col, val in (("state", state), ("kind", kind), ("batch_id", batch_id), ("lock_key", lock_key)):
             if val is not None:
                 where.append(f"{col} = ?")
                 args.append(val)
@@ -441,6 +461,15 @@ class Store:
         rows = list(self.db.query("SELECT * FROM jobs WHERE finished_at IS NOT NULL ORDER BY finished_at DESC LIMIT 1"))
         return self._decode(rows[0]) if rows else None
 
+    def lock_holder(self, lock_key: str) -> str | None:
+        """The job that holds ``lock_key``: the oldest active job with it, or None."""
+        row = self.conn.execute(
+            "SELECT job_id FROM jobs INDEXED BY jobs_lock WHERE lock_key = ? "
+            "AND state IN ('queued','running','retrying','cancelling') ORDER BY created_at, job_id LIMIT 1",
+            [lock_key],
+        ).fetchone()
+        return None if row is None else str(row[0])
+
     def next_due(self) -> float | None:
         """Earliest ``retry_at`` / ``run_at`` in the future of a waiting job, as Unix seconds."""
         # Each MIN reads one entry of its partial index, however long the backlog.
@@ -450,7 +479,7 @@ class Store:
                 "SELECT retry_at FROM jobs INDEXED BY jobs_retry_due WHERE state = 'retrying' "
                 "ORDER BY retry_at LIMIT 1",
                 "SELECT run_at FROM jobs INDEXED BY jobs_run_at WHERE state = 'queued' AND run_at IS NOT NULL "
-                "ORDER BY run_at LIMIT 1",
+                f"AND {_LOCK_HEAD} ORDER BY run_at LIMIT 1",
             )
         ]
         due = min((h[0] for h in heads if h and h[0]), default=None)
@@ -578,6 +607,10 @@ class Store:
                     if found:
                         out.append(Created(self.get(found[0]), True))
                         continue
+                if spec.lock_key is not None and spec.reject_when_locked:
+                    holder = self.lock_holder(spec.lock_key)
+                    if holder is not None:
+                        raise LockHeld(spec.lock_key, holder)
                 job_id = new_id(now)
                 job: dict[str, Any] = {
                     "job_id": job_id,
@@ -599,6 +632,7 @@ class Store:
                     "dedupe_key": key,
                     "timeout_s": spec.timeout_s,
                     "run_at": iso(spec.run_at) if spec.run_at else None,
+                    "lock_key": spec.lock_key,
                     "owner": None,
                     "crashes": 0,
                     "created_at": at,
@@ -680,7 +714,7 @@ class Store:
                 for state, due in (("queued", "coalesce(run_at, '') <= ?"), ("retrying", "retry_at <= ?"))
                 for h in self.conn.execute(
                     f"SELECT job_id, state, priority, created_at FROM jobs INDEXED BY jobs_claim "
-                    f"WHERE state = ? AND kind IN ({marks}) AND {due} "
+                    f"WHERE state = ? AND kind IN ({marks}) AND {due} AND {_LOCK_HEAD} "
                     "ORDER BY priority DESC, created_at, job_id LIMIT ?",
                     [state, *kinds, at, n],
                 )
