@@ -38,7 +38,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -71,6 +71,17 @@ READ_BUDGET = 2_000
 #: Seconds between reconnect attempts: from 1, doubling, at most 4 (the retained state must be
 #: back within seconds of a broker restart).
 RECONNECT_MIN_S, RECONNECT_MAX_S = 1.0, 4.0
+#: MQTT 5 DISCONNECT reason code 0x8E: another connection took our client id (MQTT 5.0, 3.14.2.1).
+SESSION_TAKEN_OVER = 0x8E
+#: Seconds before reconnecting after a take-over: 10, doubling with each take-over of the last
+#: TAKEOVER_WINDOW_S, at most 60.
+TAKEOVER_MIN_S, TAKEOVER_MAX_S = 10.0, 60.0
+TAKEOVER_WINDOW_S = 600.0
+#: A broker that does not say "session taken over" (mosquitto 2.0.11 closes the old connection
+#: without a DISCONNECT): this many connections that it ended within SHORT_CONNECTION_S of their
+#: start, within SHORT_WINDOW_S, are taken for a take-over (two clients with one id take it from
+#: each other every second or two).
+SHORT_CONNECTIONS, SHORT_CONNECTION_S, SHORT_WINDOW_S = 3, 10.0, 120.0
 #: While disconnected, at most this many responses and events (and this many bytes of them)
 #: wait for the broker; older ones are dropped (retained state is not kept: the republish
 #: after the reconnect sends it again).
@@ -393,7 +404,8 @@ class Bridge:
     ) -> None:
         self.settings = settings
         self.topics = topics
-        self.client_id = client_id or settings.client_id
+        #: empty until the service sets the default one (:meth:`set_client_id`)
+        self.client_id: str = client_id or settings.client_id or ""
         self.max_packet_bytes = max_packet_bytes
         self.max_payload_bytes = max_payload_bytes
         self.inbox_bytes = 0  # payload bytes in the inbox (the service subtracts what it takes)
@@ -417,6 +429,18 @@ class Bridge:
         self._reconnect_delay = RECONNECT_MIN_S
         self._more_to_read = False
         self._client: _Client = self._make_client()
+        #: called with the payload of a live (not retained) ``<base>/info`` another client published
+        self.on_info: Callable[[bytes], None] | None = None
+        #: the broker closed our connection because another client connected with our client id
+        self.taken_over = 0
+        self._takeovers: list[float] = []
+        self._short: list[float] = []  # ends of connections that lasted under SHORT_CONNECTION_S
+        self._connected_at = 0.0
+
+    def set_client_id(self, client_id: str) -> None:
+        """Use ``client_id`` (before :meth:`connect`)."""
+        self.client_id = client_id
+        self._client = self._make_client()
 
     @property
     def protocol_name(self) -> str:
@@ -454,6 +478,7 @@ class Bridge:
             return
         self._refused = None
         self.connected = True
+        self._connected_at = time.monotonic()
         self.connection += 1
         self._reconnect_delay = RECONNECT_MIN_S
         set_nodelay(client)
@@ -471,8 +496,12 @@ class Bridge:
                 retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB,
             )
             client.subscribe(self.topics.requests, options=opts)
+            # another installation announcing itself: live messages only (retained ones come
+            # with the retain flag, and are our own or were checked before we connected)
+            client.subscribe(self.topics.info, options=SubscribeOptions(qos=0, noLocal=True))
         else:
             client.subscribe(self.topics.requests, 1)
+            client.subscribe(self.topics.info, 0)
         session_present = bool(getattr(flags, "session_present", False))
         if session_present:
             # Requests of the old connection not yet acknowledged: the broker sends them again
@@ -509,11 +538,37 @@ class Bridge:
                 len(self._once),
             )
             self._once.clear()
-        self._next_reconnect = time.monotonic() + self._reconnect_delay
-        if not self._closing and was:
+        now = time.monotonic()
+        said = getattr(reason, "value", None) == SESSION_TAKEN_OVER
+        if was and not self._closing and now - self._connected_at < SHORT_CONNECTION_S:
+            self._short = [t for t in self._short if now - t < SHORT_WINDOW_S] + [now]
+        if not self._closing and (said or len(self._short) >= SHORT_CONNECTIONS):
+            # Another client connected with our client id (the broker says so in MQTT 5, or
+            # mosquitto 2.0.11 just closes our connection each time it connects): reconnecting
+            # at once would take the id back and be taken again, a loop that hides who does it.
+            self._takeovers = [t for t in self._takeovers if now - t < TAKEOVER_WINDOW_S] + [now]
+            self.taken_over += 1
+            self._reconnect_delay = min(TAKEOVER_MAX_S, TAKEOVER_MIN_S * 2 ** (len(self._takeovers) - 1))
+            log.error(
+                "the broker closed our connection because another client connected with our client id %r (%s): "
+                "another edge-queue with the same mqtt.client_id, or a client using it; reconnecting in %.0f s",
+                self.client_id,
+                "it says so"
+                if said
+                else f"{len(self._short)} connections ended within {SHORT_CONNECTION_S:.0f} s of their start "
+                f"in {SHORT_WINDOW_S / 60:.0f} minutes, the broker up all along",
+                self._reconnect_delay,
+            )
+            self._short.clear()
+        elif not self._closing and was:
             log.warning("disconnected from the broker (%s); reconnecting", reason)
+        self._next_reconnect = now + self._reconnect_delay
 
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        if msg.topic == self.topics.info:
+            if not msg.retain and msg.payload and self.on_info is not None:
+                self.on_info(bytes(msg.payload))
+            return
         command = self.topics.parse_request(msg.topic)
         if command is None:
             if msg.qos:
@@ -558,6 +613,8 @@ class Bridge:
         the broker refuses (bad credentials, client id not allowed).
         """
         s = self.settings
+        if not self.client_id:
+            self.set_client_id("edge-queue")
         if s.protocol == "auto":
             found = detect_protocol(s, self.client_id, timeout_s)
             if found == "3.1.1":

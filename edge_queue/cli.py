@@ -39,7 +39,7 @@ ConfigOpt = Annotated[
 ]
 MediaRootOpt = Annotated[list[Path] | None, typer.Option("--media-root", "-m", help="add a media root (repeatable)")]
 
-EXIT_FAILED, EXIT_USAGE, EXIT_NO_BROKER, EXIT_OFFLINE = 1, 2, 3, 4
+EXIT_FAILED, EXIT_USAGE, EXIT_NO_BROKER, EXIT_OFFLINE, EXIT_TOPIC_IN_USE = 1, 2, 3, 4, 5
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
@@ -102,8 +102,13 @@ def serve(config: ConfigOpt = None, media_root: MediaRootOpt = None) -> None:
     from .service import serve as run_service
 
     settings = _settings(config, media_root)
+    from .instance import BaseTopicInUse
+
     try:
         raise typer.Exit(run_service(settings))
+    except BaseTopicInUse as e:
+        typer.echo(f"edge-queue: {e.message}", err=True)
+        raise typer.Exit(EXIT_TOPIC_IN_USE) from e
     except ConfigError as e:
         typer.echo(f"edge-queue: {e.message}", err=True)
         raise typer.Exit(EXIT_USAGE) from e
@@ -180,8 +185,13 @@ def up(config: ConfigOpt = None, media_root: MediaRootOpt = None) -> None:
             raise typer.Exit(EXIT_NO_BROKER) from e
     else:
         logging.getLogger("edge_queue").info("using the MQTT broker at %s:%s", host, port)
+    from .instance import BaseTopicInUse
+
     try:
         code = Service(settings).run()
+    except BaseTopicInUse as e:
+        typer.echo(f"edge-queue: {e.message}", err=True)
+        code = EXIT_TOPIC_IN_USE
     except ConfigError as e:
         typer.echo(f"edge-queue: {e.message}", err=True)
         code = EXIT_USAGE

@@ -54,7 +54,8 @@ class MqttSettings(_Section):
     port: int = Field(1883, ge=1, le=65535)
     username: str | None = None
     password: SecretStr | None = None
-    client_id: str = Field("edge-queue", min_length=1, max_length=64)
+    #: None: ``edge-queue-<instance id>`` (the installation's id, kept in the store)
+    client_id: str | None = Field(None, min_length=1, max_length=64)
     base_topic: str = "edge-queue"
     keepalive_s: int = Field(30, ge=5, le=3600)
     #: ``auto`` tries MQTT 5 and falls back to 3.1.1 for brokers that refuse it (amqtt 0.12).

@@ -32,6 +32,7 @@ from .bridge import MAX_PROPERTY_BYTES, Bridge, Connected, Incoming
 from .commands import BULK_LIMIT, Commands, RejectionLog, rejections, roots_text
 from .config import Settings
 from .errors import ConfigError, ErrorCode, NotFoundError
+from .instance import claim_base_topic, describe
 from .kinds import registry
 from .notify import Notifier
 from .preflight import check_data_dir
@@ -163,6 +164,9 @@ class Service:
         self._timeouts = {k: settings.kind(k).timeout_s for k in self.kinds}
         self._outputs = str(settings.outputs_dir)
         self.run_id = new_id()
+        self.instance_id = ""  # the installation's id, from the store (boot)
+        #: other installations seen announcing themselves on our base topic: id -> their info
+        self.conflicts: dict[str, dict[str, Any]] = {}
         self.started_at = iso(clock())
         self.paused = False
         self.stopping = False
@@ -233,8 +237,13 @@ class Service:
         self.store = Store(s.db_path, s.durability)
         if self._store_was_new:
             os.chmod(s.db_path, 0o600)  # readable by the service's user only, whatever the umask
+        self.instance_id = self.store.instance_id()
+        if not self.bridge.client_id:
+            self.bridge.set_client_id(f"edge-queue-{self.instance_id}")
+        claim_base_topic(s.mqtt, self.topics, self.instance_id, self.bridge.client_id)
         self.requeue_orphans()
         self.supervisor.start()
+        self.bridge.on_info = self.on_foreign_info
         self.bridge.connect(connect_timeout_s)
 
     def requeue_orphans(self) -> None:
@@ -1068,6 +1077,9 @@ class Service:
             "version": package_version(),
             "started_at": self.started_at,
             "base_topic": self.topics.base,
+            "instance_id": self.instance_id,
+            "host": socket.gethostname(),
+            **({"conflict": list(self.conflicts.values())} if self.conflicts else {}),
             "kinds": {  # the options' JSON Schemas: the kinds request
                 name: {
                     "description": k.description,
@@ -1081,6 +1093,27 @@ class Service:
             "workers": self.settings.workers,
             "broker_protocol": self.bridge.protocol_name,
         }
+
+    def on_foreign_info(self, payload: bytes) -> None:
+        """A live ``<base>/info`` from another installation: two services on one base topic.
+        Logged, and shown in our own ``info`` (``conflict``), once per other installation."""
+        try:
+            info = json.loads(payload)
+        except ValueError:
+            return
+        if not isinstance(info, dict):
+            return
+        other = info.get("instance_id")
+        if not other or other == self.instance_id or other in self.conflicts:
+            return
+        self.conflicts[str(other)] = {k: info.get(k) for k in ("instance_id", "host", "version", "started_at")}
+        log.error(
+            "another edge-queue announced itself on our base topic %s: %s; both take the same requests. Give each "
+            "box its own mqtt.base_topic, and stop one of them",
+            self.topics.base,
+            describe(info),
+        )
+        self.bridge.publish(self.topics.info, payloads.encode(self.info()), retain=True)
 
     def republish(self) -> bool:
         """Republish ``status``, ``info``, ``queue``, every job and batch from the store.

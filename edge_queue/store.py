@@ -140,6 +140,7 @@ class Store:
         self.migrate()
         # Indexes and tables added after schema 1 (cheap when they exist).
         self.conn.execute("CREATE INDEX IF NOT EXISTS jobs_finished ON jobs(finished_at) WHERE finished_at IS NOT NULL")
+        self.db.table("instance").create({"instance_id": str, "created_at": str}, pk="instance_id", if_not_exists=True)
         self.db.table("delivered_requests").create(
             {"key": bytes, "response": bytes, "reply_to": str, "at": float},
             pk="key",
@@ -378,6 +379,17 @@ class Store:
         """The subset of ``job_ids`` that the store knows."""
         marks = ",".join("?" * len(job_ids))
         return {r[0] for r in self.conn.execute(f"SELECT job_id FROM jobs WHERE job_id IN ({marks})", job_ids)}
+
+    def instance_id(self) -> str:
+        """The installation's id: 12 hex digits made with the store, the same for its whole life
+        (restarts, upgrades); a new ``data_dir`` makes a new one (docs/topics.md, ``info``)."""
+        row = self.conn.execute("SELECT instance_id FROM instance LIMIT 1").fetchone()
+        if row is not None:
+            return str(row[0])
+        made = secrets.token_hex(6)
+        with self._immediate():
+            self.conn.execute("INSERT INTO instance (instance_id, created_at) VALUES (?, ?)", [made, iso(time.time())])
+        return made
 
     # -- requests delivered again (docs/topics.md, "Requests delivered twice") ------------
 
