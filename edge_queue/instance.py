@@ -13,12 +13,13 @@ import json
 import logging
 import secrets
 import threading
+import time
 from typing import Any
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
-from .bridge import configure_client
+from .bridge import PROBE_S, configure_client
 from .config import MqttSettings
 from .errors import BrokerUnavailable, EdgeQueueError
 from .topics import ONLINE, Topics
@@ -47,11 +48,12 @@ def read_status_and_info(settings: MqttSettings, topics: Topics, client_id: str)
     short clean-session MQTT 3.1.1 connection of its own (``<client_id>-check-<hex>``).
     Raises :class:`BrokerUnavailable` when the broker cannot be reached or refuses us."""
     found: dict[str, Any] = {}
-    subscribed, both = threading.Event(), threading.Event()
+    subscribed, both, answered = threading.Event(), threading.Event(), threading.Event()
     connected: dict[str, Any] = {}
 
     def on_connect(c: mqtt.Client, u: Any, flags: Any, reason: Any, props: Any) -> None:
         connected["reason"] = reason
+        answered.set()
         if not reason.is_failure:
             c.subscribe([(topics.status, 0), (topics.info, 0)])
 
@@ -73,6 +75,11 @@ def read_status_and_info(settings: MqttSettings, topics: Topics, client_id: str)
         raise BrokerUnavailable(f"no MQTT broker at {settings.host}:{settings.port}: {e}") from e
     client.loop_start()
     try:
+        if not answered.wait(PROBE_S):
+            raise BrokerUnavailable(
+                f"{settings.host}:{settings.port} accepted a TCP connection but answered no MQTT CONNECT "
+                f"within {PROBE_S:.0f} s: is it an MQTT broker? Check mqtt.host and mqtt.port"
+            )
         if not subscribed.wait(10):
             reason = connected.get("reason")
             raise BrokerUnavailable(
@@ -92,12 +99,24 @@ def read_status_and_info(settings: MqttSettings, topics: Topics, client_id: str)
     return status, info if isinstance(info, dict) else {}
 
 
-def claim_base_topic(settings: MqttSettings, topics: Topics, instance_id: str, client_id: str) -> dict[str, Any] | None:
-    """Check that no other installation is online on the base topic before serving.
+def claim_base_topic(
+    settings: MqttSettings, topics: Topics, instance_id: str, client_id: str, timeout_s: float = 30.0
+) -> dict[str, Any] | None:
+    """Check that no other installation is online on the base topic before serving, waiting up
+    to ``timeout_s`` seconds for a broker that is still starting (boot order).
 
     Returns the ``info`` of an offline installation being taken over (logged), or None.
-    Raises :class:`BaseTopicInUse` naming the other installation and what to change."""
-    status, info = read_status_and_info(settings, topics, client_id)
+    Raises :class:`BaseTopicInUse` naming the other installation and what to change, and
+    :class:`BrokerUnavailable` when no broker answered in time."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            status, info = read_status_and_info(settings, topics, client_id)
+            break
+        except BrokerUnavailable as e:
+            if "refused us" in e.message or "accepted a TCP" in e.message or time.monotonic() >= deadline:
+                raise
+            time.sleep(1.0)
     other = info.get("instance_id")
     if other == instance_id:
         return None  # our own state from a previous run (a crash leaves "online" until the Will)

@@ -240,7 +240,7 @@ class Service:
         self.instance_id = self.store.instance_id()
         if not self.bridge.client_id:
             self.bridge.set_client_id(f"edge-queue-{self.instance_id}")
-        claim_base_topic(s.mqtt, self.topics, self.instance_id, self.bridge.client_id)
+        claim_base_topic(s.mqtt, self.topics, self.instance_id, self.bridge.client_id, connect_timeout_s)
         self.requeue_orphans()
         self.supervisor.start()
         self.bridge.on_info = self.on_foreign_info
