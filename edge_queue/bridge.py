@@ -429,8 +429,10 @@ class Bridge:
         self._reconnect_delay = RECONNECT_MIN_S
         self._more_to_read = False
         self._client: _Client = self._make_client()
-        #: called with the payload of a live (not retained) ``<base>/info`` another client published
-        self.on_info: Callable[[bytes], None] | None = None
+        #: other topics to follow (QoS 0, not our own messages): topic -> called with
+        #: ``(payload, retained)`` from :meth:`pump` (another installation's ``<base>/info``,
+        #: Home Assistant's ``<prefix>/status``)
+        self.watch: dict[str, Callable[[bytes, bool], None]] = {}
         #: the broker closed our connection because another client connected with our client id
         self.taken_over = 0
         self._takeovers: list[float] = []
@@ -496,12 +498,12 @@ class Bridge:
                 retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB,
             )
             client.subscribe(self.topics.requests, options=opts)
-            # another installation announcing itself: live messages only (retained ones come
-            # with the retain flag, and are our own or were checked before we connected)
-            client.subscribe(self.topics.info, options=SubscribeOptions(qos=0, noLocal=True))
+            for topic in self.watch:
+                client.subscribe(topic, options=SubscribeOptions(qos=0, noLocal=True))
         else:
             client.subscribe(self.topics.requests, 1)
-            client.subscribe(self.topics.info, 0)
+            for topic in self.watch:
+                client.subscribe(topic, 0)
         session_present = bool(getattr(flags, "session_present", False))
         if session_present:
             # Requests of the old connection not yet acknowledged: the broker sends them again
@@ -565,9 +567,9 @@ class Bridge:
         self._next_reconnect = now + self._reconnect_delay
 
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
-        if msg.topic == self.topics.info:
-            if not msg.retain and msg.payload and self.on_info is not None:
-                self.on_info(bytes(msg.payload))
+        watcher = self.watch.get(msg.topic)
+        if watcher is not None:
+            watcher(bytes(msg.payload), bool(msg.retain))
             return
         command = self.topics.parse_request(msg.topic)
         if command is None:

@@ -355,9 +355,9 @@ class Commands:
 
     def do_cancel(self, req: payloads.CancelRequest) -> dict[str, Any]:
         svc, store = self.service, self.service._store()
-        chosen = sum(x is not None and x is not False for x in (req.job_id, req.batch_id, req.all or None))
+        chosen = sum(x is not None for x in (req.job_id, req.batch_id, req.running or None, req.all or None))
         if chosen != 1:
-            raise RequestError("give exactly one of job_id, batch_id, all: true", field="job_id")
+            raise RequestError("give exactly one of job_id, batch_id, running: true, all: true", field="job_id")
         if req.job_id is not None:
             job = self._job(req.job_id)
             if is_terminal(job["state"]):
@@ -369,6 +369,8 @@ class Commands:
             if not valid_id(req.batch_id):
                 raise NotFoundError(f"no batch {req.batch_id[:64]!r}")
             targets = store.batch(req.batch_id)["job_ids"]
+        elif req.running:
+            targets = [j["job_id"] for j in store.list_jobs(state=JobState.RUNNING.value, limit=BULK_LIMIT + 1)]
         else:
             targets = [j["job_id"] for s in ACTIVE for j in store.list_jobs(state=s.value, limit=BULK_LIMIT + 1)]
         more = len(targets) > BULK_LIMIT
@@ -398,8 +400,15 @@ class Commands:
             svc.publish_job(job)
         return {"cancelled": cancelled, "cancelling": cancelling, "more": more}
 
-    def do_retry(self, req: payloads.JobRef) -> dict[str, Any]:
+    def do_retry(self, req: payloads.RetryRequest) -> dict[str, Any]:
         svc = self.service
+        if (req.job_id is None) == (not req.failed):
+            raise RequestError("give exactly one of job_id, failed: true", field="job_id")
+        if req.job_id is None:  # every failed job, up to BULK_LIMIT
+            failed = svc._store().list_jobs(state=JobState.FAILED.value, limit=BULK_LIMIT + 1)
+            svc.turn_work += min(len(failed), BULK_LIMIT)
+            retried = [self._retry(j["job_id"])["job_id"] for j in reversed(failed[:BULK_LIMIT])]
+            return {"retried": retried, "more": len(failed) > BULK_LIMIT}
         job = self._job(req.job_id)
         if job["state"] not in (JobState.FAILED, JobState.CANCELLED):
             raise RequestError(
@@ -407,8 +416,13 @@ class Commands:
                 code=ErrorCode.CONFLICT,
                 field="job_id",
             )
+        return payloads.job_object(self._retry(req.job_id))
+
+    def _retry(self, job_id: str) -> dict[str, Any]:
+        """Queue a failed or cancelled job again, as new: attempts, error and result cleared."""
+        svc = self.service
         job = svc._store().transition(
-            req.job_id,
+            job_id,
             JobState.QUEUED,
             svc.clock(),
             detail={"reason": "retry"},
@@ -423,16 +437,14 @@ class Commands:
             retry_at=None,
         )
         svc.publish_job(job)
-        return payloads.job_object(job)
+        return job
 
-    def do_pause(self, req: payloads.EmptyRequest) -> dict[str, Any]:
-        self.service.paused = True
-        self.service.publish_queue(self.service.clock())
-        return {"paused": True}
+    def do_pause(self, req: payloads.PauseRequest) -> dict[str, Any]:
+        self.service.set_paused(req.paused)
+        return {"paused": req.paused}
 
     def do_resume(self, req: payloads.EmptyRequest) -> dict[str, Any]:
-        self.service.paused = False
-        self.service.publish_queue(self.service.clock())
+        self.service.set_paused(False)
         return {"paused": False}
 
     def do_purge(self, req: payloads.PurgeRequest) -> dict[str, Any]:

@@ -119,6 +119,18 @@ class LimitsSettings(_Section):
     min_free_disk_mb: int = Field(256, ge=0)
 
 
+class HomeAssistantSettings(_Section):
+    """``[homeassistant]``: MQTT discovery of the device and its entities
+    (docs/home-assistant.md)."""
+
+    #: Publish the device config; off: the config is cleared and Home Assistant removes the device.
+    discovery: bool = True
+    #: Home Assistant's discovery prefix (``discovery_prefix`` of its MQTT integration).
+    prefix: str = Field(
+        "homeassistant", min_length=1, max_length=64, pattern=r"^[^#+/\x00][^#+\x00]*[^#+/\x00]$|^[^#+/\x00]$"
+    )
+
+
 class TranscribeSettings(_Section):
     """faster-whisper settings. ``model``: a CTranslate2 model folder, or a model name that
     faster-whisper downloads where a network exists; ``None`` uses the bundled tiny.en of the
@@ -182,6 +194,7 @@ class Settings(BaseSettings):
     transcribe: TranscribeSettings = TranscribeSettings()
     kinds: dict[str, KindSettings] = {}
     limits: LimitsSettings = LimitsSettings()
+    homeassistant: HomeAssistantSettings = HomeAssistantSettings()
 
     @classmethod
     def settings_customise_sources(

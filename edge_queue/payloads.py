@@ -101,11 +101,25 @@ class JobRef(_Request):
 
 
 class CancelRequest(_Request):
-    """``cancel``: exactly one of ``job_id``, ``batch_id``, ``all: true``."""
+    """``cancel``: exactly one of ``job_id``, ``batch_id``, ``running: true``, ``all: true``."""
 
     job_id: str | None = Field(None, min_length=1, max_length=64)
     batch_id: str | None = Field(None, min_length=1, max_length=64)
+    running: bool = False
     all: bool = False
+
+
+class RetryRequest(_Request):
+    """``retry``: one job (``job_id``), or every failed job (``failed: true``)."""
+
+    job_id: str | None = Field(None, min_length=1, max_length=64)
+    failed: bool = False
+
+
+class PauseRequest(_Request):
+    """``pause``: ``paused`` false resumes (one command topic for a Home Assistant switch)."""
+
+    paused: bool = True
 
 
 class ListRequest(_Request):
@@ -145,10 +159,10 @@ class EmptyRequest(_Request):
 REQUEST_MODELS: dict[str, type[_Request]] = {
     "submit": SubmitRequest,
     "cancel": CancelRequest,
-    "retry": JobRef,
+    "retry": RetryRequest,
     "get": JobRef,
     "list": ListRequest,
-    "pause": EmptyRequest,
+    "pause": PauseRequest,
     "resume": EmptyRequest,
     "purge": PurgeRequest,
     "republish": EmptyRequest,
@@ -226,7 +240,9 @@ def decode_request(command: str, raw: bytes, *, max_bytes: int, default_kind: st
     stripped = text.strip()
     if command == "submit" and stripped and stripped[0] not in '{["':
         return SubmitRequest(kind=default_kind, input=stripped)
-    if not stripped and command in ("pause", "resume", "republish", "kinds"):
+    if not stripped and command == "pause":
+        return PauseRequest()
+    if not stripped and command in ("resume", "republish", "kinds"):
         return EmptyRequest()
     try:
         data = json.loads(stripped, parse_constant=_no_constant, parse_float=_finite)

@@ -27,7 +27,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from . import payloads
+from . import discovery, payloads
 from .bridge import MAX_PROPERTY_BYTES, Bridge, Connected, Incoming
 from .commands import BULK_LIMIT, Commands, RejectionLog, rejections, roots_text
 from .config import Settings
@@ -238,12 +238,23 @@ class Service:
         if self._store_was_new:
             os.chmod(s.db_path, 0o600)  # readable by the service's user only, whatever the umask
         self.instance_id = self.store.instance_id()
+        self.paused = bool(self.store.meta("paused"))  # a pause outlives restarts
+        if self.paused:
+            log.warning("the queue is paused (since before this start): no job starts until a resume")
         if not self.bridge.client_id:
             self.bridge.set_client_id(f"edge-queue-{self.instance_id}")
         claim_base_topic(s.mqtt, self.topics, self.instance_id, self.bridge.client_id, connect_timeout_s)
         self.requeue_orphans()
         self.supervisor.start()
-        self.bridge.on_info = self.on_foreign_info
+        # another installation announcing itself: live messages only (a retained one is our
+        # own, or was checked by claim_base_topic before we connected)
+        self.bridge.watch[self.topics.info] = lambda payload, retained: (
+            None if retained else self.on_foreign_info(payload)
+        )
+        ha = s.homeassistant
+        if ha.discovery:
+            # Home Assistant's birth message (not retained): it has just started, send the config
+            self.bridge.watch[f"{ha.prefix}/status"] = self.on_homeassistant_status
         self.bridge.connect(connect_timeout_s)
 
     def requeue_orphans(self) -> None:
@@ -478,6 +489,7 @@ class Service:
         a republish of every job and batch, in pieces (:meth:`_republish_step`)."""
         self.bridge.publish(self.topics.status, ONLINE, retain=True)
         self.bridge.publish(self.topics.info, payloads.encode(self.info()), retain=True)
+        self.publish_discovery()
         for job in self._boot_changes:
             self.publish_job(job)
         self._boot_changes.clear()
@@ -984,6 +996,11 @@ class Service:
         if job.get("batch_id"):
             self._dirty_batches.add(job["batch_id"])
         self._queue_dirty = True
+        if terminal and event == "end" and self.settings.homeassistant.discovery:
+            # Home Assistant's "last result" sensor and "job finished" event entity
+            last = payloads.encode(discovery.last_payload(job))
+            self.bridge.publish(discovery.last_topic(self.topics), last, retain=True)
+            self.bridge.publish(discovery.finished_topic(self.topics), payloads.encode(discovery.finished_payload(job)))
 
     def _publish_job_states(self, mono: float, *, everything: bool = False) -> None:
         """Publish the retained job states committed by the turns so far: a terminal state at
@@ -1094,6 +1111,28 @@ class Service:
             "broker_protocol": self.bridge.protocol_name,
         }
 
+    def publish_discovery(self) -> None:
+        """The Home Assistant device config (retained), or an empty one that removes the device
+        when discovery is off (docs/home-assistant.md)."""
+        ha = self.settings.homeassistant
+        topic = discovery.config_topic(ha.prefix, self.instance_id)
+        if not ha.discovery:
+            self.bridge.publish(topic, b"", retain=True)
+            return
+        config = discovery.device_config(self.topics, self.instance_id, socket.gethostname(), package_version())
+        self.bridge.publish(topic, payloads.encode(config), retain=True)
+
+    def on_homeassistant_status(self, payload: bytes, retained: bool) -> None:
+        if payload.strip() == b"online":
+            log.info("Home Assistant came online: sending the discovery config again")
+            self.publish_discovery()
+
+    def set_paused(self, paused: bool) -> None:
+        """Pause (no job starts; running ones go on) or resume the queue, kept in the store."""
+        self._store().set_meta("paused", int(paused))
+        self.paused = paused
+        self.publish_queue(self.clock())
+
     def on_foreign_info(self, payload: bytes) -> None:
         """A live ``<base>/info`` from another installation: two services on one base topic.
         Logged, and shown in our own ``info`` (``conflict``), once per other installation."""
@@ -1125,6 +1164,7 @@ class Service:
             return False
         self.bridge.publish(self.topics.status, ONLINE, retain=True)
         self.bridge.publish(self.topics.info, payloads.encode(self.info()), retain=True)
+        self.publish_discovery()
         self.start_republish()
         return True
 

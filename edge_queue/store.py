@@ -380,6 +380,19 @@ class Store:
         marks = ",".join("?" * len(job_ids))
         return {r[0] for r in self.conn.execute(f"SELECT job_id FROM jobs WHERE job_id IN ({marks})", job_ids)}
 
+    def meta(self, key: str) -> int | None:
+        """A number the service keeps in the store (``paused``), or None when unset."""
+        row = self.conn.execute("SELECT value FROM store_meta WHERE key = ?", [key]).fetchone()
+        return None if row is None else int(row[0])
+
+    def set_meta(self, key: str, value: int) -> None:
+        with self._immediate():
+            self.conn.execute(
+                "INSERT INTO store_meta (key, value) VALUES (?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                [key, value],
+            )
+
     def instance_id(self) -> str:
         """The installation's id: 12 hex digits made with the store, the same for its whole life
         (restarts, upgrades); a new ``data_dir`` makes a new one (docs/topics.md, ``info``)."""

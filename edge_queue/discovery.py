@@ -1,0 +1,211 @@
+"""Home Assistant MQTT discovery (docs/home-assistant.md): one device per installation.
+
+Device-based discovery (Home Assistant 2024.11 and newer): one retained message on
+``<prefix>/device/<instance_id>/config`` describes the device and all its entities
+(``cmps``); an entity left out of a newer config, or an empty retained config, is removed by
+Home Assistant. States come from the topics edge-queue already publishes (``<base>/queue``,
+``<base>/status`` for availability, ``<base>/response/submit``) and from two small topics that
+spare Home Assistant a template: ``<base>/ha/last`` (retained: the last finished job) and
+``<base>/ha/finished`` (one message per finished job, for the event entity). Commands are the
+ordinary requests (``pause``, ``cancel``, ``retry``, ``republish``, ``submit``).
+
+Sources: https://www.home-assistant.io/integrations/mqtt/#device-discovery-payload and the
+facts measured with a real Home Assistant in ``../shared/tools/homeassistant/README.md``
+(``dev``, ``o`` and ``cmps`` required; ``p`` and ``unique_id`` per component).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .topics import OFFLINE, ONLINE, Topics
+
+#: Home Assistant's limit for a state (characters).
+STATE_MAX = 255
+
+
+def config_topic(prefix: str, instance_id: str) -> str:
+    """``<prefix>/device/<instance_id>/config``."""
+    return f"{prefix}/device/{instance_id}/config"
+
+
+def last_topic(topics: Topics) -> str:
+    return f"{topics.base}/ha/last"
+
+
+def finished_topic(topics: Topics) -> str:
+    return f"{topics.base}/ha/finished"
+
+
+def device_config(topics: Topics, instance_id: str, host: str, version: str) -> dict[str, Any]:
+    """The discovery payload: the device, its origin, availability and every entity.
+
+    Each entity's ``unique_id`` is ``edge_queue_<instance_id>_<key>``, so two installations
+    never share one; the device is named after the host."""
+    queue = topics.queue
+
+    def uid(key: str) -> str:
+        return f"edge_queue_{instance_id}_{key}"
+
+    def count(key: str, name: str, icon: str) -> dict[str, Any]:
+        return {
+            "p": "sensor",
+            "name": name,
+            "unique_id": uid(key),
+            "stat_t": queue,
+            "val_tpl": "{{ value_json.counts." + key + " }}",
+            "unit_of_meas": "jobs",
+            "stat_cla": "measurement",
+            "ic": icon,
+        }
+
+    current = "value_json.running[0]"
+    components: dict[str, Any] = {
+        "queued": count("queued", "Jobs queued", "mdi:tray-full"),
+        "running": count("running", "Jobs running", "mdi:cog-play"),
+        "retrying": count("retrying", "Jobs retrying", "mdi:restart"),
+        "failed": count("failed", "Jobs failed", "mdi:alert-circle"),
+        "current_job": {
+            "p": "sensor",
+            "name": "Current job",
+            "unique_id": uid("current_job"),
+            "stat_t": queue,
+            "val_tpl": (
+                "{{ (J.kind ~ ' ' ~ (J.input or '').split('/')[-1])[:255] if value_json.running else 'idle' }}"
+            ).replace("J", current),
+            "json_attr_t": queue,
+            "json_attr_tpl": (
+                "{{ ({'job_id': J.job_id, 'kind': J.kind, 'input': J.input, 'stage': J.stage, "
+                "'progress': J.progress, 'eta_s': J.eta_s} if value_json.running else {}) | tojson }}"
+            ).replace("J", current),
+            "ic": "mdi:progress-clock",
+        },
+        "current_progress": {
+            "p": "sensor",
+            "name": "Current job progress",
+            "unique_id": uid("current_progress"),
+            "stat_t": queue,
+            "val_tpl": "{{ (J.progress or 0) | round(0) if value_json.running else 0 }}".replace("J", current),
+            "unit_of_meas": "%",
+            "stat_cla": "measurement",
+            "ic": "mdi:percent",
+        },
+        "last_result": {
+            "p": "sensor",
+            "name": "Last result",
+            "unique_id": uid("last_result"),
+            "stat_t": last_topic(topics),
+            "val_tpl": "{{ value_json.summary }}",
+            "json_attr_t": last_topic(topics),
+            "ic": "mdi:text-box-check",
+        },
+        "job_finished": {
+            "p": "event",
+            "name": "Job finished",
+            "unique_id": uid("job_finished"),
+            "stat_t": finished_topic(topics),
+            "evt_typ": ["succeeded", "failed", "cancelled"],
+            "ic": "mdi:flag-checkered",
+        },
+        "paused": {
+            "p": "switch",
+            "name": "Paused",
+            "unique_id": uid("paused"),
+            "stat_t": queue,
+            "val_tpl": "{{ 'ON' if value_json.paused else 'OFF' }}",
+            "cmd_t": topics.request("pause"),
+            "pl_on": '{"paused": true}',
+            "pl_off": '{"paused": false}',
+            "stat_on": "ON",
+            "stat_off": "OFF",
+            "ic": "mdi:pause-circle",
+        },
+        "cancel_current": {
+            "p": "button",
+            "name": "Cancel current job",
+            "unique_id": uid("cancel_current"),
+            "cmd_t": topics.request("cancel"),
+            "pl_prs": '{"running": true}',
+            "ic": "mdi:cancel",
+        },
+        "retry_failed": {
+            "p": "button",
+            "name": "Retry failed jobs",
+            "unique_id": uid("retry_failed"),
+            "cmd_t": topics.request("retry"),
+            "pl_prs": '{"failed": true}',
+            "ic": "mdi:restart",
+        },
+        "republish": {
+            "p": "button",
+            "name": "Republish",
+            "unique_id": uid("republish"),
+            "cmd_t": topics.request("republish"),
+            "pl_prs": "{}",
+            "ent_cat": "diagnostic",
+            "ic": "mdi:broadcast",
+        },
+        "submit": {
+            "p": "text",
+            "name": "Submit",
+            "unique_id": uid("submit"),
+            "cmd_t": topics.request("submit"),
+            "max": 255,
+            "ic": "mdi:file-upload",
+        },
+        "submit_result": {
+            "p": "sensor",
+            "name": "Last submit",
+            "unique_id": uid("submit_result"),
+            "stat_t": topics.response("submit"),
+            "val_tpl": "{{ ('error: ' ~ value_json.error.code ~ ': ' ~ value_json.error.message)[:255] "
+            "if value_json.status == 'error' else ('queued ' ~ (value_json.data.jobs | map(attribute='job_id') "
+            "| join(', ')))[:255] }}",
+            "ic": "mdi:inbox-arrow-down",
+        },
+    }
+    return {
+        "dev": {
+            "ids": [f"edge_queue_{instance_id}"],
+            "name": f"edge-queue {host}",
+            "mf": "edge-queue",
+            "mdl": "edge-queue job queue",
+            "sw": version,
+        },
+        "o": {"name": "edge-queue", "sw": version},
+        "avty_t": topics.status,
+        "pl_avail": ONLINE,
+        "pl_not_avail": OFFLINE,
+        "qos": 1,
+        "cmps": components,
+    }
+
+
+def last_payload(job: dict[str, Any]) -> dict[str, Any]:
+    """``<base>/ha/last`` for a finished job: ``summary`` (the transcript, cut to Home
+    Assistant's 255-character state limit, or ``<kind> <state>``), and the job's main fields
+    with the whole text and the output paths."""
+    result = job.get("result") or {}
+    text = result.get("text") if isinstance(result, dict) else None
+    error = job.get("error") or {}
+    summary = (text or f"{job['kind']} {job['state']}: {Path(job.get('input') or '').name}").strip()
+    return {
+        "summary": summary[:STATE_MAX] or f"{job['kind']} {job['state']}",
+        "job_id": job["job_id"],
+        "kind": job["kind"],
+        "state": job["state"],
+        "input": job.get("input"),
+        "text": text,
+        "outputs": result.get("outputs") if isinstance(result, dict) else None,
+        "error_code": error.get("code") if isinstance(error, dict) else None,
+        "error_message": error.get("message") if isinstance(error, dict) else None,
+        "finished_at": job.get("finished_at"),
+    }
+
+
+def finished_payload(job: dict[str, Any]) -> dict[str, Any]:
+    """``<base>/ha/finished``: the event entity's ``event_type`` (the job's terminal state)
+    and the job's main fields as event attributes."""
+    last = last_payload(job)
+    return {"event_type": job["state"], **{k: v for k, v in last.items() if k not in ("summary", "state")}}
