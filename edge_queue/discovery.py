@@ -4,9 +4,9 @@ Device-based discovery (Home Assistant 2024.11 and newer): one retained message 
 ``<prefix>/device/<instance_id>/config`` describes the device and all its entities
 (``cmps``); an entity left out of a newer config, or an empty retained config, is removed by
 Home Assistant. States come from the topics edge-queue already publishes (``<base>/queue``,
-``<base>/status`` for availability, ``<base>/response/submit``) and from two small topics that
-spare Home Assistant a template: ``<base>/ha/last`` (retained: the last finished job) and
-``<base>/ha/finished`` (one message per finished job, for the event entity). Commands are the
+``<base>/status`` for availability, ``<base>/events`` for the event entity,
+``<base>/response/submit``) and from one small retained topic that spares Home Assistant a
+template over the whole job: ``<base>/ha/last`` (the last finished job). Commands are the
 ordinary requests (``pause``, ``cancel``, ``retry``, ``republish``, ``submit``).
 
 Sources: https://www.home-assistant.io/integrations/mqtt/#device-discovery-payload and the
@@ -32,10 +32,6 @@ def config_topic(prefix: str, instance_id: str) -> str:
 
 def last_topic(topics: Topics) -> str:
     return f"{topics.base}/ha/last"
-
-
-def finished_topic(topics: Topics) -> str:
-    return f"{topics.base}/ha/finished"
 
 
 def device_config(topics: Topics, instance_id: str, host: str, version: str) -> dict[str, Any]:
@@ -104,7 +100,15 @@ def device_config(topics: Topics, instance_id: str, host: str, version: str) -> 
             "p": "event",
             "name": "Job finished",
             "unique_id": uid("job_finished"),
-            "stat_t": finished_topic(topics),
+            # every <base>/events message; the template renders nothing (ignored by Home
+            # Assistant) but for "end", so the entity fires once per finished run
+            "stat_t": topics.events,
+            "val_tpl": (
+                "{% if value_json.type == 'end' %}{{ {'event_type': J.state, 'job_id': J.job_id, 'kind': J.kind, "
+                "'input': J.input, 'error_code': (J.error or {}).get('code'), "
+                "'error_message': (J.error or {}).get('message'), "
+                "'text': ((J.result or {}).get('text') or '')[:1000]} | tojson }}{% endif %}"
+            ).replace("J", "value_json.job"),
             "evt_typ": ["succeeded", "failed", "cancelled"],
             "ic": "mdi:flag-checkered",
         },
@@ -202,10 +206,3 @@ def last_payload(job: dict[str, Any]) -> dict[str, Any]:
         "error_message": error.get("message") if isinstance(error, dict) else None,
         "finished_at": job.get("finished_at"),
     }
-
-
-def finished_payload(job: dict[str, Any]) -> dict[str, Any]:
-    """``<base>/ha/finished``: the event entity's ``event_type`` (the job's terminal state)
-    and the job's main fields as event attributes."""
-    last = last_payload(job)
-    return {"event_type": job["state"], **{k: v for k, v in last.items() if k not in ("summary", "state")}}

@@ -201,6 +201,7 @@ class Service:
         self._turn_jobs: dict[str, tuple[bytes, bool]] = {}
         self._held_jobs: dict[str, tuple[bytes, float]] = {}
         self._turn_purged: list[str] = []
+        self._ha_last: dict[str, Any] | None = None  # the turn's last finished job, for <base>/ha/last
         #: MQTT 3.1.1 only: topic -> (echoes of our clearing still expected, monotonic deadline)
         self._echoes: dict[str, tuple[int, float]] = {}
         #: retained requests answered lately: (topic, payload digest) -> monotonic deadline
@@ -997,16 +998,17 @@ class Service:
             self._dirty_batches.add(job["batch_id"])
         self._queue_dirty = True
         if terminal and event == "end" and self.settings.homeassistant.discovery:
-            # Home Assistant's "last result" sensor and "job finished" event entity
-            last = payloads.encode(discovery.last_payload(job))
-            self.bridge.publish(discovery.last_topic(self.topics), last, retain=True)
-            self.bridge.publish(discovery.finished_topic(self.topics), payloads.encode(discovery.finished_payload(job)))
+            self._ha_last = job  # Home Assistant's "last result": once per turn, the turn's last
 
     def _publish_job_states(self, mono: float, *, everything: bool = False) -> None:
         """Publish the retained job states committed by the turns so far: a terminal state at
         once; any other state once it has stood for :data:`COALESCE_S` (a job that goes
         queued -> running -> succeeded within that window is published once, as succeeded;
         ``seq`` only grows, and ``<base>/events`` carries every transition)."""
+        if self._ha_last is not None:
+            last = payloads.encode(discovery.last_payload(self._ha_last))
+            self.bridge.publish(discovery.last_topic(self.topics), last, retain=True)
+            self._ha_last = None
         held = self._held_jobs
         for job_id, (body, terminal) in self._turn_jobs.items():
             if terminal:
