@@ -233,6 +233,9 @@ class ServiceProcess:
             "EDGE_QUEUE_MEDIA_ROOTS": json.dumps([str(p) for p in media_roots]),
             "EDGE_QUEUE_LOG_LEVEL": "DEBUG",
             "EDGE_QUEUE_EXTRA_KINDS": EXTRA_KINDS,
+            # no Home Assistant device configs on the shared broker (tests/test_homeassistant.py
+            # turns discovery on, on a broker of its own)
+            "EDGE_QUEUE_HOMEASSISTANT__DISCOVERY": "false",
             "PYTHONPATH": str(ROOT),
             **(env or {}),
         }
