@@ -269,7 +269,7 @@ def submit(
         for r in data["rejected"]:
             typer.echo(f"rejected {r['input']}: {r['code']}: {r['message']}", err=True)
         for j in data["jobs"]:
-            typer.echo(f"{j['job_id']}  {j['input']}{'  (duplicate)' if j['duplicate'] else ''}")
+            typer.echo(f"{j['job_id']}  {j['input'] or '(no input)'}{'  (duplicate)' if j['duplicate'] else ''}")
         if data.get("batch_id"):
             typer.echo(f"batch {data['batch_id']}")
         if not wait:

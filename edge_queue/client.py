@@ -23,6 +23,8 @@ from .config import MqttSettings
 from .errors import BrokerUnavailable, EdgeQueueError
 from .topics import OFFLINE, ONLINE, Topics
 
+#: Requests that change nothing: not sent while edge-queue is offline.
+READ_ONLY = frozenset({"get", "list", "kinds", "events"})
 #: Seconds to wait for the retained ``<base>/status`` after subscribing (a broker sends it at once).
 STATUS_WAIT_S = 1.0
 #: MQTT 5 PUBACK reason code 16: the broker had no subscriber for the message, nor a session
@@ -123,12 +125,20 @@ class RequestClient:
 
     def _offline(self, command: str, payload: str) -> ServiceOffline:
         """Publish the request once while edge-queue is offline and say what became of it, from
-        the broker's PUBACK (MQTT 5 reason code 16: nobody, not even a stored session, takes it)."""
+        the broker's PUBACK (MQTT 5 reason code 16: nobody, not even a stored session, takes it).
+        A request that only reads (``get``, ``list``, ``kinds``, ``events``) is not sent: its
+        answer would come when nobody waits for it."""
+        state = "offline" if self._status == OFFLINE else "not running (no status on the broker)"
+        if command in READ_ONLY:
+            return ServiceOffline(
+                f"edge-queue is {state} ({self.topics.status}), and {command} needs it running; the retained job "
+                f"states on {self.topics.all_jobs} show where each job stood when it stopped",
+                False,
+            )
         info = self._client.publish(self.topics.request(command), payload, qos=1)
         with self._puback_seen:
             self._puback_seen.wait_for(lambda: info.mid in self._puback, timeout=5.0)
             reason = self._puback.pop(info.mid, None)
-        state = "offline" if self._status == OFFLINE else "not running (no status on the broker)"
         where = self.topics.status
         if reason is None:
             return ServiceOffline(f"edge-queue is {state} ({where}); the broker did not acknowledge the request", None)

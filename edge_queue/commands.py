@@ -306,7 +306,9 @@ class Commands:
         for c in created:
             if not c.duplicate:
                 if log.isEnabledFor(logging.INFO):
-                    log.info("job %s queued: %s %s", c.job["job_id"], c.job["kind"], _clip(c.job["input"] or ""))
+                    log.info(
+                        "job %s queued: %s %s", c.job["job_id"], c.job["kind"], _clip(c.job["input"] or "(no input)")
+                    )
                 svc.publish_job(c.job, "new")
         jobs = [{"job_id": c.job["job_id"], "input": c.job["input"], "duplicate": c.duplicate} for c in created]
         return {"batch_id": batch_id, "jobs": jobs, "rejected": rejected}

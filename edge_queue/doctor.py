@@ -109,15 +109,16 @@ def _media_roots(settings: Settings, service: dict[str, Any]) -> Iterator[Check]
     roots = [str(r) for r in settings.media_roots]
     if not roots:
         published = service.get("info", {}).get("media_roots")
-        if service.get("status") == "online" and isinstance(published, list) and published:
+        if isinstance(published, list) and published:
             roots = [str(r) for r in published]
-            yield Check("media_roots", True, f"none in the configuration; the running service uses {', '.join(roots)}")
+            how = "uses" if service.get("status") == "online" else "used when it last ran"
+            yield Check("media_roots", True, f"none in the configuration; the service {how} {', '.join(roots)}")
         else:
             yield Check(
                 "media_roots",
                 False,
-                "none configured: every submit would be rejected "
-                "(set media_roots in the configuration, or pass --media-root as to edge-queue up)",
+                "none configured, and no service on this base topic has published any: every submit would be "
+                "rejected (set media_roots in the configuration, or give --media-root to edge-queue up and to doctor)",
             )
     for root in roots:
         p = Path(root)

@@ -233,6 +233,15 @@ class Service:
         check_data_dir(self.settings)
         s = self.settings
         s.data_dir.mkdir(parents=True, mode=0o700, exist_ok=True)  # the store holds every transcript
+        # The store and its -wal and -shm files readable by the service's user only, whatever
+        # the umask (SQLite gives the -wal and -shm files the mode of the database file).
+        try:
+            os.close(os.open(s.db_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:
+            pass
+        for path in (s.db_path, Path(f"{s.db_path}-wal"), Path(f"{s.db_path}-shm")):
+            if path.exists() and path.stat().st_mode & 0o077:
+                os.chmod(path, 0o600)
         self._lock = lock_data_dir(s.data_dir)
         self._store_was_new = not s.db_path.exists() or s.db_path.stat().st_size == 0
         self.store = Store(s.db_path, s.durability)
@@ -969,7 +978,7 @@ class Service:
                 "job %s started: %s %s (attempt %d)",
                 job["job_id"],
                 job["kind"],
-                _clip(job["input"] or ""),
+                _clip(job["input"] or "(no input)"),
                 job["attempt"],
             )
         self.publish_job(job)
@@ -1074,7 +1083,7 @@ class Service:
                     "input": j["input"],
                     "state": j["state"],
                     "stage": j["stage"],
-                    "progress": j["progress"],
+                    "progress": None if j["progress"] is None else round(float(j["progress"]), 1),
                     "eta_s": j["eta_s"],
                     "worker_pid": pids.get(j["job_id"]),
                 }
@@ -1213,11 +1222,11 @@ class Service:
         are ended and requeued without counting the attempt; ``offline``."""
         store = self._store()
         self.stopping = True
-        log.info(
-            "stopping: waiting up to %.0f s for %d running job(s)",
-            self.settings.cancel_grace_s,
-            len(self.supervisor.running_job_ids()),
-        )
+        running = len(self.supervisor.running_job_ids())
+        if running:
+            log.info("stopping: waiting up to %.0f s for %d running job(s)", self.settings.cancel_grace_s, running)
+        else:
+            log.info("stopping: no job is running")
         end = time.monotonic() + self.settings.cancel_grace_s
         while self.supervisor.running_job_ids() and time.monotonic() < end and not self.stop_now:
             self.step(min(0.5, max(0.0, end - time.monotonic())))

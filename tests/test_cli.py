@@ -50,6 +50,7 @@ def test_cli_cancel_and_errors(mosquitto, service_factory, speech: Path) -> None
     assert again.returncode == 1 and "not_found" in again.stderr
     bare = cli(svc, "submit", "--kind", "noop")  # a kind without input needs no file
     assert bare.returncode == 0 and len(bare.stdout.split()[0]) == 16, bare.stdout + bare.stderr
+    assert bare.stdout.split("  ", 1)[1].strip() == "(no input)", bare.stdout
     missing = cli(svc, "submit", str(speech / "nope.flac"))
     assert missing.returncode == 1 and "input_not_found" in missing.stderr
 
@@ -126,6 +127,9 @@ def test_submit_while_the_service_is_offline_says_so_at_once(mosquitto, service_
     assert out.returncode == 4, out.stderr
     assert "offline" in out.stderr and "holds the request" in out.stderr, out.stderr
     assert took < 15, took
+    # and a read needs the service: it is not sent, and the command says so
+    listed = cli(svc, "jobs")
+    assert listed.returncode == 4 and "needs it running" in listed.stderr, listed.stderr
     # and the job runs once the service is back
     watcher = svc.watcher("jobs/+")
     svc.start()

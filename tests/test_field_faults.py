@@ -162,7 +162,7 @@ def test_doctor_checks_the_media_roots_the_running_service_uses(mosquitto, servi
     )
     # Then it checks the roots the service uses, and passes
     assert out.returncode == 0, out.stdout + out.stderr
-    assert f"the running service uses {media}" in out.stdout and f"ok    media root {media}: readable" in out.stdout
+    assert f"the service uses {media}" in out.stdout and f"ok    media root {media}: readable" in out.stdout
     # and with --media-root, as for up and serve, it checks that folder
     other = tmp_path / "other"
     out = subprocess.run(
@@ -173,11 +173,21 @@ def test_doctor_checks_the_media_roots_the_running_service_uses(mosquitto, servi
         timeout=60,
     )
     assert out.returncode == 1 and f"FAIL  media root {other}" in out.stdout, out.stdout
-    # and with the service stopped and no roots anywhere, it fails saying how to set them
+    # and with the service stopped, before its next start, the roots it used are checked
     assert svc.stop() == 0
     out = subprocess.run(
         [sys.executable, "-m", "edge_queue", "doctor", "--skip-model"],
         env=svc.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0 and f"the service used when it last ran {media}" in out.stdout, out.stdout
+    # and with no roots anywhere (a base topic no service used), it fails saying how to set them
+    fresh = {**svc.env, "EDGE_QUEUE_MQTT__BASE_TOPIC": svc.base + "-none"}
+    out = subprocess.run(
+        [sys.executable, "-m", "edge_queue", "doctor", "--skip-model"],
+        env=fresh,
         capture_output=True,
         text=True,
         timeout=60,
