@@ -175,6 +175,9 @@ def _service_env(user: str, password: str) -> dict[str, str]:
         "EDGE_QUEUE_MQTT__USERNAME": user,
         "EDGE_QUEUE_MQTT__PASSWORD": password,
         "EDGE_QUEUE_MQTT__BASE_TOPIC": "edge-queue",
+        # as shipped: the ACLs must let the service publish its Home Assistant device (mosquitto
+        # 2.0.11 closes an MQTT 5 connection on any denied publish)
+        "EDGE_QUEUE_HOMEASSISTANT__DISCOVERY": "true",
     }
 
 
@@ -236,6 +239,7 @@ def _acl_scenario(
     wait_until(lambda: any(t == "edge-queue/response/list" for t, _ in box.get("messages", [])), 30, "a later response")
     seen["forged job state delivered"] = any(t == "edge-queue/jobs/forged0000000000" for t, _ in box["messages"])
     seen["forged status delivered"] = any(t == "edge-queue/status" and p == b"offline" for t, p in box["messages"])
+    seen["service disconnected"] = "disconnected from the broker" in svc.log() or "taken" in svc.log()
     client.disconnect()
     client.loop_stop()
     assert svc.stop() == 0
@@ -303,6 +307,7 @@ EXPECTED_ACL = {
     "client submit": "ok",
     "forged job state delivered": False,
     "forged status delivered": False,
+    "service disconnected": False,
 }
 
 
