@@ -259,7 +259,12 @@ def mosquitto_with_acl(tmp_path: Path):
     conf = conf.replace("/etc/mosquitto/edge-queue.passwd", str(tmp_path / "passwd"))
     conf = conf.replace("/etc/mosquitto/edge-queue.acl", str(tmp_path / "acl"))
     conf = conf.replace("/var/lib/mosquitto/", str(tmp_path) + "/")
-    conf = conf.replace("listener 1883", f"listener {port} 127.0.0.1")
+    conf = conf.replace("listener 1883 127.0.0.1", f"listener {port} 127.0.0.1")
+    pki = _make_ca(tmp_path)  # the LAN listener's certificate
+    tls_port = free_port()
+    conf = conf.replace("listener 8883", f"listener {tls_port} 127.0.0.1")
+    conf = conf.replace("/etc/mosquitto/certs/edge-queue.crt", str(pki["cert"]))
+    conf = conf.replace("/etc/mosquitto/certs/edge-queue.key", str(pki["key"]))
     assert "max_queued_messages 0" in conf and "persistence true" in conf
     if os.geteuid() == 0:  # else mosquitto drops to its own user, which cannot read pytest's tmp
         conf += "\nuser root\n"
@@ -268,9 +273,34 @@ def mosquitto_with_acl(tmp_path: Path):
         proc = subprocess.Popen(["mosquitto", "-c", str(tmp_path / "mosquitto.conf")], stdout=log, stderr=log)
     wait_until(lambda: port_open("127.0.0.1", port) or proc.poll() is not None, 10, "mosquitto")
     assert proc.poll() is None, (tmp_path / "mosquitto.log").read_text()
-    yield Broker("127.0.0.1", port, "mosquitto", proc)
+    broker = Broker("127.0.0.1", port, "mosquitto", proc)
+    broker.tls_port, broker.ca = tls_port, pki["ca"]  # type: ignore[attr-defined]
+    yield broker
     proc.terminate()
     proc.wait(10)
+
+
+def test_shipped_mosquitto_speaks_tls_to_the_lan(mosquitto_with_acl, tmp_path: Path) -> None:
+    # Given mosquitto with the shipped configuration: plain MQTT on loopback, TLS for the LAN
+    broker = mosquitto_with_acl
+    conf = (ROOT / "broker" / "mosquitto.conf").read_text()
+    assert "listener 1883 127.0.0.1" in conf and "\nlistener 8883\n" in conf
+    env = {
+        **os.environ,
+        "EDGE_QUEUE_MQTT__PORT": str(broker.tls_port),
+        "EDGE_QUEUE_MQTT__USERNAME": "phone",
+        "EDGE_QUEUE_MQTT__PASSWORD": "phone-secret",
+        "EDGE_QUEUE_MQTT__BASE_TOPIC": "edge-queue",
+        "EDGE_QUEUE_DATA_DIR": str(tmp_path / "cli"),
+    }
+    # Then a LAN client with the CA connects over TLS (edge-queue is not running: the CLI
+    # reaches the broker and says so, exit 4)
+    tls = {**env, "EDGE_QUEUE_MQTT__TLS__ENABLED": "true", "EDGE_QUEUE_MQTT__TLS__CA_FILE": str(broker.ca)}
+    out = subprocess.run([sys.executable, "-m", "edge_queue", "jobs"], env=tls, capture_output=True, text=True)
+    assert out.returncode == 4 and "not running" in out.stderr, out.stdout + out.stderr
+    # and plain MQTT on the LAN port is not spoken
+    out = subprocess.run([sys.executable, "-m", "edge_queue", "jobs"], env=env, capture_output=True, text=True)
+    assert out.returncode == 3 and "is it an MQTT broker?" in out.stderr, out.stdout + out.stderr
 
 
 @pytest.fixture
