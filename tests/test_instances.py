@@ -16,7 +16,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
 from .conftest import ServiceProcess, wait_until
-from .test_load import PrivateMosquitto
+from .test_load import PrivateMosquitto, figures
 
 
 def _default_id(svc: ServiceProcess) -> ServiceProcess:
@@ -61,6 +61,7 @@ def test_two_default_installs_on_one_broker_keep_to_themselves(tmp_path: Path, s
         for info in (ia, ib):
             assert f"edge-queue-{info['instance_id']}" in log
         assert "already connected" not in log and "taken over" not in log.lower(), log[-2000:]
+        figures(broker_log=[line for line in log.splitlines() if "as edge-queue-" in line and "-scan-" not in line])
         assert b.stop() == 0
     finally:
         if b.proc is not None and b.proc.poll() is None:
