@@ -437,6 +437,7 @@ class Bridge:
         self.taken_over = 0
         self._takeovers: list[float] = []
         self._short: list[float] = []  # ends of connections that lasted under SHORT_CONNECTION_S
+        self._copies_sent_on = -1  # the last connection a copy on a client-named topic went out on
         self._connected_at = 0.0
 
     def set_client_id(self, client_id: str) -> None:
@@ -527,6 +528,9 @@ class Bridge:
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
         was = self.connected
         self.connected = False
+        # A copy on a client-named topic sent on this connection explains its end (the broker
+        # refusing it), not another client taking our id
+        refused_copy = self._copies_sent_on == self.connection
         if self._once:
             # Copies of responses on topics that clients named: not sent again on the next
             # connection, so that one the broker refuses (and closes our connection for)
@@ -542,7 +546,7 @@ class Bridge:
             self._once.clear()
         now = time.monotonic()
         said = getattr(reason, "value", None) == SESSION_TAKEN_OVER
-        if was and not self._closing and now - self._connected_at < SHORT_CONNECTION_S:
+        if was and not self._closing and not refused_copy and now - self._connected_at < SHORT_CONNECTION_S:
             self._short = [t for t in self._short if now - t < SHORT_WINDOW_S] + [now]
         if not self._closing and (said or len(self._short) >= SHORT_CONNECTIONS):
             # Another client connected with our client id (the broker says so in MQTT 5, or
@@ -770,6 +774,7 @@ class Bridge:
             self._inflight_bytes += size
             if m.once:
                 self._once.add(info.mid)
+                self._copies_sent_on = self.connection
             if info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN:
                 break  # paho keeps it and sends it after the reconnect
             if client.socket() is None:

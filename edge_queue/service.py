@@ -1127,11 +1127,19 @@ class Service:
         when discovery is off (docs/home-assistant.md)."""
         ha = self.settings.homeassistant
         topic = discovery.config_topic(ha.prefix, self.instance_id)
+        store = self._store()
         if not ha.discovery:
-            self.bridge.publish(topic, b"", retain=True)
+            # Cleared once, only when this installation published one: with discovery off the
+            # broker's ACL need not let the service write there (mosquitto 2.0.11 closes the
+            # connection of a client whose publish it denies).
+            if store.meta("discovery_published"):
+                self.bridge.publish(topic, b"", retain=True)
+                store.set_meta("discovery_published", 0)
             return
         config = discovery.device_config(self.topics, self.instance_id, socket.gethostname(), package_version())
         self.bridge.publish(topic, payloads.encode(config), retain=True)
+        if not store.meta("discovery_published"):
+            store.set_meta("discovery_published", 1)
 
     def on_homeassistant_status(self, payload: bytes, retained: bool) -> None:
         if payload.strip() == b"online":
