@@ -323,8 +323,11 @@ def set_nodelay(client: mqtt.Client) -> None:
             pass
 
 
-def _probe(s: MqttSettings, client_id: str, protocol: mqtt.MQTTProtocolVersion, timeout_s: float) -> str | None:
-    """Connect once without a Last Will; the CONNACK reason, or None when none came."""
+def _probe(
+    s: MqttSettings, client_id: str, protocol: mqtt.MQTTProtocolVersion, timeout_s: float, closed: list[bool]
+) -> str | None:
+    """Connect once without a Last Will; the CONNACK reason, or None when none came (then
+    ``closed`` gets True when the other end closed the connection, False when it said nothing)."""
     answer: dict[str, str] = {}
     done = threading.Event()
 
@@ -343,10 +346,12 @@ def _probe(s: MqttSettings, client_id: str, protocol: mqtt.MQTTProtocolVersion, 
         raise BrokerUnavailable(f"no MQTT broker at {s.host}:{s.port}: {e}") from e
     probe.loop_start()
     try:
-        done.wait(timeout_s)
+        ended = done.wait(timeout_s)
     finally:
         probe.disconnect()
         probe.loop_stop()
+    if "reason" not in answer:
+        closed.append(ended)
     return answer.get("reason")
 
 
@@ -361,14 +366,35 @@ def detect_protocol(s: MqttSettings, client_id: str, timeout_s: float) -> str:
     """
     deadline = time.monotonic() + timeout_s
     last: BrokerUnavailable | None = None
+    said = False
     while time.monotonic() < deadline:  # the broker may still be starting (boot order)
         try:
-            reason = _probe(s, client_id, mqtt.MQTTv5, min(PROBE_S, max(deadline - time.monotonic(), 0.5)))
+            closed: list[bool] = []
+            wait = min(PROBE_S, max(deadline - time.monotonic(), 0.5))
+            reason = _probe(s, client_id, mqtt.MQTTv5, wait, closed)
             if reason is not None and reason != "Unsupported protocol version":
                 return "5"
-            if _probe(s, client_id, mqtt.MQTTv311, min(PROBE_S, max(deadline - time.monotonic(), 0.5))) is not None:
+            if _probe(s, client_id, mqtt.MQTTv311, wait, closed) is not None:
                 return "3.1.1"
-            # Something listens there but speaks no MQTT: waiting will not change that.
+            if closed and all(closed):
+                # Accepted, then closed without an answer: a TCP forwarder (docker-proxy, an
+                # SSH tunnel) before a broker that is not up yet, or a service that is not MQTT.
+                if not said:
+                    log.warning(
+                        "%s:%s accepts connections but closes them without an MQTT answer: waiting up to %.0f s "
+                        "for a broker there (is mqtt.port an MQTT broker?)",
+                        s.host,
+                        s.port,
+                        max(0.0, deadline - time.monotonic()),
+                    )
+                    said = True
+                last = BrokerUnavailable(
+                    f"{s.host}:{s.port} accepted TCP connections but closed them without an MQTT answer for "
+                    f"{timeout_s:.0f} s: is it an MQTT broker? Check mqtt.host and mqtt.port"
+                )
+                time.sleep(min(1.0, max(deadline - time.monotonic(), 0)))
+                continue
+            # Something listens there but says nothing: waiting will not change that.
             raise BrokerUnavailable(
                 f"{s.host}:{s.port} accepted a TCP connection but answered no MQTT CONNECT "
                 f"(MQTT 5 nor 3.1.1, {PROBE_S:.0f} s each): is it an MQTT broker? Check mqtt.host and mqtt.port"

@@ -69,13 +69,24 @@ def read_status_and_info(settings: MqttSettings, topics: Topics, client_id: str)
     configure_client(client, settings)
     client.on_connect, client.on_message = on_connect, on_message
     client.on_subscribe = lambda *a: subscribed.set()
+    closed = threading.Event()
+
+    def on_disconnect(*_: Any) -> None:
+        closed.set()
+        answered.set()
+
+    client.on_disconnect = on_disconnect
     try:
         client.connect(settings.host, settings.port, keepalive=30)
     except OSError as e:
         raise BrokerUnavailable(f"no MQTT broker at {settings.host}:{settings.port}: {e}") from e
     client.loop_start()
     try:
-        if not answered.wait(PROBE_S):
+        answered.wait(PROBE_S)
+        if closed.is_set() and "reason" not in connected:
+            # accepted, then closed: a forwarder before a broker that is not up yet; try again
+            raise BrokerUnavailable(f"{settings.host}:{settings.port} closed the connection without an MQTT answer")
+        if "reason" not in connected:
             raise BrokerUnavailable(
                 f"{settings.host}:{settings.port} accepted a TCP connection but answered no MQTT CONNECT "
                 f"within {PROBE_S:.0f} s: is it an MQTT broker? Check mqtt.host and mqtt.port"
@@ -109,6 +120,7 @@ def claim_base_topic(
     Raises :class:`BaseTopicInUse` naming the other installation and what to change, and
     :class:`BrokerUnavailable` when no broker answered in time."""
     deadline = time.monotonic() + timeout_s
+    said = False
     while True:
         try:
             status, info = read_status_and_info(settings, topics, client_id)
@@ -116,6 +128,15 @@ def claim_base_topic(
         except BrokerUnavailable as e:
             if "refused us" in e.message or "accepted a TCP" in e.message or time.monotonic() >= deadline:
                 raise
+            if "closed the connection" in e.message and not said:
+                log.warning(
+                    "%s:%s accepts connections but closes them without an MQTT answer: waiting up to %.0f s "
+                    "for a broker there (is mqtt.port an MQTT broker?)",
+                    settings.host,
+                    settings.port,
+                    max(0.0, deadline - time.monotonic()),
+                )
+                said = True
             time.sleep(1.0)
     other = info.get("instance_id")
     if other == instance_id:

@@ -58,6 +58,9 @@ ECHO_WINDOW_S = 5.0
 #: Requests whose effect changes the store: their first response is kept, so that the same
 #: request delivered again after a lost acknowledgement is answered with it, not run twice.
 STATEFUL_COMMANDS = frozenset({"submit", "cancel", "retry", "pause", "resume", "purge"})
+#: A redelivery comes within this many requests of the first delivery (at most RECEIVE_MAXIMUM,
+#: 1,000, are in flight to us), and the broker reuses a packet identifier only after 65,535 others.
+REDELIVERY_WINDOW = 10_000
 #: The record of an executed request is kept this long (seconds): a broker redelivers only
 #: within the service's session, which expires after ``mqtt.session_expiry_s`` (default a day).
 DELIVERED_KEEP_S = 7 * 86400.0
@@ -165,6 +168,7 @@ class Service:
         self._outputs = str(settings.outputs_dir)
         self.run_id = new_id()
         self.instance_id = ""  # the installation's id, from the store (boot)
+        self._requests_seen = 0  # QoS 1 requests received, ever (kept in the store each turn)
         #: other installations seen announcing themselves on our base topic: id -> their info
         self.conflicts: dict[str, dict[str, Any]] = {}
         self.started_at = iso(clock())
@@ -249,6 +253,7 @@ class Service:
             os.chmod(s.db_path, 0o600)  # readable by the service's user only, whatever the umask
         self.instance_id = self.store.instance_id()
         self.paused = bool(self.store.meta("paused"))  # a pause outlives restarts
+        self._requests_seen = self.store.meta("requests_seen") or 0
         if self.paused:
             log.warning("the queue is paused (since before this start): no job starts until a resume")
         if not self.bridge.client_id:
@@ -404,6 +409,8 @@ class Service:
         try:
             with self.bridge.held(), store.group():
                 self._take_inbox(taken)
+                if taken:
+                    store.set_meta("requests_seen", self._requests_seen)
                 for outcome in outcomes:
                     self.on_outcome(outcome, self.clock())
                 self.schedule(self.clock())
@@ -497,6 +504,9 @@ class Service:
     def on_connected(self, item: Connected) -> None:
         """(Re)connected: ``online``, ``info``, the changes made before the first connect, and
         a republish of every job and batch, in pieces (:meth:`_republish_step`)."""
+        if not item.session_present:
+            # A new session: nothing the broker sends on it is a redelivery of an earlier message.
+            self._store().forget_all_requests()
         self.bridge.publish(self.topics.status, ONLINE, retain=True)
         self.bridge.publish(self.topics.info, payloads.encode(self.info()), retain=True)
         self.publish_discovery()
@@ -657,6 +667,8 @@ class Service:
 
     def _on_message(self, msg: Incoming) -> None:
         """Checks in the order of docs/topics.md, "Order of checks"."""
+        if msg.qos:
+            self._requests_seen += 1
         now = time.monotonic()
         limit = self.settings.max_payload_bytes
         if not msg.size and (msg.retain or self._take_echo(msg.topic, now)):
@@ -718,7 +730,10 @@ class Service:
         key = request_key(msg) if msg.qos and msg.command in STATEFUL_COMMANDS else None
         if key is not None and msg.dup:
             first = self._store().recall_request(key)
-            if first is not None:
+            # Only a record of one of the last REDELIVERY_WINDOW requests can be for this very
+            # message: the broker numbers its messages to us on, 1..65535, and may reuse a
+            # number only after it had our PUBACK for it.
+            if first is not None and self._requests_seen - first[2] <= REDELIVERY_WINDOW:
                 # Delivered again after its acknowledgement was lost: it took effect already.
                 log.info(
                     "request %s on %s delivered again after a lost acknowledgement: answered with its first "
@@ -729,8 +744,9 @@ class Service:
                 self.answer(msg, json.loads(first[0]), first[1])
                 return
         response, reply_to = self.commands.execute(msg.command, msg.payload)
-        if key is not None and response.get("status") == "ok":
-            self._store().remember_request(key, payloads.encode(response), reply_to, self.clock())
+        if key is not None:  # errors too: delivered again, it gets the same answer
+            store = self._store()
+            store.remember_request(key, payloads.encode(response), reply_to, self.clock(), self._requests_seen)
         self.answer(msg, response, reply_to)
 
     def _expect_echo(self, topic: str, now: float) -> None:

@@ -142,11 +142,13 @@ class Store:
         self.conn.execute("CREATE INDEX IF NOT EXISTS jobs_finished ON jobs(finished_at) WHERE finished_at IS NOT NULL")
         self.db.table("instance").create({"instance_id": str, "created_at": str}, pk="instance_id", if_not_exists=True)
         self.db.table("delivered_requests").create(
-            {"key": bytes, "response": bytes, "reply_to": str, "at": float},
+            {"key": bytes, "response": bytes, "reply_to": str, "at": float, "seq": int},
             pk="key",
             not_null={"response", "at"},
             if_not_exists=True,
         )
+        if "seq" not in self.db.table("delivered_requests").columns_dict:
+            self.conn.execute("ALTER TABLE delivered_requests ADD COLUMN seq INTEGER NOT NULL DEFAULT 0")
         self._counts = self._load_counts()
 
     def _load_counts(self) -> dict[str, int]:
@@ -406,19 +408,27 @@ class Store:
 
     # -- requests delivered again (docs/topics.md, "Requests delivered twice") ------------
 
-    def remember_request(self, key: bytes, response: bytes, reply_to: str | None, now: float) -> None:
+    def remember_request(self, key: bytes, response: bytes, reply_to: str | None, now: float, seq: int) -> None:
         """Record the response to an executed request, in the transaction of its effect, so
         that the same request delivered again (``key``: :func:`edge_queue.service.request_key`)
-        is answered with it instead of taking effect twice."""
+        is answered with it instead of taking effect twice. ``seq``: how many requests the
+        service had received when this one came (the window of :meth:`recall_request`)."""
         self.conn.execute(
-            "INSERT OR REPLACE INTO delivered_requests (key, response, reply_to, at) VALUES (?, ?, ?, ?)",
-            [key, response, reply_to, now],
+            "INSERT OR REPLACE INTO delivered_requests (key, response, reply_to, at, seq) VALUES (?, ?, ?, ?, ?)",
+            [key, response, reply_to, now, seq],
         )
 
-    def recall_request(self, key: bytes) -> tuple[bytes, str | None] | None:
-        """``(response, reply_to)`` recorded for ``key``, or None."""
-        row = self.conn.execute("SELECT response, reply_to FROM delivered_requests WHERE key = ?", [key]).fetchone()
-        return None if row is None else (bytes(row[0]), row[1])
+    def recall_request(self, key: bytes) -> tuple[bytes, str | None, int] | None:
+        """``(response, reply_to, seq)`` recorded for ``key``, or None."""
+        row = self.conn.execute(
+            "SELECT response, reply_to, seq FROM delivered_requests WHERE key = ?", [key]
+        ).fetchone()
+        return None if row is None else (bytes(row[0]), row[1], int(row[2]))
+
+    def forget_all_requests(self) -> None:
+        """Drop every record: the broker lost our session, so nothing it sends is a redelivery."""
+        with self._immediate():
+            self.conn.execute("DELETE FROM delivered_requests")
 
     def forget_requests(self, before: float) -> int:
         """Drop the records of requests executed before ``before`` (Unix seconds); their count."""

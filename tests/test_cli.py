@@ -231,3 +231,50 @@ def test_a_port_that_is_not_mqtt_is_named_at_once(tmp_path: Path, command: list[
     assert out.returncode == 3, out.stderr
     assert "is it an MQTT broker?" in out.stderr and str(port) in out.stderr, out.stderr
     assert took < 10, took  # two probes of 3 s; it was 10 s for the CLI, 30 s for serve
+
+
+def test_serve_waits_behind_a_forwarder_whose_broker_is_not_up_yet(tmp_path: Path, service_factory) -> None:
+    # Given a port where a forwarder accepts connections and closes them (its broker is down),
+    # as docker-proxy or an SSH tunnel does
+    import socket as socketlib
+    import threading
+
+    from .conftest import Broker, port_open
+
+    server = socketlib.socket()
+    server.setsockopt(socketlib.SOL_SOCKET, socketlib.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    port = server.getsockname()[1]
+    stop = threading.Event()
+
+    def accept_and_close() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+                conn.close()
+            except OSError:
+                continue
+
+    forwarder = threading.Thread(target=accept_and_close, daemon=True)
+    forwarder.start()
+    svc = service_factory(Broker("127.0.0.1", port, "mosquitto"), [tmp_path])
+    svc.start(wait_online=False)
+    # When the broker comes up there a few seconds later
+    wait_until(lambda: "closes them without an MQTT answer" in svc.log(), 20, "the waiting line")
+    stop.set()
+    forwarder.join(5)
+    server.close()
+    conf = tmp_path / "late.conf"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n")
+    late = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: port_open("127.0.0.1", port), 10, "the late broker")
+        # Then the service connects and serves (before: exit 3 after 3 s, "is it an MQTT broker?")
+        wait_until(lambda: "serving on" in svc.log() or svc.proc.poll() is not None, 40, "the service to serve")
+        assert svc.proc.poll() is None, svc.log()
+        assert svc.stop() == 0
+    finally:
+        late.terminate()
+        late.wait(10)

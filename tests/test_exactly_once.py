@@ -46,7 +46,11 @@ class AckDroppingProxy:
                 client, _ = self.server.accept()
             except OSError:
                 return
-            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            except OSError:  # the broker is down (restarting): as if it refused the client
+                client.close()
+                continue
             self.connections += 1
             self._open += [client, upstream]
             threading.Thread(target=self._to_broker, args=(client, upstream), daemon=True).start()
@@ -209,3 +213,38 @@ def test_other_requests_delivered_again_are_answered_with_their_first_response(f
     answers = _responses(watcher, svc, command, "c1")
     assert answers and all(a == answers[0] for a in answers), answers
     assert answers[0]["status"] == "ok", answers
+
+
+def test_records_of_an_ended_session_cannot_answer_new_requests(tmp_path: Path, service_factory) -> None:
+    # Given a service that executed a submit, recorded for redelivery, on a broker without
+    # persistence
+    import sqlite3
+
+    broker = PrivateMosquitto(tmp_path / "broker")
+    broker.conf.write_text(broker.conf.read_text().replace("persistence true", "persistence false"))
+    broker.stop()
+    broker.start()
+    svc = service_factory(broker, [tmp_path])
+    try:
+        svc.start()
+        watcher = svc.watcher("response/#")
+        assert svc.request("submit", {"kind": "noop", "input": "same"}, watcher)["status"] == "ok"
+
+        def records() -> int:
+            with sqlite3.connect(svc.db) as conn:
+                return int(conn.execute("SELECT count(*) FROM delivered_requests").fetchone()[0])
+
+        assert records() == 1
+        # When the broker restarts and loses the service's session (its packet ids start at 1
+        # again, so a new request may carry the id of a recorded one)
+        before = svc.log().count("connected to")
+        broker.stop()
+        broker.start()
+        wait_until(lambda: svc.log().count("connected to") > before, 30, "the reconnect")
+        # Then the records of the old session are gone: no new request can be answered with one
+        wait_until(lambda: records() == 0, 10, "the records of the ended session to be dropped")
+        assert "session present: False" in svc.log().splitlines()[-1] or "session present: False" in svc.log()
+        watcher.close()
+        assert svc.stop() == 0
+    finally:
+        broker.stop()
