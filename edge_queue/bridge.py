@@ -355,6 +355,18 @@ def _probe(
     return answer.get("reason")
 
 
+def warn_closed_without_answer(s: MqttSettings, deadline: float) -> None:
+    """The one line said while waiting on a port that accepts connections and closes them
+    without an MQTT answer (a forwarder before a broker not up yet, or not MQTT at all)."""
+    log.warning(
+        "%s:%s accepts connections but closes them without an MQTT answer: waiting up to %.0f s "
+        "for a broker there (is mqtt.port an MQTT broker?)",
+        s.host,
+        s.port,
+        max(0.0, deadline - time.monotonic()),
+    )
+
+
 def detect_protocol(s: MqttSettings, client_id: str, timeout_s: float) -> str:
     """``"5"`` or ``"3.1.1"``: what the broker at ``mqtt.host:port`` speaks.
 
@@ -380,13 +392,7 @@ def detect_protocol(s: MqttSettings, client_id: str, timeout_s: float) -> str:
                 # Accepted, then closed without an answer: a TCP forwarder (docker-proxy, an
                 # SSH tunnel) before a broker that is not up yet, or a service that is not MQTT.
                 if not said:
-                    log.warning(
-                        "%s:%s accepts connections but closes them without an MQTT answer: waiting up to %.0f s "
-                        "for a broker there (is mqtt.port an MQTT broker?)",
-                        s.host,
-                        s.port,
-                        max(0.0, deadline - time.monotonic()),
-                    )
+                    warn_closed_without_answer(s, deadline)
                     said = True
                 last = BrokerUnavailable(
                     f"{s.host}:{s.port} accepted TCP connections but closed them without an MQTT answer for "

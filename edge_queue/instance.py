@@ -19,7 +19,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
-from .bridge import PROBE_S, configure_client
+from .bridge import PROBE_S, configure_client, warn_closed_without_answer
 from .config import MqttSettings
 from .errors import BrokerUnavailable, EdgeQueueError
 from .topics import ONLINE, Topics
@@ -129,13 +129,7 @@ def claim_base_topic(
             if "refused us" in e.message or "accepted a TCP" in e.message or time.monotonic() >= deadline:
                 raise
             if "closed the connection" in e.message and not said:
-                log.warning(
-                    "%s:%s accepts connections but closes them without an MQTT answer: waiting up to %.0f s "
-                    "for a broker there (is mqtt.port an MQTT broker?)",
-                    settings.host,
-                    settings.port,
-                    max(0.0, deadline - time.monotonic()),
-                )
+                warn_closed_without_answer(settings, deadline)
                 said = True
             time.sleep(1.0)
     other = info.get("instance_id")

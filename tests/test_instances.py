@@ -9,14 +9,26 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
+import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from .conftest import ServiceProcess, wait_until
 from .test_load import PrivateMosquitto, figures
+
+
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[PrivateMosquitto]:
+    """A private mosquitto whose log shows every connection, stopped after the test."""
+    broker = PrivateMosquitto(tmp_path / "broker")
+    try:
+        yield broker
+    finally:
+        broker.stop()
 
 
 def _default_id(svc: ServiceProcess) -> ServiceProcess:
@@ -69,116 +81,104 @@ def test_two_default_installs_on_one_broker_keep_to_themselves(tmp_path: Path, s
         broker.stop()
 
 
-def test_a_second_install_on_a_taken_base_topic_does_not_start(tmp_path: Path, service_factory) -> None:
+def test_a_second_install_on_a_taken_base_topic_does_not_start(tmp_path: Path, service_factory, own_broker) -> None:
     # Given an install serving a base topic, with jobs
-    broker = PrivateMosquitto(tmp_path / "broker")
-    try:
-        first = _default_id(service_factory(broker, [tmp_path])).start()
-        watcher = first.watcher("response/#", "jobs/+")
-        ids = [first.request("submit", {"kind": "noop"}, watcher)["data"]["jobs"][0]["job_id"] for _ in range(3)]
-        for job_id in ids:
-            watcher.wait_json(f"{first.base}/jobs/{job_id}", lambda m: m["state"] == "succeeded")
-        info = _info(first)
-        # When a second install (its own data folder) starts on the same base topic
-        env = {**first.env, "EDGE_QUEUE_DATA_DIR": str(tmp_path / "second")}
-        started = time.monotonic()
-        out = subprocess.run(
-            [sys.executable, "-m", "edge_queue", "serve"], env=env, capture_output=True, text=True, timeout=60
-        )
-        # Then it exits at once with its own code and one line naming the other and what to change
-        assert out.returncode == 5, out.stderr
-        assert time.monotonic() - started < 15
-        line = next(li for li in out.stderr.splitlines() if "another edge-queue is online" in li)
-        assert info["instance_id"] in line and info["host"] in line and info["version"] in line
-        assert "mqtt.base_topic" in line
-        # and the first one's jobs and retained topics are untouched, and it still serves
-        time.sleep(0.5)
-        for job_id in ids:
-            assert json.loads(watcher.on(f"{first.base}/jobs/{job_id}")[-1])["state"] == "succeeded"
-        assert first.request("get", {"job_id": ids[0]}, watcher)["status"] == "ok"
-        watcher.close()
-    finally:
-        broker.stop()
+    broker = own_broker
+    first = _default_id(service_factory(broker, [tmp_path])).start()
+    watcher = first.watcher("response/#", "jobs/+")
+    ids = [first.request("submit", {"kind": "noop"}, watcher)["data"]["jobs"][0]["job_id"] for _ in range(3)]
+    for job_id in ids:
+        watcher.wait_json(f"{first.base}/jobs/{job_id}", lambda m: m["state"] == "succeeded")
+    info = _info(first)
+    # When a second install (its own data folder) starts on the same base topic
+    env = {**first.env, "EDGE_QUEUE_DATA_DIR": str(tmp_path / "second")}
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "edge_queue", "serve"], env=env, capture_output=True, text=True, timeout=60
+    )
+    # Then it exits at once with its own code and one line naming the other and what to change
+    assert out.returncode == 5, out.stderr
+    assert time.monotonic() - started < 15
+    line = next(li for li in out.stderr.splitlines() if "another edge-queue is online" in li)
+    assert info["instance_id"] in line and info["host"] in line and info["version"] in line
+    assert "mqtt.base_topic" in line
+    # and the first one's jobs and retained topics are untouched, and it still serves
+    time.sleep(0.5)
+    for job_id in ids:
+        assert json.loads(watcher.on(f"{first.base}/jobs/{job_id}")[-1])["state"] == "succeeded"
+    assert first.request("get", {"job_id": ids[0]}, watcher)["status"] == "ok"
+    watcher.close()
 
 
-def test_a_replaced_data_dir_takes_its_base_topic_over(tmp_path: Path, service_factory) -> None:
+def test_a_replaced_data_dir_takes_its_base_topic_over(tmp_path: Path, service_factory, own_broker) -> None:
     # Given an install that ran jobs and stopped, whose data folder is then replaced
-    broker = PrivateMosquitto(tmp_path / "broker")
-    try:
-        svc = _default_id(service_factory(broker, [tmp_path])).start()
-        watcher = svc.watcher("response/#", "jobs/+", "batches/+")
-        batch = svc.request("submit", {"kind": "noop", "inputs": ["a", "b"]}, watcher)["data"]
-        for job in batch["jobs"]:
-            watcher.wait_json(f"{svc.base}/jobs/{job['job_id']}", lambda m: m["state"] == "succeeded")
-        old = _info(svc)["instance_id"]
-        assert svc.stop() == 0
-        svc.data_dir = tmp_path / "new-data"
-        svc.env["EDGE_QUEUE_DATA_DIR"] = str(svc.data_dir)
-        # When it starts again
-        svc.start()
-        # Then it takes the base topic over (its own new identity), says so, and clears the
-        # ghost job and batch topics
-        assert _info(svc)["instance_id"] != old
-        wait_until(lambda: "taking over the base topic" in svc.log() and old in svc.log(), 10, "the take-over line")
-        for job in batch["jobs"]:
-            topic = f"{svc.base}/jobs/{job['job_id']}"
-            wait_until(lambda topic=topic: watcher.on(topic)[-1] == b"", 20, "a cleared job topic")
-        wait_until(lambda: watcher.on(f"{svc.base}/batches/{batch['batch_id']}")[-1] == b"", 20, "the batch")
-        watcher.close()
-    finally:
-        broker.stop()
+    broker = own_broker
+    svc = _default_id(service_factory(broker, [tmp_path])).start()
+    watcher = svc.watcher("response/#", "jobs/+", "batches/+")
+    batch = svc.request("submit", {"kind": "noop", "inputs": ["a", "b"]}, watcher)["data"]
+    for job in batch["jobs"]:
+        watcher.wait_json(f"{svc.base}/jobs/{job['job_id']}", lambda m: m["state"] == "succeeded")
+    old = _info(svc)["instance_id"]
+    assert svc.stop() == 0
+    svc.data_dir = tmp_path / "new-data"
+    svc.env["EDGE_QUEUE_DATA_DIR"] = str(svc.data_dir)
+    # When it starts again
+    svc.start()
+    # Then it takes the base topic over (its own new identity), says so, and clears the
+    # ghost job and batch topics
+    assert _info(svc)["instance_id"] != old
+    wait_until(lambda: "taking over the base topic" in svc.log() and old in svc.log(), 10, "the take-over line")
+    for job in batch["jobs"]:
+        topic = f"{svc.base}/jobs/{job['job_id']}"
+        wait_until(lambda topic=topic: watcher.on(topic)[-1] == b"", 20, "a cleared job topic")
+    wait_until(lambda: watcher.on(f"{svc.base}/batches/{batch['batch_id']}")[-1] == b"", 20, "the batch")
+    watcher.close()
 
 
-def test_another_install_announcing_itself_is_reported(tmp_path: Path, service_factory) -> None:
+def test_another_install_announcing_itself_is_reported(tmp_path: Path, service_factory, own_broker) -> None:
     # Given a running install
-    broker = PrivateMosquitto(tmp_path / "broker")
-    try:
-        svc = _default_id(service_factory(broker, [tmp_path])).start()
-        ours = _info(svc)["instance_id"]
-        watcher = svc.watcher("info")
-        # When another installation announces itself on its base topic (live, as at its connect)
-        other = {"v": 1, "instance_id": "0123456789ab", "host": "otherbox", "version": "0.1.0"}
-        pub = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="other-" + uuid.uuid4().hex[:6])
-        pub.connect(broker.host, broker.port)
-        pub.loop_start()
-        pub.publish(f"{svc.base}/info", json.dumps(other), qos=1).wait_for_publish(10)
-        pub.loop_stop()
-        pub.disconnect()
-        # Then the log names it, and our own info lists it under conflict
-        wait_until(lambda: "another edge-queue announced itself" in svc.log(), 10, "the error line")
-        mine = watcher.wait_json(f"{svc.base}/info", lambda m: m.get("instance_id") == ours and "conflict" in m)
-        assert mine["conflict"][0]["instance_id"] == "0123456789ab" and mine["conflict"][0]["host"] == "otherbox"
-        watcher.close()
-    finally:
-        broker.stop()
+    broker = own_broker
+    svc = _default_id(service_factory(broker, [tmp_path])).start()
+    ours = _info(svc)["instance_id"]
+    watcher = svc.watcher("info")
+    # When another installation announces itself on its base topic (live, as at its connect)
+    other = {"v": 1, "instance_id": "0123456789ab", "host": "otherbox", "version": "0.1.0"}
+    pub = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="other-" + uuid.uuid4().hex[:6])
+    pub.connect(broker.host, broker.port)
+    pub.loop_start()
+    pub.publish(f"{svc.base}/info", json.dumps(other), qos=1).wait_for_publish(10)
+    pub.loop_stop()
+    pub.disconnect()
+    # Then the log names it, and our own info lists it under conflict
+    wait_until(lambda: "another edge-queue announced itself" in svc.log(), 10, "the error line")
+    mine = watcher.wait_json(f"{svc.base}/info", lambda m: m.get("instance_id") == ours and "conflict" in m)
+    assert mine["conflict"][0]["instance_id"] == "0123456789ab" and mine["conflict"][0]["host"] == "otherbox"
+    watcher.close()
 
 
-def test_a_client_id_take_over_is_said_as_such(tmp_path: Path, service_factory) -> None:
+def test_a_client_id_take_over_is_said_as_such(tmp_path: Path, service_factory, own_broker) -> None:
     # Given a running install with its default client id
-    broker = PrivateMosquitto(tmp_path / "broker")
+    broker = own_broker
+    svc = _default_id(service_factory(broker, [tmp_path])).start()
+    client_id = f"edge-queue-{_info(svc)['instance_id']}"
+    # When another client keeps connecting with that client id (as a second service with
+    # the same mqtt.client_id does: each takes the id from the other)
+    thief = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
+    thief.reconnect_delay_set(1, 1)
+    thief.connect(broker.host, broker.port, clean_start=False)
+    thief.loop_start()
+    # Then the service says what is happening, and waits before it reconnects
     try:
-        svc = _default_id(service_factory(broker, [tmp_path])).start()
-        client_id = f"edge-queue-{_info(svc)['instance_id']}"
-        # When another client keeps connecting with that client id (as a second service with
-        # the same mqtt.client_id does: each takes the id from the other)
-        thief = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
-        thief.reconnect_delay_set(1, 1)
-        thief.connect(broker.host, broker.port, clean_start=False)
-        thief.loop_start()
-        # Then the service says what is happening, and waits before it reconnects
-        try:
-            wait_until(lambda: "another client connected with our client id" in svc.log(), 60, "the take-over line")
-        finally:
-            thief.loop_stop()
-            thief.disconnect()
-        assert "reconnecting in 10 s" in svc.log()
-        line = next(li for li in svc.log().splitlines() if "another client connected with our client id" in li)
-        assert line.startswith("ERROR") and client_id in line
-        # and it comes back once the other client is gone
-        before = svc.log().count("connected to 127.0.0.1")
-        wait_until(lambda: svc.log().count("connected to 127.0.0.1") > before, 30, "the reconnect")
-        watcher = svc.watcher("response/#")
-        assert svc.request("list", {"limit": 1}, watcher)["status"] == "ok"
-        watcher.close()
+        wait_until(lambda: "another client connected with our client id" in svc.log(), 60, "the take-over line")
     finally:
-        broker.stop()
+        thief.loop_stop()
+        thief.disconnect()
+    assert "reconnecting in 10 s" in svc.log()
+    line = next(li for li in svc.log().splitlines() if "another client connected with our client id" in li)
+    assert line.startswith("ERROR") and client_id in line
+    # and it comes back once the other client is gone
+    before = svc.log().count("connected to 127.0.0.1")
+    wait_until(lambda: svc.log().count("connected to 127.0.0.1") > before, 30, "the reconnect")
+    watcher = svc.watcher("response/#")
+    assert svc.request("list", {"limit": 1}, watcher)["status"] == "ok"
+    watcher.close()
