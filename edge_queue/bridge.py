@@ -118,6 +118,7 @@ class Incoming:
     connection: int = 0  # which connection it came on (its PUBACK is for that one only)
     size: int = 0  # bytes of the payload as received (the payload itself is dropped when too large)
     property_bytes: int = 0  # MQTT 5 properties over MAX_PROPERTY_BYTES: their size; they were not decoded
+    user: str | None = None  # the broker user of <base>/request/<command>/<user>; None on the shared topics
 
 
 @dataclass(slots=True)
@@ -607,11 +608,12 @@ class Bridge:
         if watcher is not None:
             watcher(bytes(msg.payload), bool(msg.retain))
             return
-        command = self.topics.parse_request(msg.topic)
-        if command is None:
+        parsed = self.topics.parse_request(msg.topic)
+        if parsed is None:
             if msg.qos:
                 client.ack(msg.mid, msg.qos)
             return
+        command, user = parsed
         props = getattr(msg, "properties", None)
         response_topic = getattr(props, "ResponseTopic", None) if props else None
         correlation = getattr(props, "CorrelationData", None) if props else None
@@ -634,6 +636,7 @@ class Bridge:
                 self.connection,
                 size,
                 client.dropped_property_bytes if isinstance(client, _Client) else 0,
+                user,
             )
         )
 

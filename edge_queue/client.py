@@ -21,7 +21,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from .bridge import configure_client, detect_protocol, set_nodelay
 from .config import MqttSettings
 from .errors import BrokerUnavailable, EdgeQueueError
-from .topics import OFFLINE, ONLINE, Topics
+from .topics import OFFLINE, ONLINE, Topics, valid_topic_level
 
 #: Requests that change nothing: not sent while edge-queue is offline.
 READ_ONLY = frozenset({"get", "list", "kinds", "events"})
@@ -52,8 +52,14 @@ class RequestClient:
 
     def __init__(self, settings: MqttSettings, *, timeout_s: float = 10.0) -> None:
         self.topics = Topics(settings.base_topic)
-        self.client_id = "edge-queue-cli-" + uuid.uuid4().hex[:12]
-        self.reply_topic = self.topics.reply_prefix() + self.client_id
+        self.client_id = "eq-cli-" + uuid.uuid4().hex[:12]
+        #: with a broker user name, requests go on that user's own request topics and answers
+        #: come under its own reply topics (docs/topics.md, "Who sent a request")
+        self.user = settings.username if settings.username and valid_topic_level(settings.username) else None
+        if self.user is None:
+            self.reply_topic = self.topics.reply_prefix() + self.client_id
+        else:
+            self.reply_topic = self.topics.user_reply_prefix(self.user) + self.client_id
         self._replies: dict[str, queue.SimpleQueue[dict[str, Any]]] = {}
         self._status: str | None = None
         self._status_seen = threading.Event()
@@ -115,6 +121,11 @@ class RequestClient:
         else:
             self.messages.put((msg.topic, bytes(msg.payload)))
 
+    def request_topic(self, command: str) -> str:
+        """``<base>/request/<command>/<user>`` with a user name, else ``<base>/request/<command>``."""
+        topic = self.topics.request(command)
+        return topic if self.user is None else f"{topic}/{self.user}"
+
     def subscribe(self, topic: str) -> None:
         self._client.subscribe(topic, 1)
 
@@ -135,7 +146,7 @@ class RequestClient:
                 f"states on {self.topics.all_jobs} show where each job stood when it stopped",
                 False,
             )
-        info = self._client.publish(self.topics.request(command), payload, qos=1)
+        info = self._client.publish(self.request_topic(command), payload, qos=1)
         with self._puback_seen:
             self._puback_seen.wait_for(lambda: info.mid in self._puback, timeout=5.0)
             reason = self._puback.pop(info.mid, None)
@@ -190,7 +201,7 @@ class RequestClient:
         end = time.monotonic() + timeout_s
         try:
             while time.monotonic() < end:
-                self._client.publish(self.topics.request(command), payload, qos=1)
+                self._client.publish(self.request_topic(command), payload, qos=1)
                 try:
                     return box.get(timeout=min(resend_s, max(0.0, end - time.monotonic())))
                 except queue.Empty:

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 #: run, handles at most: one request cannot make one loop turn long. The response says
 #: ``"more": true`` when some are left for the next request.
 BULK_LIMIT = 5_000
+#: Commands only the ``admin`` role may send (docs/configuration.md, "[access]").
+ADMIN_COMMANDS = frozenset({"pause", "resume", "purge", "republish"})
 #: Rejected requests logged per window at most (:class:`RejectionLog`).
 REJECTIONS_LOGGED, REJECTION_WINDOW_S = 20, 10.0
 #: A ``list`` page holds jobs up to this many bytes of JSON (and at least one): 500 jobs with
@@ -174,11 +176,18 @@ class Commands:
 
     def __init__(self, service: Service) -> None:
         self.service = service
+        #: the request being executed: its sender (``None``: the shared request topics) ...
+        self._user: str | None = None
+        #: ... and, for the ``user`` role, the filter to its own jobs (``None``: every job)
+        self._mine: tuple[str | None] | None = None
 
-    def execute(self, command: str, raw: bytes) -> tuple[dict[str, Any], str | None]:
-        """Run ``command`` with payload ``raw``; returns ``(response, reply_to)``.
+    def execute(self, command: str, raw: bytes, user: str | None = None) -> tuple[dict[str, Any], str | None]:
+        """Run ``command`` with payload ``raw`` for ``user`` (the broker user of the request
+        topic ``<base>/request/<command>/<user>``; ``None`` for ``<base>/request/<command>``);
+        returns ``(response, reply_to)``.
 
-        ``reply_to`` is the request's validated ``reply_to`` topic, or ``None``.
+        ``reply_to`` is the request's validated ``reply_to`` topic, or ``None``. What the
+        sender's role (``access``) does not allow is answered with ``forbidden``.
         """
         svc = self.service
         limit = svc.settings.max_payload_bytes
@@ -189,14 +198,26 @@ class Commands:
                 ErrorCode.PAYLOAD_TOO_LARGE, f"payload is {len(raw)} bytes; the limit is {limit} (max_payload_bytes)"
             ), None
         transaction, reply_to = payloads.peek_envelope(raw)
-        if reply_to is not None and not svc.topics.valid_reply_to(reply_to):
+        if reply_to is not None and not svc.topics.valid_reply_to(reply_to, user):
             rejections.warning("request %s rejected: invalid_request (reply_to)", _clip(command, 64))
+            prefix = svc.topics.reply_prefix() if user is None else svc.topics.user_reply_prefix(user)
             return payloads.error(
                 ErrorCode.INVALID_REQUEST,
-                f"reply_to must be a topic under {svc.topics.reply_prefix()} without wildcards or control characters",
+                f"reply_to must be a topic under {prefix} without wildcards or control characters",
                 transaction,
                 "reply_to",
             ), None
+        role = svc.settings.access.role_of(user)
+        if role == "none" or (role == "user" and command in ADMIN_COMMANDS):
+            who = "requests on the shared topics" if user is None else f"user {_clip(user, 64)!r}"
+            rejections.warning("request %s rejected: forbidden (%s, role %s)", _clip(command, 64), who, role)
+            return payloads.error(
+                ErrorCode.FORBIDDEN,
+                f"{who} (role {role}) may not send {_clip(command, 64)}; the service's access settings give roles",
+                transaction,
+            ), reply_to
+        self._user = user
+        self._mine = (user,) if role == "user" else None
         try:
             request = payloads.decode_request(
                 command, raw, max_bytes=svc.settings.max_payload_bytes, default_kind=svc.settings.default_kind
@@ -288,6 +309,7 @@ class Commands:
                     run_at=req.run_at_ts(),
                     lock_key=req.lock_key,
                     reject_when_locked=req.on_lock == "reject",
+                    submitted_by=self._user,
                 )
             )
         if not specs:
@@ -316,9 +338,17 @@ class Commands:
     # -- job control --------------------------------------------------------------------
 
     def _job(self, job_id: str) -> dict[str, Any]:
+        """The job ``job_id``; raises ``not_found``, or ``forbidden`` when the sender's role
+        (``user``) may not touch another sender's job."""
         if not valid_id(job_id):
             raise NotFoundError(f"no job {job_id[:64]!r}")
-        return self.service._store().get(job_id)
+        job = self.service._store().get(job_id)
+        if not self._may_touch(job):
+            raise RequestError(f"job {job_id} was submitted by another user", code=ErrorCode.FORBIDDEN, field="job_id")
+        return job
+
+    def _may_touch(self, job: dict[str, Any]) -> bool:
+        return self._mine is None or job.get("submitted_by") == self._mine[0]
 
     def do_get(self, req: payloads.JobRef) -> dict[str, Any]:
         job = payloads.job_object(self._job(req.job_id))
@@ -343,6 +373,7 @@ class Commands:
             before=req.before,
             limit=req.limit,
             lock_key=req.lock_key,
+            submitted_by=self._mine,
         )
         jobs: list[dict[str, Any]] = []
         size = 0
@@ -371,10 +402,21 @@ class Commands:
             if not valid_id(req.batch_id):
                 raise NotFoundError(f"no batch {req.batch_id[:64]!r}")
             targets = store.batch(req.batch_id)["job_ids"]
+            if self._mine is not None and targets and not self._may_touch(store.get(targets[0])):
+                raise RequestError(
+                    f"batch {req.batch_id} was submitted by another user", code=ErrorCode.FORBIDDEN, field="batch_id"
+                )
         elif req.running:
-            targets = [j["job_id"] for j in store.list_jobs(state=JobState.RUNNING.value, limit=BULK_LIMIT + 1)]
+            targets = [
+                j["job_id"]
+                for j in store.list_jobs(state=JobState.RUNNING.value, limit=BULK_LIMIT + 1, submitted_by=self._mine)
+            ]
         else:
-            targets = [j["job_id"] for s in ACTIVE for j in store.list_jobs(state=s.value, limit=BULK_LIMIT + 1)]
+            targets = [
+                j["job_id"]
+                for s in ACTIVE
+                for j in store.list_jobs(state=s.value, limit=BULK_LIMIT + 1, submitted_by=self._mine)
+            ]
         more = len(targets) > BULK_LIMIT
         targets = targets[:BULK_LIMIT]
         svc.turn_work += len(targets)
@@ -407,7 +449,7 @@ class Commands:
         if (req.job_id is None) == (not req.failed):
             raise RequestError("give exactly one of job_id, failed: true", field="job_id")
         if req.job_id is None:  # every failed job, up to BULK_LIMIT
-            failed = svc._store().list_jobs(state=JobState.FAILED.value, limit=BULK_LIMIT + 1)
+            failed = svc._store().list_jobs(state=JobState.FAILED.value, limit=BULK_LIMIT + 1, submitted_by=self._mine)
             svc.turn_work += min(len(failed), BULK_LIMIT)
             retried = [self._retry(j["job_id"])["job_id"] for j in reversed(failed[:BULK_LIMIT])]
             return {"retried": retried, "more": len(failed) > BULK_LIMIT}
@@ -480,7 +522,9 @@ class Commands:
         next, the oldest ``event_id`` still kept, and ``dropped`` when events after the cursor
         were deleted before they were read (docs/topics.md, ``events``)."""
         store = self.service._store()
-        events, oldest, dropped = store.events_after(req.after, req.limit, job_id=req.job_id, types=req.types)
+        events, oldest, dropped = store.events_after(
+            req.after, req.limit, job_id=req.job_id, types=req.types, submitted_by=self._mine
+        )
         if len(events) == req.limit:
             next_after = events[-1]["event_id"]
         else:  # everything up to the newest event was looked at

@@ -131,6 +131,37 @@ class HomeAssistantSettings(_Section):
     )
 
 
+#: A role of docs/configuration.md, "[access]": ``admin`` may do everything; ``user`` submits and
+#: sees, cancels and retries its own jobs; ``none`` may send no request at all.
+Role = Literal["admin", "user", "none"]
+
+
+class AccessSettings(_Section):
+    """``[access]``: roles of the broker users who send requests (docs/configuration.md,
+    "[access]"). A request's sender is known only from the topic it came on:
+    ``<base>/request/<command>/<user>``, which the broker's ACL lets only ``<user>`` publish to;
+    requests on ``<base>/request/<command>`` carry no user name and get ``shared_role``."""
+
+    #: Broker user names with the ``admin`` role.
+    admins: list[str] = []
+    #: Broker user names with the ``user`` role (a name in both lists is an admin).
+    users: list[str] = []
+    #: The role of every other user name on ``<base>/request/<command>/<user>``.
+    default_role: Role = "admin"
+    #: The role of requests on ``<base>/request/<command>`` (no user name).
+    shared_role: Role = "admin"
+
+    def role_of(self, user: str | None) -> Role:
+        """The role of a request sent by ``user`` (``None``: the shared request topics)."""
+        if user is None:
+            return self.shared_role
+        if user in self.admins:
+            return "admin"
+        if user in self.users:
+            return "user"
+        return self.default_role
+
+
 class TranscribeSettings(_Section):
     """faster-whisper settings. ``model``: a CTranslate2 model folder, or a model name that
     faster-whisper downloads where a network exists; ``None`` uses the bundled tiny.en of the
@@ -195,6 +226,7 @@ class Settings(BaseSettings):
     kinds: dict[str, KindSettings] = {}
     limits: LimitsSettings = LimitsSettings()
     homeassistant: HomeAssistantSettings = HomeAssistantSettings()
+    access: AccessSettings = AccessSettings()
 
     @classmethod
     def settings_customise_sources(

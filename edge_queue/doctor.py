@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import sqlite3
 import time
@@ -42,7 +43,7 @@ def _broker(settings: Settings, service: dict[str, Any]) -> Iterator[Check]:
     s = settings.mqtt
     where = f"{s.host}:{s.port}" + (" (TLS)" if s.tls.enabled else "")
     try:
-        protocol = detect_protocol(s, "edge-queue-doctor", 5.0) if s.protocol == "auto" else s.protocol
+        protocol = detect_protocol(s, "eq-doctor-" + secrets.token_hex(4), 5.0) if s.protocol == "auto" else s.protocol
         client = RequestClient(s, timeout_s=5.0)
     except EdgeQueueError as e:
         yield Check("broker", False, f"{where}: {e.message}")

@@ -24,14 +24,16 @@ def broker_config(
     """The amqtt configuration for one TCP listener on ``host:port``.
 
     Anonymous clients are allowed unless ``password_file`` (amqtt 0.12's ``user:hash`` lines,
-    argon2 or bcrypt hashes made with pwdlib) is given; ``acl`` maps user names to the topic
-    filters they may publish to.
+    argon2 or bcrypt hashes made with pwdlib) is given; then client ids beginning with
+    ``edge-queue-`` are kept for the user ``edge-queue`` (:class:`~edge_queue.amqtt_plugins.ReservedClientIds`).
+    ``acl`` maps user names to the topic filters they may publish to.
     """
     plugins: dict[str, Any] = {}
     if password_file is None:
         plugins["amqtt.plugins.authentication.AnonymousAuthPlugin"] = {"allow_anonymous": True}
     else:
         plugins["amqtt.plugins.authentication.FileAuthPlugin"] = {"password_file": str(password_file)}
+        plugins["edge_queue.amqtt_plugins.ReservedClientIds"] = {"reserved": {"edge-queue-": "edge-queue"}}
     if acl is not None:
         plugins["amqtt.plugins.topic_checking.TopicAccessControlListPlugin"] = {"publish_acl": acl}
     return {

@@ -24,6 +24,7 @@ class ErrorCode(StrEnum):
     NOT_FOUND = "not_found"
     CONFLICT = "conflict"
     LOCK_HELD = "lock_held"
+    FORBIDDEN = "forbidden"
     INPUT_NOT_FOUND = "input_not_found"
     INPUT_OUTSIDE_MEDIA_ROOTS = "input_outside_media_roots"
     UNSUPPORTED_MEDIA = "unsupported_media"

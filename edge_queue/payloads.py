@@ -50,7 +50,7 @@ class SubmitRequest(_Request):
     inputs: list[str] | None = Field(None, min_length=1, max_length=10_000)
     options: dict[str, Any] = {}
     priority: int = Field(0, ge=-100, le=100)
-    idempotency_key: str | None = Field(None, min_length=1, max_length=200)
+    idempotency_key: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[^\x00]+$")
     max_attempts: int | None = Field(None, ge=1, le=100)
     timeout_s: float | None = Field(None, gt=0, le=7 * 86400)
     run_at: str | None = None
@@ -310,6 +310,7 @@ _JOB_FIELDS = (
     "finished_at",
     "updated_at",
     "lock_key",
+    "submitted_by",
 )
 
 

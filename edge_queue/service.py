@@ -743,7 +743,7 @@ class Service:
                 )
                 self.answer(msg, json.loads(first[0]), first[1])
                 return
-        response, reply_to = self.commands.execute(msg.command, msg.payload)
+        response, reply_to = self.commands.execute(msg.command, msg.payload, msg.user)
         if key is not None:  # errors too: delivered again, it gets the same answer
             store = self._store()
             store.remember_request(key, payloads.encode(response), reply_to, self.clock(), self._requests_seen)
@@ -775,19 +775,25 @@ class Service:
         return True
 
     def answer(self, msg: Incoming, response: dict[str, Any], reply_to: str | None) -> None:
-        """Publish the response, acknowledge the request, then publish the copies for the
-        topics the client named (``reply_to``, the MQTT 5 Response Topic), in that order.
+        """Publish the response (on ``<base>/response/<command>``, or for a request on a user's
+        own request topic on ``<base>/reply/<user>/response/<command>``), acknowledge the
+        request, then publish the copies for the topics the client named (``reply_to``, the
+        MQTT 5 Response Topic; for a user, under its own ``<base>/reply/<user>/``), in that order.
 
         A copy on a client-named topic goes out after the PUBACK and is never sent twice
         (:meth:`Bridge.respond` with ``once=True``): whatever the broker does with it (refuse
         it, close our connection), the request is not delivered again and the service goes on.
         """
         body = payloads.encode(response)
-        self.bridge.respond(self.topics.response(msg.command), body)
+        user = msg.user
+        if user is None:
+            self.bridge.respond(self.topics.response(msg.command), body)
+        else:  # a user's own request topic: the response is for that user only
+            self.bridge.respond(self.topics.user_response(user, msg.command), body, once=True)
         self.bridge.ack(msg)
-        if msg.response_topic and self.topics.valid_reply_to(msg.response_topic):
+        if msg.response_topic and self.topics.valid_reply_to(msg.response_topic, user):
             self.bridge.respond(msg.response_topic, body, correlation_data=msg.correlation_data, once=True)
-        if reply_to and self.topics.valid_reply_to(reply_to):
+        if reply_to and self.topics.valid_reply_to(reply_to, user):
             self.bridge.respond(reply_to, body, once=True)
 
     def disk_full(self) -> str | None:

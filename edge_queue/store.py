@@ -34,7 +34,7 @@ from .states import ACTIVE, JobState, can_transition, is_terminal
 log = logging.getLogger(__name__)
 
 #: 2: ``jobs.lock_key``; ``job_events.id`` never reused (AUTOINCREMENT, the event cursor); ``store_meta``.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
 _JSON_COLUMNS = ("options", "error", "result")
 #: SQL condition on a row of ``jobs``: it has no lock key, or it is the oldest active job of its
@@ -99,6 +99,9 @@ class JobSpec:
     lock_key: str | None = None
     #: with a lock key: refuse the job (:class:`LockHeld`) while another job holds the key
     reject_when_locked: bool = False
+    #: the broker user whose own request topic the submit came on; None: the shared topic
+    #: (docs/topics.md, "Who sent a request")
+    submitted_by: str | None = None
 
 
 class LockHeld(Exception):
@@ -179,6 +182,9 @@ class Store:
             return
         if version == 1:
             self._migrate_1_to_2()
+            version = 2
+        if version == 2:
+            self._migrate_2_to_3()
             return
         with self._immediate():
             self.db.table("batches").create(
@@ -214,6 +220,7 @@ class Store:
                     "finished_at": str,
                     "updated_at": str,
                     "lock_key": str,
+                    "submitted_by": str,
                 },
                 pk="job_id",
                 not_null={"seq", "kind", "state", "attempt", "max_attempts", "priority", "created_at"},
@@ -270,6 +277,14 @@ class Store:
             self.conn.execute("DROP TABLE job_events")
             self.conn.execute("ALTER TABLE job_events_v2 RENAME TO job_events")
             self.conn.execute("CREATE INDEX IF NOT EXISTS idx_job_events_job_id ON job_events(job_id)")
+            self.conn.execute("PRAGMA user_version=2")
+        log.info("job store %s upgraded to schema %d", self.path, 2)
+
+    def _migrate_2_to_3(self) -> None:
+        """Schema 2 -> 3: ``jobs.submitted_by``, the broker user who submitted the job (NULL for
+        the jobs of before, as for the shared request topics)."""
+        with self._immediate():
+            self.conn.execute("ALTER TABLE jobs ADD COLUMN submitted_by TEXT")
             self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         log.info("job store %s upgraded to schema %d", self.path, SCHEMA_VERSION)
 
@@ -354,10 +369,16 @@ class Store:
         before: str | None = None,
         limit: int = 50,
         lock_key: str | None = None,
+        submitted_by: tuple[str | None] | None = None,
     ) -> list[dict[str, Any]]:
-        """Jobs newest first, filtered; ``before`` is a job id to page past (exclusive)."""
+        """Jobs newest first, filtered; ``before`` is a job id to page past (exclusive);
+        ``submitted_by=(user,)`` keeps the jobs of that sender only (``(None,)``: of the shared
+        request topics)."""
         where: list[str] = []
         args: list[Any] = []
+        if submitted_by is not None:
+            where.append("submitted_by IS ?")
+            args.append(submitted_by[0])
         for col, val in (("state", state), ("kind", kind), ("batch_id", batch_id), ("lock_key", lock_key)):
             if val is not None:
                 where.append(f"{col} = ?")
@@ -525,17 +546,28 @@ class Store:
         return list(self.db.query("SELECT * FROM job_events WHERE job_id = ? ORDER BY id", [job_id]))
 
     def events_after(
-        self, after: int, limit: int, *, job_id: str | None = None, types: Iterable[str] | None = None
+        self,
+        after: int,
+        limit: int,
+        *,
+        job_id: str | None = None,
+        types: Iterable[str] | None = None,
+        submitted_by: tuple[str | None] | None = None,
     ) -> tuple[list[dict[str, Any]], int | None, bool]:
         """The event cursor (docs/topics.md, ``events``): at most ``limit`` events with an id
         above ``after``, oldest first, each ``{"event_id", "type", "job_id", "state",
         "from_state", "attempt", "at", "detail"}`` (``type``: ``new`` when the job was created,
         ``end`` when it reached a terminal state, else ``update``).
 
+        ``submitted_by=(user,)`` keeps the events of that sender's jobs only.
+
         Returns ``(events, oldest event id kept or None, dropped)``: ``dropped`` is True when an
         event with an id above ``after`` was deleted (with its purged job) before it was read."""
         where: list[str] = ["id > ?"]
         args: list[Any] = [after]
+        if submitted_by is not None:
+            where.append("job_id IN (SELECT job_id FROM jobs WHERE submitted_by IS ?)")
+            args.append(submitted_by[0])
         if job_id is not None:
             where.append("job_id = ?")
             args.append(job_id)
@@ -612,7 +644,14 @@ class Store:
         batch of the new jobs.
 
         Returns ``(batch_id | None, [Created, ...])`` in the order of ``specs``.
+
+        An idempotency key belongs to its sender (``specs[0].submitted_by``): the same key sent
+        by another user is another key (docs/topics.md, "Idempotent submits").
         """
+        if idempotency_key is not None and specs and specs[0].submitted_by is not None:
+            # a user's keys live apart from the shared topics' and from every other user's
+            # (a NUL cannot be in a key that came in JSON: payloads refuse it)
+            idempotency_key = f"\x00{specs[0].submitted_by}\x00{idempotency_key}"
         with self._immediate():
             if idempotency_key is not None:
                 rows = list(self.db.query("SELECT * FROM idempotency_keys WHERE key = ?", [idempotency_key]))
@@ -636,8 +675,8 @@ class Store:
                 if idempotency_key is None and not as_batch:
                     found = self.conn.execute(
                         "SELECT job_id FROM jobs WHERE dedupe_key = ? AND state IN "
-                        "('queued','running','retrying','cancelling') LIMIT 1",
-                        [key],
+                        "('queued','running','retrying','cancelling') AND submitted_by IS ? LIMIT 1",
+                        [key, spec.submitted_by],
                     ).fetchone()
                     if found:
                         out.append(Created(self.get(found[0]), True))
@@ -668,6 +707,7 @@ class Store:
                     "timeout_s": spec.timeout_s,
                     "run_at": iso(spec.run_at) if spec.run_at else None,
                     "lock_key": spec.lock_key,
+                    "submitted_by": spec.submitted_by,
                     "owner": None,
                     "crashes": 0,
                     "created_at": at,

@@ -51,6 +51,12 @@ def valid_topic_name(topic: str) -> bool:
     return bool(topic) and not _NOT_IN_TOPIC.search(topic) and len(topic.encode("utf-8")) <= 65_535
 
 
+def valid_topic_level(value: str) -> bool:
+    """True when ``value`` can be one level of a topic name (a broker user name in
+    ``<base>/request/<command>/<user>``): a valid topic name without ``/``."""
+    return valid_topic_name(value) and "/" not in value
+
+
 def valid_id(value: str) -> bool:
     """True for an id edge-queue could have generated: 1-64 characters of ``[a-z0-9]``."""
     return bool(_ID.match(value))
@@ -129,16 +135,34 @@ class Topics:
         """``reply_to`` topics under the base must start with this (``<base>/reply/``)."""
         return f"{self.base}/reply/"
 
-    def parse_request(self, topic: str) -> str | None:
-        """The command of a request topic (``<base>/request/<command>``), or ``None``.
+    def parse_request(self, topic: str) -> tuple[str, str | None] | None:
+        """``(command, user)`` of a request topic, or ``None`` for a topic outside
+        ``<base>/request/``.
 
-        Returns the raw level (possibly unknown, possibly with ``/``) for any topic under
-        ``<base>/request/``; ``None`` for a topic outside it.
+        ``<base>/request/<command>`` gives ``(command, None)``; ``<base>/request/<command>/<user>``
+        (a user's own request topic, docs/topics.md "Who sent a request") gives
+        ``(command, user)``. The command is the raw level, possibly unknown; a topic with more
+        levels gives its whole rest as the command (unknown) and no user.
         """
         prefix = f"{self.base}/request/"
         if not topic.startswith(prefix):
             return None
-        return topic[len(prefix) :]
+        rest = topic[len(prefix) :]
+        command, _, user = rest.partition("/")
+        if not user or "/" in user or not command:
+            return rest, None
+        return command, user
+
+    def user_reply_prefix(self, user: str) -> str:
+        """``<base>/reply/<user>/``: where responses to ``user``'s requests go, readable by that
+        user only in the shipped ACLs."""
+        return f"{self.base}/reply/{user}/"
+
+    def user_response(self, user: str, command: str | None) -> str:
+        """``<base>/reply/<user>/response/<command>``: the response to a request that came on
+        ``user``'s own request topic (unknown commands: ``.../response/unknown``)."""
+        level = command if command in COMMANDS else UNKNOWN_COMMAND_LEVEL
+        return f"{self.user_reply_prefix(user)}response/{level}"
 
     def parse_job(self, topic: str) -> str | None:
         """The job id of ``<base>/jobs/<id>``, or ``None`` for any other topic."""
@@ -147,11 +171,13 @@ class Topics:
             return topic[len(prefix) :]
         return None
 
-    def valid_reply_to(self, topic: str) -> bool:
+    def valid_reply_to(self, topic: str, user: str | None = None) -> bool:
         """A topic a response copy may be published on (docs/topics.md, "Where the response
         goes"): a valid topic name (:func:`valid_topic_name`) of at most
-        :data:`MAX_REPLY_TOPIC_BYTES` bytes under ``<base>/reply/``, the only place outside its
-        own topics where the shipped ACLs let edge-queue publish."""
+        :data:`MAX_REPLY_TOPIC_BYTES` bytes under ``<base>/reply/`` (the only place outside its
+        own topics where the shipped ACLs let edge-queue publish), and for a request of
+        ``user`` under that user's own ``<base>/reply/<user>/``."""
         if not valid_topic_name(topic) or len(topic.encode("utf-8")) > MAX_REPLY_TOPIC_BYTES:
             return False
-        return topic.startswith(self.reply_prefix()) and len(topic) > len(self.reply_prefix())
+        prefix = self.reply_prefix() if user is None else self.user_reply_prefix(user)
+        return topic.startswith(prefix) and len(topic) > len(prefix)

@@ -141,6 +141,21 @@ def test_ready_and_watchdog_notifications(mosquitto, service_factory, speech: Pa
         sock.close()
 
 
+#: The topics every user may read with the shipped ACLs (broker/README.md).
+STATE_TOPICS = [
+    "edge-queue/status",
+    "edge-queue/info",
+    "edge-queue/queue",
+    "edge-queue/events",
+    "edge-queue/jobs/+",
+    "edge-queue/batches/+",
+    "edge-queue/response/+",
+]
+#: The users of the shipped broker configurations in tests: the service, Home Assistant, and
+#: two ordinary users (amqtt lists each user by name: "guest" copies "phone").
+USERS = {"edge-queue": "svc-secret", "phone": "phone-secret", "guest": "guest-secret", "homeassistant": "ha-secret"}
+
+
 def _passwd(path: Path, users: dict[str, str]) -> None:
     for i, (user, password) in enumerate(users.items()):
         flags = ["-c"] if i == 0 else []
@@ -194,18 +209,21 @@ def _acl_scenario(
     reason, pair = _connect(broker, *client_user)
     assert reason == "Success", reason
     client, box = pair
-    box["subscriptions"] = ["edge-queue/#"]
-    client.subscribe("edge-queue/#", 1)
+    user = client_user[0]
+    # what the shipped ACLs let every user read, and its own replies
+    box["subscriptions"] = [*STATE_TOPICS, f"edge-queue/reply/{user}/#"]
+    for topic in box["subscriptions"]:
+        client.subscribe(topic, 1)
     wait_until(
         lambda: any(t == "edge-queue/status" and p == b"online" for t, p in box.get("messages", [])),
         60,
         "the client user to read the retained online status",
     )
-    client.publish("edge-queue/request/submit", json.dumps({"kind": "noop", "transaction": "acl"}), qos=1)
+    client.publish(f"edge-queue/request/submit/{user}", json.dumps({"kind": "noop", "transaction": "acl"}), qos=1)
 
     def resp():
         for t, p in box.get("messages", []):
-            if t == "edge-queue/response/submit" and json.loads(p).get("transaction") == "acl":
+            if t == f"edge-queue/reply/{user}/response/submit" and json.loads(p).get("transaction") == "acl":
                 return json.loads(p)
         return None
 
@@ -235,8 +253,12 @@ def _acl_scenario(
             pass  # the broker may drop the connection of a client that breaks the ACL
     forger.disconnect()
     forger.loop_stop()
-    client.publish("edge-queue/request/list", json.dumps({"transaction": "after"}), qos=1)
-    wait_until(lambda: any(t == "edge-queue/response/list" for t, _ in box.get("messages", [])), 30, "a later response")
+    client.publish(f"edge-queue/request/list/{user}", json.dumps({"transaction": "after"}), qos=1)
+    wait_until(
+        lambda: any(t == f"edge-queue/reply/{user}/response/list" for t, _ in box.get("messages", [])),
+        30,
+        "a later response",
+    )
     seen["forged job state delivered"] = any(t == "edge-queue/jobs/forged0000000000" for t, _ in box["messages"])
     seen["forged status delivered"] = any(t == "edge-queue/status" and p == b"offline" for t, p in box["messages"])
     seen["service disconnected"] = "disconnected from the broker" in svc.log() or "taken" in svc.log()
@@ -253,7 +275,7 @@ def mosquitto_with_acl(tmp_path: Path):
         "mosquitto not installed",
     )
     port = free_port()
-    _passwd(tmp_path / "passwd", {"edge-queue": "svc-secret", "phone": "phone-secret"})
+    _passwd(tmp_path / "passwd", USERS)
     shutil.copy(ROOT / "broker" / "edge-queue.acl", tmp_path / "acl")
     conf = (ROOT / "broker" / "mosquitto.conf").read_text()
     conf = conf.replace("/etc/mosquitto/edge-queue.passwd", str(tmp_path / "passwd"))
@@ -309,13 +331,24 @@ def amqtt_with_acl(tmp_path: Path):
 
     hasher = PasswordHash.recommended()
     (tmp_path / "amqtt.passwd").write_text(
-        "".join(f"{u}:{hasher.hash(p)}\n" for u, p in {"edge-queue": "svc-secret", "phone": "phone-secret"}.items())
+        "".join(f"{u}:{hasher.hash(p)}\n" for u, p in USERS.items())
     )
     port = free_port()
     conf = (ROOT / "broker" / "amqtt.yaml").read_text()
     conf = conf.replace("127.0.0.1:1883", f"127.0.0.1:{port}").replace(
         "/etc/edge-queue/amqtt.passwd", str(tmp_path / "amqtt.passwd")
     )
+    # the user "guest": the same rules as "phone", under its own name
+    lines = conf.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].lstrip().startswith("phone:"):
+            block = [lines[i]]
+            j = i + 1
+            while j < len(lines) and lines[j].startswith(" " * (len(lines[i]) - len(lines[i].lstrip()) + 2)):
+                block.append(lines[j])
+                j += 1
+            lines[j:j] = [b.replace("phone", "guest") for b in block]
+    conf = "\n".join(lines) + "\n"
     (tmp_path / "amqtt.yaml").write_text(conf)
     env = {
         **os.environ,
@@ -427,7 +460,8 @@ def test_tls_with_a_test_ca(tmp_path: Path, service_factory, speech: Path) -> No
         broker = Broker("127.0.0.1", port, "mosquitto", proc)
         tls = {"EDGE_QUEUE_MQTT__TLS__ENABLED": "true", "EDGE_QUEUE_MQTT__TLS__CA_FILE": str(pki["ca"])}
         svc = service_factory(broker, [speech], tls)
-        svc.start(wait_online=False)
+        svc.start(wait_online=False)  # (its check subscribes without TLS)
+        wait_until(lambda: "republished the retained state" in svc.log(), 60, "the service online")
         out = subprocess.run(
             [sys.executable, "-m", "edge_queue", "submit", "--kind", "noop", "x", "--wait", "--timeout", "60"],
             env=svc.env,

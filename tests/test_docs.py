@@ -215,6 +215,8 @@ _TOPIC_METHODS = {
     "request": lambda t: [t.request("<command>")],
     "response": lambda t: [t.response(None), t.response(COMMANDS[0]).rsplit("/", 1)[0] + "/<command>"],
     "reply_prefix": lambda t: [t.reply_prefix()],
+    "user_reply_prefix": lambda t: [t.user_reply_prefix("<user>")],
+    "user_response": lambda t: [t.user_response("<user>", COMMANDS[0]).rsplit("/", 1)[0] + "/<command>"],
     # parsers and validators: no topic of their own
     "parse_request": lambda t: [],
     "parse_job": lambda t: [],

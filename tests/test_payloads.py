@@ -63,7 +63,13 @@ def test_topics_closed_vocabulary() -> None:
     assert not t.valid_reply_to("home/eq/jobs/x") and not t.valid_reply_to("home/eq/reply/+/b")
     # only under <base>/reply/: the shipped ACLs let the service publish nowhere else
     assert not t.valid_reply_to("phone/replies") and not t.valid_reply_to("home/eq/reply/")
-    assert t.parse_request("home/eq/request/get") == "get" and t.parse_request("other/request/get") is None
+    assert t.parse_request("home/eq/request/get") == ("get", None) and t.parse_request("other/request/get") is None
+    assert t.parse_request("home/eq/request/get/alice") == ("get", "alice")
+    assert t.parse_request("home/eq/request/get/a/b") == ("get/a/b", None)
+    assert t.valid_reply_to("home/eq/reply/alice/x", "alice") and not t.valid_reply_to("home/eq/reply/bob/x", "alice")
+    assert not t.valid_reply_to("home/eq/reply/alice/", "alice") and not t.valid_reply_to(
+        "home/eq/reply/alicex/y", "alice"
+    )
 
 
 def test_check_input_confines_to_media_roots(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from edge_queue.errors import NotFoundError, TransitionError
 from edge_queue.states import TRANSITIONS, JobState, can_transition, is_terminal
-from edge_queue.store import JobSpec, Store, iso, new_id, parse_iso
+from edge_queue.store import SCHEMA_VERSION, JobSpec, Store, iso, new_id, parse_iso
 
 
 @pytest.fixture
@@ -149,6 +149,7 @@ def test_a_schema_1_store_is_upgraded_keeping_its_events_and_their_ids(tmp_path:
     conn = store.conn
     conn.execute("DROP INDEX jobs_lock")
     conn.execute("ALTER TABLE jobs DROP COLUMN lock_key")
+    conn.execute("ALTER TABLE jobs DROP COLUMN submitted_by")
     conn.execute("ALTER TABLE job_events RENAME TO job_events_new")
     conn.execute(
         "CREATE TABLE job_events (id INTEGER PRIMARY KEY, job_id TEXT, at TEXT, from_state TEXT, to_state TEXT, "
@@ -161,8 +162,8 @@ def test_a_schema_1_store_is_upgraded_keeping_its_events_and_their_ids(tmp_path:
     store.close()
     # When the new edge-queue opens it
     store = Store(path)
-    # Then it is schema 2, with the same events under the same ids, and new ids follow them
-    assert store.conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    # Then it is the newest schema, with the same events under the same ids, and new ids follow them
+    assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     after = list(store.conn.execute("SELECT * FROM job_events ORDER BY id"))
     assert after == before
     assert (
@@ -171,3 +172,27 @@ def test_a_schema_1_store_is_upgraded_keeping_its_events_and_their_ids(tmp_path:
     job = store.transition(created[0].job["job_id"], JobState.SUCCEEDED, 3.0)
     assert job["event_id"] == before[-1][0] + 1
     assert "lock_key" in store.db.table("jobs").columns_dict
+    assert "submitted_by" in store.db.table("jobs").columns_dict
+
+
+def test_a_schema_2_store_gets_the_sender_column_and_keys_stay_per_sender(tmp_path: Path) -> None:
+    # Given a schema 2 store (no submitted_by) with a job submitted under an idempotency key
+    path = tmp_path / "old.db"
+    store = Store(path)
+    _, old = store.submit([JobSpec("noop", "x", {})], 1.0, idempotency_key="k")
+    store.conn.execute("ALTER TABLE jobs DROP COLUMN submitted_by")
+    store.conn.execute("PRAGMA user_version=2")
+    store.close()
+    # When the new edge-queue opens it
+    store = Store(path)
+    # Then the job is kept, submitted by nobody (the shared topics), and its key still answers
+    assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert store.get(old[0].job["job_id"])["submitted_by"] is None
+    _, again = store.submit([JobSpec("noop", "x", {})], 2.0, idempotency_key="k")
+    assert again[0].duplicate and again[0].job["job_id"] == old[0].job["job_id"]
+    # while the same key sent by alice, then by bob, makes a job of each
+    _, alice = store.submit([JobSpec("noop", "x", {}, submitted_by="alice")], 3.0, idempotency_key="k")
+    _, bob = store.submit([JobSpec("noop", "x", {}, submitted_by="bob")], 4.0, idempotency_key="k")
+    assert not alice[0].duplicate and not bob[0].duplicate
+    assert len({old[0].job["job_id"], alice[0].job["job_id"], bob[0].job["job_id"]}) == 3
+    assert [j["job_id"] for j in store.list_jobs(submitted_by=("alice",))] == [alice[0].job["job_id"]]
