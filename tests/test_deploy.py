@@ -330,9 +330,7 @@ def amqtt_with_acl(tmp_path: Path):
     from pwdlib import PasswordHash
 
     hasher = PasswordHash.recommended()
-    (tmp_path / "amqtt.passwd").write_text(
-        "".join(f"{u}:{hasher.hash(p)}\n" for u, p in USERS.items())
-    )
+    (tmp_path / "amqtt.passwd").write_text("".join(f"{u}:{hasher.hash(p)}\n" for u, p in USERS.items()))
     port = free_port()
     conf = (ROOT / "broker" / "amqtt.yaml").read_text()
     conf = conf.replace("127.0.0.1:1883", f"127.0.0.1:{port}").replace(
