@@ -65,23 +65,67 @@ def port_open(host: str, port: int, timeout_s: float = 1.0) -> bool:
         return False
 
 
-def _broker_class() -> type:
-    """amqtt's Broker, with retained messages sent only to their own subscribers.
+#: Session fields amqtt 0.12.1 copies from a CONNECT into the stored session of its client id
+#: before it authenticates the CONNECT.
+_IDENTITY = ("will_flag", "will_message", "will_topic", "will_qos", "keep_alive", "username", "password")
 
-    amqtt 0.12.1, on every client connect, sends the new client the retained messages that
-    match *any* client's subscriptions (it loops over the broker's whole subscription table),
-    so a client subscribed to ``phone/replies`` also got every ``<base>/jobs/<id>``. Here a
-    retained message is sent for a subscription only when that client holds it.
+
+def _broker_class() -> type:
+    """amqtt's Broker, with two faults of amqtt 0.12.1 fixed.
+
+    - Retained messages are sent only to their own subscribers. amqtt, on every client connect,
+      sends the new client the retained messages that match *any* client's subscriptions (it
+      loops over the broker's whole subscription table), so a client subscribed to
+      ``phone/replies`` also got every ``<base>/jobs/<id>``. Here a retained message is sent for
+      a subscription only when that client holds it.
+    - A CONNECT that authentication refuses takes nothing over. amqtt copies the CONNECT's user
+      name, password and Last Will into the stored session of its client id, and disconnects
+      the client connected with that id, before it looks at the authentication result: any
+      client, with a wrong password or a client id reserved for another user
+      (:class:`~edge_queue.amqtt_plugins.ReservedClientIds`), could knock edge-queue off the
+      broker and change its session's user name. Here such a CONNECT is authenticated first;
+      when refused, the stored session gets its fields back and the client only gets its
+      CONNACK "not authorized".
     """
     from amqtt.broker import Broker
+    from amqtt.mqtt.connack import NOT_AUTHORIZED, ConnackPacket
 
-    class OwnSubscriptionsBroker(Broker):  # type: ignore[misc]
+    class EdgeQueueBroker(Broker):  # type: ignore[misc]
+        _refused: set[int]
+
         async def _publish_retained_messages_for_subscription(self, subscription: Any, session: Any) -> None:
             holders = self._subscriptions.get(subscription[0], [])
             if any(s.client_id == session.client_id for s, _ in holders):
                 await super()._publish_retained_messages_for_subscription(subscription, session)
 
-    return OwnSubscriptionsBroker
+        async def _initialize_client_session(self, reader: Any, writer: Any, *args: Any) -> tuple[Any, Any]:
+            saved = {cid: tuple(getattr(s, f) for f in _IDENTITY) for cid, (s, _) in self._sessions.items()}
+            handler, session = await super()._initialize_client_session(reader, writer, *args)
+            old = saved.get(session.client_id)
+            if session.parent == 1 and old is not None and not await self._authenticate(session, None):
+                for field, value in zip(_IDENTITY, old, strict=True):
+                    setattr(session, field, value)
+                if not hasattr(self, "_refused"):
+                    self._refused = set()
+                self._refused.add(id(handler))
+            return handler, session
+
+        async def _handle_client_session(
+            self, reader: Any, writer: Any, session: Any, handler: Any, *args: Any
+        ) -> None:
+            if id(handler) in getattr(self, "_refused", ()):
+                self._refused.discard(id(handler))
+                log.warning(
+                    "embedded broker: refused a connection with the client id of a stored session, %r: "
+                    "its user name or password is not accepted for it",
+                    (session.client_id or "")[:64],
+                )
+                await ConnackPacket.build(0, NOT_AUTHORIZED).to_stream(writer)
+                await writer.close()
+                return
+            await super()._handle_client_session(reader, writer, session, handler, *args)
+
+    return EdgeQueueBroker
 
 
 #: A connected client whose socket has taken nothing for this long (amqtt's write buffer for it
