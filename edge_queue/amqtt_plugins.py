@@ -3,7 +3,7 @@ their import path; nothing else imports this module).
 
 :class:`ReservedClientIds` keeps the service's MQTT client id its own: amqtt, like MQTT itself,
 lets any client connect with any client id, and a client that takes the service's id takes
-over its session (docs/operations.md, "The service's client id").
+over its session (broker/README.md).
 """
 
 from __future__ import annotations

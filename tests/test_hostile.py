@@ -104,7 +104,7 @@ def test_reply_topics_a_broker_refuses_are_refused_and_cost_nothing(
     raw_publish(
         shipped_mosquitto,
         f"{svc.base}/request/submit",
-        b'{"kind": "noop", "transaction": "bom"}',
+        b'{"kind": "noop", "input": "bom", "transaction": "bom"}',  # (not a duplicate of the next)
         b"\x08" + _utf8(f"{svc.base}/reply/\ufeff"),
     )
     wait_until(lambda: responses.count["bom"], 30, "the answer to bom")
