@@ -68,6 +68,7 @@ class RequestClient:
         self.messages: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
         self._connected = threading.Event()
         self._refused: str | None = None
+        self._extra: list[str] = []  # topics of subscribe(), subscribed again at every connect
         protocol: str = settings.protocol
         if protocol == "auto":
             protocol = detect_protocol(settings, self.client_id, timeout_s)
@@ -97,7 +98,8 @@ class RequestClient:
             self._refused = str(reason)
         else:
             set_nodelay(client)
-            client.subscribe([(self.reply_topic, 1), (self.topics.status, 1)])
+            # again after every reconnect: a broker restarted without persistence forgot them
+            client.subscribe([(self.reply_topic, 1), (self.topics.status, 1), *((t, 1) for t in self._extra)])
         self._connected.set()
 
     def _on_publish(self, client: mqtt.Client, userdata: Any, mid: int, reason: Any, props: Any) -> None:
@@ -127,6 +129,8 @@ class RequestClient:
         return topic if self.user is None else f"{topic}/{self.user}"
 
     def subscribe(self, topic: str) -> None:
+        """Subscribe to ``topic`` at QoS 1, now and after every reconnect."""
+        self._extra.append(topic)
         self._client.subscribe(topic, 1)
 
     def status(self, wait_s: float = STATUS_WAIT_S) -> str | None:

@@ -278,3 +278,32 @@ def test_serve_waits_behind_a_forwarder_whose_broker_is_not_up_yet(tmp_path: Pat
     finally:
         late.terminate()
         late.wait(10)
+
+
+def test_submit_wait_sees_the_end_after_a_broker_restart(tmp_path: Path, service_factory) -> None:
+    from .test_load import PrivateMosquitto
+
+    # Given a job that runs for a few seconds, waited on by `submit --wait`
+    broker = PrivateMosquitto(tmp_path / "mosquitto")
+    try:
+        svc = service_factory(broker, [tmp_path]).start()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "edge_queue", "submit", "--kind", "noop", "-o", "sleep_s=4", "x", "--wait"],
+            env={**svc.env, "EDGE_QUEUE_LOG_LEVEL": "WARNING"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        w = svc.watcher("jobs/+")
+        wait_until(lambda: any(b'"running"' in m[1] for m in w.messages), 60, "the job running")
+        w.close()
+        # When the broker restarts (sessions of clean-start clients, and their subscriptions, gone)
+        broker.stop()
+        broker.start()
+        # Then the command still sees the job end, and says so
+        out, err = proc.communicate(timeout=90)
+        assert proc.returncode == 0 and "succeeded" in out, out + err
+        assert svc.stop() == 0
+    finally:
+        if broker.proc is not None and broker.proc.poll() is None:
+            broker.stop()
