@@ -91,7 +91,7 @@ def _request(settings: Settings, command: str, body: dict[str, Any]) -> dict[str
         client.close()
     if resp.get("status") != "ok":
         err = resp.get("error", {})
-        typer.echo(f"error: {err.get('code')}: {err.get('message')}", err=True)
+        typer.echo(f"error: {err.get('code')}: {_shown(err.get('message'))}", err=True)
         raise typer.Exit(EXIT_FAILED)
     return dict(resp["data"])
 
@@ -261,15 +261,16 @@ def submit(
         if resp.get("status") != "ok":
             err = resp["error"]
             for r in err.get("rejected", []):
-                typer.echo(f"rejected {r['input']}: {r['code']}: {r['message']}", err=True)
+                typer.echo(f"rejected {_shown(r['input'])}: {r['code']}: {_shown(r['message'])}", err=True)
             if not err.get("rejected"):
-                typer.echo(f"error: {err['code']}: {err['message']}", err=True)
+                typer.echo(f"error: {err['code']}: {_shown(err['message'])}", err=True)
             raise typer.Exit(EXIT_FAILED)
         data = resp["data"]
         for r in data["rejected"]:
-            typer.echo(f"rejected {r['input']}: {r['code']}: {r['message']}", err=True)
+            typer.echo(f"rejected {_shown(r['input'])}: {r['code']}: {_shown(r['message'])}", err=True)
         for j in data["jobs"]:
-            typer.echo(f"{j['job_id']}  {j['input'] or '(no input)'}{'  (duplicate)' if j['duplicate'] else ''}")
+            shown = _shown(j["input"]) if j["input"] else "(no input)"
+            typer.echo(f"{j['job_id']}  {shown}{'  (duplicate)' if j['duplicate'] else ''}")
         if data.get("batch_id"):
             typer.echo(f"batch {data['batch_id']}")
         if not wait:
@@ -278,6 +279,17 @@ def submit(
         raise typer.Exit(0 if ok and not data["rejected"] else EXIT_FAILED)
     finally:
         client.close()
+
+
+def _shown(text: Any) -> str:
+    """``text`` safe to print on a terminal: characters that are not printable (control
+    characters such as a newline or ESC, bidirectional overrides, lone surrogates) are written
+    as Python escapes (``\\n``, ``\\x1b``, ``\\u202e``), so a file name cannot forge an output
+    line or move the cursor."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _wait(client: Any, job_ids: list[str], timeout: float) -> bool:
@@ -315,12 +327,12 @@ def _wait(client: Any, job_ids: list[str], timeout: float) -> bool:
             all_ok = False
             reason = (job or {}).get("error") or {"code": "timeout", "message": "still not finished"}
             typer.echo(
-                f"{job_id} {job['state'] if job else 'unknown'}: {reason.get('code')}: {reason.get('message')}",
+                f"{job_id} {job['state'] if job else 'unknown'}: {reason.get('code')}: {_shown(reason.get('message'))}",
                 err=True,
             )
         else:
             text = (job.get("result") or {}).get("text")
-            typer.echo(f"{job_id} succeeded" + (f": {text}" if text else ""))
+            typer.echo(f"{job_id} succeeded" + (f": {_shown(text)}" if text else ""))
     return all_ok
 
 
@@ -334,6 +346,7 @@ def jobs(
     """List jobs, newest first."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     settings = _settings(config)
     body: dict[str, Any] = {"limit": limit}
@@ -350,7 +363,7 @@ def jobs(
                 j["state"],
                 f"{j['progress'] or 0:.0f}%",
                 f"{j['attempt']}/{j['max_attempts']}",
-                j["input"] or "",
+                _shown(j["input"] or ""),
                 j["updated_at"],
             )
             typer.echo("\t".join(row))
@@ -365,7 +378,7 @@ def jobs(
             f"{j['progress'] or 0:.0f}",
             f"{j['attempt']}/{j['max_attempts']}",
             _short_time(j["updated_at"]),
-            Path(j["input"]).name if j["input"] else "",
+            _shown(Path(j["input"]).name) if j["input"] else "",
         )
         for j in data["jobs"]
     ]
@@ -379,7 +392,7 @@ def jobs(
     room = max(8, console.width - sum(widths) - 2 * len(headers))
     table.add_column("input", no_wrap=True, overflow="ellipsis", max_width=room)
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(Text(cell) for cell in row))  # Text: "[red]" in a file name is not markup
     console.print(table)
 
 

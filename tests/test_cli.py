@@ -307,3 +307,38 @@ def test_submit_wait_sees_the_end_after_a_broker_restart(tmp_path: Path, service
     finally:
         if broker.proc is not None and broker.proc.poll() is None:
             broker.stop()
+
+
+def test_file_names_cannot_forge_output_lines(mosquitto, service_factory, tmp_path: Path) -> None:
+    # Given a media root with a file whose name holds a newline, an ESC sequence, a bidi
+    # override and rich markup
+    root = tmp_path / "media"
+    root.mkdir()
+    name = "call\n0000000000000000\tnoop\tsucceeded\x1b[2J\u202e[red]x.wav"
+    (root / name).write_bytes(b"RIFF")
+    svc = service_factory(mosquitto, [root]).start()
+    # When it is submitted and listed, by a script (a pipe) and in a table
+    sub = cli(svc, "submit", "--kind", "noop", str(root / name))
+    listed = cli(svc, "jobs")
+    env = {**svc.env, "COLUMNS": "200", "FORCE_COLOR": "0", "TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "0"}
+    table = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.stdout.isatty = lambda: True; from edge_queue.cli import main; main()",
+            "jobs",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    # Then every output has one line per job, the name's characters escaped, nothing raw
+    for out in (sub, listed, table):
+        assert out.returncode == 0, out.stdout + out.stderr
+        rows = out.stdout.split("\n", 1)[1] if out is table else out.stdout  # (the header is bold)
+        for bad in ("\x1b", "\u202e", "\n0000000000000000"):
+            assert bad not in rows, repr(out.stdout)
+    assert sub.stdout.count("\n") == 1 and "\\n0000000000000000\\tnoop" in sub.stdout, repr(sub.stdout)
+    assert listed.stdout.count("\n") == 1, repr(listed.stdout)
+    assert "\\x1b[2J\\u202e[red]x.wav" in table.stdout, repr(table.stdout)
