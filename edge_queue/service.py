@@ -573,8 +573,8 @@ class Service:
     def purge(self, job_ids: list[str]) -> list[str]:
         """Delete terminal jobs, their output folders under ``data_dir`` (outputs written beside
         the input are the user's and are kept), and clear their retained topics (and those of
-        batches left empty)."""
-        gone, batches = self._store().delete(job_ids)
+        batches left empty; a batch that keeps some jobs is published again without them)."""
+        gone, batches, shrunk = self._store().delete(job_ids)
         for job_id in gone:
             self._turn_jobs.pop(job_id, None)
             self._held_jobs.pop(job_id, None)
@@ -583,6 +583,7 @@ class Service:
         for batch_id in batches:
             self._dirty_batches.discard(batch_id)
             self.bridge.publish(self.topics.batch(batch_id), b"", retain=True)
+        self._dirty_batches.update(shrunk)
         if gone:
             self._queue_dirty = True
             log.info("purged %d job(s)", len(gone))

@@ -901,10 +901,11 @@ class Store:
             )
         ]
 
-    def delete(self, job_ids: Iterable[str]) -> tuple[list[str], list[str]]:
+    def delete(self, job_ids: Iterable[str]) -> tuple[list[str], list[str], list[str]]:
         """Delete terminal jobs (and their events), and batches left without jobs.
 
-        Returns ``(job ids deleted, batch ids deleted)``; non-terminal or unknown ids are skipped.
+        Returns ``(job ids deleted, batch ids deleted, batch ids that lost jobs but remain)``;
+        non-terminal or unknown ids are skipped.
         """
         gone: list[str] = []
         batches: set[str] = set()
@@ -934,7 +935,7 @@ class Store:
             ]
             for b in empty:
                 self.conn.execute("DELETE FROM batches WHERE batch_id = ?", [b])
-        return gone, empty
+        return gone, empty, sorted(batches.difference(empty))
 
     def finished_before(
         self, cutoff: float, states: Iterable[str] = ("succeeded", "failed", "cancelled"), limit: int = 10_000

@@ -504,3 +504,23 @@ def test_a_new_store_and_its_folder_are_the_service_users_alone(mosquitto, servi
     # Then the folder and the store (every transcript is in it) are the service user's alone
     assert svc.data_dir.stat().st_mode & 0o077 == 0, oct(svc.data_dir.stat().st_mode)
     assert svc.db.stat().st_mode & 0o077 == 0, oct(svc.db.stat().st_mode)
+
+
+def test_a_partly_purged_batch_is_published_again_without_the_purged_jobs(
+    broker, service_factory, speech: Path
+) -> None:
+    # Given a finished batch of two jobs
+    svc = service_factory(broker, [speech]).start()
+    watcher = svc.watcher("response/#", "batches/+")
+    sub = svc.request(
+        "submit", {"kind": "probe", "inputs": [str(speech / "jfk.flac"), str(speech / "librivox-0870.wav")]}, watcher
+    )
+    batch_id, (a, b) = sub["data"]["batch_id"], [j["job_id"] for j in sub["data"]["jobs"]]
+    topic = f"{svc.base}/batches/{batch_id}"
+    watcher.wait_json(topic, lambda m: m["done"])
+    # When one of its jobs is purged
+    assert svc.request("purge", {"job_id": a}, watcher)["data"]["purged"] == [a]
+    # Then the retained batch lists the other one only; purging that one clears the batch
+    watcher.wait_json(topic, lambda m: m["job_ids"] == [b] and m["total"] >= 1)
+    assert svc.request("purge", {"job_id": b}, watcher)["data"]["purged"] == [b]
+    wait_until(lambda: watcher.on(topic)[-1] == b"", 10, "the batch topic cleared")
