@@ -368,13 +368,15 @@ def warn_closed_without_answer(s: MqttSettings, deadline: float) -> None:
     )
 
 
-def detect_protocol(s: MqttSettings, client_id: str, timeout_s: float) -> str:
+def detect_protocol(s: MqttSettings, client_id: str, timeout_s: float, *, wait_refused: bool = True) -> str:
     """``"5"`` or ``"3.1.1"``: what the broker at ``mqtt.host:port`` speaks.
 
     Tries an MQTT 5 CONNECT without a Last Will. amqtt 0.12 answers it with "Unsupported
     protocol version", or, when the CONNECT carries credentials or a Will it cannot parse,
     closes the connection without a CONNACK; then MQTT 3.1.1 is tried. Raises
-    :class:`BrokerUnavailable` when neither gets an answer within ``timeout_s`` seconds.
+    :class:`BrokerUnavailable` when neither gets an answer within ``timeout_s`` seconds, and at
+    once for a refused connection when ``wait_refused`` is False (the command line: nothing
+    listens there, and a person waits).
     Runs once, before the service serves (its probe clients use their own short-lived thread).
     """
     deadline = time.monotonic() + timeout_s
@@ -408,6 +410,8 @@ def detect_protocol(s: MqttSettings, client_id: str, timeout_s: float) -> str:
             )
         except BrokerUnavailable as e:
             if "accepted a TCP connection" in e.message:
+                raise
+            if not wait_refused and isinstance(e.__cause__, ConnectionRefusedError):
                 raise
             last = e
             time.sleep(min(1.0, max(deadline - time.monotonic(), 0)))

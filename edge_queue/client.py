@@ -27,6 +27,8 @@ from .topics import OFFLINE, ONLINE, Topics, valid_topic_level
 READ_ONLY = frozenset({"get", "list", "kinds", "events"})
 #: Seconds to wait for the retained ``<base>/status`` after subscribing (a broker sends it at once).
 STATUS_WAIT_S = 1.0
+#: A request gives up when the connection to the broker has been lost this long (seconds).
+BROKER_LOST_S = 5.0
 #: MQTT 5 PUBACK reason code 16: the broker had no subscriber for the message, nor a session
 #: that would take it later (MQTT 5.0, 3.4.2.1).
 NO_MATCHING_SUBSCRIBERS = 16
@@ -69,9 +71,11 @@ class RequestClient:
         self._connected = threading.Event()
         self._refused: str | None = None
         self._extra: list[str] = []  # topics of subscribe(), subscribed again at every connect
+        self._where = f"{settings.host}:{settings.port}"
+        self._lost_at: float | None = None  # when the connection to the broker was lost, until it is back
         protocol: str = settings.protocol
         if protocol == "auto":
-            protocol = detect_protocol(settings, self.client_id, timeout_s)
+            protocol = detect_protocol(settings, self.client_id, timeout_s, wait_refused=False)
         self._client = self._connect(settings, mqtt.MQTTv311 if protocol == "3.1.1" else mqtt.MQTTv5, timeout_s)
         if self._refused:
             raise BrokerUnavailable(f"broker refused the connection: {self._refused}")
@@ -81,6 +85,7 @@ class RequestClient:
         c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=protocol)
         configure_client(c, s)
         c.on_connect = self._on_connect
+        c.on_disconnect = self._on_disconnect
         c.on_message = self._on_message
         c.on_publish = self._on_publish
         try:
@@ -93,7 +98,13 @@ class RequestClient:
             raise BrokerUnavailable(f"no answer from the MQTT broker at {s.host}:{s.port}")
         return c
 
+    def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
+        if self._lost_at is None:
+            self._lost_at = time.monotonic()
+
     def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
+        if not reason.is_failure:
+            self._lost_at = None
         if reason.is_failure:
             self._refused = str(reason)
         else:
@@ -205,6 +216,12 @@ class RequestClient:
         end = time.monotonic() + timeout_s
         try:
             while time.monotonic() < end:
+                lost = self._lost_at
+                if lost is not None and time.monotonic() - lost >= BROKER_LOST_S:
+                    raise TimeoutError(
+                        f"lost the connection to the MQTT broker at {self._where} while waiting for the answer to "
+                        f"{command}, and it has not come back for {BROKER_LOST_S:.0f} s: is the broker running?"
+                    )
                 self._client.publish(self.request_topic(command), payload, qos=1)
                 try:
                     return box.get(timeout=min(resend_s, max(0.0, end - time.monotonic())))
@@ -212,6 +229,11 @@ class RequestClient:
                     continue
         finally:
             self._replies.pop(key, None)
+        if self._lost_at is not None:
+            raise TimeoutError(
+                f"no response to {command} within {timeout_s:.0f} s: the connection to the MQTT broker at "
+                f"{self._where} was lost"
+            )
         raise TimeoutError(
             f"no response to {command} within {timeout_s:.0f} s although edge-queue is {self._status or 'unknown'} "
             f"on {self.topics.status}: see its log"

@@ -342,3 +342,49 @@ def test_file_names_cannot_forge_output_lines(mosquitto, service_factory, tmp_pa
     assert sub.stdout.count("\n") == 1 and "\\n0000000000000000\\tnoop" in sub.stdout, repr(sub.stdout)
     assert listed.stdout.count("\n") == 1, repr(listed.stdout)
     assert "\\x1b[2J\\u202e[red]x.wav" in table.stdout, repr(table.stdout)
+
+
+def test_a_broker_lost_during_a_request_is_named_and_a_closed_port_fails_fast(tmp_path: Path) -> None:
+    from .conftest import publish
+    from .test_load import PrivateMosquitto
+
+    # Given a broker where the status says online but nobody answers requests
+    broker = PrivateMosquitto(tmp_path / "mosquitto")
+    base = "eqt" + uuid.uuid4().hex[:10]
+    try:
+        publish(broker, f"{base}/status", "online", retain=True)
+        env = {
+            **os.environ,
+            "EDGE_QUEUE_MQTT__PORT": str(broker.port),
+            "EDGE_QUEUE_MQTT__BASE_TOPIC": base,
+            "EDGE_QUEUE_DATA_DIR": str(tmp_path / "cli"),
+        }
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "edge_queue", "jobs"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        wait_until(lambda: "eq-cli-" in broker.log.read_text() or proc.poll() is not None, 30, "the CLI connected")
+        # When the broker goes away while the CLI waits for its answer
+        broker.stop()
+        lost = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        # Then it says the broker was lost (not that edge-queue did not answer), within seconds
+        assert proc.returncode == 3 and "lost the connection to the MQTT broker" in err, err
+        assert time.monotonic() - lost < 20
+    finally:
+        if broker.proc is not None and broker.proc.poll() is None:
+            broker.stop()
+    # and a port where nothing listens is reported at once
+    started = time.monotonic()
+    closed = subprocess.run(
+        [sys.executable, "-m", "edge_queue", "jobs"],
+        env={**os.environ, "EDGE_QUEUE_MQTT__PORT": str(free_port())},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert closed.returncode == 3 and "Connection refused" in closed.stderr, closed.stderr
+    assert time.monotonic() - started < 5
