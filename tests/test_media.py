@@ -58,6 +58,12 @@ def corpus(tmp_path: Path, speech: Path) -> dict[str, tuple[Path, str, str | Non
     flac = (speech / "jfk.flac").read_bytes()
     (d / "half.flac").write_bytes(flac[: len(flac) // 2])
     made["flac cut in half"] = (d / "half.flac", "failed", "truncated_media")
+    wav = (speech / "librivox-0870.wav").read_bytes()
+    (d / "cut.wav").write_bytes(wav[: len(wav) * 3 // 10])
+    made["wav cut at 30 %"] = (d / "cut.wav", "failed", "truncated_media")
+    silence = write_wav(d / "streamed.wav", np.zeros(3 * 16000)).read_bytes()
+    (d / "streamed.wav").write_bytes(silence[:40] + b"\xff\xff\xff\xff" + silence[44:])  # data size unknown
+    made["wav with an unknown data size"] = (d / "streamed.wav", "succeeded", None)
     (d / "empty.wav").write_bytes(b"")
     made["zero-length file"] = (d / "empty.wav", "failed", "unsupported_media")
     (d / "notes.mp3").write_text("this is a text file, not audio\n" * 40)

@@ -107,6 +107,11 @@ def open_media(path: str, *, confined: bool = True) -> Iterator[Any]:
     try:
         if size == 0:
             raise MediaError("the file is empty (0 bytes)", code=ErrorCode.UNSUPPORTED_MEDIA)
+        if (cut := wav_shortfall(fd, size)) is not None:
+            raise MediaError(
+                f"a WAV file cut short: its header declares {cut[0]:.1f} s of audio, the file holds {cut[1]:.1f} s",
+                code=ErrorCode.TRUNCATED_MEDIA,
+            )
         try:
             container = av.open(f"/proc/self/fd/{fd}", options=dict(_FFMPEG_OPTIONS))
         except (av.error.InvalidDataError, av.error.EOFError) as e:
@@ -127,6 +132,37 @@ def open_media(path: str, *, confined: bool = True) -> Iterator[Any]:
             container.close()
     finally:
         os.close(fd)
+
+
+def wav_shortfall(fd: int, size: int) -> tuple[float, float] | None:
+    """``(declared s, present s)`` of a RIFF/WAVE file (read through ``fd``, ``size`` bytes)
+    whose ``data`` chunk declares clearly more audio than the file holds (more than 10 % and
+    more than 1 s missing), else ``None``. FFmpeg's WAV demuxer takes such a file's length from
+    its size, so the cut goes unnoticed by the duration check of the decoders. A ``data`` size
+    of 0 or 0xFFFFFFFF (a recorder that streamed the file without knowing its length) is not a
+    declaration. Chunk layout: the RIFF/WAVE format (Microsoft, 1991), ``fmt `` byte rate at
+    offset 8 of its chunk."""
+    try:
+        head = os.pread(fd, 4096, 0)
+    except OSError:
+        return None
+    if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+        return None
+    pos, byte_rate = 12, 0
+    while pos + 8 <= len(head):
+        chunk, length = head[pos : pos + 4], int.from_bytes(head[pos + 4 : pos + 8], "little")
+        if chunk == b"fmt " and pos + 20 <= len(head):
+            byte_rate = int.from_bytes(head[pos + 16 : pos + 20], "little")
+        elif chunk == b"data":
+            if not byte_rate or length in (0, 0xFFFFFFFF):
+                return None
+            present = max(0, size - (pos + 8))
+            missing = length - present
+            if missing > 0.1 * length and missing > byte_rate:
+                return length / byte_rate, present / byte_rate
+            return None
+        pos += 8 + length + (length & 1)
+    return None
 
 
 def container_duration_s(container: Any) -> float | None:
