@@ -1,0 +1,627 @@
+"""Watch folders: new files in a watched folder become jobs, once (docs/configuration.md,
+"[[watch]]"; docs/operations.md, "Watch folders").
+
+Two halves, split by thread:
+
+- :class:`FolderWatcher` runs in a thread of its own and owns every file-system call: it takes
+  events from watchdog (inotify, or watchdog's polling observer on network file systems), scans
+  a folder at start and when it comes back, waits for each file to settle, checks that the
+  folder is still there, and hands over files that are complete. A stat that hangs on a dead
+  network share blocks this thread only, never the service's loop.
+- :class:`WatchFolders` runs in the service's loop: it turns the files handed over into jobs
+  through the same path as an MQTT ``submit`` (:meth:`~edge_queue.commands.Commands.execute`),
+  and records each file version in the store (``watch_files``) in the same transaction as its
+  job, so a restart, a rescan or a touch makes no second job.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import logging
+import os
+import socket
+import stat
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from .config import Settings, WatchSettings, watch_problems
+from .errors import ConfigError, ErrorCode, RequestError
+from .store import iso
+
+if TYPE_CHECKING:
+    from .service import Service
+
+log = logging.getLogger(__name__)
+
+#: How often a watched folder's presence (and identity: a folder removed and made again is a
+#: new inode, which inotify does not follow) is checked, in seconds, in ``events`` mode; in
+#: ``poll`` mode at each ``poll_interval_s``.
+PRESENCE_S = 2.0
+#: Files taken on per service loop turn at most; the rest wait for the next turns.
+PER_TURN = 200
+#: A file refused for a passing reason (``queue_full``, ``disk_full``) is offered again after
+#: this many seconds.
+RETRY_S = 30.0
+#: Files up to this size (bytes) are identified by the SHA-256 of their whole content; larger
+#: ones by the SHA-256 of their size and four 1 MiB blocks (start, thirds, end), so that a
+#: recording of gigabytes is not read twice.
+FULL_DIGEST_BYTES = 64 * 2**20
+SAMPLE_BYTES = 2**20
+#: Names that are never inputs: temporary and partial files of copy tools, browsers, office
+#: suites and edge-queue's own atomic writes (``.<name>.<random>.part``).
+TEMP_PATTERNS = ("*.part", "*.partial", "*.tmp", "*.temp", "*.crdownload", "*.download", "*.!qb", ".~*", "~$*")
+#: Suffixes of edge-queue's own outputs (transcripts of ``transcribe``, ``<stem>.web.mp4`` of
+#: ``transcode``): never inputs of a watch, whatever its ``include``. ``extract_audio``'s
+#: ``<stem>.<format>`` beside the input is told apart by the store (:meth:`WatchFolders._own_output`).
+OUTPUT_SUFFIXES = (".srt", ".vtt", ".txt", ".tsv", ".json", ".web.mp4")
+#: File system types whose changes made on other machines give no inotify events
+#: (``/proc/self/mountinfo``): ``mode = "auto"`` polls them.
+NETWORK_FS = frozenset(
+    {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "afs", "ceph", "glusterfs", "lustre", "davfs", "ncpfs", "fuse.sshfs"}
+)
+NETWORK_FS_PREFIXES = ("fuse.sshfs", "fuse.rclone", "fuse.s3fs", "fuse.gcsfuse", "fuse.glusterfs", "fuse.davfs")
+
+
+def skip_reason(name: str, include: list[str], exclude: list[str]) -> str | None:
+    """Why a file named ``name`` is not an input of a watch with these patterns (``hidden``,
+    ``temporary``, ``output``, ``not included``, ``excluded``), or ``None`` when it is one.
+    Patterns are ``fnmatch`` patterns, matched case-insensitively against the name."""
+    low = name.lower()
+    if low.startswith("."):
+        return "hidden"
+    if any(fnmatch.fnmatchcase(low, p) for p in TEMP_PATTERNS):
+        return "temporary"
+    if low.endswith(OUTPUT_SUFFIXES):
+        return "output"
+    if not any(fnmatch.fnmatchcase(low, p.lower()) for p in include):
+        return "not included"
+    if any(fnmatch.fnmatchcase(low, p.lower()) for p in exclude):
+        return "excluded"
+    return None
+
+
+def file_system_type(path: str) -> str | None:
+    """The type of the file system holding ``path`` (``ext4``, ``nfs4``, ``cifs``...), from the
+    longest mount point of ``/proc/self/mountinfo`` above it; ``None`` when unknown."""
+    best, kind = "", None
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                left, _, right = line.partition(" - ")
+                fields, rest = left.split(), right.split()
+                if len(fields) < 5 or not rest:
+                    continue
+                mount = fields[4].replace("\\040", " ")
+                inside = path == mount or path.startswith(mount.rstrip("/") + "/")
+                if inside and len(mount) >= len(best):
+                    best, kind = mount, rest[0]
+    except OSError:
+        return None
+    return kind
+
+
+def is_network_fs(fs_type: str | None) -> bool:
+    return fs_type is not None and (fs_type in NETWORK_FS or fs_type.startswith(NETWORK_FS_PREFIXES))
+
+
+def file_digest(path: str, size: int) -> str:
+    """The content identity of a file of ``size`` bytes: ``sha256:<hex>`` of the whole file up
+    to :data:`FULL_DIGEST_BYTES`, else ``sampled:<hex>`` of its size and four
+    :data:`SAMPLE_BYTES` blocks. Raises ``OSError`` when the file cannot be read."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        if size <= FULL_DIGEST_BYTES:
+            while chunk := fh.read(2**20):
+                h.update(chunk)
+            return "sha256:" + h.hexdigest()
+        h.update(size.to_bytes(8, "big"))
+        for offset in (0, size // 3, 2 * size // 3, size - SAMPLE_BYTES):
+            fh.seek(offset)
+            h.update(fh.read(SAMPLE_BYTES))
+    return "sampled:" + h.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """A complete file handed over by the watcher: one version of it (size in bytes,
+    modification time in ns, content digest). ``touched``: the same content as the version
+    taken on before, with a new modification time (no job). ``same_stem``: another file in its
+    folder shares its stem (it may be an output written beside that one)."""
+
+    index: int
+    path: str
+    size: int
+    mtime_ns: int
+    digest: str
+    touched: bool = False
+    same_stem: bool = False
+
+
+@dataclass(slots=True)
+class _Candidate:
+    index: int
+    size: int
+    mtime_ns: int
+    since: float  # monotonic time its size or modification time last changed
+
+
+@dataclass(slots=True)
+class _State:
+    """One watch's run-time state (owned by the watcher thread; read under its lock)."""
+
+    cfg: WatchSettings
+    root: str
+    mode: str  # "events" or "poll"
+    fs_type: str | None
+    state: str = "starting"  # "watching" or "missing"
+    since: float = field(default_factory=time.time)
+    identity: tuple[int, int] | None = None
+    observer: Any = None
+    next_check: float = 0.0
+    error: str | None = None
+
+
+class _Handler:
+    """watchdog event handler: records the event and wakes the watcher thread."""
+
+    def __init__(self, owner: FolderWatcher, index: int) -> None:
+        self.owner, self.index = owner, index
+
+    def dispatch(self, event: Any) -> None:
+        if event.event_type in ("opened", "closed_no_write"):
+            return
+        self.owner.post(self.index, event.event_type, os.fsdecode(event.src_path), os.fsdecode(event.dest_path or b""))
+
+
+class FolderWatcher:
+    """Watches the folders of ``watches`` in a thread and hands over complete files.
+
+    A file is handed over (:meth:`take`) once its size and modification time have not changed
+    for the watch's ``settle_s`` seconds since the last event or change seen (a close-write
+    event ends nothing by itself: a recorder may open and close its file many times), and only
+    when that version differs from ``known`` (path -> ``(size, mtime_ns, digest)``, the
+    versions already taken on). ``wake`` is written one byte whenever something is ready.
+    """
+
+    def __init__(self, watches: list[WatchSettings], known: dict[str, tuple[int, int, str]], wake: socket.socket):
+        self.known = dict(known)
+        self._wake_service = wake
+        self._lock = threading.Lock()
+        self._events: list[tuple[int, str, str, str]] = []
+        self._ready: deque[Ready] = deque()
+        self._changed = False
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._candidates: dict[str, _Candidate] = {}
+        self._thread = threading.Thread(target=self._run, name="edge-queue-watch", daemon=True)
+        self.states: list[_State] = []
+        for w in watches:
+            root = os.path.realpath(w.path)
+            fs_type = file_system_type(root)
+            mode = w.mode if w.mode != "auto" else ("poll" if is_network_fs(fs_type) else "events")
+            self.states.append(_State(cfg=w, root=root, mode=mode, fs_type=fs_type))
+
+    # -- the service's side ---------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread.ident is not None:
+            self._thread.join(timeout_s)
+
+    def take(self, limit: int) -> list[Ready]:
+        """Up to ``limit`` complete files, in the order they became ready."""
+        with self._lock:
+            n = min(limit, len(self._ready))
+            return [self._ready.popleft() for _ in range(n)]
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._ready)
+
+    def take_changed(self) -> bool:
+        """True once after a watch's state changed (for ``<base>/info``)."""
+        with self._lock:
+            changed, self._changed = self._changed, False
+            return changed
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Each watch as ``<base>/info`` shows it (docs/topics.md, ``info``)."""
+        with self._lock:
+            return [
+                {
+                    "path": str(s.cfg.path),
+                    "kind": s.cfg.kind,
+                    "recursive": s.cfg.recursive,
+                    "mode": s.mode,
+                    "state": s.state,
+                    "since": iso(s.since),
+                    **({"error": s.error} if s.error else {}),
+                }
+                for s in self.states
+            ]
+
+    def post(self, index: int, event_type: str, src: str, dest: str) -> None:
+        """Record a watchdog event (called from watchdog's threads)."""
+        with self._lock:
+            self._events.append((index, event_type, src, dest))
+        self._wake.set()
+
+    # -- the thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._turn(time.monotonic())
+            except Exception:  # a bug must not end watching for good
+                log.exception("watch folders: unexpected error; going on")
+                self._stop.wait(1.0)
+            self._wake.wait(self._wait_s(time.monotonic()))
+            self._wake.clear()
+        for s in self.states:
+            self._unschedule(s)
+
+    def _wait_s(self, mono: float) -> float:
+        waits = [s.next_check - mono for s in self.states]
+        for c in self._candidates.values():
+            waits.append(c.since + self.states[c.index].cfg.settle_s - mono)
+        return max(0.01, min(waits, default=PRESENCE_S))
+
+    def _turn(self, mono: float) -> None:
+        for i, s in enumerate(self.states):
+            if mono >= s.next_check:
+                s.next_check = mono + (PRESENCE_S if s.mode == "events" else s.cfg.poll_interval_s)
+                self._check_presence(i, s)
+        with self._lock:
+            events, self._events = self._events, []
+        for index, event_type, src, dest in events:
+            self._on_event(index, event_type, src, dest)
+        self._settle(time.monotonic())
+
+    def _set_state(self, s: _State, state: str, error: str | None = None) -> None:
+        with self._lock:
+            s.state, s.since, s.error = state, time.time(), error
+            self._changed = True
+        self._notify()
+
+    def _notify(self) -> None:
+        try:
+            self._wake_service.send(b"\0")
+        except OSError:
+            pass
+
+    def _check_presence(self, index: int, s: _State) -> None:
+        """Notice a folder that went (removed, share unmounted) or came back, or was replaced
+        by another folder of the same name (a new inode: inotify watched the old one)."""
+        try:
+            st = os.stat(s.root)
+            identity = (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
+        except OSError:
+            identity = None
+        if identity is not None and identity == s.identity and s.state == "watching":
+            return
+        if identity is None:
+            if s.state != "missing":
+                self._unschedule(s)
+                self._forget_candidates(index)
+                s.identity = None
+                log.warning(
+                    "watch folder %s is missing (removed, or its share unmounted); watching for its return",
+                    s.cfg.path,
+                )
+                self._set_state(s, "missing")
+            return
+        was = s.state
+        self._unschedule(s)
+        s.identity = identity
+        error = self._schedule(index, s)
+        if was == "missing":
+            log.info("watch folder %s is back; scanning it", s.cfg.path)
+        elif was == "watching":
+            log.info("watch folder %s was replaced by a new folder; watching and scanning it", s.cfg.path)
+        else:
+            log.info(
+                "watching %s for %s jobs (%s%s, settle %g s%s)",
+                s.cfg.path,
+                s.cfg.kind,
+                s.mode,
+                f" every {s.cfg.poll_interval_s:g} s" if s.mode == "poll" else "",
+                s.cfg.settle_s,
+                ", with sub-folders" if s.cfg.recursive else "",
+            )
+        self._set_state(s, "watching", error)
+        self._scan(index, s.root)
+
+    def _schedule(self, index: int, s: _State) -> str | None:
+        """Start watchdog's observer for ``s``; falls back to polling when inotify cannot
+        watch (the ``fs.inotify.max_user_watches`` limit). Returns that fallback's reason."""
+        from watchdog.observers import Observer
+        from watchdog.observers.polling import PollingObserver
+
+        handler = _Handler(self, index)
+        error = None
+        if s.mode == "events":
+            try:
+                observer: Any = Observer()
+                observer.schedule(handler, s.root, recursive=s.cfg.recursive)
+                observer.start()
+                s.observer = observer
+                return None
+            except OSError as e:
+                error = f"inotify: {e}; polling every {s.cfg.poll_interval_s:g} s instead"
+                log.error("watch folder %s: %s (raise fs.inotify.max_user_watches)", s.cfg.path, error)
+                s.mode = "poll"
+        observer = PollingObserver(timeout=s.cfg.poll_interval_s)
+        observer.schedule(handler, s.root, recursive=s.cfg.recursive)
+        observer.start()
+        s.observer = observer
+        return error
+
+    @staticmethod
+    def _unschedule(s: _State) -> None:
+        if s.observer is not None:
+            try:
+                s.observer.stop()
+                s.observer.join(2.0)
+            except Exception:  # an observer whose folder went away may fail to stop cleanly
+                log.debug("stopping the observer of %s failed", s.cfg.path, exc_info=True)
+            s.observer = None
+
+    def _forget_candidates(self, index: int) -> None:
+        self._candidates = {p: c for p, c in self._candidates.items() if c.index != index}
+
+    def _in_watch(self, s: _State, path: str) -> bool:
+        """``path`` is a file the watch covers: directly in its folder, or (recursive) in a
+        sub-folder that is not hidden."""
+        if not path.startswith(s.root.rstrip("/") + "/"):
+            return False
+        rel = path[len(s.root.rstrip("/")) + 1 :].split("/")
+        if len(rel) > 1 and not s.cfg.recursive:
+            return False
+        return not any(part.startswith(".") for part in rel[:-1])
+
+    def _on_event(self, index: int, event_type: str, src: str, dest: str) -> None:
+        s = self.states[index]
+        if event_type == "deleted":
+            self._candidates.pop(src, None)
+            if src.rstrip("/") == s.root.rstrip("/"):
+                s.next_check = 0.0  # the folder itself: check it now
+            return
+        if event_type == "moved":
+            self._candidates.pop(src, None)
+            src, event_type = dest, "created"
+        if not src:
+            return
+        if os.path.isdir(src):
+            if event_type == "created" and s.cfg.recursive and self._in_watch(s, src + "/x"):
+                self._scan(index, src)  # a folder moved in brings files no event announced
+            return
+        self._consider(index, src, time.monotonic(), event=True)
+
+    def _scan(self, index: int, folder: str) -> None:
+        """Every file under ``folder`` (sub-folders when recursive) as a candidate: the files
+        that arrived while edge-queue was stopped or the folder was away."""
+        s = self.states[index]
+        mono = time.monotonic()
+        try:
+            for dirpath, dirnames, filenames in os.walk(folder):
+                dirnames[:] = sorted(d for d in dirnames if not d.startswith(".")) if s.cfg.recursive else []
+                for name in sorted(filenames):
+                    self._consider(index, os.path.join(dirpath, name), mono, event=False)
+        except OSError as e:
+            log.warning("watch folder %s: cannot scan %s: %s", s.cfg.path, folder, e)
+
+    def _consider(self, index: int, path: str, mono: float, *, event: bool) -> None:
+        s = self.states[index]
+        if not self._in_watch(s, path):
+            return
+        reason = skip_reason(os.path.basename(path), s.cfg.include, s.cfg.exclude)
+        if reason is not None:
+            if reason != "not included":
+                log.debug("watch %s: %s skipped (%s)", s.cfg.path, path, reason)
+            return
+        try:
+            st = os.stat(path)
+        except OSError:
+            self._candidates.pop(path, None)
+            return
+        if not stat.S_ISREG(st.st_mode):
+            return
+        known = self.known.get(path)
+        old = self._candidates.get(path)
+        if old is None and not event and known is not None and known[:2] == (st.st_size, st.st_mtime_ns):
+            return  # taken on before, unchanged
+        if old is not None and (old.size, old.mtime_ns) == (st.st_size, st.st_mtime_ns) and not event:
+            return
+        self._candidates[path] = _Candidate(index, st.st_size, st.st_mtime_ns, mono)
+
+    def _settle(self, mono: float) -> None:
+        """Hand over the candidates that stood still for their watch's ``settle_s``."""
+        for path, c in list(self._candidates.items()):
+            s = self.states[c.index]
+            if mono - c.since < s.cfg.settle_s:
+                continue
+            try:
+                st = os.stat(path)
+            except OSError:
+                del self._candidates[path]
+                continue
+            if (st.st_size, st.st_mtime_ns) != (c.size, c.mtime_ns):
+                c.size, c.mtime_ns, c.since = st.st_size, st.st_mtime_ns, mono
+                continue
+            del self._candidates[path]
+            known = self.known.get(path)
+            if known is not None and known[:2] == (c.size, c.mtime_ns):
+                continue
+            try:
+                digest = file_digest(path, c.size)
+            except OSError as e:
+                log.warning("watch %s: cannot read %s: %s", s.cfg.path, path, e)
+                continue
+            touched = known is not None and known[0] == c.size and known[2] == digest
+            self.known[path] = (c.size, c.mtime_ns, digest)
+            with self._lock:
+                self._ready.append(
+                    Ready(c.index, path, c.size, c.mtime_ns, digest, touched, not touched and _same_stem(path))
+                )
+            self._notify()
+
+
+def _same_stem(path: str) -> bool:
+    """Another file in ``path``'s folder has a name that ``path``'s name starts with, up to a
+    dot (``talk.mp4`` beside ``talk.wav``): ``path`` may be an output written beside it."""
+    folder, name = os.path.split(path)
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return False
+    return any(other != name and name.startswith(Path(other).stem + ".") for other in names)
+
+
+def check_watches(settings: Settings, kinds: dict[str, Any]) -> None:
+    """Raise :class:`ConfigError` naming every ``watch[<index>]`` problem: a path outside the
+    media roots or overlapping another watch (:func:`~edge_queue.config.watch_problems`), an
+    unknown kind (``kinds``: the registry), or options the kind refuses."""
+    problems = watch_problems(settings)
+    for i, w in enumerate(settings.watch):
+        kind = kinds.get(w.kind or settings.default_kind)
+        if kind is None:
+            problems.append(f"watch[{i}].kind: unknown job kind {w.kind!r} (known: {', '.join(sorted(kinds))})")
+            continue
+        try:
+            kind.check_options(kind.Options.model_validate(w.options), settings)
+        except ValidationError as e:
+            err = e.errors()[0]
+            problems.append(f"watch[{i}].options.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}")
+        except RequestError as e:
+            problems.append(f"watch[{i}].{e.field or 'options'}: {e.message}")
+    if problems:
+        raise ConfigError("invalid watch configuration: " + "; ".join(problems))
+
+
+class WatchFolders:
+    """The service's side of the watch folders: files handed over by :class:`FolderWatcher`
+    become jobs (one per file version, recorded in the store with the job).
+
+    Raises :class:`ConfigError` (at construction) when a watch is outside the media roots,
+    overlaps another, names an unknown kind, or has options its kind refuses.
+    """
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        settings: Settings = service.settings
+        check_watches(settings, service.kinds)
+        self.watches = [w.model_copy(update={"kind": w.kind or settings.default_kind}) for w in settings.watch]
+        self.watcher: FolderWatcher | None = None
+        self._turn: list[Ready] = []
+        self._retry: list[tuple[float, Ready]] = []
+
+    def boot(self) -> None:
+        """Start watching (after the store is open): the versions taken on before come from
+        the store, so nothing already done is submitted again."""
+        if not self.watches:
+            return
+        roots = [os.path.realpath(w.path) for w in self.watches]
+        known = self.service._store().watched_files(roots)
+        self.watcher = FolderWatcher(self.watches, known, self.service._sig_w)
+        self.watcher.start()
+
+    def stop(self) -> None:
+        if self.watcher is not None:
+            self.watcher.stop()
+
+    def info(self) -> list[dict[str, Any]]:
+        """The ``watch`` entries of ``<base>/info``."""
+        if self.watcher is None:
+            return [
+                {"path": str(w.path), "kind": w.kind, "recursive": w.recursive, "state": "starting"}
+                for w in self.watches
+            ]
+        return self.watcher.describe()
+
+    def wait_s(self, now: float) -> float | None:
+        """Seconds until there is work for :meth:`step`, or None."""
+        if self.watcher is not None and self.watcher.pending():
+            return 0.0
+        if self._retry:
+            return max(0.0, min(t for t, _ in self._retry) - now)
+        return None
+
+    def turn_failed(self) -> None:
+        """The turn's commit failed: its files are offered again next turn."""
+        self._retry.extend((0.0, r) for r in self._turn)
+        self._turn = []
+
+    def step(self, now: float) -> None:
+        """Take on the files handed over (within :data:`PER_TURN`), inside the turn's group
+        commit; republish ``<base>/info`` when a watch's state changed."""
+        self._turn = []
+        if self.watcher is None:
+            return
+        svc = self.service
+        if self.watcher.take_changed() and svc.bridge.connected:
+            from . import payloads
+
+            svc.bridge.publish(svc.topics.info, payloads.encode(svc.info()), retain=True)
+        due = [r for t, r in self._retry if t <= now]
+        if due:
+            self._retry = [(t, r) for t, r in self._retry if t > now]
+        items = due[:PER_TURN] + self.watcher.take(PER_TURN - min(len(due), PER_TURN))
+        self._retry.extend((now, r) for r in due[PER_TURN:])
+        beside: dict[str, list[tuple[str, str, float]]] = {}
+        for item in items:
+            self._turn.append(item)
+            self._take_on(item, now, beside)
+
+    def _take_on(self, item: Ready, now: float, beside: dict[str, list[tuple[str, str, float]]]) -> None:
+        svc = self.service
+        store = svc._store()
+        w = self.watches[item.index]
+        if item.touched:
+            store.touch_watched(item.path, item.mtime_ns, now)
+            log.debug("watch %s: %s touched, content unchanged: no new job", w.path, item.path)
+            return
+        if item.same_stem and (job_id := self._own_output(item, beside)) is not None:
+            store.record_watched(item.path, item.size, item.mtime_ns, item.digest, "output", job_id, now)
+            log.info("watch %s: %s is an output of job %s: not submitted", w.path, item.path, job_id)
+            return
+        key = hashlib.sha256(f"{item.path}\0{item.size}\0{item.mtime_ns}\0{item.digest}".encode()).hexdigest()
+        body = {"kind": w.kind, "input": item.path, "options": w.options, "idempotency_key": "watch-" + key[:40]}
+        raw = json.dumps(body).encode("utf-8", "surrogateescape")
+        response, _ = svc.commands.execute("submit", raw)
+        if response.get("status") == "ok":
+            job = response["data"]["jobs"][0]
+            store.record_watched(item.path, item.size, item.mtime_ns, item.digest, "job", job["job_id"], now)
+            log.info("watch %s: %s -> job %s", w.path, item.path, job["job_id"])
+            return
+        error = response.get("error") or {}
+        code = str(error.get("code", ErrorCode.INTERNAL_ERROR))
+        if code in (ErrorCode.QUEUE_FULL, ErrorCode.DISK_FULL, ErrorCode.INTERNAL_ERROR):
+            self._retry.append((now + RETRY_S, item))
+            log.warning("watch %s: %s not submitted yet (%s); trying again in %.0f s", w.path, item.path, code, RETRY_S)
+            return
+        store.record_watched(item.path, item.size, item.mtime_ns, item.digest, f"refused:{code}", None, now)
+        log.warning("watch %s: %s refused: %s: %s", w.path, item.path, code, error.get("message", ""))
+
+    def _own_output(self, item: Ready, beside: dict[str, list[tuple[str, str, float]]]) -> str | None:
+        """The job that wrote ``item`` beside its input, or None: a job with ``output:
+        beside`` whose input is in the same folder, whose input's stem followed by a dot
+        starts ``item``'s name, and created before ``item`` was last modified."""
+        folder, name = os.path.split(item.path)
+        if folder not in beside:
+            beside[folder] = self.service._store().beside_jobs(folder)
+        for job_id, input_, created in beside[folder]:
+            if input_ != item.path and name.startswith(Path(input_).stem + ".") and item.mtime_ns / 1e9 >= created:
+                return job_id
+        return None
