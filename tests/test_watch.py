@@ -373,3 +373,75 @@ def test_real_media_through_a_probe_watch(mosquitto: Any, service_factory: Any, 
     assert json.loads(bad["error"])["code"] in ("unsupported_media", "decode_error", "truncated_media"), bad
     assert svc.proc.poll() is None
     assert MEDIA.is_dir()
+
+
+@pytest.mark.slow
+def test_transcripts_beside_the_input_make_no_jobs(
+    mosquitto: Any, service_factory: Any, root: Path, model_installed: None
+) -> None:
+    """The case of the issue: transcripts written beside a recording dropped into the folder."""
+    need((SPEECH / "jfk.flac").is_file(), f"speech recordings not found in {SPEECH}")
+    inbox = root / "inbox"
+    svc = _start(
+        service_factory,
+        mosquitto,
+        root,
+        inbox,
+        kind="transcribe",
+        options={"output": "beside", "formats": ["srt", "txt", "vtt", "json"]},
+        include=["*"],
+    )
+    shutil.copy(SPEECH / "jfk.flac", inbox / "jfk.flac")
+    job = wait_until(
+        lambda: [j for j in _jobs(svc, inbox / "jfk.flac") if j["state"] in ("succeeded", "failed")], 120, "the job"
+    )[0]
+    assert job["state"] == "succeeded", job
+    outputs = sorted(p.name for p in inbox.iterdir())
+    assert outputs == ["jfk.en.json", "jfk.en.srt", "jfk.en.txt", "jfk.en.vtt", "jfk.flac"], outputs
+    assert "ask not what your country" in (inbox / "jfk.en.txt").read_text().lower()
+    _sentinel(svc, inbox)
+    assert sorted(_all_inputs(svc)) == [str(inbox / "jfk.flac"), str(inbox / "zz-sentinel.wav")]
+
+
+def test_polled_folder(mosquitto: Any, service_factory: Any, root: Path) -> None:
+    """``mode = "poll"`` (network file systems): files found by watchdog's polling observer,
+    a folder that goes away reported, and found again."""
+    inbox = root / "inbox"
+    svc = _start(service_factory, mosquitto, root, inbox, mode="poll", poll_interval_s=1, settle_s=1.0)
+    watcher = svc.watcher("info")
+    assert _info_watch(svc, watcher, "watching")["mode"] == "poll"
+    (inbox / "a.wav").write_bytes(os.urandom(4096))
+    wait_until(lambda: _jobs(svc, inbox / "a.wav"), 30, "the job of a.wav")
+    os.rename(inbox, root / "away")
+    _info_watch(svc, watcher, "missing")
+    watcher.messages.clear()
+    os.rename(root / "away", inbox)
+    (inbox / "b.wav").write_bytes(os.urandom(4096))
+    _info_watch(svc, watcher, "watching")
+    wait_until(lambda: _jobs(svc, inbox / "b.wav"), 30, "the job of b.wav")
+    (inbox / "c.wav").write_bytes(os.urandom(4096))
+    wait_until(lambda: _jobs(svc, inbox / "c.wav"), 30, "the job of c.wav")
+    assert sorted(_all_inputs(svc)) == [str(inbox / n) for n in ("a.wav", "b.wav", "c.wav")]
+    watcher.close()
+
+
+@pytest.mark.parametrize(
+    ("watch", "message"),
+    [
+        ({"kind": "no_such_kind"}, "watch[0].kind: unknown job kind 'no_such_kind'"),
+        ({"kind": "noop", "options": {"sleep_s": 1000}}, "watch[0].options.sleep_s:"),
+        ({"kind": "noop", "path": "inbox"}, "watch.0.path: Value error, a watch path must be absolute"),
+    ],
+)
+def test_bad_watch_stops_the_start(tmp_path: Path, root: Path, watch: dict[str, Any], message: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_QUEUE_")}
+    env.update(
+        PYTHONPATH=str(ROOT),
+        EDGE_QUEUE_DATA_DIR=str(tmp_path / "data"),
+        EDGE_QUEUE_MEDIA_ROOTS=json.dumps([str(root)]),
+        EDGE_QUEUE_WATCH=json.dumps([{"path": str(root / "inbox"), **watch}]),
+    )
+    serve = subprocess.run(
+        [sys.executable, "-m", "edge_queue", "serve"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert serve.returncode == 2 and message in serve.stderr, serve
