@@ -45,6 +45,15 @@ log = logging.getLogger(__name__)
 #: new inode, which inotify does not follow) is checked, in seconds, in ``events`` mode; in
 #: ``poll`` mode at each ``poll_interval_s``.
 PRESENCE_S = 2.0
+#: A file that inotify saw written and not yet closed (``IN_CLOSE_WRITE``) waits for the close,
+#: or for this many times ``settle_s`` without a change (at least :data:`OPEN_WRITER_MIN_S`
+#: seconds): a writer that pauses while it holds the file open (a stalled network copy) is not
+#: taken for finished, and one that never closes it is not waited for forever.
+OPEN_WRITER_FACTOR = 12
+OPEN_WRITER_MIN_S = 60.0
+#: What watchdog logs when the kernel's inotify queue overflowed and events were lost
+#: (``watchdog.observers.inotify_c``): the watch folders in ``events`` mode are scanned again.
+OVERFLOW_LOGGER = "watchdog.observers.inotify_c"
 #: Files taken on per service loop turn at most; the rest wait for the next turns.
 PER_TURN = 200
 #: A file refused for a passing reason (``queue_full``, ``disk_full``) is offered again after
@@ -151,6 +160,7 @@ class _Candidate:
     size: int
     mtime_ns: int
     since: float  # monotonic time its size or modification time last changed
+    writing: bool = False  # inotify saw it written and not closed since
 
 
 @dataclass(slots=True)
@@ -167,6 +177,19 @@ class _State:
     observer: Any = None
     next_check: float = 0.0
     error: str | None = None
+
+
+class _OverflowHandler(logging.Handler):
+    """Hears watchdog's warning that the kernel dropped inotify events, and asks the watcher
+    for a scan of its folders (the events lost may have announced new files)."""
+
+    def __init__(self, owner: FolderWatcher) -> None:
+        super().__init__(logging.WARNING)
+        self.owner = owner
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "overflow" in record.getMessage():
+            self.owner.post(-1, "overflow", "", "")
 
 
 class _Handler:
@@ -202,6 +225,7 @@ class FolderWatcher:
         self._stop = threading.Event()
         self._candidates: dict[str, _Candidate] = {}
         self._thread = threading.Thread(target=self._run, name="edge-queue-watch", daemon=True)
+        self._overflow = _OverflowHandler(self)
         self.states: list[_State] = []
         for w in watches:
             root = os.path.realpath(w.path)
@@ -212,9 +236,11 @@ class FolderWatcher:
     # -- the service's side ---------------------------------------------------------------
 
     def start(self) -> None:
+        logging.getLogger(OVERFLOW_LOGGER).addHandler(self._overflow)
         self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        logging.getLogger(OVERFLOW_LOGGER).removeHandler(self._overflow)
         self._stop.set()
         self._wake.set()
         if self._thread.ident is not None:
@@ -275,7 +301,7 @@ class FolderWatcher:
     def _wait_s(self, mono: float) -> float:
         waits = [s.next_check - mono for s in self.states]
         for c in self._candidates.values():
-            waits.append(c.since + self.states[c.index].cfg.settle_s - mono)
+            waits.append(c.since + self._settle_s(c) - mono)
         return max(0.01, min(waits, default=PRESENCE_S))
 
     def _turn(self, mono: float) -> None:
@@ -392,6 +418,12 @@ class FolderWatcher:
         return not any(part.startswith(".") for part in rel[:-1])
 
     def _on_event(self, index: int, event_type: str, src: str, dest: str) -> None:
+        if event_type == "overflow":
+            for i, st in enumerate(self.states):
+                if st.state == "watching" and st.mode == "events":
+                    log.warning("watch folder %s: inotify events were lost; scanning it", st.cfg.path)
+                    self._scan(i, st.root)
+            return
         s = self.states[index]
         if event_type == "deleted":
             self._candidates.pop(src, None)
@@ -408,6 +440,11 @@ class FolderWatcher:
                 self._scan(index, src)  # a folder moved in brings files no event announced
             return
         self._consider(index, src, time.monotonic(), event=True)
+        if (c := self._candidates.get(src)) is not None and s.mode == "events":
+            if event_type == "modified":
+                c.writing = True
+            elif event_type == "closed":
+                c.writing = False
 
     def _scan(self, index: int, folder: str) -> None:
         """Every file under ``folder`` (sub-folders when recursive) as a candidate: the files
@@ -444,18 +481,27 @@ class FolderWatcher:
             return  # taken on before, unchanged
         if old is not None and (old.size, old.mtime_ns) == (st.st_size, st.st_mtime_ns) and not event:
             return
-        self._candidates[path] = _Candidate(index, st.st_size, st.st_mtime_ns, mono)
+        writing = old.writing if old is not None else False
+        self._candidates[path] = _Candidate(index, st.st_size, st.st_mtime_ns, mono, writing)
+
+    def _settle_s(self, c: _Candidate) -> float:
+        """How long ``c`` must stand still: ``settle_s``, longer while a writer holds it open."""
+        settle = self.states[c.index].cfg.settle_s
+        return max(settle * OPEN_WRITER_FACTOR, OPEN_WRITER_MIN_S) if c.writing else settle
 
     def _settle(self, mono: float) -> None:
         """Hand over the candidates that stood still for their watch's ``settle_s``."""
         for path, c in list(self._candidates.items()):
             s = self.states[c.index]
-            if mono - c.since < s.cfg.settle_s:
+            if mono - c.since < self._settle_s(c):
                 continue
             try:
                 st = os.stat(path)
             except OSError:
                 del self._candidates[path]
+                continue
+            if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+                del self._candidates[path]  # an empty file is not a recording yet: its writes bring it back
                 continue
             if (st.st_size, st.st_mtime_ns) != (c.size, c.mtime_ns):
                 c.size, c.mtime_ns, c.since = st.st_size, st.st_mtime_ns, mono

@@ -179,6 +179,64 @@ def test_slowly_written_file_is_one_job_after_its_last_write(
     assert _record(svc, target)["size"] == 10 * 64 * 1024
 
 
+def test_file_held_open_waits_for_its_close(
+    mosquitto: Any, service_factory: Any, root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A writer that pauses longer than ``settle_s`` while it holds the file open (a stalled
+    network copy): inotify's close-write event, not the pause, ends the wait."""
+    inbox = root / "inbox"
+    svc = _start(service_factory, mosquitto, root, inbox, settle_s=1.0)
+    target = inbox / "stalled-copy.wav"
+    t0 = time.time()
+    writes = []
+    with open(target, "wb") as fh:
+        for _ in range(4):
+            fh.write(os.urandom(32 * 1024))
+            fh.flush()
+            writes.append(time.time())
+            time.sleep(2.0)  # longer than settle_s, with the file still open
+        assert not _jobs(svc, target), "a job was created while the writer held the file open"
+    closed = time.time()
+    job = wait_until(lambda: _jobs(svc, target), 30, "the job after the close")[0]
+    created = parse_iso(job["created_at"])
+    with capsys.disabled():
+        print("\nfile held open, seconds from the first write:")
+        for i, at in enumerate(writes, 1):
+            print(f"  write {i} at {at - t0:6.3f} s")
+        print(f"  closed at {closed - t0:6.3f} s; job created at {created - t0:6.3f} s")
+    assert created > closed
+    _sentinel(svc, inbox)
+    assert len(_jobs(svc, target)) == 1
+
+
+def test_lost_inotify_events_make_a_scan(tmp_path: Path) -> None:
+    """When the kernel's inotify queue overflows, watchdog logs it and events are lost: the
+    folder is scanned again, so a file whose event was lost still becomes ready."""
+    import logging
+    import socket
+
+    from edge_queue.config import WatchSettings
+    from edge_queue.watch import OVERFLOW_LOGGER, FolderWatcher
+
+    folder = tmp_path / "inbox"
+    folder.mkdir()
+    wake_r, wake_w = socket.socketpair()
+    watcher = FolderWatcher([WatchSettings(path=folder, kind="noop", settle_s=0.2, mode="events")], {}, wake_w)
+    watcher.start()
+    try:
+        wait_until(lambda: watcher.describe()[0]["state"] == "watching", 10, "watching")
+        watcher.states[0].observer.stop()  # events from here on are lost
+        watcher.states[0].observer.join(5)
+        (folder / "lost.wav").write_bytes(b"data")
+        logging.getLogger(OVERFLOW_LOGGER).warning("Inotify queue overflowed; filesystem events were lost")
+        ready = wait_until(lambda: watcher.take(10), 10, "the file found by the scan")
+        assert [Path(r.path).name for r in ready] == ["lost.wav"]
+    finally:
+        watcher.stop()
+        wake_r.close()
+        wake_w.close()
+
+
 def test_moved_in_and_part_renamed(mosquitto: Any, service_factory: Any, root: Path) -> None:
     inbox = root / "inbox"
     svc = _start(service_factory, mosquitto, root, inbox)
