@@ -19,7 +19,7 @@ import pytest
 from edge_queue.store import parse_iso
 from edge_queue.watch import file_digest, is_network_fs, skip_reason
 
-from .conftest import MEDIA, ROOT, SPEECH, need, wait_until
+from .conftest import ROOT, SPEECH, need, wait_until
 
 #: Short enough for quick tests, long enough that a writer pausing between pieces (0.5 s)
 #: never looks finished on a busy machine.
@@ -421,6 +421,7 @@ def test_real_media_through_a_probe_watch(mosquitto: Any, service_factory: Any, 
     svc = _start(service_factory, mosquitto, root, inbox, kind="probe", recursive=True)
     shutil.copy(SPEECH / "jfk.flac", inbox / "sub" / "jfk.flac")
     (inbox / "broken.wav").write_bytes(b"RIFF not really a wave file")
+    (inbox / "playlist.mp4").write_bytes(b"#EXTM3U\n/etc/passwd\n")  # refused at submit, as over MQTT
     ok = wait_until(
         lambda: [j for j in _jobs(svc, inbox / "sub" / "jfk.flac") if j["state"] == "succeeded"], 60, "probe of jfk"
     )[0]
@@ -429,8 +430,11 @@ def test_real_media_through_a_probe_watch(mosquitto: Any, service_factory: Any, 
         lambda: [j for j in _jobs(svc, inbox / "broken.wav") if j["state"] == "failed"], 60, "the failed probe"
     )[0]
     assert json.loads(bad["error"])["code"] in ("unsupported_media", "decode_error", "truncated_media"), bad
+    refused = wait_until(lambda: _record(svc, inbox / "playlist.mp4"), 30, "the playlist's record")
+    assert refused["outcome"] == "refused:unsupported_media" and refused["job_id"] is None, refused
+    assert not _jobs(svc, inbox / "playlist.mp4")
+    assert f"watch {inbox}: {inbox / 'playlist.mp4'} refused: unsupported_media" in svc.log()
     assert svc.proc.poll() is None
-    assert MEDIA.is_dir()
 
 
 @pytest.mark.slow
