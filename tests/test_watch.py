@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from edge_queue.store import parse_iso
-from edge_queue.watch import file_digest, is_network_fs, skip_reason
+from edge_queue.watcher import file_digest, is_network_fs, skip_reason
 
 from .conftest import ROOT, SPEECH, need, wait_until
 
@@ -216,7 +216,7 @@ def test_lost_inotify_events_make_a_scan(tmp_path: Path) -> None:
     import socket
 
     from edge_queue.config import WatchSettings
-    from edge_queue.watch import OVERFLOW_LOGGER, FolderWatcher
+    from edge_queue.watcher import OVERFLOW_LOGGER, FolderWatcher
 
     folder = tmp_path / "inbox"
     folder.mkdir()
