@@ -247,6 +247,8 @@ class Settings(BaseSettings):
 
     data_dir: Path = Field(default_factory=default_data_dir)
     media_roots: list[Path] = []
+    #: ``[[watch]]`` tables: folders whose new files become jobs.
+    watch: list[WatchSettings] = []
     workers: int = Field(2, ge=1, le=64)
     durability: Literal["full", "normal"] = "full"
     retention_days: float = Field(7.0, gt=0)
@@ -268,8 +270,6 @@ class Settings(BaseSettings):
     kinds: dict[str, KindSettings] = {}
     limits: LimitsSettings = LimitsSettings()
     homeassistant: HomeAssistantSettings = HomeAssistantSettings()
-    #: ``[[watch]]`` tables: folders whose new files become jobs.
-    watch: list[WatchSettings] = []
 
     @classmethod
     def settings_customise_sources(

@@ -1141,9 +1141,9 @@ class Service:
             },
             "default_kind": self.settings.default_kind,
             "media_roots": [str(r) for r in self.settings.media_roots],
+            **({"watch": self.watch.info()} if self.settings.watch else {}),
             "workers": self.settings.workers,
             "broker_protocol": self.bridge.protocol_name,
-            **({"watch": self.watch.info()} if self.settings.watch else {}),
         }
 
     def publish_discovery(self) -> None:
