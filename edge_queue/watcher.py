@@ -191,10 +191,12 @@ class FolderWatcher:
     """Watches the folders of ``watches`` in a thread and hands over complete files.
 
     A file is handed over (:meth:`take`) once its size and modification time have not changed
-    for the watch's ``settle_s`` seconds since the last event or change seen (a close-write
-    event ends nothing by itself: a recorder may open and close its file many times), and only
-    when that version differs from ``known`` (path -> ``(size, mtime_ns, digest)``, the
-    versions already taken on). ``wake`` is written one byte whenever something is ready.
+    for the watch's ``settle_s`` seconds since the last event or change seen, and only when
+    that version differs from ``known`` (path -> ``(size, mtime_ns, digest)``, the versions
+    already taken on). In ``events`` mode a file seen written (``IN_MODIFY``) and not closed
+    since (``IN_CLOSE_WRITE``) waits longer (:data:`OPEN_WRITER_FACTOR`); a close ends nothing
+    by itself, as a recorder may open and close its file many times. ``wake`` (the service's
+    wake-up socket) is sent one byte whenever something is ready or a watch's state changed.
     """
 
     def __init__(self, watches: list[WatchSettings], known: dict[str, tuple[int, int, str]], wake: socket.socket):
