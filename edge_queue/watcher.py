@@ -335,8 +335,13 @@ class FolderWatcher:
             return
         was = s.state
         self._unschedule(s)
+        try:
+            error = self._schedule(index, s)
+        except (FileNotFoundError, NotADirectoryError):
+            self._unschedule(s)
+            s.next_check = time.monotonic() + 0.5  # gone between the stat and the watch: reported next
+            return
         s.identity = identity
-        error = self._schedule(index, s)
         if was == "missing":
             log.info("watch folder %s is back; scanning it", s.cfg.path)
         elif was == "watching":
@@ -369,7 +374,9 @@ class FolderWatcher:
                 observer.start()
                 s.observer = observer
                 return None
-            except OSError as e:
+            except (FileNotFoundError, NotADirectoryError):
+                raise
+            except OSError as e:  # ENOSPC: max_user_watches; EMFILE: max_user_instances
                 error = f"inotify: {e}; polling every {s.cfg.poll_interval_s:g} s instead"
                 log.error("watch folder %s: %s (raise fs.inotify.max_user_watches)", s.cfg.path, error)
                 s.mode = "poll"

@@ -237,6 +237,41 @@ def test_lost_inotify_events_make_a_scan(tmp_path: Path) -> None:
         wake_w.close()
 
 
+def test_inotify_limit_falls_back_to_polling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When inotify cannot watch (``fs.inotify.max_user_watches`` reached: ENOSPC), the folder
+    is polled instead, and ``<base>/info`` says why."""
+    import errno
+    import socket
+
+    import watchdog.observers
+
+    from edge_queue.config import WatchSettings
+    from edge_queue.watcher import FolderWatcher
+
+    class NoWatches(watchdog.observers.Observer):  # type: ignore[misc,valid-type]
+        def start(self) -> None:
+            raise OSError(errno.ENOSPC, "inotify watch limit reached")
+
+    monkeypatch.setattr(watchdog.observers, "Observer", NoWatches)
+    folder = tmp_path / "inbox"
+    folder.mkdir()
+    wake_r, wake_w = socket.socketpair()
+    cfg = WatchSettings(path=folder, kind="noop", settle_s=0.2, mode="events", poll_interval_s=1)
+    watcher = FolderWatcher([cfg], {}, wake_w)
+    watcher.start()
+    try:
+        state = wait_until(lambda: watcher.describe()[0]["state"] == "watching" and watcher.describe()[0], 10, "it")
+        assert state["mode"] == "poll" and "inotify watch limit reached" in state["error"], state
+        assert type(watcher.states[0].observer).__name__ == "PollingObserver"
+        (folder / "new.wav").write_bytes(b"data")
+        ready = wait_until(lambda: watcher.take(10), 10, "the file found by polling")
+        assert [Path(r.path).name for r in ready] == ["new.wav"]
+    finally:
+        watcher.stop()
+        wake_r.close()
+        wake_w.close()
+
+
 def test_moved_in_and_part_renamed(mosquitto: Any, service_factory: Any, root: Path) -> None:
     inbox = root / "inbox"
     svc = _start(service_factory, mosquitto, root, inbox)
