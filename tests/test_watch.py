@@ -119,6 +119,33 @@ def test_digest_is_content_identity(tmp_path: Path) -> None:
     assert not is_network_fs("ext4") and not is_network_fs(None)
 
 
+def test_store_keeps_one_version_per_path(tmp_path: Path) -> None:
+    from edge_queue.store import JobSpec, Store
+
+    store = Store(tmp_path / "s.db")
+    store.record_watched("/m/inbox/a.wav", 10, 111, "sha256:a", "job", "job1", 1.0)
+    store.record_watched("/m/inbox/sub/c.wav", 30, 333, "sha256:c", "refused:unsupported_media", None, 1.0)
+    store.record_watched("/m/inbox2/b.wav", 20, 222, "sha256:b", "job", "job2", 1.0)
+    # a folder's files, not those of a folder whose name merely starts the same
+    assert store.watched_files(["/m/inbox"]) == {
+        "/m/inbox/a.wav": (10, 111, "sha256:a"),
+        "/m/inbox/sub/c.wav": (30, 333, "sha256:c"),
+    }
+    store.touch_watched("/m/inbox/a.wav", 999, 2.0)
+    assert store.watched_files(["/m/inbox"])["/m/inbox/a.wav"] == (10, 999, "sha256:a")
+    assert store.watch_counts("/m/inbox") == {"job": 1, "refused:unsupported_media": 1}
+    # a new version replaces the old one; its job too
+    store.record_watched("/m/inbox/a.wav", 11, 1000, "sha256:a2", "job", "job3", 3.0)
+    row = store.conn.execute("SELECT size, job_id FROM watch_files WHERE path = '/m/inbox/a.wav'").fetchone()
+    assert row == (11, "job3")
+    # jobs writing beside their input, directly in the folder
+    store.submit([JobSpec("extract_audio", "/m/inbox/talk.flac", {"output": "beside"})], 5.0)
+    store.submit([JobSpec("extract_audio", "/m/inbox/sub/x.flac", {"output": "beside"})], 5.0)
+    store.submit([JobSpec("extract_audio", "/m/inbox/y.flac", {})], 5.0)
+    assert [(i, t) for _, i, t in store.beside_jobs("/m/inbox")] == [("/m/inbox/talk.flac", 5.0)]
+    store.close()
+
+
 def test_watch_outside_media_roots_is_a_config_error(tmp_path: Path, root: Path) -> None:
     outside = tmp_path / "not-media"
     outside.mkdir()
