@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from . import payloads
 from .config import Settings, watch_problems
 from .errors import ConfigError, ErrorCode, RequestError
 from .watcher import FolderWatcher, Ready
@@ -105,6 +106,10 @@ class WatchFolders:
             return max(0.0, min(t for t, _ in self._retry) - now)
         return None
 
+    def committed(self) -> None:
+        """The turn's commit succeeded: its files are recorded with their jobs."""
+        self._turn = []
+
     def turn_failed(self) -> None:
         """The turn's commit failed: its files are offered again next turn."""
         self._retry.extend((0.0, r) for r in self._turn)
@@ -112,14 +117,12 @@ class WatchFolders:
 
     def step(self, now: float) -> None:
         """Take on the files handed over (within :data:`PER_TURN`), inside the turn's group
-        commit; republish ``<base>/info`` when a watch's state changed."""
-        self._turn = []
+        commit; republish ``<base>/info`` when a watch's state changed. What it took on stays
+        listed until :meth:`committed` or :meth:`turn_failed`."""
         if self.watcher is None:
             return
         svc = self.service
         if self.watcher.take_changed() and svc.bridge.connected:
-            from . import payloads
-
             svc.bridge.publish(svc.topics.info, payloads.encode(svc.info()), retain=True)
         due = [r for t, r in self._retry if t <= now]
         if due:
