@@ -571,3 +571,47 @@ def test_bad_watch_stops_the_start(tmp_path: Path, root: Path, watch: dict[str, 
         [sys.executable, "-m", "edge_queue", "serve"], env=env, capture_output=True, text=True, timeout=60
     )
     assert serve.returncode == 2 and message in serve.stderr, serve
+
+
+def test_a_failed_commit_offers_the_files_again(tmp_path: Path, root: Path) -> None:
+    """A turn whose commit fails (a full disk) loses neither the job nor the file: the file is
+    offered again, and becomes one job when a commit succeeds."""
+    from edge_queue.config import Settings, WatchSettings
+    from edge_queue.service import Service
+    from edge_queue.store import Store
+
+    inbox = root / "inbox"
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        media_roots=[root],
+        watch=[WatchSettings(path=inbox, kind="noop", settle_s=0.2, mode="events")],
+    )
+    svc = Service(settings)
+    svc.store = Store(settings.db_path)
+    folders = svc.watch_folders
+    folders.boot()
+    assert folders.watcher is not None
+    try:
+        (inbox / "a.wav").write_bytes(b"recording")
+        wait_until(lambda: folders.watcher.pending(), 10, "a complete file")  # type: ignore[union-attr]
+        # When the turn that made its job fails to commit
+        with pytest.raises(sqlite3.OperationalError), svc.store.group():
+            folders.step(time.time())
+            assert svc.store.counts()["queued"] == 1
+            raise sqlite3.OperationalError("database or disk is full")
+        folders.turn_failed()
+        assert svc.store.counts()["queued"] == 0
+        assert svc.store.watched_files([str(inbox)]) == {}
+        # Then the next turn makes it, once
+        with svc.store.group():
+            folders.step(time.time())
+        folders.committed()
+        jobs = svc.store.list_jobs()
+        assert [j["input"] for j in jobs] == [str(inbox / "a.wav")]
+        assert list(svc.store.watched_files([str(inbox)])) == [str(inbox / "a.wav")]
+        with svc.store.group():
+            folders.step(time.time())
+        assert len(svc.store.list_jobs()) == 1
+    finally:
+        folders.stop()
+        svc.close()
