@@ -467,10 +467,11 @@ def config_check(
 ) -> None:
     """Validate a configuration file (and the environment); name every invalid key."""
     from .service import checked_kinds
+    from .watch import check_watches
 
     try:
         settings = load_settings(file)
-        checked_kinds(settings)
+        check_watches(settings, checked_kinds(settings))
     except ConfigError as e:
         typer.echo(e.message, err=True)
         raise typer.Exit(EXIT_USAGE) from e

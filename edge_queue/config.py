@@ -182,6 +182,79 @@ class TranscribeSettings(_Section):
     carry_context: bool = False
 
 
+# -- watch folders (docs/configuration.md, "[[watch]]") ---------------------------------------
+
+#: File names a watch takes when it sets no ``include``: common audio and video containers.
+DEFAULT_WATCH_INCLUDE = (
+    "*.wav *.flac *.mp3 *.m4a *.aac *.ogg *.oga *.opus *.wma *.amr "
+    "*.mp4 *.m4v *.mkv *.mov *.avi *.webm *.mpg *.mpeg *.ts *.mts *.m2ts *.3gp"
+).split()
+
+
+class WatchSettings(_Section):
+    """One ``[[watch]]`` table: a folder whose new files become jobs (docs/configuration.md).
+
+    ``path`` must lie inside a media root (checked by :func:`watch_problems`, at start-up).
+    Times are in seconds."""
+
+    #: An absolute folder inside ``media_roots``.
+    path: Path
+    #: The kind of the jobs; unset: ``default_kind``.
+    kind: str | None = Field(None, min_length=1, max_length=64)
+    #: The jobs' options, as in a submit (checked against the kind at start-up).
+    options: dict[str, Any] = {}
+    #: ``fnmatch`` patterns on the file name, case-insensitive; a file must match one.
+    include: list[str] = Field(default_factory=lambda: list(DEFAULT_WATCH_INCLUDE), min_length=1)
+    #: ``fnmatch`` patterns on the file name, case-insensitive; a file matching one is skipped.
+    exclude: list[str] = []
+    #: Watch the sub-folders too (hidden ones excepted).
+    recursive: bool = False
+    #: A file becomes a job once its size and modification time stood still this long.
+    settle_s: float = Field(5.0, ge=0.1, le=3600)
+    #: ``events``: inotify; ``poll``: a scan every ``poll_interval_s``; ``auto``: ``poll`` on
+    #: network file systems (NFS, SMB/CIFS, sshfs...), ``events`` elsewhere.
+    mode: Literal["auto", "events", "poll"] = "auto"
+    poll_interval_s: float = Field(30.0, ge=1, le=86400)
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, v: Path) -> Path:
+        if not v.is_absolute():
+            raise ValueError("a watch path must be absolute")
+        return v
+
+    @field_validator("include", "exclude")
+    @classmethod
+    def _patterns(cls, v: list[str]) -> list[str]:
+        if any(not p or "/" in p for p in v):
+            raise ValueError("patterns match file names: non-empty, without '/'")
+        return v
+
+
+def watch_problems(settings: Settings) -> list[str]:
+    """What is wrong with the ``[[watch]]`` tables given the media roots (which the command
+    line may add to after the file is read): a path outside every media root (after symbolic
+    links and ``..``), or two watches over the same folder. Returns one sentence per problem,
+    naming ``watch[<index>].path``; an empty list when all is well."""
+    roots = [Path(os.path.realpath(r)) for r in settings.media_roots]
+    where = ", ".join(str(r) for r in settings.media_roots) or "none configured"
+    problems = []
+    resolved: list[tuple[Path, bool]] = []
+    for i, w in enumerate(settings.watch):
+        real = Path(os.path.realpath(w.path))
+        if not any(real == r or real.is_relative_to(r) for r in roots):
+            problems.append(
+                f"watch[{i}].path: {w.path} is not inside a media root (media_roots: {where}); "
+                "jobs may only read files inside media_roots"
+            )
+        for j, (other, recursive) in enumerate(resolved):
+            covers = (recursive and real.is_relative_to(other)) or (w.recursive and other.is_relative_to(real))
+            if real == other or covers:
+                problems.append(f"watch[{i}].path: {w.path} overlaps watch[{j}]; a folder is watched by one watch")
+        resolved.append((real, w.recursive))
+    return problems
+
+
 _KIND_DEFAULTS: dict[str, KindSettings] = {
     "transcribe": KindSettings(max_concurrency=1, timeout_s=6 * 3600),
     "transcode": KindSettings(max_concurrency=1, timeout_s=6 * 3600),
@@ -205,6 +278,8 @@ class Settings(BaseSettings):
 
     data_dir: Path = Field(default_factory=default_data_dir)
     media_roots: list[Path] = []
+    #: ``[[watch]]`` tables: folders whose new files become jobs.
+    watch: list[WatchSettings] = []
     workers: int = Field(2, ge=1, le=64)
     durability: Literal["full", "normal"] = "full"
     retention_days: float = Field(7.0, gt=0)

@@ -127,6 +127,36 @@ def _media_roots(settings: Settings, service: dict[str, Any]) -> Iterator[Check]
         yield Check(f"media root {p}", ok, "readable" if ok else "missing or not readable")
 
 
+def _watch(settings: Settings, service: dict[str, Any]) -> Iterator[Check]:
+    """Each ``[[watch]]`` folder: inside a media root, present and readable, how it is watched
+    (inotify, or polling on a network file system), and the state the running service
+    publishes for it (``watch`` of ``<base>/info``: ``missing`` fails)."""
+    from .config import watch_problems
+    from .watcher import file_system_type, is_network_fs
+
+    problems = watch_problems(settings)
+    for problem in problems:
+        yield Check("watch", False, problem)
+    published = {str(w.get("path")): w for w in service.get("info", {}).get("watch") or [] if isinstance(w, dict)}
+    for w in settings.watch:
+        p = Path(w.path)
+        name = f"watch {p}"
+        if not (p.is_dir() and os.access(p, os.R_OK | os.X_OK)):
+            yield Check(name, False, "missing or not readable (removed, or its share not mounted)")
+            continue
+        fs_type = file_system_type(os.path.realpath(p))
+        mode = w.mode if w.mode != "auto" else ("poll" if is_network_fs(fs_type) else "events")
+        how = f"polled every {w.poll_interval_s:g} s" if mode == "poll" else "inotify events"
+        detail = f"{fs_type or 'unknown'} file system, {how}, kind {w.kind or settings.default_kind}"
+        live = published.get(str(p))
+        if live is None:
+            yield Check(name, True, detail)
+        elif live.get("state") == "missing":
+            yield Check(name, False, f"{detail}; the service reports it missing since {live.get('since')}")
+        else:
+            yield Check(name, True, f"{detail}; the service reports it {live.get('state')}")
+
+
 def _model(settings: Settings) -> Iterator[Check]:
     from .kinds.transcribe import load_model, resolve_model
 
@@ -145,10 +175,12 @@ def _model(settings: Settings) -> Iterator[Check]:
 
 
 def run_checks(settings: Settings, *, model: bool = True) -> Iterator[Check]:
-    """Every check, in order: broker, data dir, disk, database, media roots, model(s)."""
+    """Every check, in order: broker, data dir, disk, database, media roots, watch folders,
+    model(s)."""
     service: dict[str, Any] = {}
     yield from _broker(settings, service)
     yield from _data_dir(settings)
     yield from _media_roots(settings, service)
+    yield from _watch(settings, service)
     if model:
         yield from _model(settings)

@@ -41,6 +41,7 @@ from .states import JobState, cancelled_error, is_terminal
 from .store import Store, iso, new_id
 from .supervisor import PREFETCH, Outcome, Supervisor, _Slot
 from .topics import ONLINE, Topics
+from .watch import WatchFolders
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +193,7 @@ class Service:
         self._sig_r, self._sig_w = socket.socketpair()
         self._sig_r.setblocking(False)
         self._sig_w.setblocking(False)
+        self.watch_folders = WatchFolders(self)  # [[watch]] (edge_queue/watch.py)
         self._pending_progress: dict[str, dict[str, Any]] = {}
         self._last_progress_pub: dict[str, float] = {}
         self._published_stage: dict[str, str | None] = {}
@@ -261,6 +263,7 @@ class Service:
         claim_base_topic(s.mqtt, self.topics, self.instance_id, self.bridge.client_id, connect_timeout_s)
         self.requeue_orphans()
         self.supervisor.start()
+        self.watch_folders.boot()
         # another installation announcing itself: live messages only (a retained one is our
         # own, or was checked by claim_base_topic before we connected)
         self.bridge.watch[self.topics.info] = lambda payload, retained: (
@@ -417,9 +420,11 @@ class Service:
                 self.flush(self.clock())
                 self.housekeeping(self.clock())
                 self._republish_step()
+                self.watch_folders.step(self.clock())
         except (sqlite3.Error, OSError) as e:
             self._turn_failed(e, taken, outcomes)
             return
+        self.watch_folders.committed()
         self.supervisor.dispatch()
         self._publish_job_states(time.monotonic())
         self._remove_outputs()
@@ -434,6 +439,7 @@ class Service:
 
     def _turn_failed(self, e: Exception, taken: list[Incoming], outcomes: list[Outcome]) -> None:
         self.supervisor.unassign()
+        self.watch_folders.turn_failed()
         self._turn_jobs.clear()
         self._turn_purged.clear()
         self._carried = [o for o in outcomes if o.op != "progress"]
@@ -646,6 +652,8 @@ class Service:
             waits.append(COALESCE_S)
         if (due := self._store().next_due()) is not None:
             waits.append(max(0.0, due - self.clock()))
+        if (watch := self.watch_folders.wait_s(self.clock())) is not None:
+            waits.append(watch)
         return max(0.0, min(waits))
 
     def _inbox_has_takeable(self) -> bool:
@@ -1141,6 +1149,7 @@ class Service:
             },
             "default_kind": self.settings.default_kind,
             "media_roots": [str(r) for r in self.settings.media_roots],
+            **({"watch": self.watch_folders.info()} if self.settings.watch else {}),
             "workers": self.settings.workers,
             "broker_protocol": self.bridge.protocol_name,
         }
@@ -1265,6 +1274,7 @@ class Service:
         if self.stop_now and interrupted:
             log.warning("second stop signal: stopping now; %d running job(s) are queued again", len(interrupted))
         self.supervisor.stop()
+        self.watch_folders.stop()
         now = self.clock()
         try:
             with self.bridge.held(), store.group():
@@ -1287,6 +1297,7 @@ class Service:
 
     def close(self) -> None:
         """Release the store and the wake-up sockets (also for a service that never ran)."""
+        self.watch_folders.stop()
         for sock in (self._sig_r, self._sig_w):
             sock.close()
         self.notifier.close()

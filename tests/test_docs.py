@@ -31,8 +31,9 @@ DOCS = ROOT / "docs"
 EXAMPLE_TOML = ROOT / "config" / "edge-queue.example.toml"
 #: Placeholder for the table name of a ``dict[str, Section]`` key such as ``kinds``.
 NAME = "<name>"
-#: A commented-out key line of the example file: ``# key = value``.
-COMMENTED_KEY = re.compile(r"^#\s*([a-z_][a-z0-9_]*\s*=.*)$")
+#: A commented-out key line of the example file: ``# key = value``, or the header of an
+#: array of tables shown commented out (``# [[watch]]``).
+COMMENTED_KEY = re.compile(r"^#\s*([a-z_][a-z0-9_]*\s*=.*|\[\[[a-z_]+\]\])$")
 
 
 # -- helpers ----------------------------------------------------------------------------
@@ -128,7 +129,10 @@ def flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     leaves = set(config_keys())
     for key, value in table.items():
         dotted = prefix + key
-        if isinstance(value, dict) and dotted not in leaves:
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            for item in value:  # an array of tables (``[[watch]]``): its keys, once each
+                out.update(flatten(item, dotted + "."))
+        elif isinstance(value, dict) and dotted not in leaves:
             if dotted == "kinds":
                 for kind_name, kind_table in value.items():
                     for k, v in kind_table.items():

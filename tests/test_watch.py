@@ -1,0 +1,617 @@
+"""Watch folders (docs/configuration.md, "[[watch]]"), on real files, a real broker and the real
+service process: a file becomes one job once it is complete, once per version, whatever
+restarts, moves, renames and folders that go away and come back."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edge_queue.store import parse_iso
+from edge_queue.watcher import file_digest, is_network_fs, skip_reason
+
+from .conftest import ROOT, SPEECH, need, wait_until
+
+#: Short enough for quick tests, long enough that a writer pausing between pieces (0.5 s)
+#: never looks finished on a busy machine.
+SETTLE_S = 2.0
+
+
+def _watch_env(inbox: Path, **watch: Any) -> dict[str, str]:
+    table = {
+        "path": str(inbox),
+        "kind": "noop",
+        "include": ["*.wav", "*.flac", "*.mp4"],
+        "settle_s": SETTLE_S,
+        "mode": "events",
+        **watch,
+    }
+    return {"EDGE_QUEUE_WATCH": json.dumps([table])}
+
+
+def _start(service_factory: Any, broker: Any, root: Path, inbox: Path, **watch: Any) -> Any:
+    return service_factory(broker, [root], _watch_env(inbox, **watch)).start()
+
+
+def _jobs(svc: Any, path: Path | str) -> list[dict[str, Any]]:
+    """The jobs of the store whose input is ``path``, oldest first."""
+    with sqlite3.connect(f"file:{svc.db}?mode=ro", uri=True, timeout=10) as conn:
+        conn.row_factory = sqlite3.Row
+        rows = conn.execute("SELECT * FROM jobs WHERE input = ? ORDER BY job_id", [str(path)]).fetchall()
+    return [dict(r) for r in rows]
+
+
+def _all_inputs(svc: Any) -> list[str]:
+    with sqlite3.connect(f"file:{svc.db}?mode=ro", uri=True, timeout=10) as conn:
+        return [r[0] for r in conn.execute("SELECT input FROM jobs ORDER BY job_id")]
+
+
+def _record(svc: Any, path: Path) -> dict[str, Any] | None:
+    with sqlite3.connect(f"file:{svc.db}?mode=ro", uri=True, timeout=10) as conn:
+        conn.row_factory = sqlite3.Row
+        row = conn.execute("SELECT * FROM watch_files WHERE path = ?", [str(path)]).fetchone()
+    return None if row is None else dict(row)
+
+
+def _sentinel(svc: Any, inbox: Path, name: str = "zz-sentinel.wav") -> None:
+    """Drop one more file and wait for its job: files dropped before it have had their turn
+    (the watcher hands files over in the order they settle)."""
+    path = inbox / name
+    path.write_bytes(b"sentinel " + name.encode())
+    wait_until(lambda: _jobs(svc, path), 30, f"a job for {name}")
+
+
+def _info_watch(svc: Any, watcher: Any, state: str) -> dict[str, Any]:
+    info = watcher.wait_json(f"{svc.base}/info", lambda m: any(w["state"] == state for w in m.get("watch", [])), 30)
+    return next(w for w in info["watch"] if w["state"] == state)
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    media = tmp_path / "media"
+    (media / "inbox").mkdir(parents=True)
+    (media / "elsewhere").mkdir()
+    return Path(os.path.realpath(media))
+
+
+# -- pure logic ------------------------------------------------------------------------
+
+
+def test_names_that_are_never_inputs() -> None:
+    inc, exc = ["*.wav", "*.MP4"], ["*-draft.*"]
+    assert skip_reason("talk.wav", inc, exc) is None
+    assert skip_reason("CLIP.mp4", inc, exc) is None  # case-insensitive
+    for name, why in [
+        (".talk.wav", "hidden"),
+        ("talk.wav.part", "temporary"),
+        ("talk.wav.tmp", "temporary"),
+        (".~lock.talk.wav#", "hidden"),
+        ("~$talk.wav", "temporary"),
+        ("talk.en.srt", "output"),
+        ("talk.en.txt", "output"),
+        ("talk.und.json", "output"),
+        ("talk.vtt", "output"),
+        ("talk.web.mp4", "output"),
+        ("talk.flac", "not included"),
+        ("talk-draft.wav", "excluded"),
+    ]:
+        assert skip_reason(name, inc, exc) == why, name
+
+
+def test_digest_is_content_identity(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_bytes(b"x" * 1000)
+    b.write_bytes(b"x" * 1000)
+    os.utime(b, (1, 1))  # another modification time: the same content
+    assert file_digest(str(a), 1000) == file_digest(str(b), 1000)
+    b.write_bytes(b"x" * 999 + b"y")
+    assert file_digest(str(a), 1000) != file_digest(str(b), 1000)
+    assert is_network_fs("nfs4") and is_network_fs("cifs") and is_network_fs("fuse.sshfs")
+    assert not is_network_fs("ext4") and not is_network_fs(None)
+
+
+def test_store_keeps_one_version_per_path(tmp_path: Path) -> None:
+    from edge_queue.store import JobSpec, Store
+
+    store = Store(tmp_path / "s.db")
+    store.record_watched("/m/inbox/a.wav", 10, 111, "sha256:a", "job", "job1", 1.0)
+    store.record_watched("/m/inbox/sub/c.wav", 30, 333, "sha256:c", "refused:unsupported_media", None, 1.0)
+    store.record_watched("/m/inbox2/b.wav", 20, 222, "sha256:b", "job", "job2", 1.0)
+    # a folder's files, not those of a folder whose name merely starts the same
+    assert store.watched_files(["/m/inbox"]) == {
+        "/m/inbox/a.wav": (10, 111, "sha256:a"),
+        "/m/inbox/sub/c.wav": (30, 333, "sha256:c"),
+    }
+    store.touch_watched("/m/inbox/a.wav", 999, 2.0)
+    assert store.watched_files(["/m/inbox"])["/m/inbox/a.wav"] == (10, 999, "sha256:a")
+    assert store.watch_counts("/m/inbox") == {"job": 1, "refused:unsupported_media": 1}
+    # a new version replaces the old one; its job too
+    store.record_watched("/m/inbox/a.wav", 11, 1000, "sha256:a2", "job", "job3", 3.0)
+    row = store.conn.execute("SELECT size, job_id FROM watch_files WHERE path = '/m/inbox/a.wav'").fetchone()
+    assert row == (11, "job3")
+    # jobs writing beside their input, directly in the folder
+    store.submit([JobSpec("extract_audio", "/m/inbox/talk.flac", {"output": "beside"})], 5.0)
+    store.submit([JobSpec("extract_audio", "/m/inbox/sub/x.flac", {"output": "beside"})], 5.0)
+    store.submit([JobSpec("extract_audio", "/m/inbox/y.flac", {})], 5.0)
+    assert [(i, t) for _, i, t in store.beside_jobs("/m/inbox")] == [("/m/inbox/talk.flac", 5.0)]
+    store.close()
+
+
+def test_watch_outside_media_roots_is_a_config_error(tmp_path: Path, root: Path) -> None:
+    outside = tmp_path / "not-media"
+    outside.mkdir()
+    config = tmp_path / "config.toml"
+    config.write_text(
+        f'media_roots = ["{root}"]\n\n[[watch]]\npath = "{outside}"\nkind = "probe"\n'
+        f'options = {{}}\ninclude = ["*.wav"]\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_QUEUE_")}
+    env["PYTHONPATH"] = str(ROOT)
+    check = subprocess.run(
+        [sys.executable, "-m", "edge_queue", "config", "check", str(config)], env=env, capture_output=True, text=True
+    )
+    assert check.returncode == 2, check
+    assert f"watch[0].path: {outside} is not inside a media root" in check.stderr, check.stderr
+    serve = subprocess.run(
+        [sys.executable, "-m", "edge_queue", "serve", "--config", str(config)],
+        env={**env, "EDGE_QUEUE_DATA_DIR": str(tmp_path / "data")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert serve.returncode == 2 and "is not inside a media root" in serve.stderr, serve
+
+
+# -- the service -----------------------------------------------------------------------
+
+
+def test_slowly_written_file_is_one_job_after_its_last_write(
+    mosquitto: Any, service_factory: Any, root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    inbox = root / "inbox"
+    svc = _start(service_factory, mosquitto, root, inbox)
+    target = inbox / "recording.wav"
+    t0 = time.time()
+    writes = []
+    # Given a recorder that appends a piece every 0.5 s for 5 s, opening and closing the file
+    # each time (a close-write event after every piece)
+    for _ in range(10):
+        with open(target, "ab") as fh:
+            fh.write(os.urandom(64 * 1024))
+        writes.append(time.time())
+        if _jobs(svc, target):
+            break
+        time.sleep(0.5)
+    # Then one job, created after the last write
+    job = wait_until(lambda: _jobs(svc, target), 30, "the job of the slowly written file")[0]
+    done = wait_until(lambda: [j for j in _jobs(svc, target) if j["state"] == "succeeded"], 30, "the job to succeed")[0]
+    created, started = parse_iso(job["created_at"]), parse_iso(done["started_at"])
+    _sentinel(svc, inbox)
+    with capsys.disabled():
+        print("\nslowly written file, seconds from the first write:")
+        for i, at in enumerate(writes, 1):
+            print(f"  write {i:2d} ({i * 64} KiB so far) at {at - t0:6.3f} s")
+        print(f"  job {job['job_id']} created at {created - t0:6.3f} s ({created - writes[-1]:.3f} s after the last)")
+        print(f"  job started at {started - t0:6.3f} s, input of {done['input']}")
+    assert len(writes) == 10, "a job was created while the file was still being written"
+    assert writes[-1] + SETTLE_S * 0.9 < created <= started
+    assert len(_jobs(svc, target)) == 1
+    assert _record(svc, target)["size"] == 10 * 64 * 1024
+
+
+def test_file_held_open_waits_for_its_close(
+    mosquitto: Any, service_factory: Any, root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A writer that pauses longer than ``settle_s`` while it holds the file open (a stalled
+    network copy): inotify's close-write event, not the pause, ends the wait."""
+    inbox = root / "inbox"
+    svc = _start(service_factory, mosquitto, root, inbox, settle_s=1.0)
+    target = inbox / "stalled-copy.wav"
+    t0 = time.time()
+    writes = []
+    with open(target, "wb") as fh:
+        for _ in range(4):
+            fh.write(os.urandom(32 * 1024))
+            fh.flush()
+            writes.append(time.time())
+            time.sleep(2.0)  # longer than settle_s, with the file still open
+        assert not _jobs(svc, target), "a job was created while the writer held the file open"
+    closed = time.time()
+    job = wait_until(lambda: _jobs(svc, target), 30, "the job after the close")[0]
+    created = parse_iso(job["created_at"])
+    with capsys.disabled():
+        print("\nfile held open, seconds from the first write:")
+        for i, at in enumerate(writes, 1):
+            print(f"  write {i} at {at - t0:6.3f} s")
+        print(f"  closed at {closed - t0:6.3f} s; job created at {created - t0:6.3f} s")
+    assert created > closed
+    _sentinel(svc, inbox)
+    assert len(_jobs(svc, target)) == 1
+
+
+def test_lost_inotify_events_make_a_scan(tmp_path: Path) -> None:
+    """When the kernel's inotify queue overflows, watchdog logs it and events are lost: the
+    folder is scanned again, so a file whose event was lost still becomes ready."""
+    import logging
+    import socket
+
+    from edge_queue.config import WatchSettings
+    from edge_queue.watcher import OVERFLOW_LOGGER, FolderWatcher
+
+    folder = tmp_path / "inbox"
+    folder.mkdir()
+    wake_r, wake_w = socket.socketpair()
+    watcher = FolderWatcher([WatchSettings(path=folder, kind="noop", settle_s=0.2, mode="events")], {}, wake_w)
+    watcher.start()
+    try:
+        wait_until(lambda: watcher.describe()[0]["state"] == "watching", 10, "watching")
+        watcher.states[0].observer.stop()  # events from here on are lost
+        watcher.states[0].observer.join(5)
+        (folder / "lost.wav").write_bytes(b"data")
+        logging.getLogger(OVERFLOW_LOGGER).warning("Inotify queue overflowed; filesystem events were lost")
+        ready = wait_until(lambda: watcher.take(10), 10, "the file found by the scan")
+        assert [Path(r.path).name for r in ready] == ["lost.wav"]
+    finally:
+        watcher.stop()
+        wake_r.close()
+        wake_w.close()
+
+
+def test_inotify_limit_falls_back_to_polling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When inotify cannot watch (``fs.inotify.max_user_watches`` reached: ENOSPC), the folder
+    is polled instead, and ``<base>/info`` says why."""
+    import errno
+    import socket
+
+    import watchdog.observers
+
+    from edge_queue.config import WatchSettings
+    from edge_queue.watcher import FolderWatcher
+
+    class NoWatches(watchdog.observers.Observer):  # type: ignore[misc,valid-type]
+        def start(self) -> None:
+            raise OSError(errno.ENOSPC, "inotify watch limit reached")
+
+    monkeypatch.setattr(watchdog.observers, "Observer", NoWatches)
+    folder = tmp_path / "inbox"
+    folder.mkdir()
+    wake_r, wake_w = socket.socketpair()
+    cfg = WatchSettings(path=folder, kind="noop", settle_s=0.2, mode="events", poll_interval_s=1)
+    watcher = FolderWatcher([cfg], {}, wake_w)
+    watcher.start()
+    try:
+        state = wait_until(lambda: watcher.describe()[0]["state"] == "watching" and watcher.describe()[0], 10, "it")
+        assert state["mode"] == "poll" and "inotify watch limit reached" in state["error"], state
+        assert type(watcher.states[0].observer).__name__ == "PollingObserver"
+        (folder / "new.wav").write_bytes(b"data")
+        ready = wait_until(lambda: watcher.take(10), 10, "the file found by polling")
+        assert [Path(r.path).name for r in ready] == ["new.wav"]
+    finally:
+        watcher.stop()
+        wake_r.close()
+        wake_w.close()
+
+
+def test_moved_in_and_part_renamed(mosquitto: Any, service_factory: Any, root: Path) -> None:
+    inbox = root / "inbox"
+    svc = _start(service_factory, mosquitto, root, inbox)
+    # a file written elsewhere, then moved in
+    done = root / "elsewhere" / "moved.wav"
+    done.write_bytes(os.urandom(10_000))
+    os.rename(done, inbox / "moved.wav")
+    # a download written under a temporary name, then renamed to its final name
+    part = inbox / "download.wav.part"
+    with open(part, "wb") as fh:
+        for _ in range(4):
+            fh.write(os.urandom(10_000))
+            fh.flush()
+            time.sleep(0.3)
+    os.rename(part, inbox / "download.wav")
+    # names that are never inputs
+    (inbox / ".hidden.wav").write_bytes(b"x")
+    (inbox / "copying.wav.tmp").write_bytes(b"x")
+    (inbox / "notes.txt").write_bytes(b"x")
+    wait_until(lambda: _jobs(svc, inbox / "moved.wav"), 30, "a job for the moved-in file")
+    wait_until(lambda: _jobs(svc, inbox / "download.wav"), 30, "a job for the renamed .part file")
+    _sentinel(svc, inbox)
+    assert sorted(_all_inputs(svc)) == sorted(
+        str(inbox / n) for n in ("moved.wav", "download.wav", "zz-sentinel.wav")
+    ), "one job per complete file, none for temporary, hidden or text files"
+
+
+def test_fifty_files_dropped_at_once_make_fifty_jobs(mosquitto: Any, service_factory: Any, root: Path) -> None:
+    inbox = root / "inbox"
+    svc = _start(service_factory, mosquitto, root, inbox)
+    staging = root / "elsewhere"
+    names = [f"take-{i:02d}.wav" for i in range(50)]
+    for name in names:
+        (staging / name).write_bytes(os.urandom(2048))
+    for name in names:  # as a file manager drops a selection: 50 moves in a burst
+        os.rename(staging / name, inbox / name)
+    wait_until(lambda: len(_all_inputs(svc)) >= 50, 60, "50 jobs")
+    _sentinel(svc, inbox)
+    inputs = _all_inputs(svc)
+    assert sorted(inputs) == sorted([str(inbox / n) for n in names] + [str(inbox / "zz-sentinel.wav")])
+    # every job runs to the end
+    with sqlite3.connect(f"file:{svc.db}?mode=ro", uri=True) as conn:
+        wait_until(
+            lambda: conn.execute("SELECT count(*) FROM jobs WHERE state = 'succeeded'").fetchone()[0] == 51,
+            60,
+            "51 succeeded jobs",
+        )
+
+
+def test_restart_in_the_middle_and_files_added_while_stopped(mosquitto: Any, service_factory: Any, root: Path) -> None:
+    inbox = root / "inbox"
+    svc = _start(service_factory, mosquitto, root, inbox)
+    first = [inbox / f"a-{i:02d}.wav" for i in range(15)]
+    for p in first:
+        p.write_bytes(os.urandom(4096))
+    wait_until(lambda: all(_jobs(svc, p) for p in first), 30, "the jobs of the first files")
+    # Given more files still settling when the service is killed (kill -9, as a power cut)
+    second = [inbox / f"b-{i:02d}.wav" for i in range(15)]
+    for p in second:
+        p.write_bytes(os.urandom(4096))
+    svc.kill()
+    # While it is stopped: more files arrive, and one of the first is touched (same content)
+    third = [inbox / f"c-{i:02d}.wav" for i in range(5)]
+    for p in third:
+        p.write_bytes(os.urandom(4096))
+    os.utime(first[0], (time.time() + 5, time.time() + 5))
+    svc.start()
+    expected = first + second + third
+    wait_until(lambda: all(_jobs(svc, p) for p in expected), 60, "a job for every file")
+    touched = first[0].stat().st_mtime_ns
+    wait_until(lambda: _record(svc, first[0])["mtime_ns"] == touched, 30, "the touch to be recorded")
+    # And a restart by SIGTERM in the middle of nothing changes nothing either
+    assert svc.stop() == 0
+    svc.start()
+    _sentinel(svc, inbox)
+    inputs = _all_inputs(svc)
+    assert sorted(inputs) == sorted(str(p) for p in [*expected, inbox / "zz-sentinel.wav"]), "no duplicate, none lost"
+
+
+def test_beside_outputs_make_no_jobs(mosquitto: Any, service_factory: Any, root: Path) -> None:
+    need((SPEECH / "jfk.flac").is_file(), f"speech recordings not found in {SPEECH}")
+    inbox = root / "inbox"
+    svc = _start(
+        service_factory,
+        mosquitto,
+        root,
+        inbox,
+        kind="extract_audio",
+        options={"output": "beside", "format": "wav"},
+        include=["*.flac", "*.wav"],
+    )
+    shutil.copy(SPEECH / "jfk.flac", inbox / "jfk.flac")
+    job = wait_until(lambda: _jobs(svc, inbox / "jfk.flac"), 30, "the job of jfk.flac")[0]
+    # Then its output jfk.wav, written beside the input, is recorded as an output, not a job
+    record = wait_until(lambda: _record(svc, inbox / "jfk.wav"), 60, "the watch to see the output jfk.wav")
+    assert record["outcome"] == "output" and record["job_id"] == job["job_id"], record
+    assert (inbox / "jfk.wav").stat().st_size > 100_000
+    # transcripts written beside an input are not inputs either
+    for name in ("jfk.en.srt", "jfk.en.txt", "jfk.en.vtt", "jfk.en.json"):
+        (inbox / name).write_text("1\n00:00:00,000 --> 00:00:01,000\nAsk not\n")
+    # a user's own file with the same stem, older than the job, is an input
+    _sentinel(svc, inbox)
+    assert sorted(_all_inputs(svc)) == [str(inbox / "jfk.flac"), str(inbox / "zz-sentinel.wav")]
+
+
+def test_replaced_file_makes_a_new_job_a_touch_does_not(mosquitto: Any, service_factory: Any, root: Path) -> None:
+    inbox = root / "inbox"
+    svc = _start(service_factory, mosquitto, root, inbox)
+    path = inbox / "voicemail.wav"
+    path.write_bytes(b"first message" * 1000)
+    wait_until(lambda: _jobs(svc, path), 30, "the first job")
+    # a touch: a new modification time, the same content
+    os.utime(path, (time.time() + 10, time.time() + 10))
+    touched = path.stat().st_mtime_ns
+    wait_until(lambda: _record(svc, path)["mtime_ns"] == touched, 30, "the touch to be recorded")
+    assert len(_jobs(svc, path)) == 1
+    # replaced with new content (written beside under a hidden name, then renamed over it)
+    tmp = inbox / ".voicemail.wav.new"
+    tmp.write_bytes(b"second message" * 1000)
+    os.replace(tmp, path)
+    jobs = wait_until(lambda: len(_jobs(svc, path)) == 2 and _jobs(svc, path), 30, "a second job")
+    assert jobs[0]["job_id"] != jobs[1]["job_id"]
+    _sentinel(svc, inbox)
+    assert len(_jobs(svc, path)) == 2
+
+
+def test_folder_removed_and_recreated(mosquitto: Any, service_factory: Any, root: Path) -> None:
+    inbox = root / "inbox"
+    svc = _start(service_factory, mosquitto, root, inbox)
+    watcher = svc.watcher("info")
+    assert _info_watch(svc, watcher, "watching")["path"] == str(inbox)
+    (inbox / "a.wav").write_bytes(os.urandom(4096))
+    wait_until(lambda: _jobs(svc, inbox / "a.wav"), 30, "the job of a.wav")
+    # Given the folder goes away (a share unmounted: here, moved aside)
+    away = root / "inbox-away"
+    os.rename(inbox, away)
+    missing = _info_watch(svc, watcher, "missing")
+    assert missing["path"] == str(inbox)
+    wait_until(lambda: f"watch folder {inbox} is missing" in svc.log(), 10, "the log line")
+    doctor = subprocess.run(
+        [sys.executable, "-m", "edge_queue", "doctor", "--skip-model"],
+        env=svc.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert f"FAIL  watch {inbox}: missing" in doctor.stdout, doctor.stdout
+    # When it comes back, with a new file: watched again, the old file not submitted again
+    watcher.messages.clear()
+    os.rename(away, inbox)
+    _info_watch(svc, watcher, "watching")
+    (inbox / "b.wav").write_bytes(os.urandom(4096))
+    wait_until(lambda: _jobs(svc, inbox / "b.wav"), 30, "the job of b.wav")
+    # And a folder removed and made anew (another inode) is watched too
+    shutil.rmtree(inbox)
+    _info_watch(svc, watcher, "missing")
+    watcher.messages.clear()
+    inbox.mkdir()
+    (inbox / "c.wav").write_bytes(os.urandom(4096))
+    _info_watch(svc, watcher, "watching")
+    wait_until(lambda: _jobs(svc, inbox / "c.wav"), 30, "the job of c.wav")
+    (inbox / "d.wav").write_bytes(os.urandom(4096))  # an event in the new folder
+    wait_until(lambda: _jobs(svc, inbox / "d.wav"), 30, "the job of d.wav")
+    assert sorted(_all_inputs(svc)) == [str(inbox / n) for n in ("a.wav", "b.wav", "c.wav", "d.wav")]
+    doctor = subprocess.run(
+        [sys.executable, "-m", "edge_queue", "doctor", "--skip-model"],
+        env=svc.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert f"ok    watch {inbox}:" in doctor.stdout and "reports it watching" in doctor.stdout, doctor.stdout
+    watcher.close()
+
+
+def test_real_media_through_a_probe_watch(mosquitto: Any, service_factory: Any, root: Path) -> None:
+    """A real kind on real media: probe jobs from a recursive watch, and a file the kind
+    cannot read becomes a failed job with its code, not a crash."""
+    need((SPEECH / "jfk.flac").is_file(), f"speech recordings not found in {SPEECH}")
+    inbox = root / "inbox"
+    (inbox / "sub").mkdir()
+    svc = _start(service_factory, mosquitto, root, inbox, kind="probe", recursive=True)
+    shutil.copy(SPEECH / "jfk.flac", inbox / "sub" / "jfk.flac")
+    (inbox / "broken.wav").write_bytes(b"RIFF not really a wave file")
+    (inbox / "playlist.mp4").write_bytes(b"#EXTM3U\n/etc/passwd\n")  # refused at submit, as over MQTT
+    ok = wait_until(
+        lambda: [j for j in _jobs(svc, inbox / "sub" / "jfk.flac") if j["state"] == "succeeded"], 60, "probe of jfk"
+    )[0]
+    assert json.loads(ok["result"])["duration_s"] > 10
+    bad = wait_until(
+        lambda: [j for j in _jobs(svc, inbox / "broken.wav") if j["state"] == "failed"], 60, "the failed probe"
+    )[0]
+    assert json.loads(bad["error"])["code"] in ("unsupported_media", "decode_error", "truncated_media"), bad
+    refused = wait_until(lambda: _record(svc, inbox / "playlist.mp4"), 30, "the playlist's record")
+    assert refused["outcome"] == "refused:unsupported_media" and refused["job_id"] is None, refused
+    assert not _jobs(svc, inbox / "playlist.mp4")
+    assert f"watch {inbox}: {inbox / 'playlist.mp4'} refused: unsupported_media" in svc.log()
+    assert svc.proc.poll() is None
+
+
+@pytest.mark.slow
+def test_transcripts_beside_the_input_make_no_jobs(
+    mosquitto: Any, service_factory: Any, root: Path, model_installed: None
+) -> None:
+    """The case of the issue: transcripts written beside a recording dropped into the folder."""
+    need((SPEECH / "jfk.flac").is_file(), f"speech recordings not found in {SPEECH}")
+    inbox = root / "inbox"
+    svc = _start(
+        service_factory,
+        mosquitto,
+        root,
+        inbox,
+        kind="transcribe",
+        options={"output": "beside", "formats": ["srt", "txt", "vtt", "json"]},
+        include=["*"],
+    )
+    shutil.copy(SPEECH / "jfk.flac", inbox / "jfk.flac")
+    job = wait_until(
+        lambda: [j for j in _jobs(svc, inbox / "jfk.flac") if j["state"] in ("succeeded", "failed")], 120, "the job"
+    )[0]
+    assert job["state"] == "succeeded", job
+    outputs = sorted(p.name for p in inbox.iterdir())
+    assert outputs == ["jfk.en.json", "jfk.en.srt", "jfk.en.txt", "jfk.en.vtt", "jfk.flac"], outputs
+    assert "ask not what your country" in (inbox / "jfk.en.txt").read_text().lower()
+    _sentinel(svc, inbox)
+    assert sorted(_all_inputs(svc)) == [str(inbox / "jfk.flac"), str(inbox / "zz-sentinel.wav")]
+
+
+def test_polled_folder(mosquitto: Any, service_factory: Any, root: Path) -> None:
+    """``mode = "poll"`` (network file systems): files found by watchdog's polling observer,
+    a folder that goes away reported, and found again."""
+    inbox = root / "inbox"
+    svc = _start(service_factory, mosquitto, root, inbox, mode="poll", poll_interval_s=1, settle_s=1.0)
+    watcher = svc.watcher("info")
+    assert _info_watch(svc, watcher, "watching")["mode"] == "poll"
+    (inbox / "a.wav").write_bytes(os.urandom(4096))
+    wait_until(lambda: _jobs(svc, inbox / "a.wav"), 30, "the job of a.wav")
+    os.rename(inbox, root / "away")
+    _info_watch(svc, watcher, "missing")
+    watcher.messages.clear()
+    os.rename(root / "away", inbox)
+    (inbox / "b.wav").write_bytes(os.urandom(4096))
+    _info_watch(svc, watcher, "watching")
+    wait_until(lambda: _jobs(svc, inbox / "b.wav"), 30, "the job of b.wav")
+    (inbox / "c.wav").write_bytes(os.urandom(4096))
+    wait_until(lambda: _jobs(svc, inbox / "c.wav"), 30, "the job of c.wav")
+    assert sorted(_all_inputs(svc)) == [str(inbox / n) for n in ("a.wav", "b.wav", "c.wav")]
+    watcher.close()
+
+
+@pytest.mark.parametrize(
+    ("watch", "message"),
+    [
+        ({"kind": "no_such_kind"}, "watch[0].kind: unknown job kind 'no_such_kind'"),
+        ({"kind": "noop", "options": {"sleep_s": 1000}}, "watch[0].options.sleep_s:"),
+        ({"kind": "noop", "path": "inbox"}, "watch.0.path: Value error, a watch path must be absolute"),
+    ],
+)
+def test_bad_watch_stops_the_start(tmp_path: Path, root: Path, watch: dict[str, Any], message: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_QUEUE_")}
+    env.update(
+        PYTHONPATH=str(ROOT),
+        EDGE_QUEUE_DATA_DIR=str(tmp_path / "data"),
+        EDGE_QUEUE_MEDIA_ROOTS=json.dumps([str(root)]),
+        EDGE_QUEUE_WATCH=json.dumps([{"path": str(root / "inbox"), **watch}]),
+    )
+    serve = subprocess.run(
+        [sys.executable, "-m", "edge_queue", "serve"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert serve.returncode == 2 and message in serve.stderr, serve
+
+
+def test_a_failed_commit_offers_the_files_again(tmp_path: Path, root: Path) -> None:
+    """A turn whose commit fails (a full disk) loses neither the job nor the file: the file is
+    offered again, and becomes one job when a commit succeeds."""
+    from edge_queue.config import Settings, WatchSettings
+    from edge_queue.service import Service
+    from edge_queue.store import Store
+
+    inbox = root / "inbox"
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        media_roots=[root],
+        watch=[WatchSettings(path=inbox, kind="noop", settle_s=0.2, mode="events")],
+    )
+    svc = Service(settings)
+    svc.store = Store(settings.db_path)
+    folders = svc.watch_folders
+    folders.boot()
+    assert folders.watcher is not None
+    try:
+        (inbox / "a.wav").write_bytes(b"recording")
+        wait_until(lambda: folders.watcher.pending(), 10, "a complete file")  # type: ignore[union-attr]
+        # When the turn that made its job fails to commit
+        with pytest.raises(sqlite3.OperationalError), svc.store.group():
+            folders.step(time.time())
+            assert svc.store.counts()["queued"] == 1
+            raise sqlite3.OperationalError("database or disk is full")
+        folders.turn_failed()
+        assert svc.store.counts()["queued"] == 0
+        assert svc.store.watched_files([str(inbox)]) == {}
+        # Then the next turn makes it, once
+        with svc.store.group():
+            folders.step(time.time())
+        folders.committed()
+        jobs = svc.store.list_jobs()
+        assert [j["input"] for j in jobs] == [str(inbox / "a.wav")]
+        assert list(svc.store.watched_files([str(inbox)])) == [str(inbox / "a.wav")]
+        with svc.store.group():
+            folders.step(time.time())
+        assert len(svc.store.list_jobs()) == 1
+    finally:
+        folders.stop()
+        svc.close()
