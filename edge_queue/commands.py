@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from . import payloads
+from .config import Role
 from .errors import EdgeQueueError, ErrorCode, InputError, NotFoundError, RequestError
 from .states import ACTIVE, JobState, cancelled_error, is_terminal
 from .store import JobSpec, LockHeld
@@ -181,13 +182,16 @@ class Commands:
         #: ... and, for the ``user`` role, the filter to its own jobs (``None``: every job)
         self._mine: tuple[str | None] | None = None
 
-    def execute(self, command: str, raw: bytes, user: str | None = None) -> tuple[dict[str, Any], str | None]:
+    def execute(
+        self, command: str, raw: bytes, user: str | None = None, *, role: Role | None = None
+    ) -> tuple[dict[str, Any], str | None]:
         """Run ``command`` with payload ``raw`` for ``user`` (the broker user of the request
         topic ``<base>/request/<command>/<user>``; ``None`` for ``<base>/request/<command>``);
         returns ``(response, reply_to)``.
 
         ``reply_to`` is the request's validated ``reply_to`` topic, or ``None``. What the
-        sender's role (``access``) does not allow is answered with ``forbidden``.
+        sender's role (``access``, or ``role`` when given: the service's own requests, such as
+        a watch folder's submits) does not allow is answered with ``forbidden``.
         """
         svc = self.service
         limit = svc.settings.max_payload_bytes
@@ -207,7 +211,7 @@ class Commands:
                 transaction,
                 "reply_to",
             ), None
-        role = svc.settings.access.role_of(user)
+        role = role or svc.settings.access.role_of(user)
         if role == "none" or (role == "user" and command in ADMIN_COMMANDS):
             who = "requests on the shared topics" if user is None else f"user {_clip(user, 64)!r}"
             rejections.warning("request %s rejected: forbidden (%s, role %s)", _clip(command, 64), who, role)

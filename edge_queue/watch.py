@@ -149,7 +149,7 @@ class WatchFolders:
         key = hashlib.sha256(f"{item.path}\0{item.size}\0{item.mtime_ns}\0{item.digest}".encode()).hexdigest()
         body = {"kind": w.kind, "input": item.path, "options": w.options, "idempotency_key": "watch-" + key[:40]}
         raw = json.dumps(body).encode("utf-8", "surrogateescape")
-        response, _ = svc.commands.execute("submit", raw)
+        response, _ = svc.commands.execute("submit", raw, role="admin")  # the service's own submit
         if response.get("status") == "ok":
             job = response["data"]["jobs"][0]
             store.record_watched(item.path, item.size, item.mtime_ns, item.digest, "job", job["job_id"], now)

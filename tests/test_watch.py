@@ -615,3 +615,15 @@ def test_a_failed_commit_offers_the_files_again(tmp_path: Path, root: Path) -> N
     finally:
         folders.stop()
         svc.close()
+
+
+def test_watch_folders_submit_whatever_roles_senders_have(mosquitto: Any, service_factory: Any, root: Path) -> None:
+    # Given roles that let no sender submit anything (docs/configuration.md, "[access]")
+    inbox = root / "inbox"
+    env = {**_watch_env(inbox), "EDGE_QUEUE_ACCESS__SHARED_ROLE": "none", "EDGE_QUEUE_ACCESS__DEFAULT_ROLE": "none"}
+    svc = service_factory(mosquitto, [root], env).start()
+    # When a file arrives in a watch folder
+    (inbox / "call.wav").write_bytes(os.urandom(10_000))
+    # Then it becomes a job all the same (the service's own submit), submitted by no user
+    jobs = wait_until(lambda: _jobs(svc, inbox / "call.wav"), 30, "a job for the file")
+    assert len(jobs) == 1 and jobs[0]["submitted_by"] is None
