@@ -24,7 +24,7 @@ class ReservedClientIds(BaseAuthPlugin):
 
     Configuration (``plugins: {edge_queue.amqtt_plugins.ReservedClientIds: {reserved: {...}}}``):
     ``reserved`` maps a client id prefix to the one broker user name that may use it; the
-    default reserves ``edge-queue-`` (the service's ``edge-queue-<instance id>``, and its probe,
+    default reserves ``edge-queue-`` (the service's ``edge-queue-<instance id>-<secret>``, and its probe,
     check and scan connections) for the user ``edge-queue``.
     """
 

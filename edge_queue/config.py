@@ -54,7 +54,8 @@ class MqttSettings(_Section):
     port: int = Field(1883, ge=1, le=65535)
     username: str | None = None
     password: SecretStr | None = None
-    #: None: ``edge-queue-<instance id>`` (the installation's id, kept in the store)
+    #: None: ``edge-queue-<instance id>-<secret>`` (the installation's id and a random secret,
+    #: both kept in the store; the secret is never published)
     client_id: str | None = Field(None, min_length=1, max_length=64)
     base_topic: str = "edge-queue"
     keepalive_s: int = Field(30, ge=5, le=3600)

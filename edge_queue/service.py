@@ -259,7 +259,7 @@ class Service:
         if self.paused:
             log.warning("the queue is paused (since before this start): no job starts until a resume")
         if not self.bridge.client_id:
-            self.bridge.set_client_id(f"edge-queue-{self.instance_id}")
+            self.bridge.set_client_id(f"edge-queue-{self.instance_id}-{self.store.client_id_secret()}")
         claim_base_topic(s.mqtt, self.topics, self.instance_id, self.bridge.client_id, connect_timeout_s)
         self.requeue_orphans()
         self.supervisor.start()

@@ -428,6 +428,16 @@ class Store:
             self.conn.execute("INSERT INTO instance (instance_id, created_at) VALUES (?, ?)", [made, iso(time.time())])
         return made
 
+    def client_id_secret(self) -> str:
+        """16 hex digits made at random with the store and never published: the end of the
+        service's default MQTT client id (docs/configuration.md, ``mqtt.client_id``), so that no
+        other client can guess the id and take over its session."""
+        value = self.meta("client_id_secret")
+        if value is None:
+            value = secrets.randbits(63)
+            self.set_meta("client_id_secret", value)
+        return f"{value:016x}"
+
     # -- requests delivered again (docs/topics.md, "Requests delivered twice") ------------
 
     def remember_request(self, key: bytes, response: bytes, reply_to: str | None, now: float, seq: int) -> None:

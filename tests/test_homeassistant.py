@@ -70,7 +70,7 @@ def ha() -> Iterator[tuple[Any, dict[str, Any], Broker]]:
 
 def _service(broker: Broker, tmp: Path, media: list[Path], name: str, base: str | None = None) -> ServiceProcess:
     svc = ServiceProcess(broker, tmp, media)
-    svc.env.pop("EDGE_QUEUE_MQTT__CLIENT_ID", None)  # the default: edge-queue-<instance id>
+    svc.env.pop("EDGE_QUEUE_MQTT__CLIENT_ID", None)  # the default: edge-queue-<instance id>-<secret>
     svc.env["EDGE_QUEUE_HOMEASSISTANT__DISCOVERY"] = "true"
     svc.data_dir = tmp / name
     svc.env["EDGE_QUEUE_DATA_DIR"] = str(svc.data_dir)

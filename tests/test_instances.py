@@ -5,6 +5,7 @@ said as such. Against a private mosquitto whose log shows every connection."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 import time
@@ -160,7 +161,11 @@ def test_a_client_id_take_over_is_said_as_such(tmp_path: Path, service_factory, 
     # Given a running install with its default client id
     broker = own_broker
     svc = _default_id(service_factory(broker, [tmp_path])).start()
-    client_id = f"edge-queue-{_info(svc)['instance_id']}"
+    with sqlite3.connect(svc.db) as conn:
+        (secret,) = conn.execute("SELECT value FROM store_meta WHERE key = 'client_id_secret'").fetchone()
+    info = _info(svc)
+    client_id = f"edge-queue-{info['instance_id']}-{secret:016x}"
+    assert f"{secret:016x}" not in json.dumps(info)  # the id cannot be guessed from what is published
     # When another client keeps connecting with that client id (as a second service with
     # the same mqtt.client_id does: each takes the id from the other)
     thief = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
