@@ -118,9 +118,10 @@ def test_batch_counts_and_done(store: Store) -> None:
 
 
 def test_delete_only_terminal(store: Store) -> None:
-    _, (a, b) = store.submit([spec("/a"), spec("/b")], 1.0, as_batch=True)
+    batch_id, (a, b) = store.submit([spec("/a"), spec("/b")], 1.0, as_batch=True)
     store.transition(a.job["job_id"], JobState.CANCELLED, 2.0)
-    assert store.delete([a.job["job_id"], b.job["job_id"]]) == ([a.job["job_id"]], [], [])
+    # a is deleted, b (queued) is not; their batch keeps b
+    assert store.delete([a.job["job_id"], b.job["job_id"]]) == ([a.job["job_id"]], [], [batch_id])
     assert store.events(a.job["job_id"]) == []
 
 
