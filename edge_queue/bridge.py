@@ -490,7 +490,8 @@ class Bridge:
         v5 = self.protocol == mqtt.MQTTv5
         client = _Client(
             CallbackAPIVersion.VERSION2,
-            client_id=self.client_id,
+            # (a persistent MQTT 3.1.1 session needs an id: the real one is set before connect)
+            client_id=self.client_id or "edge-queue-unset",
             protocol=self.protocol,
             clean_session=None if v5 else False,
             manual_ack=True,

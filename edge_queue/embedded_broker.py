@@ -8,6 +8,7 @@ PRODUCT 2); a production box should point edge-queue at mosquitto.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import socket
 import threading
@@ -65,6 +66,9 @@ def port_open(host: str, port: int, timeout_s: float = 1.0) -> bool:
         return False
 
 
+#: Client ids whose stored session a CONNECT being read asks to delete (clean session): deleted
+#: only once the CONNECT is authenticated (per connection task: a context variable).
+_DEFERRED_DELETES: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("deferred", default=None)
 #: Session fields amqtt 0.12.1 copies from a CONNECT into the stored session of its client id
 #: before it authenticates the CONNECT.
 _IDENTITY = ("will_flag", "will_message", "will_topic", "will_qos", "keep_alive", "username", "password")
@@ -78,20 +82,43 @@ def _broker_class() -> type:
       loops over the broker's whole subscription table), so a client subscribed to
       ``phone/replies`` also got every ``<base>/jobs/<id>``. Here a retained message is sent for
       a subscription only when that client holds it.
-    - A CONNECT that authentication refuses takes nothing over. amqtt copies the CONNECT's user
-      name, password and Last Will into the stored session of its client id, and disconnects
-      the client connected with that id, before it looks at the authentication result: any
-      client, with a wrong password or a client id reserved for another user
-      (:class:`~edge_queue.amqtt_plugins.ReservedClientIds`), could knock edge-queue off the
-      broker and change its session's user name. Here such a CONNECT is authenticated first;
-      when refused, the stored session gets its fields back and the client only gets its
-      CONNACK "not authorized".
+    - A CONNECT that authentication refuses takes nothing over. amqtt, before it looks at the
+      authentication result, deletes the stored session of the CONNECT's client id (with its
+      subscriptions and queued messages) when the CONNECT asks for a clean session, or else
+      copies the CONNECT's user name, password and Last Will into it and disconnects the
+      client connected with that id: any client, with a wrong password or a client id
+      reserved for another user (:class:`~edge_queue.amqtt_plugins.ReservedClientIds`), could
+      leave edge-queue connected but deaf, or knock it off the broker. Here a CONNECT that
+      touches a stored session is authenticated first; when refused, the session is left as
+      it was and the client only gets its CONNACK "not authorized".
+    - Messages kept for a disconnected client are sent to it without the retain flag when it
+      comes back (amqtt set it, and edge-queue refuses retained requests): MQTT 3.1.1 section
+      3.3.1.3, retain is 0 for a message sent because of an established subscription.
     """
     from amqtt.broker import Broker
     from amqtt.mqtt.connack import NOT_AUTHORIZED, ConnackPacket
 
     class EdgeQueueBroker(Broker):  # type: ignore[misc]
         _refused: set[int]
+
+        async def _delete_session(self, client_id: str) -> None:
+            deferred = _DEFERRED_DELETES.get()
+            if deferred is not None:  # inside _initialize_client_session: after authentication
+                deferred.append(client_id)
+                return
+            await super()._delete_session(client_id)
+
+        async def _publish_session_retained_messages(self, session: Any) -> None:
+            handler = self._get_handler(session)
+            tasks = []
+            if handler:
+                while not session.retained_messages.empty():
+                    kept = await session.retained_messages.get()
+                    tasks.append(
+                        asyncio.ensure_future(handler.mqtt_publish(kept.topic, kept.data, kept.qos, retain=False))
+                    )
+            if tasks:
+                await asyncio.wait(tasks)
 
         async def _publish_retained_messages_for_subscription(self, subscription: Any, session: Any) -> None:
             holders = self._subscriptions.get(subscription[0], [])
@@ -100,14 +127,24 @@ def _broker_class() -> type:
 
         async def _initialize_client_session(self, reader: Any, writer: Any, *args: Any) -> tuple[Any, Any]:
             saved = {cid: tuple(getattr(s, f) for f in _IDENTITY) for cid, (s, _) in self._sessions.items()}
-            handler, session = await super()._initialize_client_session(reader, writer, *args)
+            deferred: list[str] = []
+            token = _DEFERRED_DELETES.set(deferred)
+            try:
+                handler, session = await super()._initialize_client_session(reader, writer, *args)
+            finally:
+                _DEFERRED_DELETES.reset(token)
             old = saved.get(session.client_id)
-            if session.parent == 1 and old is not None and not await self._authenticate(session, None):
-                for field, value in zip(_IDENTITY, old, strict=True):
-                    setattr(session, field, value)
+            touches = (session.parent == 1 and old is not None) or any(c in self._sessions for c in deferred)
+            if touches and not await self._authenticate(session, None):
+                if session.parent == 1 and old is not None:
+                    for field, value in zip(_IDENTITY, old, strict=True):
+                        setattr(session, field, value)
                 if not hasattr(self, "_refused"):
                     self._refused = set()
                 self._refused.add(id(handler))
+                return handler, session
+            for client_id in deferred:
+                await super()._delete_session(client_id)
             return handler, session
 
         async def _handle_client_session(

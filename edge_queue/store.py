@@ -38,10 +38,12 @@ SCHEMA_VERSION = 3
 _ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
 _JSON_COLUMNS = ("options", "error", "result")
 #: SQL condition on a row of ``jobs``: it has no lock key, or it is the oldest active job of its
-#: key (the one that may run; the others wait for it, in submit order).
+#: key and sender (the one that may run; the others wait for it, in submit order). A lock key
+#: belongs to its sender, as an idempotency key does (docs/topics.md, "Lock keys").
 _LOCK_HEAD = (
     "(jobs.lock_key IS NULL OR jobs.job_id = (SELECT l.job_id FROM jobs AS l INDEXED BY jobs_lock "
-    "WHERE l.lock_key = jobs.lock_key AND l.state IN ('queued','running','retrying','cancelling') "
+    "WHERE l.lock_key = jobs.lock_key AND l.submitted_by IS jobs.submitted_by "
+    "AND l.state IN ('queued','running','retrying','cancelling') "
     "ORDER BY l.created_at, l.job_id LIMIT 1))"
 )
 
@@ -528,12 +530,13 @@ class Store:
         rows = list(self.db.query("SELECT * FROM jobs WHERE finished_at IS NOT NULL ORDER BY finished_at DESC LIMIT 1"))
         return self._decode(rows[0]) if rows else None
 
-    def lock_holder(self, lock_key: str) -> str | None:
-        """The job that holds ``lock_key``: the oldest active job with it, or None."""
+    def lock_holder(self, lock_key: str, submitted_by: str | None = None) -> str | None:
+        """The job that holds ``lock_key`` of sender ``submitted_by``: the oldest active job with
+        both, or None."""
         row = self.conn.execute(
-            "SELECT job_id FROM jobs INDEXED BY jobs_lock WHERE lock_key = ? "
+            "SELECT job_id FROM jobs INDEXED BY jobs_lock WHERE lock_key = ? AND submitted_by IS ? "
             "AND state IN ('queued','running','retrying','cancelling') ORDER BY created_at, job_id LIMIT 1",
-            [lock_key],
+            [lock_key, submitted_by],
         ).fetchone()
         return None if row is None else str(row[0])
 
@@ -693,7 +696,7 @@ class Store:
                         out.append(Created(self.get(found[0]), True))
                         continue
                 if spec.lock_key is not None and spec.reject_when_locked:
-                    holder = self.lock_holder(spec.lock_key)
+                    holder = self.lock_holder(spec.lock_key, spec.submitted_by)
                     if holder is not None:
                         raise LockHeld(spec.lock_key, holder)
                 job_id = new_id(now)

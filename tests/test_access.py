@@ -110,6 +110,10 @@ def test_a_user_acts_on_its_own_jobs_only_and_no_one_can_answer_for_the_service(
     # its use of the phone's idempotency key makes a job of its own
     squat = guest.request("submit", later)["data"]["jobs"][0]
     assert squat["job_id"] != job_id and not squat["duplicate"]
+    # and a lock key it holds forever does not lock the phone out
+    held = {"kind": "noop", "run_at": "2099-01-01T00:00:00Z", "lock_key": "camera-1"}
+    assert guest.request("submit", held)["status"] == "ok"
+    assert phone.request("submit", {**held, "input": "mine"})["status"] == "ok"
     # a request on the phone's request topic does not reach the service (the ACL)
     _hostile_publish(broker, "guest", "edge-queue/request/cancel/phone", json.dumps({"job_id": job_id}))
     # a forged answer on the phone's reply topic does not reach the phone
@@ -130,6 +134,8 @@ def test_a_user_acts_on_its_own_jobs_only_and_no_one_can_answer_for_the_service(
     print(f"{broker.kind}: client id take-over by guest: {taken}")
     # (mosquitto's LAN listener let it in under its user name as id; amqtt refused it)
     assert taken == ("Success" if broker.kind == "mosquitto" else "Not authorized"), taken
+    # and the service still hears requests after all those tries
+    assert phone.request("kinds", {})["status"] == "ok"
     assert ("edge-queue/status", b"offline") not in phone.messages
     assert "disconnected from the broker" not in svc.log() and "taken over" not in svc.log(), svc.log()
     for user in (phone, guest, ha):
@@ -151,19 +157,51 @@ def _hostile_publish(broker: Broker, user: str, topic: str, payload: str) -> Non
 
 
 def _take_client_id(broker: Broker, user: str) -> str:
-    """Connect as ``user`` with the service's client id, as a LAN client would: on mosquitto's
-    TLS listener, on amqtt's only listener. Returns what the broker did."""
-    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=SERVICE_ID, clean_session=False)
-    c.username_pw_set(user, USERS[user])
-    port = broker.port
-    if broker.kind == "mosquitto":
-        c.tls_set(ca_certs=str(broker.ca), cert_reqs=ssl.CERT_REQUIRED)  # type: ignore[attr-defined]
-        port = broker.tls_port  # type: ignore[attr-defined]
-    result: list[str] = []
-    c.on_connect = lambda cl, u, f, reason, p: result.append(str(reason))
-    c.connect(broker.host, port)
-    c.loop_start()
-    wait_until(lambda: result or None, 10, "a CONNACK")
-    c.disconnect()
-    c.loop_stop()
-    return result[0]
+    """Connect as ``user`` with the service's client id, as a LAN client would (on mosquitto's
+    TLS listener, on amqtt's only listener), once asking for a clean session and once for the
+    stored one, and once more with a wrong password. Returns what the broker answered."""
+    answers = []
+    for clean, password in ((True, USERS[user]), (False, USERS[user]), (True, "wrong"), (False, "wrong")):
+        c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=SERVICE_ID, clean_session=clean)
+        c.username_pw_set(user, password)
+        port = broker.port
+        if broker.kind == "mosquitto":
+            c.tls_set(ca_certs=str(broker.ca), cert_reqs=ssl.CERT_REQUIRED)  # type: ignore[attr-defined]
+            port = broker.tls_port  # type: ignore[attr-defined]
+        result: list[str] = []
+        c.on_connect = lambda cl, u, f, reason, p, result=result: result.append(str(reason))
+        c.connect(broker.host, port)
+        c.loop_start()
+        wait_until(lambda result=result: result or None, 10, "a CONNACK")
+        c.disconnect()
+        c.loop_stop()
+        answers.append(result[0] if password == USERS[user] else "")
+    return answers[0] if len(set(answers[:2])) == 1 else f"{answers[0]} / {answers[1]}"
+
+
+def test_requests_sent_while_the_service_is_stopped_run_when_it_comes_back(
+    amqtt_with_acl: Broker, service_factory, speech: Path
+) -> None:
+    # Given the embedded broker with the shipped configuration, and the service stopped after
+    # its first run (its session, with its subscription, stays on the broker)
+    broker = amqtt_with_acl
+    # (MQTT 3.1.1 and the default client id, as broker/README.md sets amqtt up)
+    env = {**_service_env("edge-queue", USERS["edge-queue"]), "EDGE_QUEUE_MQTT__PROTOCOL": "3.1.1"}
+    svc = service_factory(broker, [speech], env)
+    svc.env.pop("EDGE_QUEUE_MQTT__CLIENT_ID")
+    svc.base = "edge-queue"
+    svc.start(wait_online=False)
+    phone = User(broker, "phone")
+    wait_until(lambda: (("edge-queue/status", b"online") in phone.messages) or None, 60, "online")
+    assert svc.stop() == 0
+    wait_until(lambda: (("edge-queue/status", b"offline") in phone.messages) or None, 30, "offline")
+    # When the phone submits meanwhile
+    tx = uuid.uuid4().hex
+    phone.client.publish("edge-queue/request/submit/phone", json.dumps({"kind": "noop", "transaction": tx}), qos=1)
+    # Then the service runs it when it comes back (amqtt delivered it marked retained, which
+    # edge-queue refuses as a retained request)
+    svc.start(wait_online=False)
+    answer = wait_until(lambda: phone._response("submit", tx), 60, "the answer to the submit sent while stopped")
+    assert answer["status"] == "ok", answer
+    phone.close()
+    assert svc.stop() == 0
