@@ -287,6 +287,15 @@ class Commands:
                 "(limits.max_queued_jobs): submit again later",
                 code=ErrorCode.QUEUE_FULL,
             )
+        own_limit = limits.max_queued_jobs_per_user
+        if self._mine is not None and own_limit:
+            mine = svc._store().waiting_of(self._user)
+            if mine + len(raw_inputs) > own_limit:
+                raise RequestError(
+                    f"{mine} of your job(s) are waiting to run; one user may have at most {own_limit} "
+                    "(limits.max_queued_jobs_per_user): submit again later",
+                    code=ErrorCode.QUEUE_FULL,
+                )
         if req.lock_key is not None and req.on_lock == "reject" and len(raw_inputs) > 1:
             raise RequestError(
                 'a lock key with on_lock "reject" takes one input; with "wait" the inputs run one after another',

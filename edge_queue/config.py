@@ -110,6 +110,9 @@ class LimitsSettings(_Section):
 
     #: Jobs waiting to run (``queued`` + ``retrying``) at most; a submit past it: ``queue_full``.
     max_queued_jobs: int = Field(100_000, ge=1)
+    #: ... and of one sender with the ``user`` role (``[access]``), so that one user cannot fill
+    #: the queue for everyone (0: no limit of its own).
+    max_queued_jobs_per_user: int = Field(10_000, ge=0)
     #: Inputs in one ``submit`` at most (a batch); more: ``invalid_request`` on ``inputs``.
     max_batch_inputs: int = Field(1_000, ge=1, le=10_000)
     #: Requests executed per second at most, all clients together (0: no limit); the rest

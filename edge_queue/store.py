@@ -145,6 +145,10 @@ class Store:
         self.migrate()
         # Indexes and tables added after schema 1 (cheap when they exist).
         self.conn.execute("CREATE INDEX IF NOT EXISTS jobs_finished ON jobs(finished_at) WHERE finished_at IS NOT NULL")
+        # the waiting jobs of one sender (Store.waiting_of: limits.max_queued_jobs_per_user)
+        self.conn.execute(
+            "CREATE INDEX IF NOT EXISTS jobs_waiting_by ON jobs(submitted_by) WHERE state IN ('queued','retrying')"
+        )
         self.db.table("instance").create({"instance_id": str, "created_at": str}, pk="instance_id", if_not_exists=True)
         self.db.table("delivered_requests").create(
             {"key": bytes, "response": bytes, "reply_to": str, "at": float, "seq": int},
@@ -504,6 +508,16 @@ class Store:
     def waiting(self) -> int:
         """Jobs waiting to run: ``queued`` + ``retrying``."""
         return self._counts["queued"] + self._counts["retrying"]
+
+    def waiting_of(self, submitted_by: str | None) -> int:
+        """Jobs of one sender waiting to run (``queued`` + ``retrying``)."""
+        return int(
+            self.conn.execute(
+                "SELECT count(*) FROM jobs INDEXED BY jobs_waiting_by WHERE submitted_by IS ? "
+                "AND state IN ('queued','retrying')",
+                [submitted_by],
+            ).fetchone()[0]
+        )
 
     def iter_job_page(self, after: str, limit: int) -> list[dict[str, Any]]:
         """Up to ``limit`` jobs with ``job_id > after``, oldest first (a republish in pieces)."""

@@ -78,6 +78,7 @@ def test_a_user_acts_on_its_own_jobs_only_and_no_one_can_answer_for_the_service(
     broker = request.getfixturevalue(broker_fixture)
     env = {**_service_env("edge-queue", USERS["edge-queue"]), "EDGE_QUEUE_ACCESS__DEFAULT_ROLE": "user"}
     env["EDGE_QUEUE_MQTT__CLIENT_ID"] = SERVICE_ID
+    env["EDGE_QUEUE_LIMITS__MAX_QUEUED_JOBS_PER_USER"] = "10"
     svc = service_factory(broker, [speech], env)
     svc.base = "edge-queue"
     svc.start(wait_online=False)
@@ -114,6 +115,10 @@ def test_a_user_acts_on_its_own_jobs_only_and_no_one_can_answer_for_the_service(
     held = {"kind": "noop", "run_at": "2099-01-01T00:00:00Z", "lock_key": "camera-1"}
     assert guest.request("submit", held)["status"] == "ok"
     assert phone.request("submit", {**held, "input": "mine"})["status"] == "ok"
+    # nor does a flood of its jobs fill the queue for the others (limits.max_queued_jobs_per_user)
+    flood = guest.request("submit", {"kind": "noop", "run_at": "2099-01-01T00:00:00Z", "inputs": ["a"] * 10})
+    assert flood["status"] == "error" and flood["error"]["code"] == "queue_full", flood
+    assert phone.request("submit", {**later, "idempotency_key": "k2"})["status"] == "ok"
     # a request on the phone's request topic does not reach the service (the ACL)
     _hostile_publish(broker, "guest", "edge-queue/request/cancel/phone", json.dumps({"job_id": job_id}))
     # a forged answer on the phone's reply topic does not reach the phone
