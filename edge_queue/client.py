@@ -24,7 +24,7 @@ from .errors import BrokerUnavailable, EdgeQueueError
 from .topics import OFFLINE, ONLINE, Topics
 
 #: Requests that change nothing: not sent while edge-queue is offline.
-READ_ONLY = frozenset({"get", "list", "kinds", "events"})
+READ_ONLY = frozenset({"get", "list", "kinds", "events", "browse"})
 #: Seconds to wait for the retained ``<base>/status`` after subscribing (a broker sends it at once).
 STATUS_WAIT_S = 1.0
 #: MQTT 5 PUBACK reason code 16: the broker had no subscriber for the message, nor a session

@@ -198,7 +198,12 @@ def mosquitto() -> Broker:
 def amqtt(tmp_path: Path) -> Iterator[Broker]:
     """The embedded amqtt broker (``edge-queue broker``) on a free port, as a subprocess."""
     port = free_port()
-    env = {**os.environ, "EDGE_QUEUE_MQTT__PORT": str(port), "EDGE_QUEUE_DATA_DIR": str(tmp_path / "b")}
+    env = {
+        **os.environ,
+        "EDGE_QUEUE_MQTT__PORT": str(port),
+        "EDGE_QUEUE_DATA_DIR": str(tmp_path / "b"),
+        "EDGE_QUEUE_HTTP__WEBSOCKET_PORT": str(free_port()),
+    }
     with open(tmp_path / "broker.log", "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "edge_queue", "broker"], env=env, stdout=subprocess.DEVNULL, stderr=log
@@ -236,6 +241,8 @@ class ServiceProcess:
             # no Home Assistant device configs on the shared broker (tests/test_homeassistant.py
             # turns discovery on, on a broker of its own)
             "EDGE_QUEUE_HOMEASSISTANT__DISCOVERY": "false",
+            # no queue page on the fixed port 8099 (tests/test_page.py turns it on, on free ports)
+            "EDGE_QUEUE_HTTP__ENABLED": "false",
             "PYTHONPATH": str(ROOT),
             **(env or {}),
         }
@@ -330,7 +337,20 @@ def publish(broker: Broker, topic: str, payload: bytes | str, retain: bool = Fal
     pub.loop_stop()
 
 
-_COMMANDS = ("submit", "cancel", "retry", "get", "list", "pause", "resume", "purge", "republish", "kinds", "events")
+_COMMANDS = (
+    "submit",
+    "cancel",
+    "retry",
+    "get",
+    "list",
+    "pause",
+    "resume",
+    "purge",
+    "republish",
+    "kinds",
+    "events",
+    "browse",
+)
 
 
 def retained_under(broker: Broker, base: str, quiet_s: float = 0.3, timeout_s: float = 30.0) -> set[str]:
