@@ -185,6 +185,7 @@ class Watcher:
 class Broker:
     def __init__(self, host: str, port: int, kind: str, proc: subprocess.Popen[bytes] | None = None) -> None:
         self.host, self.port, self.kind, self.proc = host, port, kind, proc
+        self.ws_port: int | None = None  # MQTT over WebSocket, when the broker listens for it
 
 
 @pytest.fixture
@@ -197,12 +198,12 @@ def mosquitto() -> Broker:
 @pytest.fixture
 def amqtt(tmp_path: Path) -> Iterator[Broker]:
     """The embedded amqtt broker (``edge-queue broker``) on a free port, as a subprocess."""
-    port = free_port()
+    port, ws_port = free_port(), free_port()
     env = {
         **os.environ,
         "EDGE_QUEUE_MQTT__PORT": str(port),
         "EDGE_QUEUE_DATA_DIR": str(tmp_path / "b"),
-        "EDGE_QUEUE_HTTP__WEBSOCKET_PORT": str(free_port()),
+        "EDGE_QUEUE_HTTP__WEBSOCKET_PORT": str(ws_port),
     }
     with open(tmp_path / "broker.log", "wb") as log:
         proc = subprocess.Popen(
@@ -210,7 +211,9 @@ def amqtt(tmp_path: Path) -> Iterator[Broker]:
         )
     wait_until(lambda: port_open("127.0.0.1", port) or proc.poll() is not None, 20, "amqtt to listen")
     assert proc.poll() is None, (tmp_path / "broker.log").read_text()
-    yield Broker("127.0.0.1", port, "amqtt", proc)
+    broker = Broker("127.0.0.1", port, "amqtt", proc)
+    broker.ws_port = ws_port
+    yield broker
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(15) == 0
 

@@ -277,7 +277,7 @@ def mosquitto_with_acl(tmp_path: Path):
     assert proc.poll() is None, (tmp_path / "mosquitto.log").read_text()
     broker = Broker("127.0.0.1", port, "mosquitto", proc)
     broker.tls_port, broker.ca = tls_port, pki["ca"]  # type: ignore[attr-defined]
-    broker.ws_port = ws_port  # type: ignore[attr-defined]
+    broker.ws_port = ws_port
     yield broker
     proc.terminate()
     proc.wait(10)
@@ -333,7 +333,7 @@ def amqtt_with_acl(tmp_path: Path):
     wait_until(lambda: port_open("127.0.0.1", port) or proc.poll() is not None, 20, "amqtt")
     assert proc.poll() is None, (tmp_path / "broker.log").read_text()
     broker = Broker("127.0.0.1", port, "amqtt", proc)
-    broker.ws_port = ws_port  # type: ignore[attr-defined]
+    broker.ws_port = ws_port
     yield broker
     proc.terminate()
     proc.wait(15)
