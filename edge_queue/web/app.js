@@ -456,6 +456,7 @@ function renderDetail(job, segments) {
   }
   $("d-cancel").hidden = !(job.state === "queued" || job.state === "running" || job.state === "retrying");
   $("d-retry").hidden = !(job.state === "failed" || job.state === "cancelled");
+  $("d-cancel").parentElement.hidden = $("d-cancel").hidden && $("d-retry").hidden;
 }
 
 $("d-cancel").addEventListener("click", () => page.detailId && jobAction(page.detailId));
@@ -630,7 +631,7 @@ $("submit").addEventListener("click", async () => {
     for (const j of data.jobs) if (!page.jobs.has(j.job_id)) await call("get", { job_id: j.job_id }).then(upsert).catch(() => {});
     renderJobs();
     const rej = data.rejected.length ? `; ${data.rejected.length} refused: ${data.rejected[0].code}` : "";
-    toast("succeeded", `Submitted ${data.jobs.length} job${data.jobs.length === 1 ? "" : "s"}${rej}`, "");
+    toast("info", `Submitted ${data.jobs.length} job${data.jobs.length === 1 ? "" : "s"}${rej}`, "");
     $("picker").close();
   } catch (e) {
     const rej = e.response?.error?.rejected;

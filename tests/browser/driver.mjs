@@ -24,9 +24,17 @@ page.on("pageerror", (e) => process.stderr.write(`pageerror: ${e.message}\n`));
 
 const ops = {
   goto: async (c) => { await page.goto(c.url); },
+  // Polls with page.evaluate (DevTools' Runtime.evaluate): waitForFunction would compile the
+  // expression with eval inside the page, which the page's Content Security Policy forbids.
   wait: async (c) => {
-    const handle = await page.waitForFunction(c.js, null, { timeout: c.timeout_ms || 30000, polling: 50 });
-    return handle.jsonValue();
+    const end = Date.now() + (c.timeout_ms || 30000);
+    let last;
+    for (;;) {
+      try { last = await page.evaluate(c.js); } catch (e) { last = `error: ${e.message}`; }
+      if (last && !String(last).startsWith("error: ")) return last;
+      if (Date.now() > end) throw new Error(`timed out waiting for ${c.js} (last value: ${JSON.stringify(last)})`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
   },
   eval: async (c) => page.evaluate(c.js),
   click: async (c) => { await page.click(c.selector, { timeout: c.timeout_ms || 10000 }); },
