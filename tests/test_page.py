@@ -206,8 +206,11 @@ class Browser:
             self.proc.wait(20)
         except Exception:
             self.proc.kill()
+            self.proc.wait(20)
         finally:
-            self._err.close()
+            for stream in (self.proc.stdin, self.proc.stdout, self._err):
+                if stream is not None:
+                    stream.close()
 
 
 def _browser_ready() -> None:
