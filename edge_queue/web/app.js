@@ -242,6 +242,10 @@ function renderInfo() {
   $("version").textContent = i.version ? `v${i.version}` : "";
   $("host").textContent = i.host || "";
   document.title = i.host ? `edge-queue · ${i.host}` : "edge-queue";
+  if (i.conflict?.length) {
+    notice(`Another edge-queue installation announces itself on this base topic: ${i.conflict
+      .map((c) => `${c.host} (${c.instance_id}, ${c.version})`).join(", ")}. Give each box its own base topic.`);
+  }
   renderKinds();
 }
 
