@@ -26,6 +26,7 @@ from edge_queue.config import HttpSettings
 from edge_queue.page import FILES, PageServer
 
 from .conftest import ROOT, Broker, ServiceProcess, free_port, need, port_open, wait_until, words
+from .test_deploy import _service_env, mosquitto_with_acl  # noqa: F401 (a fixture, by name)
 from .test_load import PrivateMosquitto
 
 BROWSER_DIR = ROOT / "tests" / "browser"
@@ -414,3 +415,52 @@ def test_the_page_on_the_embedded_broker(
 ) -> None:
     svc, url = page_service(service_factory, amqtt, media, amqtt.ws_port)
     scenario(browser, svc, url, media, artifacts, "amqtt")
+
+
+def test_the_page_asks_for_a_broker_login_and_remembers_it_only_if_asked(
+    request: pytest.FixtureRequest, service_factory, browser: Browser, tmp_path: Path
+) -> None:
+    # Given mosquitto as shipped (passwords, the ACL, the WebSocket listener) and the service
+    broker = request.getfixturevalue("mosquitto_with_acl")
+    port = free_port()
+    env = {
+        **_service_env("edge-queue", "svc-secret"),
+        "EDGE_QUEUE_HTTP__ENABLED": "true",
+        "EDGE_QUEUE_HTTP__HOST": "127.0.0.1",
+        "EDGE_QUEUE_HTTP__PORT": str(port),
+        "EDGE_QUEUE_HTTP__WEBSOCKET_PORT": str(broker.ws_port),
+    }
+    svc = service_factory(broker, [tmp_path], env)
+    svc.base = "edge-queue"  # the base topic the shipped ACL names
+    svc.start(wait_online=False)
+    wait_until(lambda: port_open("127.0.0.1", port) or svc.proc.poll() is not None, 60, "the page")
+    url = f"http://127.0.0.1:{port}/"
+    b = browser
+    login_open = "document.querySelector('#login').open"
+    # When the page opens, the broker refuses anonymous clients: the page asks
+    b.do("goto", url=url)
+    b.wait(login_open)
+    # a wrong password is refused, and asked again
+    b.do("fill", selector="#user", value="phone")
+    b.do("fill", selector="#password", value="wrong")
+    b.do("click", selector="#login-ok")
+    b.wait(f"{login_open} && document.querySelector('#login-why').textContent.includes('refused')")
+    # the right one connects: online, counts; not remembered
+    b.do("fill", selector="#password", value="phone-secret")
+    b.do("click", selector="#login-ok")
+    b.wait("document.querySelector('#status').dataset.state === 'online'", timeout=60)
+    b.wait("/^[0-9]+$/.test(document.querySelector('.count[data-state=succeeded] b').textContent)")
+    assert b.eval("localStorage.getItem('edge-queue.login')") is None
+    b.do("goto", url=url)
+    b.wait(login_open)
+    # Then, asked to remember, the next visit connects without asking
+    b.do("fill", selector="#user", value="phone")
+    b.do("fill", selector="#password", value="phone-secret")
+    b.do("check", selector="#remember")
+    b.do("click", selector="#login-ok")
+    b.wait("document.querySelector('#status').dataset.state === 'online'", timeout=60)
+    assert json.loads(b.eval("localStorage.getItem('edge-queue.login')"))["username"] == "phone"
+    b.do("goto", url=url)
+    b.wait("document.querySelector('#status').dataset.state === 'online'", timeout=60)
+    assert not b.eval(login_open)
+    assert "Content Security Policy" not in b.log.read_text(errors="replace")
