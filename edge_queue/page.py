@@ -47,7 +47,9 @@ HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Content-Security-Policy": (
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-        "connect-src 'self' ws: wss:; worker-src 'self' blob:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+        # mqtt.js runs its keepalive timers in a worker made from a blob (worker-timers)
+        "connect-src 'self' ws: wss:; worker-src 'self' blob:; "
+        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
     ),
 }
 

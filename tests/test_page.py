@@ -293,7 +293,7 @@ SAMPLER = """(() => {
 })()"""
 
 
-def _pick(b: Browser, root: Path, folder: str, name: str, kind: str) -> None:
+def _pick(b: Browser, root: Path, folder: str, name: str, kind: str, shot: Path | None = None) -> None:
     """Choose ``root/folder/name`` in the file picker and submit it as ``kind``."""
     b.do("click", selector="#add")
     b.wait("document.querySelector('#picker').open && document.querySelector('#crumbs button')")
@@ -308,6 +308,8 @@ def _pick(b: Browser, root: Path, folder: str, name: str, kind: str) -> None:
     b.do("check", selector=f"#entries input[data-path={json.dumps(target)}]")
     b.do("select", selector="#kind", value=kind)
     b.wait("document.querySelector('#pick-count').textContent === '1 selected'")
+    if shot is not None:
+        b.do("screenshot", path=str(shot))
     b.do("click", selector="#submit")
     b.wait("!document.querySelector('#picker').open")
 
@@ -331,7 +333,7 @@ def scenario(b: Browser, svc: ServiceProcess, url: str, media: Path, artifacts: 
     b.eval(SAMPLER)
 
     # When jfk.flac is submitted as a transcription through the file picker
-    _pick(b, media, "speech", "jfk.flac", "transcribe")
+    _pick(b, media, "speech", "jfk.flac", "transcribe", artifacts / f"{label}-picker.png")
     # Then its bar moves while it runs, a toast says it is done, and its detail shows the
     # transcript with segment times
     b.wait(row_js("jfk.flac", "row.dataset.state === 'succeeded'"), timeout=180)
@@ -372,6 +374,11 @@ def scenario(b: Browser, svc: ServiceProcess, url: str, media: Path, artifacts: 
     shot = artifacts / f"{label}-queue.png"
     b.do("screenshot", path=str(shot))
     print(f"screenshot ({label}, a running and a finished job): {shot}")
+    # the same on a phone, in dark mode: nothing wider than the screen
+    b.do("emulate", width=390, height=844, color_scheme="dark")
+    b.do("screenshot", path=str(artifacts / f"{label}-phone-dark.png"))
+    assert b.eval("document.documentElement.scrollWidth <= window.innerWidth")
+    b.do("emulate", width=1100, height=820, color_scheme="light")
     # and cancel from the page cancels it
     b.do("click", selector="#jobs .job[data-state=running] .act button")  # the only running job
     b.wait(row_js("long-speech.wav", "row.dataset.state === 'cancelled'"), timeout=60)

@@ -8,6 +8,7 @@
 //   {"id": 4, "op": "click" | "check", "selector": "css"}
 //   {"id": 5, "op": "fill" | "select", "selector": "css", "value": "..."}
 //   {"id": 6, "op": "screenshot", "path": "/tmp/x.png"}
+//   {"id": 7, "op": "emulate", "width": 390, "height": 844, "color_scheme": "dark"}
 //   {"id": 7, "op": "close"}
 // A failure answers {"id", "ok": false, "error": "..."}. Console errors of the page are
 // written to stderr. Usage: node driver.mjs [/usr/bin/chromium] [width] [height]
@@ -41,6 +42,10 @@ const ops = {
   check: async (c) => { await page.check(c.selector, { timeout: c.timeout_ms || 10000 }); },
   fill: async (c) => { await page.fill(c.selector, c.value, { timeout: c.timeout_ms || 10000 }); },
   select: async (c) => { await page.selectOption(c.selector, c.value, { timeout: c.timeout_ms || 10000 }); },
+  emulate: async (c) => {
+    await page.setViewportSize({ width: c.width, height: c.height });
+    await page.emulateMedia({ colorScheme: c.color_scheme });
+  },
   screenshot: async (c) => { await page.screenshot({ path: c.path, fullPage: !!c.full_page }); },
   close: async () => { await browser.close(); },
 };
