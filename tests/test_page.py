@@ -471,3 +471,12 @@ def test_the_page_asks_for_a_broker_login_and_remembers_it_only_if_asked(
     b.wait("document.querySelector('#status').dataset.state === 'online'", timeout=60)
     assert not b.eval(login_open)
     assert "Content Security Policy" not in b.log.read_text(errors="replace")
+
+
+def test_home_assistant_device_links_to_the_page() -> None:
+    from edge_queue import discovery
+    from edge_queue.topics import Topics
+
+    config = discovery.device_config(Topics("b"), "abc", "nas", "1", configuration_url="http://nas:8099/")
+    assert config["dev"]["cu"] == "http://nas:8099/"  # configuration_url, abbreviated
+    assert "cu" not in discovery.device_config(Topics("b"), "abc", "nas", "1")["dev"]
