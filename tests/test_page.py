@@ -396,6 +396,12 @@ def scenario(b: Browser, svc: ServiceProcess, url: str, media: Path, artifacts: 
     b.wait("document.querySelector('.count[data-state=cancelled] b').textContent === '1'")
     b.do("screenshot", path=str(artifacts / f"{label}-after-cancel.png"))
 
+    # Pause and resume from the page: the queue's paused flag follows
+    b.do("click", selector="#pause")
+    b.wait("!document.querySelector('#paused').hidden && document.querySelector('#pause').textContent === 'Resume'")
+    b.do("click", selector="#pause")
+    b.wait("document.querySelector('#paused').hidden && document.querySelector('#pause').textContent === 'Pause'")
+
     # The page's own code keeps to its Content Security Policy
     assert "Content Security Policy" not in b.log.read_text(errors="replace")
 
