@@ -253,11 +253,13 @@ def ws_mosquitto(tmp_path: Path) -> Iterator[Broker]:
 
 @pytest.fixture
 def media(tmp_path: Path, speech: Path, long_speech: Path) -> Path:
-    """A media root: ``speech/jfk.flac`` (11 s) and ``long/long-speech.wav`` (about 100 s)."""
+    """A media root: ``speech/jfk.flac`` (11 s), ``speech/not-audio.wav`` (text, not audio) and
+    ``long/long-speech.wav`` (about 100 s)."""
     root = tmp_path / "media"
     (root / "speech").mkdir(parents=True)
     (root / "long").mkdir()
     shutil.copy(speech / "jfk.flac", root / "speech" / "jfk.flac")
+    (root / "speech" / "not-audio.wav").write_bytes(b"this is not audio\n" * 100)
     shutil.copy(long_speech, root / "long" / "long-speech.wav")
     return root
 
@@ -361,7 +363,15 @@ def scenario(b: Browser, svc: ServiceProcess, url: str, media: Path, artifacts: 
     b.do("screenshot", path=str(artifacts / f"{label}-detail.png"))
     b.do("click", selector="#detail .sheet-head button")
 
-    # When a long recording runs, a screenshot shows it running beside the finished one
+    # When a file that is not media is probed, a toast says it failed, with the error code
+    _pick(b, media, "speech", "not-audio.wav", "probe")
+    b.wait(row_js("not-audio.wav", "row.dataset.state === 'failed'"), timeout=120)
+    b.wait(
+        "[...document.querySelectorAll('.toast[data-state=failed]')]"
+        ".some(t => t.textContent.includes('not-audio.wav') && t.textContent.includes('unsupported_media'))"
+    )
+
+    # When a long recording runs, a screenshot shows it running beside the finished ones
     _pick(b, media, "long", "long-speech.wav", "transcribe")
     b.wait(
         row_js(
@@ -370,7 +380,7 @@ def scenario(b: Browser, svc: ServiceProcess, url: str, media: Path, artifacts: 
         ),
         timeout=120,
     )
-    b.wait(row_js("long-speech.wav", "parseFloat(row.querySelector('.ptext').textContent) >= 1"), timeout=120)
+    b.wait(row_js("long-speech.wav", "parseFloat(row.querySelector('.ptext').textContent) >= 10"), timeout=120)
     shot = artifacts / f"{label}-queue.png"
     b.do("screenshot", path=str(shot))
     print(f"screenshot ({label}, a running and a finished job): {shot}")
@@ -390,6 +400,7 @@ def scenario(b: Browser, svc: ServiceProcess, url: str, media: Path, artifacts: 
     jobs = svc.request("list", {}, w)["data"]["jobs"]
     assert {j["input"].rsplit("/", 1)[1]: j["state"] for j in jobs} == {
         "long-speech.wav": "cancelled",
+        "not-audio.wav": "failed",
         "jfk.flac": "succeeded",
     }
     w.close()
