@@ -71,6 +71,9 @@ def page_config(settings: HttpSettings, base_topic: str, version: str) -> dict[s
 class _Handler(BaseHTTPRequestHandler):
     server_version = "edge-queue"
     sys_version = ""
+    #: Seconds a connection may stay silent: a client that opens connections and sends nothing
+    #: holds a thread each only this long.
+    timeout = 30
     files: dict[str, tuple[bytes, str, str]] = {}  # set per server: path -> (body, type, etag)
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)

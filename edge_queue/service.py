@@ -346,8 +346,10 @@ class Service:
         """Boot, serve until SIGTERM/SIGINT, stop gracefully. Returns 0."""
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
-        self.start_page()
         self.boot()
+        # after the boot (the data_dir lock, the broker): a second service on the same data_dir
+        # exits before it binds; before the first loop turn, which announces <base>/info
+        self.start_page()
         where = f"{self.settings.mqtt.host}:{self.settings.mqtt.port}"
         log.info(
             "edge-queue %s serving on %s (base topic %s, %d workers); data in %s; media roots: %s",
