@@ -156,12 +156,31 @@ def _broker_config(settings: Settings) -> dict[str, Any]:
     from .embedded_broker import broker_config, load_config
 
     if settings.broker.config_file is None:
-        return broker_config(settings.mqtt.host, settings.mqtt.port)
+        return broker_config(settings.mqtt.host, settings.mqtt.port, websocket_port=_websocket_port(settings))
     try:
         return load_config(settings.broker.config_file)
     except ValueError as e:
         typer.echo(f"edge-queue: {e}", err=True)
         raise typer.Exit(EXIT_USAGE) from e
+
+
+def _websocket_port(settings: Settings) -> int | None:
+    """The embedded broker's MQTT over WebSocket port for the queue page (``http.websocket_port``),
+    or ``None`` when the page is off or the port is taken (then the broker runs without it: the
+    page is worth less than the queue)."""
+    from .embedded_broker import port_open
+
+    http = settings.http
+    if not http.enabled:
+        return None
+    if port_open(settings.mqtt.host, http.websocket_port):
+        logging.getLogger("edge_queue").warning(
+            "%s:%d is in use: the embedded broker runs without its WebSocket listener (http.websocket_port)",
+            settings.mqtt.host,
+            http.websocket_port,
+        )
+        return None
+    return http.websocket_port
 
 
 @app.command()

@@ -24,7 +24,7 @@ from .errors import BrokerUnavailable, EdgeQueueError
 from .topics import OFFLINE, ONLINE, Topics, valid_topic_level
 
 #: Requests that change nothing: not sent while edge-queue is offline.
-READ_ONLY = frozenset({"get", "list", "kinds", "events"})
+READ_ONLY = frozenset({"get", "list", "kinds", "events", "browse"})
 #: Seconds to wait for the retained ``<base>/status`` after subscribing (a broker sends it at once).
 STATUS_WAIT_S = 1.0
 #: A request gives up when the connection to the broker has been lost this long (seconds).

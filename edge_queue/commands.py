@@ -6,6 +6,7 @@ request gets exactly one response, whatever its payload.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sqlite3
@@ -17,6 +18,7 @@ from pydantic import ValidationError
 
 from . import payloads
 from .config import Role
+from .browse import browse
 from .errors import EdgeQueueError, ErrorCode, InputError, NotFoundError, RequestError
 from .states import ACTIVE, JobState, cancelled_error, is_terminal
 from .store import JobSpec, LockHeld
@@ -363,7 +365,7 @@ class Commands:
     def _may_touch(self, job: dict[str, Any]) -> bool:
         return self._mine is None or job.get("submitted_by") == self._mine[0]
 
-    def do_get(self, req: payloads.JobRef) -> dict[str, Any]:
+    def do_get(self, req: payloads.GetRequest) -> dict[str, Any]:
         job = payloads.job_object(self._job(req.job_id))
         result = job.get("result") or {}
         txt = (result.get("outputs") or {}).get("txt")
@@ -374,7 +376,13 @@ class Commands:
                     "text": " ".join(line.strip() for line in fh).strip(),
                     "text_truncated": False,
                 }
+        if req.segments and isinstance(job.get("result"), dict):
+            job["result"] = {**job["result"], **transcript_segments(result.get("outputs") or {})}
         return job
+
+    def do_browse(self, req: payloads.BrowseRequest) -> dict[str, Any]:
+        """A page of a folder inside the media roots, or the roots (:func:`.browse.browse`)."""
+        return browse(req.path, self.service.settings.media_roots, limit=req.limit, after=req.after)
 
     def do_list(self, req: payloads.ListRequest) -> dict[str, Any]:
         if req.state is not None and req.state not in {s.value for s in JobState}:
@@ -554,6 +562,32 @@ class Commands:
                 for name, k in self.service.kinds.items()
             }
         }
+
+
+#: ``get`` with ``segments``: at most this many bytes of segment text are returned.
+SEGMENTS_MAX_BYTES = 1 * 2**20
+
+
+def transcript_segments(outputs: dict[str, Any]) -> dict[str, Any]:
+    """``{"segment_list": [{"start", "end", "text"}], "segment_list_truncated": bool}`` from a
+    transcription's ``json`` output (times in seconds), or ``{}`` when it wrote none or the file
+    cannot be read. At most :data:`SEGMENTS_MAX_BYTES` of text (and at least one segment)."""
+    path = outputs.get("json")
+    if not isinstance(path, str) or not os.path.isfile(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            segments = json.load(fh).get("segments") or []
+    except (OSError, ValueError, AttributeError):
+        return {}
+    out: list[dict[str, Any]] = []
+    size = 0
+    for s in segments:
+        size += len(str(s.get("text", ""))) + 32
+        if out and size > SEGMENTS_MAX_BYTES:
+            break
+        out.append({"start": s.get("start"), "end": s.get("end"), "text": str(s.get("text", "")).strip()})
+    return {"segment_list": out, "segment_list_truncated": len(out) < len(segments)}
 
 
 def _clip(text: str, n: int = 200) -> str:

@@ -166,6 +166,25 @@ class AccessSettings(_Section):
         return self.default_role
 
 
+class HttpSettings(_Section):
+    """``[http]``: the queue page (docs/configuration.md, "[http]"), static files served by
+    ``edge-queue serve``. The page talks to the broker over MQTT over WebSocket; no job data
+    passes through this server."""
+
+    #: Serve the page; false: no HTTP server at all.
+    enabled: bool = True
+    #: Address to listen on (``0.0.0.0``: every IPv4 interface, so phones on the LAN reach it).
+    host: str = Field("0.0.0.0", min_length=1, max_length=255)
+    #: TCP port of the page: ``http://<host>:8099/``.
+    port: int = Field(8099, ge=1, le=65535)
+    #: The broker's MQTT-over-WebSocket port; the page connects to ``ws://<the host it was
+    #: loaded from>:<port>/``. The embedded broker without ``broker.config_file`` listens there.
+    websocket_port: int = Field(9001, ge=1, le=65535)
+    #: The whole WebSocket URL instead (``wss://nas.example.org:8443/mqtt`` behind a proxy or
+    #: with TLS); unset: built from ``websocket_port``.
+    websocket_url: str | None = Field(None, pattern=r"^wss?://[^\s]+$", max_length=2048)
+
+
 class TranscribeSettings(_Section):
     """faster-whisper settings. ``model``: a CTranslate2 model folder, or a model name that
     faster-whisper downloads where a network exists; ``None`` uses the bundled tiny.en of the
@@ -306,6 +325,7 @@ class Settings(BaseSettings):
     limits: LimitsSettings = LimitsSettings()
     homeassistant: HomeAssistantSettings = HomeAssistantSettings()
     access: AccessSettings = AccessSettings()
+    http: HttpSettings = HttpSettings()
 
     @classmethod
     def settings_customise_sources(

@@ -34,11 +34,14 @@ def last_topic(topics: Topics) -> str:
     return f"{topics.base}/ha/last"
 
 
-def device_config(topics: Topics, instance_id: str, host: str, version: str) -> dict[str, Any]:
+def device_config(
+    topics: Topics, instance_id: str, host: str, version: str, *, configuration_url: str | None = None
+) -> dict[str, Any]:
     """The discovery payload: the device, its origin, availability and every entity.
 
     Each entity's ``unique_id`` is ``edge_queue_<instance_id>_<key>``, so two installations
-    never share one; the device is named after the host."""
+    never share one; the device is named after the host. ``configuration_url`` (the queue
+    page, ``http://nas:8099/``) becomes the device's "Visit" link (``cu``)."""
     queue = topics.queue
 
     def uid(key: str) -> str:
@@ -176,6 +179,7 @@ def device_config(topics: Topics, instance_id: str, host: str, version: str) -> 
             "mf": "edge-queue",
             "mdl": "edge-queue job queue",
             "sw": version,
+            **({"cu": configuration_url} if configuration_url else {}),
         },
         "o": {"name": "edge-queue", "sw": version},
         "avty_t": topics.status,

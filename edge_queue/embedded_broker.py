@@ -20,9 +20,15 @@ log = logging.getLogger(__name__)
 
 
 def broker_config(
-    host: str, port: int, *, password_file: Path | None = None, acl: dict[str, list[str]] | None = None
+    host: str,
+    port: int,
+    *,
+    password_file: Path | None = None,
+    acl: dict[str, list[str]] | None = None,
+    websocket_port: int | None = None,
 ) -> dict[str, Any]:
-    """The amqtt configuration for one TCP listener on ``host:port``.
+    """The amqtt configuration for one TCP listener on ``host:port``, and one MQTT over
+    WebSocket listener on ``host:websocket_port`` (for the queue page) when it is given.
 
     Anonymous clients are allowed unless ``password_file`` (amqtt 0.12's ``user:hash`` lines,
     argon2 or bcrypt hashes made with pwdlib) is given; then client ids beginning with
@@ -37,10 +43,10 @@ def broker_config(
         plugins["edge_queue.amqtt_plugins.ReservedClientIds"] = {"reserved": {"edge-queue-": "edge-queue"}}
     if acl is not None:
         plugins["amqtt.plugins.topic_checking.TopicAccessControlListPlugin"] = {"publish_acl": acl}
-    return {
-        "listeners": {"default": {"type": "tcp", "bind": f"{host}:{port}"}},
-        "plugins": plugins,
-    }
+    listeners: dict[str, Any] = {"default": {"type": "tcp", "bind": f"{host}:{port}"}}
+    if websocket_port is not None:
+        listeners["ws"] = {"type": "ws", "bind": f"{host}:{websocket_port}"}
+    return {"listeners": listeners, "plugins": plugins}
 
 
 def load_config(path: Path) -> dict[str, Any]:
@@ -230,7 +236,9 @@ async def serve(config: dict[str, Any], stop: asyncio.Event, started: threading.
     guard = asyncio.create_task(guard_clients(broker, stop))
     if started is not None:
         started.set()
-    log.info("embedded broker listening on %s", config["listeners"]["default"]["bind"])
+    for name, listener in config["listeners"].items():
+        if isinstance(listener, dict) and "bind" in listener:
+            log.info("embedded broker listening on %s (%s, listener %s)", listener["bind"], listener.get("type"), name)
     try:
         await stop.wait()
     finally:

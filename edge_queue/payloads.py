@@ -95,9 +95,15 @@ class SubmitRequest(_Request):
 
 
 class JobRef(_Request):
-    """``get`` and ``retry``: one job."""
+    """One job, by its id."""
 
     job_id: str = Field(min_length=1, max_length=64)
+
+
+class GetRequest(JobRef):
+    """``get``: one job; ``segments`` adds the transcript's segments with their times."""
+
+    segments: bool = False
 
 
 class CancelRequest(_Request):
@@ -152,6 +158,15 @@ class PurgeRequest(_Request):
     states: list[Literal["succeeded", "failed", "cancelled"]] | None = None
 
 
+class BrowseRequest(_Request):
+    """``browse``: one page of a folder inside the media roots (``path``; none: the roots),
+    ``limit`` entries (1-1000, default 200) after the name ``after``."""
+
+    path: str | None = Field(None, min_length=1, max_length=4096)
+    limit: int = Field(200, ge=1, le=1000)
+    after: str | None = Field(None, min_length=1, max_length=4096)
+
+
 class EmptyRequest(_Request):
     """``pause``, ``resume``, ``republish``, ``kinds``: no fields but ``transaction``/``reply_to``."""
 
@@ -160,7 +175,7 @@ REQUEST_MODELS: dict[str, type[_Request]] = {
     "submit": SubmitRequest,
     "cancel": CancelRequest,
     "retry": RetryRequest,
-    "get": JobRef,
+    "get": GetRequest,
     "list": ListRequest,
     "pause": PauseRequest,
     "resume": EmptyRequest,
@@ -168,6 +183,7 @@ REQUEST_MODELS: dict[str, type[_Request]] = {
     "republish": EmptyRequest,
     "kinds": EmptyRequest,
     "events": EventsRequest,
+    "browse": BrowseRequest,
 }
 
 
@@ -244,6 +260,8 @@ def decode_request(command: str, raw: bytes, *, max_bytes: int, default_kind: st
         return PauseRequest()
     if not stripped and command in ("resume", "republish", "kinds"):
         return EmptyRequest()
+    if not stripped and command == "browse":
+        return BrowseRequest()
     try:
         data = json.loads(stripped, parse_constant=_no_constant, parse_float=_finite)
     except ValueError as e:

@@ -35,6 +35,7 @@ from .errors import ConfigError, ErrorCode, NotFoundError
 from .instance import claim_base_topic, describe
 from .kinds import registry
 from .notify import Notifier
+from .page import PageServer
 from .preflight import check_data_dir
 from .scan import RetainedScan
 from .states import JobState, cancelled_error, is_terminal
@@ -231,6 +232,7 @@ class Service:
         self._disk_free_mb: float | None = None
         self.longest_turn_s = 0.0
         self.turn_work = 0  # job changes requests made in this turn (see TURN_WORK)
+        self.page: PageServer | None = None  # the queue page ([http]), started by run()
 
     # -- boot ---------------------------------------------------------------------------
 
@@ -348,6 +350,9 @@ class Service:
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
         self.boot()
+        # after the boot (the data_dir lock, the broker): a second service on the same data_dir
+        # exits before it binds; before the first loop turn, which announces <base>/info
+        self.start_page()
         where = f"{self.settings.mqtt.host}:{self.settings.mqtt.port}"
         log.info(
             "edge-queue %s serving on %s (base topic %s, %d workers); data in %s; media roots: %s",
@@ -365,6 +370,28 @@ class Service:
         self.notifier.stopping()
         self.shutdown()
         return 0
+
+    # -- the queue page ([http]) -------------------------------------------------------
+
+    def start_page(self) -> None:
+        """Serve the queue page (:mod:`.page`) when ``http.enabled``. An address that cannot be
+        bound costs the page, not the queue: logged as an error, and ``<base>/info`` says
+        ``"http_port": null``."""
+        http = self.settings.http
+        if not http.enabled:
+            return
+        try:
+            self.page = PageServer(http, self.topics.base, package_version()).start()
+        except OSError as e:
+            log.error("queue page: cannot listen on %s:%d (%s); the queue runs without it", http.host, http.port, e)
+
+    def page_url(self) -> str | None:
+        """The page's address for Home Assistant's device link, or ``None`` without a page:
+        ``http://<http.host, or this machine's name for a wildcard address>:<port>/``."""
+        if self.page is None:
+            return None
+        host = self.page.host if self.page.host not in ("0.0.0.0", "::", "") else socket.gethostname()
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.page.port}/"
 
     def step(self, max_wait_s: float = 1.0) -> None:
         """One turn of the loop: wait for something (at most ``max_wait_s`` seconds), then act
@@ -1152,6 +1179,7 @@ class Service:
             **({"watch": self.watch_folders.info()} if self.settings.watch else {}),
             "workers": self.settings.workers,
             "broker_protocol": self.bridge.protocol_name,
+            "http_port": self.page.port if self.page is not None else None,
         }
 
     def publish_discovery(self) -> None:
@@ -1168,7 +1196,9 @@ class Service:
                 self.bridge.publish(topic, b"", retain=True)
                 store.set_meta("discovery_published", 0)
             return
-        config = discovery.device_config(self.topics, self.instance_id, socket.gethostname(), package_version())
+        config = discovery.device_config(
+            self.topics, self.instance_id, socket.gethostname(), package_version(), configuration_url=self.page_url()
+        )
         self.bridge.publish(topic, payloads.encode(config), retain=True)
         if not store.meta("discovery_published"):
             store.set_meta("discovery_published", 1)
@@ -1301,6 +1331,9 @@ class Service:
         for sock in (self._sig_r, self._sig_w):
             sock.close()
         self.notifier.close()
+        if self.page is not None:
+            self.page.stop()
+            self.page = None
         if self.store is not None:
             self.store.close()
         if self._lock is not None:

@@ -22,6 +22,7 @@ COMMANDS: tuple[str, ...] = (
     "republish",
     "kinds",
     "events",
+    "browse",
 )
 
 #: The response topic level used for requests whose command is not in :data:`COMMANDS`.

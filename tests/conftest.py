@@ -185,6 +185,7 @@ class Watcher:
 class Broker:
     def __init__(self, host: str, port: int, kind: str, proc: subprocess.Popen[bytes] | None = None) -> None:
         self.host, self.port, self.kind, self.proc = host, port, kind, proc
+        self.ws_port: int | None = None  # MQTT over WebSocket, when the broker listens for it
 
 
 @pytest.fixture
@@ -197,15 +198,22 @@ def mosquitto() -> Broker:
 @pytest.fixture
 def amqtt(tmp_path: Path) -> Iterator[Broker]:
     """The embedded amqtt broker (``edge-queue broker``) on a free port, as a subprocess."""
-    port = free_port()
-    env = {**os.environ, "EDGE_QUEUE_MQTT__PORT": str(port), "EDGE_QUEUE_DATA_DIR": str(tmp_path / "b")}
+    port, ws_port = free_port(), free_port()
+    env = {
+        **os.environ,
+        "EDGE_QUEUE_MQTT__PORT": str(port),
+        "EDGE_QUEUE_DATA_DIR": str(tmp_path / "b"),
+        "EDGE_QUEUE_HTTP__WEBSOCKET_PORT": str(ws_port),
+    }
     with open(tmp_path / "broker.log", "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "edge_queue", "broker"], env=env, stdout=subprocess.DEVNULL, stderr=log
         )
     wait_until(lambda: port_open("127.0.0.1", port) or proc.poll() is not None, 20, "amqtt to listen")
     assert proc.poll() is None, (tmp_path / "broker.log").read_text()
-    yield Broker("127.0.0.1", port, "amqtt", proc)
+    broker = Broker("127.0.0.1", port, "amqtt", proc)
+    broker.ws_port = ws_port
+    yield broker
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(15) == 0
 
@@ -236,6 +244,8 @@ class ServiceProcess:
             # no Home Assistant device configs on the shared broker (tests/test_homeassistant.py
             # turns discovery on, on a broker of its own)
             "EDGE_QUEUE_HOMEASSISTANT__DISCOVERY": "false",
+            # no queue page on the fixed port 8099 (tests/test_page.py turns it on, on free ports)
+            "EDGE_QUEUE_HTTP__ENABLED": "false",
             "PYTHONPATH": str(ROOT),
             **(env or {}),
         }
@@ -330,7 +340,20 @@ def publish(broker: Broker, topic: str, payload: bytes | str, retain: bool = Fal
     pub.loop_stop()
 
 
-_COMMANDS = ("submit", "cancel", "retry", "get", "list", "pause", "resume", "purge", "republish", "kinds", "events")
+_COMMANDS = (
+    "submit",
+    "cancel",
+    "retry",
+    "get",
+    "list",
+    "pause",
+    "resume",
+    "purge",
+    "republish",
+    "kinds",
+    "events",
+    "browse",
+)
 
 
 def retained_under(broker: Broker, base: str, quiet_s: float = 0.3, timeout_s: float = 30.0) -> set[str]:

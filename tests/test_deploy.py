@@ -287,6 +287,8 @@ def mosquitto_with_acl(tmp_path: Path):
     conf = conf.replace("listener 8883", f"listener {tls_port} 127.0.0.1")
     conf = conf.replace("/etc/mosquitto/certs/edge-queue.crt", str(pki["cert"]))
     conf = conf.replace("/etc/mosquitto/certs/edge-queue.key", str(pki["key"]))
+    ws_port = free_port()  # the queue page's WebSocket listener
+    conf = conf.replace("listener 9001\n", f"listener {ws_port}\n")
     assert "max_queued_messages 0" in conf and "persistence true" in conf
     if os.geteuid() == 0:  # else mosquitto drops to its own user, which cannot read pytest's tmp
         conf += "\nuser root\n"
@@ -297,6 +299,7 @@ def mosquitto_with_acl(tmp_path: Path):
     assert proc.poll() is None, (tmp_path / "mosquitto.log").read_text()
     broker = Broker("127.0.0.1", port, "mosquitto", proc)
     broker.tls_port, broker.ca = tls_port, pki["ca"]  # type: ignore[attr-defined]
+    broker.ws_port = ws_port
     yield broker
     proc.terminate()
     proc.wait(10)
@@ -333,8 +336,11 @@ def amqtt_with_acl(tmp_path: Path):
     (tmp_path / "amqtt.passwd").write_text("".join(f"{u}:{hasher.hash(p)}\n" for u, p in USERS.items()))
     port = free_port()
     conf = (ROOT / "broker" / "amqtt.yaml").read_text()
-    conf = conf.replace("127.0.0.1:1883", f"127.0.0.1:{port}").replace(
-        "/etc/edge-queue/amqtt.passwd", str(tmp_path / "amqtt.passwd")
+    ws_port = free_port()  # the queue page's WebSocket listener
+    conf = (
+        conf.replace("127.0.0.1:1883", f"127.0.0.1:{port}")
+        .replace("127.0.0.1:9001", f"127.0.0.1:{ws_port}")
+        .replace("/etc/edge-queue/amqtt.passwd", str(tmp_path / "amqtt.passwd"))
     )
     # the user "guest": the same rules as "phone", under its own name
     lines = conf.splitlines()
@@ -357,7 +363,9 @@ def amqtt_with_acl(tmp_path: Path):
         proc = subprocess.Popen([sys.executable, "-m", "edge_queue", "broker"], env=env, stdout=log, stderr=log)
     wait_until(lambda: port_open("127.0.0.1", port) or proc.poll() is not None, 20, "amqtt")
     assert proc.poll() is None, (tmp_path / "broker.log").read_text()
-    yield Broker("127.0.0.1", port, "amqtt", proc)
+    broker = Broker("127.0.0.1", port, "amqtt", proc)
+    broker.ws_port = ws_port
+    yield broker
     proc.terminate()
     try:
         proc.wait(30)

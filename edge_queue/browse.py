@@ -1,0 +1,142 @@
+"""The ``browse`` request: the folders and files of the media roots, for a file picker.
+
+Confinement follows :func:`~edge_queue.commands.check_input`: a folder is listed only when it
+resolves (symbolic links included) inside a media root, and nothing outside the roots is listed
+or revealed. A symbolic link inside a listed folder is shown only when it leads to a file or
+folder inside the roots (then as what it leads to); one that leads out, or nowhere, is left out,
+and browsing into it is refused with ``input_outside_media_roots``.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from .errors import ErrorCode, InputError
+from .store import iso
+
+#: ``limit`` of a ``browse`` request: default and largest value.
+DEFAULT_LIMIT, MAX_LIMIT = 200, 1000
+
+
+def _sort_key(name: str) -> tuple[str, str]:
+    """Entries are sorted case-insensitively, then by their exact name (a total order, so
+    that ``after`` pages without gaps or repeats)."""
+    return (name.casefold(), name)
+
+
+def _inside(path: str, roots: list[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def browse(
+    path: str | None, media_roots: list[Path], *, limit: int = DEFAULT_LIMIT, after: str | None = None
+) -> dict[str, Any]:
+    """One page of a folder inside ``media_roots``, or the roots themselves.
+
+    Args:
+        path: an absolute folder path inside a media root; ``None``: the media roots.
+        media_roots: the configured roots (absolute paths).
+        limit: entries per page, 1..:data:`MAX_LIMIT`.
+        after: a name: the page starts after it (``next_after`` of the previous page).
+
+    Returns:
+        ``{"path": <the folder, normalised, or None>, "entries": [{"name", "type": "dir" |
+        "file", "size": bytes or None for a folder, "mtime": RFC 3339 UTC}], "next_after":
+        <name to pass as after, or None on the last page>}``. Entries are sorted by name,
+        case-insensitively. Without ``path`` each entry is a root: ``name`` is its absolute
+        path. Hidden names (starting with ``.``), symbolic links that lead out of the roots or
+        nowhere, and anything but regular files and folders are left out.
+
+    Raises:
+        InputError: ``input_outside_media_roots`` (field ``path``) for a relative path, one with
+            a ``..`` component, or one that is or resolves outside every root (checked first,
+            so the answer does not reveal what exists outside); ``input_not_found`` for a
+            folder that does not exist, is not a folder, or cannot be read by the service.
+    """
+    real_roots = [os.path.realpath(r) for r in media_roots]
+    if path is None:
+        roots = [(str(r), os.path.realpath(r)) for r in media_roots]
+        candidates = sorted(((_sort_key(name), name, real) for name, real in roots), key=lambda c: c[0])
+        if after is not None:
+            candidates = [c for c in candidates if c[0] > _sort_key(after)]
+        entries = [_entry(name, real, "dir") for _, name, real in candidates[:limit]]
+        more = len(candidates) > limit
+        return {"path": None, "entries": entries, "next_after": entries[-1]["name"] if more else None}
+
+    where = ", ".join(str(r) for r in media_roots) or "none configured"
+    if "\x00" in path or not os.path.isabs(path) or ".." in path.split("/"):
+        raise InputError(
+            f"path must be an absolute folder path inside media_roots ({where}), without '..': {path[:200]!r}",
+            code=ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS,
+            field="path",
+        )
+    folder = os.path.normpath(path)
+    if folder.startswith("//"):
+        folder = "/" + folder.lstrip("/")
+    lexical_roots = [os.path.normpath(str(r)) for r in media_roots]
+    resolved = os.path.realpath(folder)
+    if not (_inside(folder, lexical_roots) or _inside(folder, real_roots)) or not _inside(resolved, real_roots):
+        raise InputError(
+            f"{path[:200]} is outside media_roots ({where})",
+            code=ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS,
+            field="path",
+        )
+    not_found = InputError(
+        f"{path[:200]} does not exist, is not a folder, or is not readable by the service",
+        code=ErrorCode.INPUT_NOT_FOUND,
+        field="path",
+    )
+    if not os.path.isdir(resolved):
+        raise not_found
+    floor = _sort_key(after) if after is not None else None
+    try:
+        with os.scandir(resolved) as it:
+            names = [
+                (_sort_key(e.name), e.name)
+                for e in it
+                if not e.name.startswith(".") and (floor is None or _sort_key(e.name) > floor)
+            ]
+    except OSError as e:
+        raise not_found from e
+    page: list[dict[str, Any]] = []
+    more = False
+    # Entries that are left out (links leading out, devices) cost a look-up each: take
+    # candidates in order until the page is full.
+    for _, name in sorted(names):
+        if len(page) == limit:
+            more = True
+            break
+        entry = _listed(os.path.join(resolved, name), name, real_roots)
+        if entry is not None:
+            page.append(entry)
+    return {"path": folder, "entries": page, "next_after": page[-1]["name"] if more and page else None}
+
+
+def _listed(full: str, name: str, real_roots: list[str]) -> dict[str, Any] | None:
+    """The entry for ``name`` (at ``full``), or ``None`` when it is not to be listed."""
+    try:
+        st = os.lstat(full)
+        if stat.S_ISLNK(st.st_mode):
+            target = os.path.realpath(full)
+            if not _inside(target, real_roots):
+                return None  # a way out of the roots is not shown
+            st = os.stat(target)
+    except OSError:
+        return None  # vanished, or a link that leads nowhere
+    if stat.S_ISDIR(st.st_mode):
+        return {"name": name, "type": "dir", "size": None, "mtime": iso(st.st_mtime)}
+    if stat.S_ISREG(st.st_mode):
+        return {"name": name, "type": "file", "size": st.st_size, "mtime": iso(st.st_mtime)}
+    return None
+
+
+def _entry(name: str, real: str, kind: str) -> dict[str, Any]:
+    """A media root as an entry; ``mtime`` is ``None`` when the root does not exist."""
+    try:
+        mtime: str | None = iso(os.stat(real).st_mtime)
+    except OSError:
+        mtime = None
+    return {"name": name, "type": kind, "size": None, "mtime": mtime}

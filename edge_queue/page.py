@@ -1,0 +1,170 @@
+"""The queue page's HTTP server: the static files of ``edge_queue/web`` and ``/config.json``.
+
+The page talks to the broker directly, over MQTT over WebSocket; this server hands out only
+the page's own files (read once, at start, from the package) and a small configuration built
+from the settings (base topic, WebSocket address, version). No job data, no output file and no
+other file passes through it, so there is no path to traverse and nothing to log in for: the
+broker's passwords and ACL decide what the page may see and do (docs/operations.md, "The
+queue page").
+
+Standard library only: :class:`http.server.ThreadingHTTPServer` on a daemon thread, so a slow
+browser never holds up the service's loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from .config import HttpSettings
+
+log = logging.getLogger(__name__)
+
+#: The folder of the page's files inside the package.
+WEB_DIR = Path(__file__).resolve().parent / "web"
+#: URL path -> (file in :data:`WEB_DIR`, content type). Nothing else is served.
+FILES: dict[str, tuple[str, str]] = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/index.html": ("index.html", "text/html; charset=utf-8"),
+    "/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/style.css": ("style.css", "text/css; charset=utf-8"),
+    "/mqtt.min.js": ("mqtt.min.js", "text/javascript; charset=utf-8"),
+    "/mqtt.LICENSE.md": ("mqtt.LICENSE.md", "text/markdown; charset=utf-8"),
+    "/favicon.svg": ("favicon.svg", "image/svg+xml"),
+}
+#: Headers of every answer. ``no-cache``: the browser may keep a file but asks (with its ETag)
+#: before using it, so an upgrade of edge-queue never mixes old and new files.
+HEADERS = {
+    "Cache-Control": "no-cache",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        # mqtt.js runs its keepalive timers in a worker made from a blob (worker-timers)
+        "connect-src 'self' ws: wss:; worker-src 'self' blob:; "
+        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    ),
+}
+
+
+def page_config(settings: HttpSettings, base_topic: str, version: str) -> dict[str, Any]:
+    """``/config.json``: what the page needs to reach the broker.
+
+    ``{"base_topic", "websocket_url" (a ``ws://`` or ``wss://`` URL, or ``None``: the page
+    connects to the host it was loaded from, on ``websocket_port``), "websocket_port", "version"}``.
+    """
+    return {
+        "base_topic": base_topic,
+        "websocket_url": settings.websocket_url,
+        "websocket_port": settings.websocket_port,
+        "version": version,
+    }
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_version = "edge-queue"
+    sys_version = ""
+    #: Seconds a connection may stay silent: a client that opens connections and sends nothing
+    #: holds a thread each only this long.
+    timeout = 30
+    files: dict[str, tuple[bytes, str, str]] = {}  # set per server: path -> (body, type, etag)
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self._answer(with_body=True)
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._answer(with_body=False)
+
+    def _answer(self, *, with_body: bool) -> None:
+        path = self.path.split("?", 1)[0].split("#", 1)[0]
+        found = self.files.get(path)
+        if found is None:
+            self._plain(HTTPStatus.NOT_FOUND, b"not found\n", with_body)
+            return
+        body, ctype, etag = found
+        if self.headers.get("If-None-Match") == etag:
+            self.send_response(HTTPStatus.NOT_MODIFIED)
+            self._common(etag)
+            self.end_headers()
+            return
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self._common(etag)
+        self.end_headers()
+        if with_body:
+            self.wfile.write(body)
+
+    def _common(self, etag: str) -> None:
+        self.send_header("ETag", etag)
+        for name, value in HEADERS.items():
+            self.send_header(name, value)
+
+    def _plain(self, status: HTTPStatus, body: bytes, with_body: bool) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in HEADERS.items():
+            self.send_header(name, value)
+        self.end_headers()
+        if with_body:
+            self.wfile.write(body)
+
+    def _refuse(self) -> None:
+        self.send_response(HTTPStatus.METHOD_NOT_ALLOWED)
+        self.send_header("Allow", "GET, HEAD")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse  # noqa: N815
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's name)
+        log.debug("page: %s %s", self.address_string(), format % args)
+
+
+class PageServer:
+    """The queue page on ``settings.host:settings.port``, on a daemon thread.
+
+    Args:
+        settings: the ``[http]`` section.
+        base_topic: ``mqtt.base_topic``, for ``/config.json``.
+        version: the edge-queue version, for ``/config.json``.
+
+    Raises ``OSError`` from the constructor when the address cannot be bound (in use, no
+    permission) and ``FileNotFoundError`` when a file of the page is missing from the package.
+    """
+
+    def __init__(self, settings: HttpSettings, base_topic: str, version: str) -> None:
+        files: dict[str, tuple[bytes, str, str]] = {}
+        for url, (name, ctype) in FILES.items():
+            body = (WEB_DIR / name).read_bytes()
+            files[url] = (body, ctype, _etag(body))
+        config = json.dumps(page_config(settings, base_topic, version)).encode()
+        files["/config.json"] = (config, "application/json", _etag(config))
+        handler = type("PageHandler", (_Handler,), {"files": files})
+        self.httpd = ThreadingHTTPServer((settings.host, settings.port), handler)
+        self.httpd.daemon_threads = True
+        self.port: int = self.httpd.server_address[1]
+        self.host = settings.host
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="page", daemon=True)
+
+    def start(self) -> PageServer:
+        self._thread.start()
+        log.info("queue page on http://%s:%d/", self.host, self.port)
+        return self
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _etag(body: bytes) -> str:
+    return '"' + hashlib.sha256(body).hexdigest()[:16] + '"'

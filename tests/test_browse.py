@@ -1,0 +1,141 @@
+"""The ``browse`` request (docs/topics.md, ``browse``): the media roots, a folder, paging, and
+confinement: a symbolic link that leads out is neither followed nor listed, ``..`` and paths
+outside the roots are refused with ``input_outside_media_roots``, a missing folder with
+``input_not_found``. On real files; the last test goes through the real service and broker."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from edge_queue.browse import browse
+from edge_queue.errors import ErrorCode, InputError
+
+from .conftest import Broker
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> tuple[Path, Path]:
+    """``(root, outside)``: a media root with folders, files, hidden files and links, and a
+    private folder beside it."""
+    root, outside = tmp_path / "media", tmp_path / "private"
+    (root / "Shows" / "2026").mkdir(parents=True)
+    (root / "music").mkdir()
+    outside.mkdir()
+    (outside / "secret.flac").write_bytes(b"x" * 10)
+    (root / "b.flac").write_bytes(b"x" * 3)
+    (root / "A.m4a").write_bytes(b"x" * 5)
+    (root / ".hidden.wav").write_bytes(b"x")
+    (root / "music" / "song.mp3").write_bytes(b"x" * 7)
+    (root / "way-out").symlink_to(outside)  # a folder link leading out of the root
+    (root / "secret-link.flac").symlink_to(outside / "secret.flac")  # a file link leading out
+    (root / "dangling").symlink_to(root / "nothing-here")
+    (root / "songs").symlink_to(root / "music")  # a link that stays inside
+    os.mkfifo(root / "pipe")
+    return root, outside
+
+
+def names(page: dict) -> list[str]:
+    return [e["name"] for e in page["entries"]]
+
+
+def code_of(path: str, roots: list[Path]) -> str:
+    with pytest.raises(InputError) as e:
+        browse(path, roots)
+    assert e.value.field == "path"
+    return str(e.value.code)
+
+
+def test_without_a_path_the_entries_are_the_roots(tree: tuple[Path, Path], tmp_path: Path) -> None:
+    root, _ = tree
+    other = tmp_path / "recordings"
+    other.mkdir()
+    page = browse(None, [root, other])
+    assert page["path"] is None and page["next_after"] is None
+    assert page["entries"] == [
+        {"name": str(root), "type": "dir", "size": None, "mtime": page["entries"][0]["mtime"]},
+        {"name": str(other), "type": "dir", "size": None, "mtime": page["entries"][1]["mtime"]},
+    ]
+    assert page["entries"][0]["mtime"].endswith("Z")
+
+
+def test_a_folder_lists_files_and_folders_sorted_without_ways_out(tree: tuple[Path, Path]) -> None:
+    root, _ = tree
+    page = browse(str(root), [root])
+    # Then: sorted case-insensitively; no hidden file, no FIFO, no link leading out or nowhere;
+    # the link that stays inside is listed as the folder it leads to
+    assert names(page) == ["A.m4a", "b.flac", "music", "Shows", "songs"]
+    by_name = {e["name"]: e for e in page["entries"]}
+    assert by_name["A.m4a"]["type"] == "file" and by_name["A.m4a"]["size"] == 5
+    assert by_name["music"] == {**by_name["music"], "type": "dir", "size": None}
+    assert by_name["songs"]["type"] == "dir"
+    assert page["path"] == str(root) and page["next_after"] is None
+    # a folder inside, by a path with a trailing slash, and through the inside link
+    assert names(browse(str(root / "music") + "/", [root])) == ["song.mp3"]
+    assert names(browse(str(root / "songs"), [root])) == ["song.mp3"]
+
+
+def test_paging_with_after_and_next_after(tmp_path: Path) -> None:
+    root = tmp_path / "many"
+    root.mkdir()
+    for i in range(25):
+        (root / f"clip-{i:02d}.wav").write_bytes(b"")
+    seen, after = [], None
+    for _ in range(10):
+        page = browse(str(root), [root], limit=10, after=after)
+        seen += names(page)
+        after = page["next_after"]
+        if after is None:
+            break
+        assert after == page["entries"][-1]["name"]
+    assert seen == [f"clip-{i:02d}.wav" for i in range(25)]  # no gap, no repeat
+
+
+def test_a_link_leading_out_is_not_a_way_out(tree: tuple[Path, Path]) -> None:
+    root, outside = tree
+    assert "way-out" not in names(browse(str(root), [root]))
+    # browsing into it, or below it, is refused as outside the roots (not followed)
+    assert code_of(str(root / "way-out"), [root]) == ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS
+    assert code_of(str(root / "way-out" / "sub"), [root]) == ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS
+
+
+def test_dot_dot_outside_and_missing(tree: tuple[Path, Path]) -> None:
+    root, outside = tree
+    outside_code = ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS
+    assert code_of(str(root / ".."), [root]) == outside_code
+    assert code_of(str(root / "music" / ".." / "music"), [root]) == outside_code  # any '..' at all
+    assert code_of(str(outside), [root]) == outside_code
+    assert code_of("/", [root]) == outside_code
+    assert code_of("music", [root]) == outside_code  # relative
+    assert code_of(str(root) + "-other", [root]) == outside_code  # a sibling sharing the prefix
+    # outside is answered before existence: a missing path outside says outside
+    assert code_of(str(outside / "nope"), [root]) == outside_code
+    assert code_of(str(root / "nope"), [root]) == ErrorCode.INPUT_NOT_FOUND
+    assert code_of(str(root / "A.m4a"), [root]) == ErrorCode.INPUT_NOT_FOUND  # a file, not a folder
+    assert code_of(str(root / "dangling"), [root]) == ErrorCode.INPUT_NOT_FOUND
+
+
+def test_browse_through_the_service(mosquitto: Broker, service_factory, tree: tuple[Path, Path]) -> None:
+    root, outside = tree
+    svc = service_factory(mosquitto, [root]).start()
+    w = svc.watcher("response/#")
+    # Given the real service: the roots (also with an empty payload), a folder, the errors
+    roots = svc.request("browse", {}, w)
+    assert roots["status"] == "ok" and names(roots["data"]) == [str(root)]
+    assert svc.request("browse", b"", w)["data"]["entries"] == roots["data"]["entries"]
+    page = svc.request("browse", {"path": str(root), "limit": 2}, w)
+    assert names(page["data"]) == ["A.m4a", "b.flac"] and page["data"]["next_after"] == "b.flac"
+    for path, code in (
+        (str(root / "way-out"), "input_outside_media_roots"),
+        (str(root / ".."), "input_outside_media_roots"),
+        (str(outside), "input_outside_media_roots"),
+        (str(root / "nope"), "input_not_found"),
+    ):
+        resp = svc.request("browse", {"path": path}, w)
+        assert resp["status"] == "error" and resp["error"]["code"] == code, resp
+        assert resp["error"]["field"] == "path"
+    bad = svc.request("browse", {"limit": 5000}, w)
+    assert bad["error"]["code"] == "invalid_request" and bad["error"]["field"] == "limit"
+    assert str(outside / "secret.flac") not in svc.log()
