@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from . import payloads
-from .config import Role
 from .browse import browse
+from .config import Role
 from .errors import EdgeQueueError, ErrorCode, InputError, NotFoundError, RequestError
 from .states import ACTIVE, JobState, cancelled_error, is_terminal
 from .store import JobSpec, LockHeld
