@@ -50,7 +50,7 @@ def _settings(config: Path | None, media_roots: list[Path] | None = None) -> Set
         typer.echo(f"edge-queue: {e.message}", err=True)
         raise typer.Exit(EXIT_USAGE) from e
     if media_roots:
-        roots = [*settings.media_roots, *(p.expanduser().resolve() for p in media_roots)]
+        roots = [*settings.media_roots, *(Path(os.path.abspath(p.expanduser())) for p in media_roots)]
         settings = settings.model_copy(update={"media_roots": roots})
     _logging(settings.log_level)
     return settings

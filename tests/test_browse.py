@@ -139,3 +139,21 @@ def test_browse_through_the_service(mosquitto: Broker, service_factory, tree: tu
     bad = svc.request("browse", {"limit": 5000}, w)
     assert bad["error"]["code"] == "invalid_request" and bad["error"]["field"] == "limit"
     assert str(outside / "secret.flac") not in svc.log()
+
+
+def test_a_media_root_given_through_a_link_browses_as_it_submits(tmp_path: Path, monkeypatch) -> None:
+    # Given a media root given on the command line by a path through a symbolic link
+    from edge_queue.cli import _settings
+    from edge_queue.commands import check_input
+
+    real = tmp_path / "real"
+    (real / "speech").mkdir(parents=True)
+    (real / "speech" / "a.flac").write_bytes(b"x")
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    monkeypatch.setenv("EDGE_QUEUE_DATA_DIR", str(tmp_path / "data"))
+    settings = _settings(None, [link])
+    # Then its folders browse by either path, as files under either path submit
+    for root in (link, real):
+        assert [e["name"] for e in browse(str(root / "speech"), settings.media_roots)["entries"]] == ["a.flac"]
+        assert check_input(str(root / "speech" / "a.flac"), settings.media_roots)
