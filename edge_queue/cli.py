@@ -492,7 +492,7 @@ def config_check(
         settings = load_settings(file)
         check_watches(settings, checked_kinds(settings))
     except ConfigError as e:
-        typer.echo(e.message, err=True)
+        typer.echo(f"edge-queue: {e.message}", err=True)
         raise typer.Exit(EXIT_USAGE) from e
     typer.echo(
         f"ok: data_dir={settings.data_dir} broker={settings.mqtt.host}:{settings.mqtt.port} "

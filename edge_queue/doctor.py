@@ -157,6 +157,23 @@ def _watch(settings: Settings, service: dict[str, Any]) -> Iterator[Check]:
             yield Check(name, True, f"{detail}; the service reports it {live.get('state')}")
 
 
+def _page(settings: Settings) -> Iterator[Check]:
+    """The queue page ([http]): off, or where it is and whether the broker's WebSocket
+    listener it connects to answers (a warning, not a failure: the queue works without it)."""
+    from .service import page_broker_problem
+
+    http = settings.http
+    if not http.enabled:
+        yield Check("queue page", True, "off (http.enabled = false)")
+        return
+    where = f"http://{http.host}:{http.port}/"
+    if (why := page_broker_problem(settings)) is not None:
+        yield Check("queue page", True, f"{where}; {why}", warn=True)
+    else:
+        broker = http.websocket_url or f"port {http.websocket_port}"
+        yield Check("queue page", True, f"{where}; broker WebSocket {broker}")
+
+
 def _model(settings: Settings) -> Iterator[Check]:
     from .kinds.transcribe import load_model, resolve_model
 
@@ -176,11 +193,12 @@ def _model(settings: Settings) -> Iterator[Check]:
 
 def run_checks(settings: Settings, *, model: bool = True) -> Iterator[Check]:
     """Every check, in order: broker, data dir, disk, database, media roots, watch folders,
-    model(s)."""
+    the queue page, model(s)."""
     service: dict[str, Any] = {}
     yield from _broker(settings, service)
     yield from _data_dir(settings)
     yield from _media_roots(settings, service)
     yield from _watch(settings, service)
+    yield from _page(settings)
     if model:
         yield from _model(settings)

@@ -384,6 +384,9 @@ class Service:
             self.page = PageServer(http, self.topics.base, package_version()).start()
         except OSError as e:
             log.error("queue page: cannot listen on %s:%d (%s); the queue runs without it", http.host, http.port, e)
+            return
+        if (why := page_broker_problem(self.settings)) is not None:
+            log.warning("queue page: %s", why)
 
     def page_url(self) -> str | None:
         """The page's address for Home Assistant's device link, or ``None`` without a page:
@@ -1338,6 +1341,26 @@ class Service:
             self.store.close()
         if self._lock is not None:
             self._lock.close()
+
+
+def page_broker_problem(settings: Settings) -> str | None:
+    """Why the queue page cannot reach the broker from this box, or None: without
+    ``http.websocket_url`` the page connects to the box's ``http.websocket_port``, and nothing
+    accepts connections there (a broker without a WebSocket listener; docs/operations.md,
+    "The queue page")."""
+    http = settings.http
+    if http.websocket_url is not None:
+        return None
+    from .embedded_broker import port_open
+
+    host = settings.mqtt.host if settings.mqtt.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+    if port_open(host, http.websocket_port, 1.0) or port_open("127.0.0.1", http.websocket_port, 1.0):
+        return None
+    return (
+        f"nothing listens on port {http.websocket_port} (http.websocket_port), where the page looks for the "
+        "broker's MQTT over WebSocket listener: the page cannot connect until the broker has one "
+        '(broker/mosquitto.conf: listener 9001 with protocol websockets; docs/operations.md, "The queue page")'
+    )
 
 
 def request_key(msg: Incoming) -> bytes:

@@ -111,7 +111,7 @@ def test_config_check(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "edge_queue", "config", "check", str(bad)], capture_output=True, text=True, timeout=60
     )
-    assert out.returncode == 2 and "mqtt.prot" in out.stderr
+    assert out.returncode == 2 and out.stderr.startswith("edge-queue: ") and "mqtt.prot" in out.stderr
 
 
 def test_submit_while_the_service_is_offline_says_so_at_once(mosquitto, service_factory, speech: Path) -> None:

@@ -518,6 +518,18 @@ def test_doctor_reports_each_check(mosquitto, tmp_path: Path, speech: Path) -> N
     assert out.returncode == 0, out.stdout + out.stderr
     names = [line.split()[1].rstrip(":") for line in out.stdout.splitlines()]
     assert names[:5] == ["broker", "service", "data_dir", "disk", "database"] and "media" in names
+    # the queue page: a warning when nothing listens where it looks for the broker's WebSocket
+    # listener (the page would stay on "connecting"), ok when something does
+    for ws_port, line in ((free_port(), "warn  queue page"), (mosquitto.port, "ok    queue page")):
+        page = {**env, "EDGE_QUEUE_HTTP__WEBSOCKET_PORT": str(ws_port)}
+        out = subprocess.run(
+            [sys.executable, "-m", "edge_queue", "doctor", "--skip-model"],
+            env=page,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0 and line in out.stdout, out.stdout
     bad = {
         **env,
         "EDGE_QUEUE_MEDIA_ROOTS": json.dumps([str(tmp_path / "nope")]),
