@@ -228,9 +228,31 @@ async def guard_clients(broker: Any, stop: asyncio.Event) -> None:
                 )
 
 
+class _RoutineNoise(logging.Filter):
+    """Drops log lines of amqtt and websockets about events that are routine for edge-queue:
+    the MQTT 5 probe of ``mqtt.protocol = "auto"`` (amqtt speaks 3.1.1 and logs each probe as
+    an invalid connection, twice), and a browser closing a WebSocket before its handshake ended
+    (a 30-line traceback). Clients refused for their credentials are still logged."""
+
+    ROUTINE = (
+        "Invalid connection from",
+        "Failed to initialize client session: Invalid protocol",
+        "opening handshake failed",
+    )
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(message.startswith(r) for r in self.ROUTINE)
+
+
+_NOISE = _RoutineNoise()
+
+
 async def serve(config: dict[str, Any], stop: asyncio.Event, started: threading.Event | None = None) -> None:
     """Run an amqtt broker with ``config`` until ``stop`` is set; ``started`` is set once it
     listens. :func:`guard_clients` runs beside it."""
+    for name in ("amqtt.broker", "websockets.server"):
+        logging.getLogger(name).addFilter(_NOISE)
     broker = _broker_class()(config)
     await broker.start()
     guard = asyncio.create_task(guard_clients(broker, stop))
