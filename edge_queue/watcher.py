@@ -38,6 +38,9 @@ PRESENCE_S = 2.0
 #: taken for finished, and one that never closes it is not waited for forever.
 OPEN_WRITER_FACTOR = 12
 OPEN_WRITER_MIN_S = 60.0
+#: Sub-folder levels below a watch folder that a scan descends into at most; deeper ones are
+#: logged and left out (a tree thousands of levels deep would exhaust the recursion of a walk).
+MAX_DEPTH = 64
 #: What watchdog logs when the kernel's inotify queue overflowed and events were lost
 #: (``watchdog.observers.inotify_c``): the watch folders in ``events`` mode are scanned again.
 OVERFLOW_LOGGER = "watchdog.observers.inotify_c"
@@ -154,7 +157,7 @@ class _State:
     root: str
     mode: str  # "events" or "poll"
     fs_type: str | None
-    state: str = "starting"  # "watching" or "missing"
+    state: str = "starting"  # "watching", "missing", or "failed" (watchdog's thread died)
     since: float = field(default_factory=time.time)
     identity: tuple[int, int] | None = None
     observer: Any = None
@@ -209,6 +212,7 @@ class FolderWatcher:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._candidates: dict[str, _Candidate] = {}
+        self._skipped: set[str] = set()  # paths logged as not taken (_skip_once)
         self._thread = threading.Thread(target=self._run, name="edge-queue-watch", daemon=True)
         self._overflow = _OverflowHandler(self)
         self.states: list[_State] = []
@@ -321,6 +325,17 @@ class FolderWatcher:
         except OSError:
             identity = None
         if identity is not None and identity == s.identity and s.state == "watching":
+            if s.observer is not None and not all(e.is_alive() for e in getattr(s.observer, "emitters", ())):
+                # watchdog's reading thread died (a folder tree too deep for it, say): said, not silent
+                log.error(
+                    "watch folder %s: watching stopped (the file-system watcher failed; see the lines above): "
+                    "new files are not taken until edge-queue restarts",
+                    s.cfg.path,
+                )
+                self._unschedule(s)
+                self._set_state(s, "failed", "the file-system watcher failed")
+            return
+        if s.state == "failed" and identity is not None and identity == s.identity:
             return
         if identity is None:
             if s.state != "missing":
@@ -443,8 +458,13 @@ class FolderWatcher:
         that arrived while edge-queue was stopped or the folder was away."""
         s = self.states[index]
         mono = time.monotonic()
+        base_depth = folder.rstrip("/").count("/")
         try:
             for dirpath, dirnames, filenames in os.walk(folder):
+                if s.cfg.recursive and dirpath.count("/") - base_depth >= MAX_DEPTH:
+                    if dirnames:
+                        self._skip_once(s, dirpath, f"its sub-folders are more than {MAX_DEPTH} levels deep")
+                    dirnames[:] = []
                 dirnames[:] = sorted(d for d in dirnames if not d.startswith(".")) if s.cfg.recursive else []
                 for name in sorted(filenames):
                     self._consider(index, os.path.join(dirpath, name), mono, event=False)
@@ -461,11 +481,16 @@ class FolderWatcher:
                 log.debug("watch %s: %s skipped (%s)", s.cfg.path, path, reason)
             return
         try:
-            st = os.stat(path)
+            st = os.lstat(path)
         except OSError:
             self._candidates.pop(path, None)
             return
         if not stat.S_ISREG(st.st_mode):
+            if stat.S_ISLNK(st.st_mode):
+                self._skip_once(s, path, "a symbolic link (a watch takes the files put in its folder only)")
+            return
+        if not _utf8(path):
+            self._skip_once(s, path, "its name is not UTF-8, which MQTT topics and JSON cannot carry: rename it")
             return
         known = self.known.get(path)
         old = self._candidates.get(path)
@@ -475,6 +500,16 @@ class FolderWatcher:
             return
         writing = old.writing if old is not None else False
         self._candidates[path] = _Candidate(index, st.st_size, st.st_mtime_ns, mono, writing)
+
+    def _skip_once(self, s: _State, path: str, why: str) -> None:
+        """Log once per run that ``path`` is not taken, and why."""
+        if path in self._skipped:
+            return
+        if len(self._skipped) >= 10_000:
+            self._skipped.clear()
+        self._skipped.add(path)
+        shown = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        log.warning("watch %s: %s is not taken: %s", s.cfg.path, shown, why)
 
     def _settle_s(self, c: _Candidate) -> float:
         """How long ``c`` must stand still: ``settle_s``, longer while a writer holds it open."""
@@ -514,6 +549,15 @@ class FolderWatcher:
                     Ready(c.index, path, c.size, c.mtime_ns, digest, touched, not touched and _same_stem(path))
                 )
             self._notify()
+
+
+def _utf8(path: str) -> bool:
+    """True when ``path`` is valid UTF-8 (a name that is not holds lone surrogates here)."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _same_stem(path: str) -> bool:

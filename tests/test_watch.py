@@ -627,3 +627,26 @@ def test_watch_folders_submit_whatever_roles_senders_have(mosquitto: Any, servic
     # Then it becomes a job all the same (the service's own submit), submitted by no user
     jobs = wait_until(lambda: _jobs(svc, inbox / "call.wav"), 30, "a job for the file")
     assert len(jobs) == 1 and jobs[0]["submitted_by"] is None
+
+
+def test_links_and_names_that_are_not_utf8_are_not_taken(mosquitto: Any, service_factory: Any, root: Path) -> None:
+    # Given a watch folder that receives a file whose name is not UTF-8 and a link to another
+    # file of the media roots (a hostile upload), besides an ordinary file
+    inbox = root / "inbox"
+    svc = _start(service_factory, mosquitto, root, inbox)
+    with open(os.fsencode(inbox) + b"/bad\xff.wav", "wb") as fh:
+        fh.write(os.urandom(10_000))
+    (root / "elsewhere" / "private.wav").write_bytes(os.urandom(10_000))
+    (inbox / "link.wav").symlink_to(root / "elsewhere" / "private.wav")
+    (inbox / "good.wav").write_bytes(os.urandom(10_000))
+    # Then the ordinary file becomes a job, the others are logged once and not taken, and the
+    # service stays up (a name that is not UTF-8 stopped it, at every start)
+    wait_until(lambda: _jobs(svc, inbox / "good.wav"), 30, "a job for the ordinary file")
+    wait_until(lambda: svc.log().count("is not taken") >= 2, 30, "the two files logged")
+    assert svc.proc.poll() is None
+    _sentinel(svc, inbox)
+    assert sorted(_all_inputs(svc)) == sorted(str(inbox / n) for n in ("good.wav", "zz-sentinel.wav"))
+    assert svc.stop() == 0
+    svc.start()  # and it starts again
+    _sentinel(svc, inbox, "zz-second.wav")
+    assert svc.proc.poll() is None and svc.log().count("bad\\xff.wav is not taken") == 2
