@@ -213,6 +213,7 @@ class FolderWatcher:
         self._stop = threading.Event()
         self._candidates: dict[str, _Candidate] = {}
         self._skipped: set[str] = set()  # paths logged as not taken (_skip_once)
+        self._watchdog_died: str | None = None  # set by the thread exception hook (start)
         self._thread = threading.Thread(target=self._run, name="edge-queue-watch", daemon=True)
         self._overflow = _OverflowHandler(self)
         self.states: list[_State] = []
@@ -226,6 +227,15 @@ class FolderWatcher:
 
     def start(self) -> None:
         logging.getLogger(OVERFLOW_LOGGER).addHandler(self._overflow)
+        previous = threading.excepthook
+
+        def hook(args: Any) -> None:  # a thread of watchdog died: its watches see nothing more
+            previous(args)
+            if args.thread is not None and type(args.thread).__module__.startswith("watchdog"):
+                self._watchdog_died = f"{args.exc_type.__name__} in watchdog's {type(args.thread).__name__}"
+                self._wake.set()
+
+        threading.excepthook = hook
         self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
@@ -294,6 +304,11 @@ class FolderWatcher:
         return max(0.01, min(waits, default=PRESENCE_S))
 
     def _turn(self, mono: float) -> None:
+        if (died := self._watchdog_died) is not None:
+            self._watchdog_died = None
+            for s in self.states:
+                if s.state == "watching" and s.observer is not None:
+                    self._fail(s, died)
         for i, s in enumerate(self.states):
             if mono >= s.next_check:
                 s.next_check = mono + (PRESENCE_S if s.mode == "events" else s.cfg.poll_interval_s)
@@ -326,14 +341,7 @@ class FolderWatcher:
             identity = None
         if identity is not None and identity == s.identity and s.state == "watching":
             if s.observer is not None and not all(e.is_alive() for e in getattr(s.observer, "emitters", ())):
-                # watchdog's reading thread died (a folder tree too deep for it, say): said, not silent
-                log.error(
-                    "watch folder %s: watching stopped (the file-system watcher failed; see the lines above): "
-                    "new files are not taken until edge-queue restarts",
-                    s.cfg.path,
-                )
-                self._unschedule(s)
-                self._set_state(s, "failed", "the file-system watcher failed")
+                self._fail(s, "watchdog's emitter thread ended")
             return
         if s.state == "failed" and identity is not None and identity == s.identity:
             return
@@ -500,6 +508,18 @@ class FolderWatcher:
             return
         writing = old.writing if old is not None else False
         self._candidates[path] = _Candidate(index, st.st_size, st.st_mtime_ns, mono, writing)
+
+    def _fail(self, s: _State, why: str) -> None:
+        """watchdog stopped watching ``s`` (one of its threads died: a folder tree too deep for
+        it, say): said in the log and in ``<base>/info``, not silent."""
+        log.error(
+            "watch folder %s: watching stopped (%s; see the lines above): new files are not taken until "
+            "edge-queue restarts",
+            s.cfg.path,
+            why,
+        )
+        self._unschedule(s)
+        self._set_state(s, "failed", f"the file-system watcher failed: {why}")
 
     def _skip_once(self, s: _State, path: str, why: str) -> None:
         """Log once per run that ``path`` is not taken, and why."""

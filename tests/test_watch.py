@@ -650,3 +650,47 @@ def test_links_and_names_that_are_not_utf8_are_not_taken(mosquitto: Any, service
     svc.start()  # and it starts again
     _sentinel(svc, inbox, "zz-second.wav")
     assert svc.proc.poll() is None and svc.log().count("bad\\xff.wav is not taken") == 2
+
+
+def test_a_tree_too_deep_for_the_watcher_is_reported_not_silent(
+    mosquitto: Any, service_factory: Any, root: Path
+) -> None:
+    # Given a recursive watch folder
+    inbox = root / "inbox"
+    svc = _start(service_factory, mosquitto, root, inbox, recursive=True)
+    watcher = svc.watcher("info")
+    _info_watch(svc, watcher, "watching")
+    # When a folder tree 1,500 levels deep is moved into it (deeper than a walk can recurse)
+    deep = root / "elsewhere" / "deep"
+    deep.mkdir()
+    _deep_tree(deep, 1500)
+    os.rename(deep, inbox / "deep")
+    try:
+        # Then the watch is reported failed, and the service goes on
+        failed = _info_watch(svc, watcher, "failed")
+        assert failed["path"] == str(inbox) and failed.get("error")
+        assert "watching stopped" in svc.log() and svc.proc.poll() is None
+    finally:
+        watcher.close()
+        assert svc.stop() == 0
+        _deep_tree(inbox / "deep", 1500, remove=True)
+
+
+def _deep_tree(top: Path, levels: int, *, remove: bool = False) -> None:
+    """Make (or remove) ``top/d/d/...``, ``levels`` deep, without recursion (os.makedirs and
+    shutil.rmtree recurse, and fail at such depths)."""
+    fds = [os.open(top, os.O_RDONLY | os.O_DIRECTORY)]
+    try:
+        for _ in range(levels):
+            if not remove:
+                os.mkdir("d", dir_fd=fds[-1])
+            fds.append(os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fds[-1]))
+        if remove:
+            while len(fds) > 1:
+                os.close(fds.pop())
+                os.rmdir("d", dir_fd=fds[-1])
+    finally:
+        for fd in fds:
+            os.close(fd)
+    if remove:
+        top.rmdir()
