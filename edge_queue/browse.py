@@ -9,8 +9,10 @@ and browsing into it is refused with ``input_outside_media_roots``.
 
 from __future__ import annotations
 
+import bisect
 import os
 import stat
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,12 @@ from .store import iso
 
 #: ``limit`` of a ``browse`` request: default and largest value.
 DEFAULT_LIMIT, MAX_LIMIT = 200, 1000
+#: Entries one request looks at most (each a look-up; links that lead out are skipped): a page
+#: ends early past it, with ``next_after`` to go on.
+MAX_LOOKUPS = 2000
+#: Folders whose sorted names are kept (:func:`_sorted_names`).
+CACHED_FOLDERS = 4
+_NAMES: OrderedDict[str, tuple[int, list[tuple[Any, str]]]] = OrderedDict()
 
 
 def _sort_key(name: str) -> tuple[str, str]:
@@ -93,26 +101,53 @@ def browse(
         raise not_found
     floor = _sort_key(after) if after is not None else None
     try:
-        with os.scandir(resolved) as it:
-            names = [
-                (_sort_key(e.name), e.name)
-                for e in it
-                if not e.name.startswith(".") and (floor is None or _sort_key(e.name) > floor)
-            ]
+        names = _sorted_names(resolved)
     except OSError as e:
         raise not_found from e
+    start = bisect.bisect_right(names, (floor, "\U0010ffff")) if floor is not None else 0
     page: list[dict[str, Any]] = []
     more = False
     # Entries that are left out (links leading out, devices) cost a look-up each: take
-    # candidates in order until the page is full.
-    for _, name in sorted(names):
-        if len(page) == limit:
+    # candidates in order until the page is full, and look at most MAX_LOOKUPS of them, so
+    # that one request costs a bounded time whatever the folder holds (the page then ends
+    # early, and next_after goes on from the last name looked at).
+    last = None
+    for looked, (_, name) in enumerate(names[start:]):
+        if len(page) == limit or looked >= MAX_LOOKUPS:
             more = True
             break
+        last = name
         entry = _listed(os.path.join(resolved, name), name, real_roots)
         if entry is not None:
             page.append(entry)
-    return {"path": folder, "entries": page, "next_after": page[-1]["name"] if more and page else None}
+    following = (page[-1]["name"] if len(page) == limit else last) if more else None
+    return {"path": folder, "entries": page, "next_after": following}
+
+
+def _sorted_names(folder: str) -> list[tuple[Any, str]]:
+    """The folder's names as ``(sort key, name)``, sorted, without hidden names and names that
+    are not UTF-8 (no request could name them back). Kept for the last few folders while
+    their modification time stays the same, so that paging through, or asking again for, a
+    folder of 100,000 files reads it once."""
+    mtime_ns = os.stat(folder).st_mtime_ns
+    cached = _NAMES.get(folder)
+    if cached is not None and cached[0] == mtime_ns:
+        _NAMES.move_to_end(folder)
+        return cached[1]
+    with os.scandir(folder) as it:
+        names = sorted((_sort_key(e.name), e.name) for e in it if not e.name.startswith(".") and _utf8(e.name))
+    _NAMES[folder] = (mtime_ns, names)
+    while len(_NAMES) > CACHED_FOLDERS:
+        _NAMES.popitem(last=False)
+    return names
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _listed(full: str, name: str, real_roots: list[str]) -> dict[str, Any] | None:

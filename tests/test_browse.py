@@ -157,3 +157,34 @@ def test_a_media_root_given_through_a_link_browses_as_it_submits(tmp_path: Path,
     for root in (link, real):
         assert [e["name"] for e in browse(str(root / "speech"), settings.media_roots)["entries"]] == ["a.flac"]
         assert check_input(str(root / "speech" / "a.flac"), settings.media_roots)
+
+
+def test_a_folder_of_links_leading_out_costs_a_bounded_time_and_pages_on(tmp_path: Path) -> None:
+    # Given a folder of 5,000 links that lead out of the roots, a file whose name is not UTF-8,
+    # and one ordinary file at the end
+    import time
+
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "many").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"x")
+    for i in range(5000):
+        os.symlink(outside / "secret", root / "many" / f"l{i:05d}")
+    with open(os.fsencode(root / "many") + b"/n\xff.wav", "wb") as fh:
+        fh.write(b"x")
+    (root / "many" / "zz.wav").write_bytes(b"x")
+    # When it is browsed one page after another
+    seen, after, requests, slowest = [], None, 0, 0.0
+    while True:
+        started = time.monotonic()
+        page = browse(str(root / "many"), [root], limit=1, after=after)
+        slowest = max(slowest, time.monotonic() - started)
+        requests += 1
+        seen += [e["name"] for e in page["entries"]]
+        after = page["next_after"]
+        if after is None:
+            break
+    # Then each request looked at a bounded number of names, and the pages reached the end:
+    # only the ordinary file is listed
+    assert seen == ["zz.wav"] and requests >= 3
+    print(f"{requests} requests, slowest {slowest * 1000:.0f} ms")
