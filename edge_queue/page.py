@@ -129,6 +129,43 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("page: %s %s", self.address_string(), format % args)
 
 
+#: Connections the page serves at once at most; more are closed at once, so that slow or
+#: idle connections (a slowloris) cannot take the service's file descriptors and threads.
+MAX_CONNECTIONS = 64
+
+
+class _BoundedServer(ThreadingHTTPServer):
+    """``ThreadingHTTPServer`` with at most :data:`MAX_CONNECTIONS` connections (threads) at
+    once; a connection over it is closed unanswered and counted in the debug log."""
+
+    daemon_threads = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            log.debug("page: %d connections already; closed one from %s", MAX_CONNECTIONS, client_address[0])
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a client that went away mid-answer (BrokenPipeError) is routine: one debug line
+        log.debug("page: connection from %s ended with an error", client_address[0], exc_info=True)
+
+
 class PageServer:
     """The queue page on ``settings.host:settings.port``, on a daemon thread.
 
@@ -149,8 +186,7 @@ class PageServer:
         config = json.dumps(page_config(settings, base_topic, version)).encode()
         files["/config.json"] = (config, "application/json", _etag(config))
         handler = type("PageHandler", (_Handler,), {"files": files})
-        self.httpd = ThreadingHTTPServer((settings.host, settings.port), handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _BoundedServer((settings.host, settings.port), handler)
         self.port: int = self.httpd.server_address[1]
         self.host = settings.host
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="page", daemon=True)

@@ -115,6 +115,43 @@ def test_only_get_and_head(server: PageServer) -> None:
         assert r.status == 405 and r.headers["Allow"] == "GET, HEAD", method
 
 
+def test_slow_connections_cannot_take_every_thread_and_descriptor(server: PageServer) -> None:
+    # Given 300 connections that send half a request and then nothing (a slowloris)
+    import socket
+
+    from edge_queue.page import MAX_CONNECTIONS
+
+    held = []
+    for _ in range(300):
+        c = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        c.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
+        held.append(c)
+    try:
+        # Then the server runs at most MAX_CONNECTIONS handler threads (and their sockets): the
+        # others were closed at once
+        wait_until(
+            lambda: sum(1 for t in threading.enumerate() if t.name.startswith("Thread-")) <= MAX_CONNECTIONS + 2,
+            10,
+            "the extra connections closed",
+        )
+        closed = 0
+        for c in held:
+            c.settimeout(0.01)
+            try:
+                if c.recv(1) == b"":
+                    closed += 1
+            except (TimeoutError, BlockingIOError):
+                pass
+            except OSError:
+                closed += 1
+        assert closed >= 300 - MAX_CONNECTIONS, closed
+    finally:
+        for c in held:
+            c.close()
+    # and once they are gone it serves again
+    wait_until(lambda: fetch(server, "/").status == 200, 40, "the page served again")
+
+
 def test_a_taken_port_costs_the_page_not_the_queue(mosquitto: Broker, service_factory, tmp_path: Path) -> None:
     # Given a port that is taken, when the service starts with the page on it
     holder = PageServer(HttpSettings(host="127.0.0.1", port=free_port()), "x", "0").start()
