@@ -135,14 +135,16 @@ def _sorted_names(folder: str) -> list[tuple[Any, str]]:
         _NAMES.move_to_end(folder)
         return cached[1]
     with os.scandir(folder) as it:
-        names = sorted((_sort_key(e.name), e.name) for e in it if not e.name.startswith(".") and _utf8(e.name))
+        names = sorted((_sort_key(e.name), e.name) for e in it if not e.name.startswith(".") and utf8_name(e.name))
     _NAMES[folder] = (mtime_ns, names)
     while len(_NAMES) > CACHED_FOLDERS:
         _NAMES.popitem(last=False)
     return names
 
 
-def _utf8(name: str) -> bool:
+def utf8_name(name: str) -> bool:
+    """True when ``name`` (a file name from the OS, undecodable bytes kept as lone surrogates)
+    is valid UTF-8, so that MQTT topics and JSON can carry it."""
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:

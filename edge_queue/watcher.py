@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .browse import utf8_name
 from .config import WatchSettings
 from .store import iso
 
@@ -497,7 +498,7 @@ class FolderWatcher:
             if stat.S_ISLNK(st.st_mode):
                 self._skip_once(s, path, "a symbolic link (a watch takes the files put in its folder only)")
             return
-        if not _utf8(path):
+        if not utf8_name(path):
             self._skip_once(s, path, "its name is not UTF-8, which MQTT topics and JSON cannot carry: rename it")
             return
         known = self.known.get(path)
@@ -569,15 +570,6 @@ class FolderWatcher:
                     Ready(c.index, path, c.size, c.mtime_ns, digest, touched, not touched and _same_stem(path))
                 )
             self._notify()
-
-
-def _utf8(path: str) -> bool:
-    """True when ``path`` is valid UTF-8 (a name that is not holds lone surrogates here)."""
-    try:
-        path.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _same_stem(path: str) -> bool:

@@ -27,6 +27,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from edge_queue.topics import COMMANDS
+
 from .kinds_for_tests import EXTRA_KINDS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -340,20 +342,7 @@ def publish(broker: Broker, topic: str, payload: bytes | str, retain: bool = Fal
     pub.loop_stop()
 
 
-_COMMANDS = (
-    "submit",
-    "cancel",
-    "retry",
-    "get",
-    "list",
-    "pause",
-    "resume",
-    "purge",
-    "republish",
-    "kinds",
-    "events",
-    "browse",
-)
+_COMMANDS = COMMANDS  # the commands whose responses have their own topic
 
 
 def retained_under(broker: Broker, base: str, quiet_s: float = 0.3, timeout_s: float = 30.0) -> set[str]:
