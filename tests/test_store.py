@@ -150,6 +150,7 @@ def test_a_schema_1_store_is_upgraded_keeping_its_events_and_their_ids(tmp_path:
     conn = store.conn
     conn.execute("DROP INDEX jobs_lock")
     conn.execute("ALTER TABLE jobs DROP COLUMN lock_key")
+    conn.execute("DROP INDEX jobs_waiting_by")
     conn.execute("ALTER TABLE jobs DROP COLUMN submitted_by")
     conn.execute("ALTER TABLE job_events RENAME TO job_events_new")
     conn.execute(
@@ -181,6 +182,7 @@ def test_a_schema_2_store_gets_the_sender_column_and_keys_stay_per_sender(tmp_pa
     path = tmp_path / "old.db"
     store = Store(path)
     _, old = store.submit([JobSpec("noop", "x", {})], 1.0, idempotency_key="k")
+    store.conn.execute("DROP INDEX jobs_waiting_by")
     store.conn.execute("ALTER TABLE jobs DROP COLUMN submitted_by")
     store.conn.execute("PRAGMA user_version=2")
     store.close()
