@@ -130,7 +130,7 @@ def test_slow_connections_cannot_take_every_thread_and_descriptor(server: PageSe
         # Then the server runs at most MAX_CONNECTIONS handler threads (and their sockets): the
         # others were closed at once
         wait_until(
-            lambda: sum(1 for t in threading.enumerate() if t.name.startswith("Thread-")) <= MAX_CONNECTIONS + 2,
+            lambda: sum(1 for t in threading.enumerate() if "process_request_thread" in t.name) <= MAX_CONNECTIONS,
             10,
             "the extra connections closed",
         )
