@@ -332,6 +332,17 @@ class ServiceProcess:
         return wait_until(lambda: match(watcher.json_on(topic)), timeout, f"a response on {topic}")
 
 
+def run_doctor(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``edge-queue doctor --skip-model ARGS`` with ``env``, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "edge_queue", "doctor", "--skip-model", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def publish(broker: Broker, topic: str, payload: bytes | str, retain: bool = False) -> None:
     """Publish one QoS 1 message with a throwaway paho client and wait for the PUBACK."""
     pub = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="pub-" + uuid.uuid4().hex[:10])

@@ -18,7 +18,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from .conftest import ROOT, Broker, free_port, need, port_open, wait_until
+from .conftest import ROOT, Broker, free_port, need, port_open, run_doctor, wait_until
 
 EDGE_QUEUE_BIN = str(Path(sys.executable).parent / "edge-queue")
 
@@ -508,13 +508,7 @@ def test_doctor_reports_each_check(mosquitto, tmp_path: Path, speech: Path) -> N
         "EDGE_QUEUE_MEDIA_ROOTS": json.dumps([str(speech)]),
         "EDGE_QUEUE_MQTT__BASE_TOPIC": "doc" + uuid.uuid4().hex[:6],
     }
-    out = subprocess.run(
-        [sys.executable, "-m", "edge_queue", "doctor", "--skip-model"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = run_doctor(env)
     assert out.returncode == 0, out.stdout + out.stderr
     names = [line.split()[1].rstrip(":") for line in out.stdout.splitlines()]
     assert names[:5] == ["broker", "service", "data_dir", "disk", "database"] and "media" in names
@@ -522,26 +516,14 @@ def test_doctor_reports_each_check(mosquitto, tmp_path: Path, speech: Path) -> N
     # listener (the page would stay on "connecting"), ok when something does
     for ws_port, line in ((free_port(), "warn  queue page"), (mosquitto.port, "ok    queue page")):
         page = {**env, "EDGE_QUEUE_HTTP__WEBSOCKET_PORT": str(ws_port)}
-        out = subprocess.run(
-            [sys.executable, "-m", "edge_queue", "doctor", "--skip-model"],
-            env=page,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        out = run_doctor(page)
         assert out.returncode == 0 and line in out.stdout, out.stdout
     bad = {
         **env,
         "EDGE_QUEUE_MEDIA_ROOTS": json.dumps([str(tmp_path / "nope")]),
         "EDGE_QUEUE_MQTT__PORT": str(free_port()),
     }
-    out = subprocess.run(
-        [sys.executable, "-m", "edge_queue", "doctor", "--skip-model"],
-        env=bad,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = run_doctor(bad)
     assert out.returncode == 1
     assert "FAIL  broker" in out.stdout and f"FAIL  media root {tmp_path / 'nope'}" in out.stdout
 

@@ -8,14 +8,12 @@ import re
 import shutil
 import signal
 import stat
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from .conftest import ServiceProcess, clean_broker, publish, retained_under, wait_until
+from .conftest import ServiceProcess, clean_broker, publish, retained_under, run_doctor, wait_until
 
 FORGED = "INFO edge_queue.service: job 0000forged00000 succeeded"
 #: What every line of the service's log starts with: a record, or the continuation of one.
@@ -143,17 +141,6 @@ def test_a_refused_input_names_the_media_roots_and_the_start_names_them_too(
     assert str(svc.data_dir) in line and all(str(r) in line for r in roots), line
 
 
-def _doctor(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    """``edge-queue doctor --skip-model ARGS`` with ``env``."""
-    return subprocess.run(
-        [sys.executable, "-m", "edge_queue", "doctor", "--skip-model", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 def test_doctor_checks_the_media_roots_the_running_service_uses(mosquitto, service_factory, tmp_path: Path) -> None:
     # Given a service started as the README starts it: no roots in any configuration, one
     # given with --media-root on its command line
@@ -164,21 +151,21 @@ def test_doctor_checks_the_media_roots_the_running_service_uses(mosquitto, servi
     svc.prefix = ["sh", "-c", f'exec "$@" --media-root {media}', "sh"]
     svc.start()
     # When doctor runs with the same configuration (none)
-    out = _doctor(svc.env)
+    out = run_doctor(svc.env)
     # Then it checks the roots the service uses, and passes
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"the service uses {media}" in out.stdout and f"ok    media root {media}: readable" in out.stdout
     # and with --media-root, as for up and serve, it checks that folder
     other = tmp_path / "other"
-    out = _doctor(svc.env, "--media-root", str(other))
+    out = run_doctor(svc.env, "--media-root", str(other))
     assert out.returncode == 1 and f"FAIL  media root {other}" in out.stdout, out.stdout
     # and with the service stopped, before its next start, the roots it used are checked
     assert svc.stop() == 0
-    out = _doctor(svc.env)
+    out = run_doctor(svc.env)
     assert out.returncode == 0 and f"the service used when it last ran {media}" in out.stdout, out.stdout
     # and with no roots anywhere (a base topic no service used), it fails saying how to set them
     fresh = {**svc.env, "EDGE_QUEUE_MQTT__BASE_TOPIC": svc.base + "-none"}
-    out = _doctor(fresh)
+    out = run_doctor(fresh)
     assert out.returncode == 1 and "FAIL  media_roots: none configured" in out.stdout and "--media-root" in out.stdout
 
 

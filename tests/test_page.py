@@ -461,21 +461,15 @@ def scenario(b: Browser, svc: ServiceProcess, url: str, media: Path, artifacts: 
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("model_installed")
-def test_the_page_on_mosquitto(
-    ws_mosquitto: Broker, service_factory, media: Path, browser: Browser, artifacts: Path
+@pytest.mark.parametrize("broker_fixture", ["ws_mosquitto", "amqtt"])
+def test_the_page(
+    broker_fixture: str, request: pytest.FixtureRequest, service_factory, media: Path, browser: Browser, artifacts: Path
 ) -> None:
-    svc, url = page_service(service_factory, ws_mosquitto, media, ws_mosquitto.ws_port)
+    """The whole scenario, on mosquitto with a WebSocket listener and on the embedded broker."""
+    broker = request.getfixturevalue(broker_fixture)
+    svc, url = page_service(service_factory, broker, media, broker.ws_port)
     print("chromium", browser.version)
-    scenario(browser, svc, url, media, artifacts, "mosquitto")
-
-
-@pytest.mark.slow
-@pytest.mark.usefixtures("model_installed")
-def test_the_page_on_the_embedded_broker(
-    amqtt: Broker, service_factory, media: Path, browser: Browser, artifacts: Path
-) -> None:
-    svc, url = page_service(service_factory, amqtt, media, amqtt.ws_port)
-    scenario(browser, svc, url, media, artifacts, "amqtt")
+    scenario(browser, svc, url, media, artifacts, "mosquitto" if broker_fixture == "ws_mosquitto" else "amqtt")
 
 
 def test_the_page_asks_for_a_broker_login_and_remembers_it_only_if_asked(

@@ -4,6 +4,7 @@ restarts, moves, renames and folders that go away and come back."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -11,6 +12,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ import pytest
 from edge_queue.store import parse_iso
 from edge_queue.watcher import file_digest, is_network_fs, skip_reason
 
-from .conftest import ROOT, SPEECH, need, wait_until
+from .conftest import ROOT, SPEECH, need, run_doctor, wait_until
 
 #: Short enough for quick tests, long enough that a writer pausing between pieces (0.5 s)
 #: never looks finished on a busy machine.
@@ -215,6 +217,11 @@ def test_file_held_open_waits_for_its_close(
     network copy): inotify's close-write event, not the pause, ends the wait."""
     inbox = root / "inbox"
     svc = _start(service_factory, mosquitto, root, inbox, settle_s=1.0)
+    # (inotify watches before the file is made: a file found only by the start-up scan has no
+    # events, and is judged by settle_s alone)
+    info = svc.watcher("info")
+    _info_watch(svc, info, "watching")
+    info.close()
     target = inbox / "stalled-copy.wav"
     t0 = time.time()
     writes = []
@@ -242,17 +249,12 @@ def test_lost_inotify_events_make_a_scan(tmp_path: Path) -> None:
     """When the kernel's inotify queue overflows, watchdog logs it and events are lost: the
     folder is scanned again, so a file whose event was lost still becomes ready."""
     import logging
-    import socket
 
-    from edge_queue.config import WatchSettings
-    from edge_queue.watcher import OVERFLOW_LOGGER, FolderWatcher
+    from edge_queue.watcher import OVERFLOW_LOGGER
 
     folder = tmp_path / "inbox"
     folder.mkdir()
-    wake_r, wake_w = socket.socketpair()
-    watcher = FolderWatcher([WatchSettings(path=folder, kind="noop", settle_s=0.2, mode="events")], {}, wake_w)
-    watcher.start()
-    try:
+    with _folder_watcher(folder) as watcher:
         wait_until(lambda: watcher.describe()[0]["state"] == "watching", 10, "watching")
         watcher.states[0].observer.stop()  # events from here on are lost
         watcher.states[0].observer.join(5)
@@ -260,22 +262,14 @@ def test_lost_inotify_events_make_a_scan(tmp_path: Path) -> None:
         logging.getLogger(OVERFLOW_LOGGER).warning("Inotify queue overflowed; filesystem events were lost")
         ready = wait_until(lambda: watcher.take(10), 10, "the file found by the scan")
         assert [Path(r.path).name for r in ready] == ["lost.wav"]
-    finally:
-        watcher.stop()
-        wake_r.close()
-        wake_w.close()
 
 
 def test_inotify_limit_falls_back_to_polling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """When inotify cannot watch (``fs.inotify.max_user_watches`` reached: ENOSPC), the folder
     is polled instead, and ``<base>/info`` says why."""
     import errno
-    import socket
 
     import watchdog.observers
-
-    from edge_queue.config import WatchSettings
-    from edge_queue.watcher import FolderWatcher
 
     class NoWatches(watchdog.observers.Observer):  # type: ignore[misc,valid-type]
         def start(self) -> None:
@@ -284,17 +278,30 @@ def test_inotify_limit_falls_back_to_polling(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(watchdog.observers, "Observer", NoWatches)
     folder = tmp_path / "inbox"
     folder.mkdir()
-    wake_r, wake_w = socket.socketpair()
-    cfg = WatchSettings(path=folder, kind="noop", settle_s=0.2, mode="events", poll_interval_s=1)
-    watcher = FolderWatcher([cfg], {}, wake_w)
-    watcher.start()
-    try:
+    with _folder_watcher(folder, poll_interval_s=1) as watcher:
         state = wait_until(lambda: watcher.describe()[0]["state"] == "watching" and watcher.describe()[0], 10, "it")
         assert state["mode"] == "poll" and "inotify watch limit reached" in state["error"], state
         assert type(watcher.states[0].observer).__name__ == "PollingObserver"
         (folder / "new.wav").write_bytes(b"data")
         ready = wait_until(lambda: watcher.take(10), 10, "the file found by polling")
         assert [Path(r.path).name for r in ready] == ["new.wav"]
+
+
+@contextlib.contextmanager
+def _folder_watcher(folder: Path, **settings: Any) -> Iterator[Any]:
+    """A started FolderWatcher of ``folder`` (noop jobs, inotify events, settle 0.2 s) with a
+    wake-up socket pair of its own; stopped and closed on exit."""
+    import socket
+
+    from edge_queue.config import WatchSettings
+    from edge_queue.watcher import FolderWatcher
+
+    wake_r, wake_w = socket.socketpair()
+    cfg = WatchSettings(path=folder, kind="noop", settle_s=0.2, mode="events", **settings)
+    watcher = FolderWatcher([cfg], {}, wake_w)
+    watcher.start()
+    try:
+        yield watcher
     finally:
         watcher.stop()
         wake_r.close()
@@ -380,19 +387,23 @@ def test_restart_in_the_middle_and_files_added_while_stopped(mosquitto: Any, ser
     assert sorted(inputs) == sorted(str(p) for p in [*expected, inbox / "zz-sentinel.wav"]), "no duplicate, none lost"
 
 
-def test_beside_outputs_make_no_jobs(mosquitto: Any, service_factory: Any, root: Path) -> None:
+def _drop_speech_in_a_beside_watch(
+    service_factory: Any, broker: Any, root: Path, kind: str, options: dict[str, Any], include: list[str]
+) -> tuple[Any, Path]:
+    """A watch of ``kind`` writing its outputs beside the input, and jfk.flac copied into it."""
     need((SPEECH / "jfk.flac").is_file(), f"speech recordings not found in {SPEECH}")
     inbox = root / "inbox"
     svc = _start(
-        service_factory,
-        mosquitto,
-        root,
-        inbox,
-        kind="extract_audio",
-        options={"output": "beside", "format": "wav"},
-        include=["*.flac", "*.wav"],
+        service_factory, broker, root, inbox, kind=kind, options={"output": "beside", **options}, include=include
     )
     shutil.copy(SPEECH / "jfk.flac", inbox / "jfk.flac")
+    return svc, inbox
+
+
+def test_beside_outputs_make_no_jobs(mosquitto: Any, service_factory: Any, root: Path) -> None:
+    svc, inbox = _drop_speech_in_a_beside_watch(
+        service_factory, mosquitto, root, "extract_audio", {"format": "wav"}, ["*.flac", "*.wav"]
+    )
     job = wait_until(lambda: _jobs(svc, inbox / "jfk.flac"), 30, "the job of jfk.flac")[0]
     # Then its output jfk.wav, written beside the input, is recorded as an output, not a job
     record = wait_until(lambda: _record(svc, inbox / "jfk.wav"), 60, "the watch to see the output jfk.wav")
@@ -440,13 +451,7 @@ def test_folder_removed_and_recreated(mosquitto: Any, service_factory: Any, root
     missing = _info_watch(svc, watcher, "missing")
     assert missing["path"] == str(inbox)
     wait_until(lambda: f"watch folder {inbox} is missing" in svc.log(), 10, "the log line")
-    doctor = subprocess.run(
-        [sys.executable, "-m", "edge_queue", "doctor", "--skip-model"],
-        env=svc.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    doctor = run_doctor(svc.env)
     assert f"FAIL  watch {inbox}: missing" in doctor.stdout, doctor.stdout
     # When it comes back, with a new file: watched again, the old file not submitted again
     watcher.messages.clear()
@@ -465,13 +470,7 @@ def test_folder_removed_and_recreated(mosquitto: Any, service_factory: Any, root
     (inbox / "d.wav").write_bytes(os.urandom(4096))  # an event in the new folder
     wait_until(lambda: _jobs(svc, inbox / "d.wav"), 30, "the job of d.wav")
     assert sorted(_all_inputs(svc)) == [str(inbox / n) for n in ("a.wav", "b.wav", "c.wav", "d.wav")]
-    doctor = subprocess.run(
-        [sys.executable, "-m", "edge_queue", "doctor", "--skip-model"],
-        env=svc.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    doctor = run_doctor(svc.env)
     assert f"ok    watch {inbox}:" in doctor.stdout and "reports it watching" in doctor.stdout, doctor.stdout
     watcher.close()
 
@@ -506,18 +505,9 @@ def test_transcripts_beside_the_input_make_no_jobs(
     mosquitto: Any, service_factory: Any, root: Path, model_installed: None
 ) -> None:
     """The case of the issue: transcripts written beside a recording dropped into the folder."""
-    need((SPEECH / "jfk.flac").is_file(), f"speech recordings not found in {SPEECH}")
-    inbox = root / "inbox"
-    svc = _start(
-        service_factory,
-        mosquitto,
-        root,
-        inbox,
-        kind="transcribe",
-        options={"output": "beside", "formats": ["srt", "txt", "vtt", "json"]},
-        include=["*"],
+    svc, inbox = _drop_speech_in_a_beside_watch(
+        service_factory, mosquitto, root, "transcribe", {"formats": ["srt", "txt", "vtt", "json"]}, ["*"]
     )
-    shutil.copy(SPEECH / "jfk.flac", inbox / "jfk.flac")
     job = wait_until(
         lambda: [j for j in _jobs(svc, inbox / "jfk.flac") if j["state"] in ("succeeded", "failed")], 120, "the job"
     )[0]
