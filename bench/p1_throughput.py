@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import BENCH, Figure, Publisher, Service, Watcher, clear_retained, uid
+from harness import BENCH, Figure, Service, SucceededCounter, clear_retained, uid
 
 REF_VENV = BENCH / ".venv-ref"
 # The reference version, pinned so that the reference side measures the same code everywhere.
@@ -51,26 +51,27 @@ def ensure_ref_venv(log: Any) -> Path:
 
 
 def edge_queue_run(n: int, durability: str, mode: str, timeout_s: float = 300.0) -> float:
-    """Jobs per second for one run on a fresh service."""
+    """Jobs per second for one run on a fresh service: from the first request published to the
+    last job seen ``succeeded`` on its retained topic (:class:`harness.SucceededCounter`)."""
     svc = Service({"EDGE_QUEUE_DURABILITY": durability})
     try:
         svc.start()
-        w = Watcher(svc.base)
-        pub = Publisher(svc.base)
+        load = SucceededCounter(svc.base)
         time.sleep(0.3)
+        load.pump(0)
         t0 = time.monotonic()
         if mode == "batch":
             for b in range(n // 100):
-                pub.submit({"kind": "noop", "inputs": [f"b{b}-{i}" for i in range(100)]})
+                load.submit({"kind": "noop", "inputs": [f"b{b}-{i}" for i in range(100)]})
         else:
             for i in range(n):
-                pub.submit({"kind": "noop", "input": f"s{i}"})
-        ok = w.wait(lambda w: w.counts.get("succeeded", 0) >= n, timeout_s)
-        if not ok:
-            raise RuntimeError(f"only {w.counts} after {timeout_s} s: {svc.tail()}")
-        t1 = max(w.first(j, "succeeded") or 0 for j in w.seen)
-        pub.close()
-        w.close()
+                load.submit({"kind": "noop", "input": f"s{i}"})
+                if i % 200 == 199:  # take the acknowledgements: paho sends the rest as they come
+                    load.pump(0)
+        if not load.wait(n, timeout_s):
+            raise RuntimeError(f"only {len(load.succeeded)} succeeded after {timeout_s} s: {svc.tail()}")
+        t1 = max(load.succeeded.values())
+        load.close()
         return n / (t1 - t0)
     finally:
         svc.cleanup()
@@ -78,7 +79,7 @@ def edge_queue_run(n: int, durability: str, mode: str, timeout_s: float = 300.0)
 
 def floor_run(n: int, sync: str = "full") -> float:
     base = uid("floor")
-    w = Watcher(base)
+    load = SucceededCounter(base)  # the same watcher as edge-queue's side; the floor publishes itself
     with tempfile.TemporaryDirectory(prefix="eqfloor-") as d:
         p = subprocess.Popen(
             [sys.executable, str(BENCH / "ref" / "floor.py"), base, str(n), str(Path(d) / "floor.db"), sync],
@@ -87,15 +88,15 @@ def floor_run(n: int, sync: str = "full") -> float:
         )
         try:
             t0 = json.loads(p.stdout.readline())["t0"]  # type: ignore[union-attr]
-            if not w.wait(lambda w: w.counts.get("succeeded", 0) >= n, 300):
-                raise RuntimeError(f"floor: only {w.counts}")
-            t1 = max(w.first(j, "succeeded") or 0 for j in w.seen)
+            if not load.wait(n, 300):
+                raise RuntimeError(f"floor: only {len(load.succeeded)} succeeded")
+            t1 = max(load.succeeded.values())
             p.wait(60)
         finally:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    w.close()
+    load.close()
     clear_retained(base)
     return n / (t1 - t0)
 
