@@ -12,6 +12,7 @@ import json
 from datetime import datetime
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import ErrorCode, RequestError
@@ -203,6 +204,10 @@ def peek_envelope(raw: bytes) -> tuple[JsonValue, str | None]:
     """Best-effort ``(transaction, reply_to)`` of a raw request, for error responses.
 
     Either is ``None`` when absent, unreadable, too large to echo, or not Unicode text."""
+    if b"reply_to" not in raw and b"transaction" not in raw and b"\\u" not in raw:
+        # neither key is there (a key could only be spelt otherwise with \u escapes): the
+        # usual request is not parsed twice
+        return None, None
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -359,10 +364,11 @@ def batch_object(batch: dict[str, Any]) -> dict[str, Any]:
 
 
 def encode(payload: dict[str, Any]) -> bytes:
-    """Compact UTF-8 JSON. Text that is not Unicode (a file name that is not UTF-8, kept by
-    Python as lone surrogates) is written as JSON ``\\udcxx`` escapes rather than failing."""
-    text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    """Compact UTF-8 JSON (orjson: job objects are encoded once per state change, so this is on
+    the service's hot path). Text that is not Unicode (a file name that is not UTF-8, kept by
+    Python as lone surrogates) is written as JSON ``\\udcxx`` escapes rather than failing, and so
+    is what orjson does not take (an integer over 64 bits)."""
     try:
-        return text.encode()
-    except UnicodeEncodeError:
+        return orjson.dumps(payload)
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
         return json.dumps(payload, separators=(",", ":")).encode()

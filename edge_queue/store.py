@@ -16,6 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
+import os
 import secrets
 import sqlite3
 import time
@@ -48,9 +50,24 @@ _LOCK_HEAD = (
 )
 
 
+_iso_second: tuple[int, str] = (-1, "")
+
+
 def iso(ts: float) -> str:
-    """Unix seconds -> ``2026-11-29T07:40:12.345Z`` (RFC 3339, UTC, milliseconds)."""
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    """Unix seconds -> ``2026-11-29T07:40:12.345Z`` (RFC 3339, UTC, milliseconds, truncated
+    after rounding to microseconds, as ``datetime.fromtimestamp`` rounds). The text of the
+    second is kept from the call before: a busy service stamps many changes per second."""
+    global _iso_second
+    frac, whole = math.modf(ts)
+    us = round(frac * 1e6)
+    second = int(whole)
+    if us >= 1_000_000:
+        second, us = second + 1, us - 1_000_000
+    elif us < 0:  # before 1970
+        second, us = second - 1, us + 1_000_000
+    if _iso_second[0] != second:
+        _iso_second = (second, datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S."))
+    return f"{_iso_second[1]}{us // 1000:03d}Z"
 
 
 def parse_iso(text: str) -> float:
@@ -59,6 +76,27 @@ def parse_iso(text: str) -> float:
 
 
 _last_ms = 0
+_pool = b""
+_pool_at = 0
+
+
+def _random64() -> int:
+    """64 bits from the operating system's random source (``secrets``), drawn 4 KiB at a time:
+    one system call per 512 ids instead of one per id."""
+    global _pool, _pool_at
+    if _pool_at >= len(_pool):
+        _pool, _pool_at = secrets.token_bytes(4096), 0
+    at = _pool_at
+    _pool_at = at + 8
+    return int.from_bytes(_pool[at : at + 8])
+
+
+def _drop_pool() -> None:
+    global _pool, _pool_at
+    _pool, _pool_at = b"", 0
+
+
+os.register_at_fork(after_in_child=_drop_pool)  # a forked child never reuses the parent's bits
 
 
 def new_id(now: float | None = None) -> str:
@@ -72,7 +110,7 @@ def new_id(now: float | None = None) -> str:
     for _ in range(9):
         ms, r = divmod(ms, 36)
         head = _ALPHABET[r] + head
-    r = int.from_bytes(secrets.token_bytes(8))  # 64 random bits for 7 base-36 digits
+    r = _random64()  # 64 random bits for 7 base-36 digits
     tail = ""
     for _ in range(7):
         r, d = divmod(r, 36)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from edge_queue.errors import NotFoundError, TransitionError
 from edge_queue.states import TRANSITIONS, JobState, can_transition, is_terminal
@@ -131,6 +135,29 @@ def test_ids_and_times() -> None:
     ids = [new_id(1_900_000_000 + i) for i in range(50)]
     assert ids == sorted(ids) and all(len(i) == 16 and i.isalnum() and i.islower() for i in ids)
     assert iso(0.5) == "1970-01-01T00:00:00.500Z" and parse_iso(iso(1234.567)) == pytest.approx(1234.567)
+
+
+@given(st.floats(min_value=0, max_value=2**35, allow_nan=False) | st.integers(0, 2**33).map(lambda s: s + 0.9999995))
+def test_iso_is_datetimes_text(ts: float) -> None:
+    """iso keeps the text of the last second; it must stay what datetime writes (rounding to
+    microseconds first, then cutting to milliseconds), also at a second's edge."""
+    assert iso(ts) == datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def test_forked_child_draws_other_random_bits() -> None:
+    """Ids take their random part from a pool of OS random bytes; a forked child must not
+    reuse the parent's pool (two processes would make the same ids)."""
+    new_id()  # the pool is filled
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(w, "".join(new_id(1_800_000_000.0)[9:] for _ in range(20)).encode())
+        os._exit(0)
+    os.close(w)
+    child = os.read(r, 4096).decode()
+    os.waitpid(pid, 0)
+    mine = "".join(new_id(1_800_000_000.0)[9:] for _ in range(20))
+    assert len(child) == len(mine) == 140 and child != mine
 
 
 def test_state_table() -> None:
