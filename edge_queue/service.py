@@ -879,6 +879,12 @@ class Service:
         self._pending_progress.pop(job_id, None)
         self._last_progress_pub.pop(job_id, None)
         self._published_stage.pop(job_id, None)
+        if outcome.op == "done":
+            done = store.succeed(job_id, attempt, now, data.get("result"))
+            if done is not None:  # the usual end, in one statement; anything else below
+                log.info("job %s succeeded (attempt %d)", job_id, attempt)
+                self.publish_job(done)
+                return
         try:
             job = store.get(job_id)
         except NotFoundError:

@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import orjson
 import sqlite_utils
 
 from .errors import NotFoundError, TransitionError
@@ -394,8 +395,12 @@ class Store:
     @staticmethod
     def _decode(row: dict[str, Any]) -> dict[str, Any]:
         for col in _JSON_COLUMNS:
-            if row.get(col) is not None:
-                row[col] = json.loads(row[col])
+            text = row.get(col)
+            if text is not None:
+                try:
+                    row[col] = orjson.loads(text)
+                except orjson.JSONDecodeError:  # lone surrogate escapes (non-UTF-8 file names)
+                    row[col] = json.loads(text)
         return row
 
     def get(self, job_id: str) -> dict[str, Any]:
@@ -861,16 +866,21 @@ class Store:
                 )
             ]
             heads.sort(key=lambda h: (-h[2], h[3], h[0]))
-            jobs = []
-            for job_id, src, _, _ in heads[:n]:
-                job = self._row(
-                    "UPDATE jobs SET state = 'running', attempt = attempt + 1, seq = seq + 1, "
-                    "owner = ?, started_at = ?, updated_at = ?, retry_at = NULL, stage = NULL, "
-                    "progress = 0, eta_s = NULL WHERE job_id = ? RETURNING *",
-                    [owner, at if started else None, at, job_id],
-                )
-                assert job is not None
-                jobs.append(job)
+            heads = heads[:n]
+            if not heads:
+                return []
+            # one statement for all of them; RETURNING gives no order, so rows are put back in
+            # claim order
+            cur = self.conn.execute(
+                "UPDATE jobs SET state = 'running', attempt = attempt + 1, seq = seq + 1, "
+                "owner = ?, started_at = ?, updated_at = ?, retry_at = NULL, stage = NULL, "
+                f"progress = 0, eta_s = NULL WHERE job_id IN ({','.join('?' * len(heads))}) RETURNING *",
+                [owner, at if started else None, at, *(h[0] for h in heads)],
+            )
+            names = [d[0] for d in cur.description]
+            by_id = {r["job_id"]: r for r in (dict(zip(names, row, strict=True)) for row in cur.fetchall())}
+            jobs = [self._decode(by_id[h[0]]) for h in heads]
+            for _, src, _, _ in heads:
                 self._counts[src] -= 1
                 self._counts["running"] += 1
             self.conn.executemany(
@@ -935,6 +945,28 @@ class Store:
             row["event_id"] = self._event(job_id, at, src, dst, values.get("attempt", job["attempt"]), detail)
             self._counts[src.value] -= 1
             self._counts[dst.value] += 1
+            return row
+
+    def succeed(self, job_id: str, attempt: int, now: float, result: Any) -> dict[str, Any] | None:
+        """A worker's success report for a job ``running`` on ``attempt``: the same change as
+        ``transition(job_id, SUCCEEDED, now, expect_attempt=attempt, result=result,
+        progress=100.0, error=None, crashes=0)``, fenced and done in one statement (the usual
+        end of a job, on the hot path). Returns the new row with its ``event_id``, or ``None``
+        when the job is not running on that attempt (cancelling, superseded, deleted): the caller
+        then takes the general path, which decides and explains."""
+        at = iso(now)
+        with self._immediate():
+            row = self._row(
+                "UPDATE jobs SET state = 'succeeded', seq = seq + 1, updated_at = ?, stage = NULL, "
+                "eta_s = NULL, finished_at = ?, result = ?, progress = 100.0, error = NULL, crashes = 0 "
+                "WHERE job_id = ? AND attempt = ? AND state = 'running' RETURNING *",
+                [at, at, json.dumps(result) if result is not None else None, job_id, attempt],
+            )
+            if row is None:
+                return None
+            row["event_id"] = self._event(job_id, at, JobState.RUNNING, JobState.SUCCEEDED, attempt, None)
+            self._counts["running"] -= 1
+            self._counts["succeeded"] += 1
             return row
 
     def progress(
