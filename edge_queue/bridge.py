@@ -45,6 +45,7 @@ from typing import Any, Literal
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+from paho.mqtt.exception import MalformedPacket
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
@@ -176,6 +177,79 @@ class _Client(mqtt.Client):
         """True when bytes already read from the socket wait to be handled."""
         return self._rpos < len(self._rbuf)
 
+    def _packet_read(self) -> MQTTErrorCode:
+        """paho's, with a short path for a packet that is whole in the read buffer (most are):
+        it is cut out of the buffer at once, a success PUBACK is handled in place, anything else
+        goes to paho's handlers as paho would give it. A packet cut by the buffer's end, and the
+        socket's errors, take paho's path."""
+        if self._in_packet["command"] == 0:
+            buf, pos = self._rbuf, self._rpos
+            if pos >= len(buf):
+                return super()._packet_read()  # reads the socket (via _sock_recv): errors, EOF
+            end = len(buf)
+            at, length, shift = pos + 1, 0, 0
+            while at < end and shift < 28:
+                byte = buf[at]
+                at += 1
+                length |= (byte & 0x7F) << shift
+                shift += 7
+                if not byte & 0x80:
+                    break
+            else:
+                return super()._packet_read()  # the length is cut short, or malformed
+            if at + length > end:
+                return super()._packet_read()
+            command = buf[pos]
+            self._rpos = at + length
+            with self._msgtime_mutex:
+                self._last_bytes_received = time.monotonic()
+            if command == 0x40 and self._puback_ok(buf, at, length):
+                self._acked((buf[at] << 8) | buf[at + 1])
+                return MQTTErrorCode.MQTT_ERR_SUCCESS
+            self._in_packet = {
+                "command": command,
+                "have_remaining": 1,
+                "remaining_count": [],
+                "remaining_mult": 1,
+                "remaining_length": length,
+                "packet": bytearray(buf[at : at + length]),
+                "to_process": 0,
+                "pos": 0,
+            }
+            try:
+                rc = self._packet_handle()
+            except MalformedPacket:
+                rc = MQTTErrorCode.MQTT_ERR_PROTOCOL
+            self._in_packet = {
+                "command": 0,
+                "have_remaining": 0,
+                "remaining_count": [],
+                "remaining_mult": 1,
+                "remaining_length": 0,
+                "packet": bytearray(),
+                "to_process": 0,
+                "pos": 0,
+            }
+            return rc
+        return super()._packet_read()
+
+    @staticmethod
+    def _puback_ok(packet: bytes | bytearray, at: int, n: int) -> bool:
+        """A PUBACK body of ``n`` bytes at ``packet[at:]`` that says success and holds nothing
+        but that: the message id alone, or with a success reason code (0, or 16 "no matching
+        subscribers": an event nobody listens to) and an empty property length."""
+        return n == 2 or (2 < n <= 4 and packet[at + 2] < 0x80 and not any(packet[at + 3 : at + n]))
+
+    def _acked(self, mid: int) -> None:
+        """Our QoS 1 publish ``mid`` was acknowledged with success (paho's bookkeeping)."""
+        msg = self._out_messages.pop(mid, None)
+        if msg is not None:
+            self._inflight_messages -= 1
+            on_publish = self.on_publish
+            if on_publish is not None:
+                on_publish(self, self._userdata, mid, _PUBACK_OK, _NO_PROPERTIES)  # type: ignore[call-arg]
+            msg.info._set_as_published()
+
     def _sock_recv(self, bufsize: int) -> bytes:
         if self._rpos >= len(self._rbuf):
             data = super()._sock_recv(max(bufsize, READ_CHUNK))  # BlockingIOError: nothing there
@@ -256,18 +330,8 @@ class _Client(mqtt.Client):
 
     def _handle_pubackcomp(self, cmd: Literal["PUBACK", "PUBCOMP"]) -> MQTTErrorCode:
         packet = self._in_packet["packet"]
-        # message id alone, or with a success reason code (0, or 16 "no matching subscribers":
-        # an event nobody listens to) and an empty property length
-        n = len(packet)
-        if cmd == "PUBACK" and (n == 2 or (2 < n <= 4 and packet[2] < 0x80 and not any(packet[3:]))):
-            mid = (packet[0] << 8) | packet[1]
-            msg = self._out_messages.pop(mid, None)
-            if msg is not None:
-                self._inflight_messages -= 1
-                on_publish = self.on_publish
-                if on_publish is not None:
-                    on_publish(self, self._userdata, mid, _PUBACK_OK, _NO_PROPERTIES)  # type: ignore[call-arg]
-                msg.info._set_as_published()
+        if cmd == "PUBACK" and self._puback_ok(packet, 0, len(packet)):
+            self._acked((packet[0] << 8) | packet[1])
             return MQTTErrorCode.MQTT_ERR_SUCCESS
         return super()._handle_pubackcomp(cmd)
 
