@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import paho.mqtt.client as mqtt
+from paho.mqtt.client import MQTTMessage
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 from paho.mqtt.exception import MalformedPacket
 from paho.mqtt.packettypes import PacketTypes
@@ -250,6 +251,53 @@ class _Client(mqtt.Client):
                 on_publish(self, self._userdata, mid, _PUBACK_OK, _NO_PROPERTIES)  # type: ignore[call-arg]
             msg.info._set_as_published()
 
+    def publish_qos1(self, topic: str, payload: bytes, retain: bool) -> int:
+        """paho's ``publish(topic, payload, qos=1, retain=retain)`` without MQTT 5 properties,
+        connected, on a topic the service built: the same message kept in ``_out_messages``
+        (sent again, with DUP, after a reconnect, by paho), the packet built here, and a
+        :class:`_Info` without paho's per-message ``threading.Condition``. Returns the
+        message id. Raises ``ValueError`` for a topic paho would refuse (empty, wildcards, NUL)."""
+        topic_bytes = topic.encode()
+        if not topic_bytes or b"+" in topic_bytes or b"#" in topic_bytes or b"\x00" in topic_bytes:
+            raise ValueError("Invalid topic.")
+        mid = self._mid_generate()
+        if mid in self._out_messages:  # paho refuses it too (16-bit ids all in flight)
+            return self.publish(topic, payload, qos=1, retain=retain).mid
+        message = MQTTMessage.__new__(MQTTMessage)
+        message.timestamp = time.monotonic()
+        message.dup = False
+        message.mid = mid
+        message._topic = topic_bytes
+        message.payload = payload
+        message.qos = 1
+        message.retain = retain
+        message.info = info = _Info(mid)
+        message.properties = None
+        message.state = _WAIT_FOR_PUBACK
+        self._out_messages[mid] = message
+        self._inflight_messages += 1
+        # PUBLISH, QoS 1: fixed header, remaining length, topic, message id, (MQTT 5) an empty
+        # property section, payload (MQTT 5.0 section 3.3)
+        v5 = self._protocol == mqtt.MQTTv5
+        size = 2 + len(topic_bytes) + 2 + v5 + len(payload)
+        packet = bytearray(((0x32 | retain),))
+        while True:
+            byte = size & 0x7F
+            size >>= 7
+            if size:
+                packet.append(byte | 0x80)
+            else:
+                packet.append(byte)
+                break
+        packet += struct.pack("!H", len(topic_bytes))
+        packet += topic_bytes
+        packet += struct.pack("!H", mid)
+        if v5:
+            packet.append(0)
+        packet += payload
+        self._packet_queue(_PUBLISH, packet, mid, 1, info)
+        return mid
+
     def _sock_recv(self, bufsize: int) -> bytes:
         if self._rpos >= len(self._rbuf):
             data = super()._sock_recv(max(bufsize, READ_CHUNK))  # BlockingIOError: nothing there
@@ -337,6 +385,26 @@ class _Client(mqtt.Client):
 
 
 _PUBLISH, _DISCONNECT = 0x30, 0xE0
+_WAIT_FOR_PUBACK = mqtt.mqtt_ms_wait_for_puback
+
+
+class _Info(mqtt.MQTTMessageInfo):
+    """paho's message info without its ``threading.Condition`` (one per message): the
+    service never waits on one (:meth:`_Client.publish_qos1`)."""
+
+    __slots__ = ()
+
+    def __init__(self, mid: int) -> None:  # noqa: D107 - paho's, without the condition
+        self.mid = mid
+        self._published = False
+        self.rc = MQTTErrorCode.MQTT_ERR_SUCCESS
+        self._iterpos = 0
+
+    def _set_as_published(self) -> None:
+        self._published = True
+
+    def wait_for_publish(self, timeout: float | None = None) -> None:
+        raise RuntimeError("the service's publishes are not waited for")
 
 
 def _no_op(*_: Any) -> None:
@@ -873,6 +941,15 @@ class Bridge:
                 continue
             size = m.size
             self._out_bytes -= size
+            if m.props is None and not m.once and client.socket() is not None:
+                # the usual message (state, event, response): paho's bookkeeping, less work
+                payload = m.payload.encode() if isinstance(m.payload, str) else m.payload
+                mid = client.publish_qos1(m.topic, payload, m.retain)
+                self._inflight[mid] = size
+                self._inflight_bytes += size
+                if client.socket() is None:
+                    break
+                continue
             info = client.publish(m.topic, m.payload, qos=1, retain=m.retain, properties=m.props)
             self._inflight[info.mid] = size
             self._inflight_bytes += size
