@@ -32,6 +32,7 @@ class AckDroppingProxy:
         self.port = free_port()
         self.server = socket.create_server(("127.0.0.1", self.port))
         self.armed = threading.Event()
+        self.armed_back = threading.Event()  # drop the broker's next PUBACK instead
         self.dropped = 0
         self.connections = 0
         self._open: list[socket.socket] = []
@@ -39,6 +40,9 @@ class AckDroppingProxy:
 
     def arm(self) -> None:
         self.armed.set()
+
+    def arm_back(self) -> None:
+        self.armed_back.set()
 
     def _accept(self) -> None:
         while True:
@@ -54,7 +58,7 @@ class AckDroppingProxy:
             self.connections += 1
             self._open += [client, upstream]
             threading.Thread(target=self._to_broker, args=(client, upstream), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, client), daemon=True).start()
+            threading.Thread(target=self._to_client, args=(upstream, client), daemon=True).start()
 
     @staticmethod
     def _pipe(src: socket.socket, dst: socket.socket) -> None:
@@ -71,6 +75,13 @@ class AckDroppingProxy:
 
     def _to_broker(self, src: socket.socket, dst: socket.socket) -> None:
         """Client -> broker, packet by packet, so that one PUBACK can be dropped."""
+        self._forward(src, dst, self.armed)
+
+    def _to_client(self, src: socket.socket, dst: socket.socket) -> None:
+        """Broker -> client, the same way (:attr:`armed_back`)."""
+        self._forward(src, dst, self.armed_back)
+
+    def _forward(self, src: socket.socket, dst: socket.socket, armed: threading.Event) -> None:
         buf = b""
         try:
             while data := src.recv(65536):
@@ -78,8 +89,8 @@ class AckDroppingProxy:
                 out = b""
                 while (packet := _next_packet(buf)) is not None:
                     buf = buf[len(packet) :]
-                    if packet[0] & 0xF0 == PUBACK and self.armed.is_set():
-                        self.armed.clear()
+                    if packet[0] & 0xF0 == PUBACK and armed.is_set():
+                        armed.clear()
                         self.dropped += 1
                         dst.sendall(out)
                         raise ConnectionAbortedError("PUBACK dropped")
@@ -248,3 +259,28 @@ def test_records_of_an_ended_session_cannot_answer_new_requests(tmp_path: Path, 
         assert svc.stop() == 0
     finally:
         broker.stop()
+
+
+def test_publishes_cut_off_by_a_lost_connection_are_sent_again(flaky) -> None:
+    """The service's QoS 1 publishes that the broker had not acknowledged when the connection
+    broke are sent again after the reconnect (MQTT 5.0 section 4.4), so a subscriber misses
+    no event (docs/topics.md, "<base>/events": every transition of every job)."""
+    svc, proxy = flaky
+    watcher = svc.watcher("events", "response/#")
+    # Given a burst of jobs, the service publishing three events for each
+    resp = svc.request("submit", {"kind": "noop", "inputs": [f"x{i}" for i in range(600)]}, watcher)
+    job_ids = {j["job_id"] for j in resp["data"]["jobs"]}
+    before = svc.log().count("connected to")
+    # When, in the middle of it, the broker's acknowledgement is lost and the connection cut
+    wait_until(lambda: len(watcher.json_on(f"{svc.base}/events")) >= 300, 30, "the burst to be under way")
+    proxy.arm_back()
+    wait_until(lambda: proxy.dropped >= 1, 30, "the broker's PUBACK to be dropped")
+    wait_until(lambda: svc.log().count("connected to") > before, 30, "the service to reconnect")
+
+    # Then every job's end reaches the subscriber, and so does every other transition
+    def ends() -> set[str]:
+        return {e["job"]["job_id"] for e in watcher.json_on(f"{svc.base}/events") if e["type"] == "end"}
+
+    wait_until(lambda: ends() >= job_ids, 60, "an end event for every job")
+    kinds = {(e["job"]["job_id"], e["type"]) for e in watcher.json_on(f"{svc.base}/events")}
+    assert all((j, t) in kinds for j in job_ids for t in ("new", "update", "end"))
