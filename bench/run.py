@@ -42,6 +42,7 @@ ALL = ["P1", "P2", "P3", "P4", "P5", "P6"]
 PACKAGES = [
     "edge-queue",
     "paho-mqtt",
+    "orjson",
     "sqlite-utils",
     "faster-whisper",
     "ctranslate2",

@@ -153,6 +153,8 @@ class _Ack:
 
 _PUBACK_OK = ReasonCode(PacketTypes.PUBACK)
 _NO_PROPERTIES = Properties(PacketTypes.PUBACK)
+#: the (empty, shared, never changed) properties of a PUBLISH that came without any
+_NO_PUBLISH_PROPERTIES = Properties(PacketTypes.PUBLISH)
 
 
 class _Client(mqtt.Client):
@@ -343,19 +345,23 @@ class _Client(mqtt.Client):
         when they are over :data:`MAX_PROPERTY_BYTES`: paho's decoder copies the rest of the
         packet (payload included) for every property, so 100,000 user properties took minutes."""
         self.dropped_property_bytes = 0
-        if self._protocol != mqtt.MQTTv5:
-            return super()._handle_publish()
+        header = self._in_packet["command"]
         packet = self._in_packet["packet"]
-        qos = (self._in_packet["command"] & 0x06) >> 1
+        qos = (header & 0x06) >> 1
+        v5 = self._protocol == mqtt.MQTTv5
         try:
             (slen,) = struct.unpack_from("!H", packet)
             at = 2 + slen + (2 if qos else 0)
-            props_len, vbi_len = _decode_vbi(packet, at)
+            props_len, vbi_len = _decode_vbi(packet, at) if v5 else (0, 0)
         except (struct.error, ValueError, IndexError):
             return MQTTErrorCode.MQTT_ERR_PROTOCOL
         end = at + vbi_len + props_len
-        if end > len(packet):
+        if end > len(packet) or at > len(packet):
             return MQTTErrorCode.MQTT_ERR_PROTOCOL
+        if qos < 2 and not props_len and (slen or v5):
+            return self._handle_plain_publish(header, packet, slen, qos, end)
+        if not v5:
+            return super()._handle_publish()
         properties = Properties(PacketTypes.PUBLISH)
         if props_len > MAX_PROPERTY_BYTES:
             self.dropped_property_bytes = props_len
@@ -368,6 +374,27 @@ class _Client(mqtt.Client):
         self._in_packet["packet"] = bytearray(packet[:at]) + b"\x00" + packet[end:]
         self._decoded_properties = properties
         return super()._handle_publish()
+
+    def _handle_plain_publish(self, header: int, packet: bytearray, slen: int, qos: int, body_at: int) -> MQTTErrorCode:
+        """A QoS 0 or 1 PUBLISH without MQTT 5 properties (most requests): the message paho's
+        ``_handle_publish`` would make, without its decoder's copies, its ``Properties`` objects
+        and the ``threading.Condition`` of a message info nobody waits on."""
+        message = MQTTMessage.__new__(MQTTMessage)
+        message.timestamp = time.monotonic()
+        message.state = mqtt.mqtt_ms_invalid
+        message.dup = bool(header & 0x08)
+        message.mid = ((packet[2 + slen] << 8) | packet[3 + slen]) if qos else 0
+        message._topic = bytes(packet[2 : 2 + slen])
+        message.payload = bytes(packet[body_at:])
+        message.qos = qos
+        message.retain = bool(header & 0x01)
+        message.info = _Info(message.mid)
+        message.properties = _NO_PUBLISH_PROPERTIES if self._protocol == mqtt.MQTTv5 else None
+        self._decoded_properties = None
+        self._handle_on_message(message)
+        if qos == 1 and not self._manual_ack:
+            return self._send_puback(message.mid)
+        return MQTTErrorCode.MQTT_ERR_SUCCESS
 
     def _handle_on_message(self, message: mqtt.MQTTMessage) -> None:
         props = getattr(self, "_decoded_properties", None)
