@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 from harness import BENCH, Figure, Service, SucceededCounter, clear_retained, uid
 
 REF_VENV = BENCH / ".venv-ref"
@@ -50,15 +51,19 @@ def ensure_ref_venv(log: Any) -> Path:
     return py
 
 
-def edge_queue_run(n: int, durability: str, mode: str, timeout_s: float = 300.0) -> float:
-    """Jobs per second for one run on a fresh service: from the first request published to the
-    last job seen ``succeeded`` on its retained topic (:class:`harness.SucceededCounter`)."""
+def edge_queue_run(n: int, durability: str, mode: str, timeout_s: float = 300.0) -> tuple[float, float]:
+    """One run on a fresh service: ``(jobs per second, service CPU ms per job)``. Jobs per
+    second: from the first request published to the last job seen ``succeeded`` on its retained
+    topic (:class:`harness.SucceededCounter`). CPU: user + system time of the service process
+    (all its threads, not its workers) over the same span, divided by ``n``."""
     svc = Service({"EDGE_QUEUE_DURABILITY": durability})
     try:
         svc.start()
         load = SucceededCounter(svc.base)
         time.sleep(0.3)
         load.pump(0)
+        proc = psutil.Process(svc.proc.pid)
+        c0 = proc.cpu_times()
         t0 = time.monotonic()
         if mode == "batch":
             for b in range(n // 100):
@@ -70,9 +75,11 @@ def edge_queue_run(n: int, durability: str, mode: str, timeout_s: float = 300.0)
                     load.pump(0)
         if not load.wait(n, timeout_s):
             raise RuntimeError(f"only {len(load.succeeded)} succeeded after {timeout_s} s: {svc.tail()}")
+        c1 = proc.cpu_times()
         t1 = max(load.succeeded.values())
         load.close()
-        return n / (t1 - t0)
+        cpu_ms = (c1.user + c1.system - c0.user - c0.system) * 1000 / n
+        return n / (t1 - t0), cpu_ms
     finally:
         svc.cleanup()
 
@@ -120,6 +127,7 @@ SIDES = ["eq batch full", "eq batch normal", "eq single full", "eq single normal
 def run(runs: int, n: int, log: Any) -> dict[str, Any]:
     py = ensure_ref_venv(log)
     got: dict[str, list[float]] = {s: [] for s in SIDES}
+    cpu: dict[str, list[float]] = {s: [] for s in SIDES if s.startswith("eq ")}
     for r in range(runs):
         order = SIDES if r % 2 == 0 else SIDES[::-1]
         for side in order:
@@ -129,8 +137,14 @@ def run(runs: int, n: int, log: Any) -> dict[str, Any]:
                 v = floor_run(n, "full")
             else:
                 _, mode, dur = side.split()
-                v = edge_queue_run(n, dur, mode)
+                v, ms = edge_queue_run(n, dur, mode)
+                cpu[side].append(ms)
             got[side].append(v)
-            log(f"P1 run {r + 1}/{runs} {side}: {v:,.0f} jobs/s")
+            log(
+                f"P1 run {r + 1}/{runs} {side}: {v:,.0f} jobs/s"
+                + (f", service CPU {ms:.3f} ms/job" if side in cpu else "")
+            )
     hv = _huey_version(py) or "?"
-    return {"figures": {s: Figure(v, "jobs/s") for s, v in got.items()}, "n": n, "huey_version": hv}
+    figures = {s: Figure(v, "jobs/s") for s, v in got.items()}
+    figures.update({f"{s} cpu": Figure(v, "ms/job") for s, v in cpu.items()})
+    return {"figures": figures, "n": n, "huey_version": hv}
