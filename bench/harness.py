@@ -202,7 +202,7 @@ class Service:
         return self.proc.pid
 
     def workers(self) -> list[psutil.Process]:
-        """The service's worker processes (spawned children running ``spawn_main``)."""
+        """The service's worker processes: the children of its multiprocessing forkserver."""
         try:
             kids = psutil.Process(self.pid).children()
         except psutil.NoSuchProcess:
@@ -210,8 +210,8 @@ class Service:
         out = []
         for k in kids:
             try:
-                if "spawn_main" in " ".join(k.cmdline()):
-                    out.append(k)
+                if "forkserver" in " ".join(k.cmdline()):
+                    out.extend(k.children())
             except psutil.Error:
                 pass
         return out

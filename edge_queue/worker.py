@@ -194,8 +194,10 @@ class _Worker:
 
 
 def _die_with_parent() -> None:
-    """Linux: ask the kernel for SIGKILL when the service dies (``PR_SET_PDEATHSIG``), so a
-    ``kill -9`` of the service cannot leave a worker running a job nobody will collect."""
+    """Linux: ask the kernel for SIGKILL when the parent dies (``PR_SET_PDEATHSIG``), so a
+    ``kill -9`` of the service cannot leave a worker running a job nobody will collect. The
+    parent is multiprocessing's forkserver, which exits as soon as the service is gone (its
+    end of the forkserver's "alive" pipe closes)."""
     try:
         import ctypes
 
@@ -218,7 +220,7 @@ def _thread_lock_for_tqdm() -> None:
 
 
 def main(conn: Connection, settings: Settings) -> None:
-    """Entry point of a worker process (started with ``spawn``).
+    """Entry point of a worker process (forked by the supervisor's ``forkserver``).
 
     SIGINT is ignored (a Ctrl-C in the terminal reaches the service, which stops the workers
     itself); SIGTERM ends the process at once.

@@ -71,6 +71,18 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def descendants(pid: int) -> list[int]:
+    """Pids of every process under ``pid``: the service's workers are children of its
+    forkserver, which is a child of the service."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        found = subprocess.run(["pgrep", "-P", str(todo.pop())], capture_output=True, text=True).stdout.split()
+        out += [int(p) for p in found]
+        todo += [int(p) for p in found]
+    return out
+
+
 def words(text: str) -> list[str]:
     keep = "".join(c.lower() if c.isalnum() or c in " '" else " " for c in text)
     return keep.split()

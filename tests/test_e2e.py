@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REFERENCE, Watcher, publish, wait_until, wer
+from .conftest import REFERENCE, Watcher, descendants, publish, wait_until, wer
 
 
 def _states(watcher: Watcher, topic: str) -> list[str]:
@@ -259,7 +259,7 @@ def test_republish_and_worker_replaced_after_kill(broker, service_factory, speec
     topic = f"{svc.base}/jobs/{job_id}"
     watcher.wait_json(topic, lambda m: m["state"] == "running")
     # When the worker process running the job is killed with SIGKILL
-    children = _children(svc.proc.pid)
+    children = descendants(svc.proc.pid)
     queue_msg = watcher.wait_json(f"{svc.base}/queue", lambda q: q["counts"]["running"] == 1)
     assert queue_msg["workers_alive"] == 2
     victim = queue_msg["running"][0]["worker_pid"]
@@ -274,9 +274,13 @@ def test_republish_and_worker_replaced_after_kill(broker, service_factory, speec
     assert "retrying" in states
     retrying = [j for j in watcher.job_events(svc.base, job_id) if j["state"] == "retrying"][0]
     assert retrying["error"]["code"] == "worker_lost"
-    wait_until(
-        lambda: victim not in _children(svc.proc.pid) and len(_children(svc.proc.pid)) >= 2, 15, "a replacement worker"
+    # on a replacement worker: a new process under the service
+    again = watcher.wait_json(
+        f"{svc.base}/queue",
+        lambda q: q["running"] and q["running"][0]["worker_pid"] not in (None, victim) and q["workers_alive"] == 2,
     )
+    assert again["running"][0]["worker_pid"] in descendants(svc.proc.pid)
+    wait_until(lambda: victim not in descendants(svc.proc.pid), 15, "the killed worker to be reaped")
     svc.request("cancel", {"job_id": job_id}, watcher)
     watcher.wait_json(topic, lambda m: m["state"] == "cancelled")
     # republish sends every retained topic again
@@ -288,11 +292,6 @@ def test_republish_and_worker_replaced_after_kill(broker, service_factory, speec
         10,
         "republished topics",
     )
-
-
-def _children(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
-    return [int(p) for p in out.stdout.split()]
 
 
 def test_embedded_broker_sends_retained_messages_only_to_their_subscribers(amqtt) -> None:

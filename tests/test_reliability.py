@@ -14,12 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REFERENCE, Broker, free_port, need, port_open, publish, wait_until, wer
-
-
-def _children(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
-    return [int(p) for p in out.stdout.split()]
+from .conftest import REFERENCE, Broker, descendants, free_port, need, port_open, publish, wait_until, wer
 
 
 def _alive(pid: int) -> bool:
@@ -49,7 +44,7 @@ def test_kill9_service_during_transcription(mosquitto, service_factory, long_spe
     job_id = svc.request("submit", {"input": str(long_speech)}, watcher)["data"]["jobs"][0]["job_id"]
     topic = f"{svc.base}/jobs/{job_id}"
     watcher.wait_json(topic, lambda m: m["stage"] == "transcribing", timeout=60)
-    workers = _children(svc.proc.pid)
+    workers = descendants(svc.proc.pid)
     # When the service dies with SIGKILL mid-transcription
     svc.kill()
     # Then its workers die with it, and the broker publishes the Last Will
