@@ -444,8 +444,7 @@ class Service:
                 self._take_inbox(taken)
                 if taken:
                     store.set_meta("requests_seen", self._requests_seen)
-                for outcome in outcomes:
-                    self.on_outcome(outcome, self.clock())
+                self.on_outcomes(outcomes, self.clock())
                 self.schedule(self.clock())
                 self.flush(self.clock())
                 self.housekeeping(self.clock())
@@ -857,6 +856,45 @@ class Service:
         return None
 
     # -- outcomes -----------------------------------------------------------------------
+
+    def on_outcomes(self, outcomes: list[Outcome], now: float) -> None:
+        """:meth:`on_outcome` for each of a turn's outcomes, in order; each run of successes
+        and starts (many short jobs) is stored at once (:meth:`Store.succeed_many`). A start
+        whose job succeeded in the same run is stored with the success."""
+        run: list[Outcome] = []
+        for outcome in outcomes:
+            if outcome.op in ("done", "started"):
+                run.append(outcome)
+                continue
+            self._on_successes(run, now)
+            run = []
+            self.on_outcome(outcome, now)
+        self._on_successes(run, now)
+
+    def _on_successes(self, run: list[Outcome], now: float) -> None:
+        if not run:
+            return
+        store = self._store()
+        reports = [(o.job_id, o.attempt, o.data.get("result")) for o in run if o.op == "done"]
+        finished = {(job_id, attempt) for job_id, attempt, _ in reports}
+        store.mark_started_many(
+            [(o.job_id, o.attempt) for o in run if o.op == "started" and (o.job_id, o.attempt) not in finished], now
+        )
+        started = [(o.job_id, o.attempt) for o in run if o.op == "started" and (o.job_id, o.attempt) in finished]
+        done = store.succeed_many(reports, now, started=[job_id for job_id, _ in started]) if reports else {}
+        store.mark_started_many([(job_id, attempt) for job_id, attempt in started if job_id not in done], now)
+        for outcome in run:
+            if outcome.op != "done":
+                continue
+            job = done.get(outcome.job_id)
+            if job is None:  # not running on that attempt: the general path decides
+                self.on_outcome(outcome, now)
+                continue
+            self._pending_progress.pop(outcome.job_id, None)
+            self._last_progress_pub.pop(outcome.job_id, None)
+            self._published_stage.pop(outcome.job_id, None)
+            log.info("job %s succeeded (attempt %d)", outcome.job_id, outcome.attempt)
+            self.publish_job(job)
 
     def on_outcome(self, outcome: Outcome, now: float) -> None:
         """Turn what a worker reported (or its death) into the job's next state."""

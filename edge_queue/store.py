@@ -969,6 +969,60 @@ class Store:
             self._counts["succeeded"] += 1
             return row
 
+    def succeed_many(
+        self, reports: Sequence[tuple[str, int, Any]], now: float, *, started: Iterable[str] = ()
+    ) -> dict[str, dict[str, Any]]:
+        """:meth:`succeed` for several ``(job_id, attempt, result)`` reports at once: one fenced
+        ``UPDATE ... FROM (VALUES ...)`` per 500 reports and one ``executemany`` of their event
+        rows, in the order given. ``started`` names jobs among them that their worker started
+        in this same turn: their ``started_at`` is set here, if still unset (what
+        :meth:`mark_started` would have done just before). Returns job id -> new row (with its
+        ``event_id``) for the reports that applied; the others (not running on that attempt)
+        are left to the general path, as with :meth:`succeed`."""
+        at = iso(now)
+        done: dict[str, dict[str, Any]] = {}
+        started = set(started)
+        with self._immediate():
+            for i in range(0, len(reports), 500):
+                part = reports[i : i + 500]
+                args: list[Any] = [at, at, at]
+                for job_id, attempt, result in part:
+                    args += (job_id, attempt, json.dumps(result) if result is not None else None, job_id in started)
+                cur = self.conn.execute(
+                    "UPDATE jobs SET state = 'succeeded', seq = seq + 1, updated_at = ?, stage = NULL, "
+                    "eta_s = NULL, finished_at = ?, result = v.column3, progress = 100.0, error = NULL, "
+                    "crashes = 0, started_at = CASE WHEN v.column4 THEN coalesce(started_at, ?) ELSE started_at END "
+                    f"FROM (VALUES {','.join(['(?,?,?,?)'] * len(part))}) AS v "
+                    "WHERE jobs.job_id = v.column1 AND jobs.attempt = v.column2 AND jobs.state = 'running' "
+                    "RETURNING *",
+                    args,
+                )
+                names = [d[0] for d in cur.description]
+                for row in cur.fetchall():
+                    job = self._decode(dict(zip(names, row, strict=True)))
+                    done[job["job_id"]] = job
+            if done:
+                ordered = [(job_id, attempt) for job_id, attempt, _ in reports if job_id in done]
+                self.conn.executemany(
+                    "INSERT INTO job_events (job_id, at, from_state, to_state, attempt, detail) "
+                    "VALUES (?, ?, 'running', 'succeeded', ?, NULL)",
+                    [(job_id, at, attempt) for job_id, attempt in ordered],
+                )
+                for (job_id, _), event_id in zip(ordered, self._last_event_ids(len(ordered)), strict=True):
+                    done[job_id]["event_id"] = event_id
+                self._counts["running"] -= len(done)
+                self._counts["succeeded"] += len(done)
+        return done
+
+    def mark_started_many(self, starts: Sequence[tuple[str, int]], now: float) -> None:
+        """:meth:`mark_started` for several ``(job_id, attempt)`` at once."""
+        if starts:
+            at = iso(now)
+            self.conn.executemany(
+                "UPDATE jobs SET started_at = ? WHERE job_id = ? AND attempt = ? AND started_at IS NULL",
+                [(at, job_id, attempt) for job_id, attempt in starts],
+            )
+
     def progress(
         self, job_id: str, now: float, *, progress: float, stage: str | None, eta_s: float | None
     ) -> dict[str, Any]:

@@ -105,6 +105,30 @@ def test_transition_table_enforced_and_fenced(store: Store) -> None:
         store.get("nope")
 
 
+def test_succeed_many_is_fenced_per_job_and_logs_in_report_order(store: Store) -> None:
+    _, created = store.submit([spec(f"/m/{i}") for i in range(5)], 1.0, as_batch=True)
+    ids = [c.job["job_id"] for c in created]
+    claimed = store.claim_many(2.0, ["noop"], "r", 5, started=False)
+    assert [j["job_id"] for j in claimed] == ids and all(j["started_at"] is None for j in claimed)
+    store.transition(ids[3], JobState.CANCELLING, 2.5)  # cancelled meanwhile: not a success here
+    reports = [(ids[2], 1, {"n": 2}), (ids[0], 1, None), (ids[1], 7, {}), (ids[3], 1, {}), ("nope", 1, {})]
+    before = store.counts()
+    done = store.succeed_many(reports, 3.0, started=[ids[2]])
+    # only the jobs running on the reported attempt succeeded; the rest are left as they were
+    assert sorted(done) == sorted([ids[0], ids[2]])
+    assert store.get(ids[1])["state"] == "running" and store.get(ids[3])["state"] == "cancelling"
+    a, b = done[ids[2]], done[ids[0]]
+    assert a["result"] == {"n": 2} and b["result"] is None
+    assert a["state"] == b["state"] == "succeeded" and a["finished_at"] == iso(3.0) and a["progress"] == 100.0
+    assert a["seq"] == 3 and a["started_at"] == iso(3.0) and b["started_at"] is None  # only the one named
+    # the event log has the successes in report order, with the ids the rows carry
+    assert a["event_id"] + 1 == b["event_id"]
+    assert [e["to_state"] for e in store.events(ids[2])] == ["queued", "running", "succeeded"]
+    counts = store.counts()
+    assert counts["succeeded"] == before["succeeded"] + 2 and counts["running"] == before["running"] - 2
+    assert counts == store._load_counts()
+
+
 def test_orphans_belong_to_other_runs(store: Store) -> None:
     store.submit([spec("/a"), spec("/b")], 1.0, as_batch=True)
     a = store.claim(2.0, ["noop"], "dead-run")
