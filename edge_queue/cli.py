@@ -61,6 +61,10 @@ def _logging(level: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(OneLineFormatter("%(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=level, handlers=[handler], force=True)
+    # The format uses none of these: not collecting them saves a fifth of the cost of each line
+    # (19 -> 15 us here; the service logs three lines per job at INFO; logging HOWTO, "Optimization").
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+    logging._srcfile = None  # type: ignore[attr-defined]  # no caller look-up (HOWTO, "Optimization")
     for noisy in ("amqtt", "transitions"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))
 
