@@ -345,7 +345,7 @@ def test_file_names_cannot_forge_output_lines(mosquitto, service_factory, tmp_pa
 
 
 def test_a_broker_lost_during_a_request_is_named_and_a_closed_port_fails_fast(tmp_path: Path) -> None:
-    from .conftest import publish
+    from .conftest import Watcher, publish
     from .test_load import PrivateMosquitto
 
     # Given a broker where the status says online but nobody answers requests
@@ -359,6 +359,7 @@ def test_a_broker_lost_during_a_request_is_named_and_a_closed_port_fails_fast(tm
             "EDGE_QUEUE_MQTT__BASE_TOPIC": base,
             "EDGE_QUEUE_DATA_DIR": str(tmp_path / "cli"),
         }
+        requests = Watcher(broker.host, broker.port, [f"{base}/request/#"])
         proc = subprocess.Popen(
             [sys.executable, "-m", "edge_queue", "jobs"],
             env=env,
@@ -366,7 +367,10 @@ def test_a_broker_lost_during_a_request_is_named_and_a_closed_port_fails_fast(tm
             stderr=subprocess.PIPE,
             text=True,
         )
-        wait_until(lambda: "eq-cli-" in broker.log.read_text() or proc.poll() is not None, 30, "the CLI connected")
+        # (its request reached the broker: it is connected and waits for the answer; its CONNECT
+        # in the broker's log is not enough, the broker may go before the CLI reads the CONNACK)
+        wait_until(lambda: requests.messages or proc.poll() is not None, 30, "the CLI's request")
+        requests.client.loop_stop()
         # When the broker goes away while the CLI waits for its answer
         broker.stop()
         lost = time.monotonic()
