@@ -897,11 +897,13 @@ class Service:
             self.publish_job(job)
 
     def on_outcome(self, outcome: Outcome, now: float) -> None:
-        """Turn what a worker reported (or its death) into the job's next state."""
+        """Turn what a worker reported (or its death) into the job's next state: the general
+        path, which checks the job's state and attempt and explains what it refuses (the usual
+        successes are stored by :meth:`on_outcomes` at once)."""
         store = self._store()
         job_id, attempt, data = outcome.job_id, outcome.attempt, outcome.data
         if outcome.op == "started":  # a job from a worker's queue became its current one
-            store.mark_started(job_id, attempt, now)
+            store.mark_started_many([(job_id, attempt)], now)
             return
         if outcome.op == "progress":
             # Every stage is published; within a stage, at most once per second.
@@ -917,12 +919,6 @@ class Service:
         self._pending_progress.pop(job_id, None)
         self._last_progress_pub.pop(job_id, None)
         self._published_stage.pop(job_id, None)
-        if outcome.op == "done":
-            done = store.succeed(job_id, attempt, now, data.get("result"))
-            if done is not None:  # the usual end, in one statement; anything else below
-                log.info("job %s succeeded (attempt %d)", job_id, attempt)
-                self.publish_job(done)
-                return
         try:
             job = store.get(job_id)
         except NotFoundError:

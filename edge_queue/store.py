@@ -845,7 +845,7 @@ class Store:
         """:meth:`claim` up to ``n`` jobs at once, in claim order (one query per state).
 
         ``started=False`` claims jobs for a worker's queue: ``started_at`` stays null until
-        :meth:`mark_started`, so that a service death before the worker got to them does not
+        :meth:`mark_started_many`, so that a service death before the worker got to them does not
         count their attempt (:meth:`orphans`)."""
         kinds = list(kinds)
         if not kinds or n < 1:
@@ -947,38 +947,19 @@ class Store:
             self._counts[dst.value] += 1
             return row
 
-    def succeed(self, job_id: str, attempt: int, now: float, result: Any) -> dict[str, Any] | None:
-        """A worker's success report for a job ``running`` on ``attempt``: the same change as
-        ``transition(job_id, SUCCEEDED, now, expect_attempt=attempt, result=result,
-        progress=100.0, error=None, crashes=0)``, fenced and done in one statement (the usual
-        end of a job, on the hot path). Returns the new row with its ``event_id``, or ``None``
-        when the job is not running on that attempt (cancelling, superseded, deleted): the caller
-        then takes the general path, which decides and explains."""
-        at = iso(now)
-        with self._immediate():
-            row = self._row(
-                "UPDATE jobs SET state = 'succeeded', seq = seq + 1, updated_at = ?, stage = NULL, "
-                "eta_s = NULL, finished_at = ?, result = ?, progress = 100.0, error = NULL, crashes = 0 "
-                "WHERE job_id = ? AND attempt = ? AND state = 'running' RETURNING *",
-                [at, at, json.dumps(result) if result is not None else None, job_id, attempt],
-            )
-            if row is None:
-                return None
-            row["event_id"] = self._event(job_id, at, JobState.RUNNING, JobState.SUCCEEDED, attempt, None)
-            self._counts["running"] -= 1
-            self._counts["succeeded"] += 1
-            return row
-
     def succeed_many(
         self, reports: Sequence[tuple[str, int, Any]], now: float, *, started: Iterable[str] = ()
     ) -> dict[str, dict[str, Any]]:
-        """:meth:`succeed` for several ``(job_id, attempt, result)`` reports at once: one fenced
-        ``UPDATE ... FROM (VALUES ...)`` per 500 reports and one ``executemany`` of their event
-        rows, in the order given. ``started`` names jobs among them that their worker started
-        in this same turn: their ``started_at`` is set here, if still unset (what
-        :meth:`mark_started` would have done just before). Returns job id -> new row (with its
-        ``event_id``) for the reports that applied; the others (not running on that attempt)
-        are left to the general path, as with :meth:`succeed`."""
+        """Workers' success reports ``(job_id, attempt, result)`` for jobs ``running`` on that
+        attempt: the change ``transition(job_id, SUCCEEDED, now, expect_attempt=attempt,
+        result=result, progress=100.0, error=None, crashes=0)`` makes, for all of them in one
+        fenced ``UPDATE ... FROM (VALUES ...)`` per 500 reports and one ``executemany`` of
+        their event rows, in the order given (the usual end of a job, on the hot path).
+        ``started`` names jobs among them that their worker started in this same turn: their
+        ``started_at`` is set here, if still unset (what :meth:`mark_started_many` would have
+        done just before). Returns job id -> new row, with its ``event_id``, for the reports
+        that applied; the others (cancelling, superseded, deleted) are left to the caller's
+        general path, which decides and explains."""
         at = iso(now)
         done: dict[str, dict[str, Any]] = {}
         started = set(started)
@@ -1015,7 +996,8 @@ class Store:
         return done
 
     def mark_started_many(self, starts: Sequence[tuple[str, int]], now: float) -> None:
-        """:meth:`mark_started` for several ``(job_id, attempt)`` at once."""
+        """Record that workers started these ``(job_id, attempt)`` from their queues (jobs
+        claimed with ``started=False``): ``started_at`` is set where still unset."""
         if starts:
             at = iso(now)
             self.conn.executemany(
@@ -1035,13 +1017,6 @@ class Store:
                 [progress, stage, eta_s, at, job_id],
             )
         return row if row is not None else self.get(job_id)
-
-    def mark_started(self, job_id: str, attempt: int, now: float) -> None:
-        """Record that a worker started ``attempt`` of a job it held in its queue."""
-        self.conn.execute(
-            "UPDATE jobs SET started_at = ? WHERE job_id = ? AND attempt = ? AND started_at IS NULL",
-            [iso(now), job_id, attempt],
-        )
 
     def orphans(self, owner: str) -> list[str]:
         """Ids of jobs left ``running``/``cancelling`` by another run of the service."""
