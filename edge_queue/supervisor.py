@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds between SIGTERM and SIGKILL when a worker must end.
 KILL_AFTER_S = 2.0
+#: Longest wait before another try to start a worker whose start failed.
+RESPAWN_MAX_S = 5.0
 #: Jobs one worker may hold at once (the one it runs and those it runs next), for short kinds.
 PREFETCH = 16
 #: A kind whose attempts take less than this many seconds on average is "short".
@@ -83,6 +85,9 @@ class _Slot:
     jobs_done: int = 0
     rss_mb: float | None = None
     pid: int | None = None
+    #: when to try again to start this worker (monotonic), after a start failed
+    respawn_at: float | None = None
+    start_failures: int = 0
 
     @property
     def job(self) -> dict[str, Any] | None:
@@ -132,17 +137,32 @@ class Supervisor:
             self._spawn(slot)
 
     def _spawn(self, slot: _Slot) -> None:
-        parent, child = self._ctx.Pipe(duplex=True)
-        proc = self._ctx.Process(
-            target=worker_module.main, args=(child, self.settings), name=f"edge-queue-worker-{slot.index}", daemon=True
-        )
-        proc.start()
-        child.close()
-        slot.process, slot.conn, slot.pid = proc, parent, proc.pid
+        """Start the slot's worker. A start that fails (the forkserver died with the workers and
+        has not been reaped yet, so multiprocessing still connects to its closed socket; no
+        process or file left) leaves the slot empty and tries again on a later turn, after
+        0.1 s, doubling up to :data:`RESPAWN_MAX_S`: the service goes on, its jobs wait."""
         slot.jobs.clear()
         slot.unsent.clear()
         slot.end_reason = slot.recycle = None
         slot.jobs_done, slot.rss_mb = 0, None
+        parent, child = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(
+            target=worker_module.main, args=(child, self.settings), name=f"edge-queue-worker-{slot.index}", daemon=True
+        )
+        try:
+            proc.start()
+        except (OSError, EOFError) as e:
+            parent.close()
+            child.close()
+            delay = min(RESPAWN_MAX_S, 0.1 * 2**slot.start_failures)
+            slot.start_failures += 1
+            slot.respawn_at = self.clock() + delay
+            slot.process = slot.conn = slot.pid = None
+            log.warning("worker %d could not be started (%s); trying again in %.1f s", slot.index, e, delay)
+            return
+        child.close()
+        slot.respawn_at, slot.start_failures = None, 0
+        slot.process, slot.conn, slot.pid = proc, parent, proc.pid
         log.debug("worker %d started, pid %d", slot.index, proc.pid)
 
     def stop(self, timeout_s: float = 5.0) -> None:
@@ -288,6 +308,8 @@ class Supervisor:
         """Read every pending worker message, reap dead workers, enforce deadlines."""
         out: list[Outcome] = []
         for slot in self.slots:
+            if slot.process is None and slot.respawn_at is not None and self.clock() >= slot.respawn_at:
+                self._spawn(slot)
             conn = slot.conn
             try:
                 # select() with no wait: Connection.poll builds a selector on every call
@@ -391,7 +413,7 @@ class Supervisor:
 
     def next_deadline(self) -> float | None:
         """Seconds until the nearest timeout or cancel deadline, or ``None``."""
-        times: list[float] = []
+        times: list[float] = [s.respawn_at for s in self.slots if s.respawn_at is not None]
         for s in self.slots:
             if s.jobs:
                 head = s.jobs[0]

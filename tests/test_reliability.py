@@ -282,6 +282,48 @@ def test_recycles_worker_after_max_jobs(broker, service_factory, speech: Path) -
     wait_until(lambda: svc.log().count("recycled: 2 jobs done") == 2, 10, "two recycles")
 
 
+def _forkserver(service_pid: int) -> int | None:
+    """The pid of the service's forkserver (the parent of its workers), or None."""
+    for pid in descendants(service_pid):
+        try:
+            if b"forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+        except OSError:
+            pass
+    return None
+
+
+def test_the_workers_forkserver_killed_again_and_again_costs_no_job(mosquitto, service_factory, speech: Path) -> None:
+    # Given a service with its two workers up
+    svc = service_factory(mosquitto, [speech]).start()
+    watcher = svc.watcher("response/#", "jobs/+")
+    running = svc.request("submit", {"kind": "noop", "options": {"sleep_s": 30}}, watcher)["data"]["jobs"][0]
+    watcher.wait_json(f"{svc.base}/jobs/{running['job_id']}", lambda m: m["state"] == "running")
+    for _ in range(8):
+        fs = wait_until(lambda: _forkserver(svc.proc.pid), 15, "the forkserver")
+        wait_until(lambda fs=fs: len(descendants(fs)) >= 2 or svc.proc.poll() is not None, 15, "its two workers")
+        assert svc.proc.poll() is None, svc.log()
+        # When the forkserver is killed (its workers die with it, and the service may try to
+        # start their successors before the kernel has made the dead forkserver a zombie)
+        os.kill(fs, signal.SIGKILL)
+        # Then the service starts a new one and new workers, and keeps serving
+        wait_until(
+            lambda fs=fs: _forkserver(svc.proc.pid) not in (None, fs) or svc.proc.poll() is not None,
+            15,
+            "a new forkserver",
+        )
+        assert svc.proc.poll() is None, svc.log()
+    # a new job runs, and the one that was running was run again (each kill cost it an
+    # attempt) until it failed with a code, or it still runs
+    later = svc.request("submit", {"kind": "noop"}, watcher)["data"]["jobs"][0]
+    watcher.wait_json(f"{svc.base}/jobs/{later['job_id']}", lambda m: m["state"] == "succeeded", timeout=30)
+    again = watcher.wait_json(f"{svc.base}/jobs/{running['job_id']}", lambda m: m["attempt"] >= 2)
+    assert again["state"] in ("running", "retrying", "queued", "failed"), again
+    if again["state"] == "failed":
+        assert again["error"]["code"] in ("crash_loop", "worker_lost"), again
+    assert "Traceback" not in svc.log() and svc.proc.poll() is None, svc.log()
+
+
 @pytest.fixture
 def private_mosquitto(tmp_path: Path):
     """A private mosquitto without persistence on a free port, restartable by the test."""
