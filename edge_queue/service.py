@@ -40,7 +40,7 @@ from .preflight import check_data_dir
 from .scan import RetainedScan
 from .states import JobState, cancelled_error, is_terminal
 from .store import Store, iso, new_id
-from .supervisor import PREFETCH, Outcome, Supervisor, _Slot
+from .supervisor import Outcome, Supervisor, _Slot
 from .topics import ONLINE, Topics
 from .watch import WatchFolders
 
@@ -1059,11 +1059,11 @@ class Service:
         for slot in sup.prefetching():
             # kinds without a concurrency limit: up to the worker's room at once
             jobs = store.claim_many(
-                now, [k for k in allowed(True) if k in unlimited], self.run_id, PREFETCH - len(slot.jobs), started=False
+                now, [k for k in allowed(True) if k in unlimited], self.run_id, sup.room(slot), started=False
             )
             for job in jobs:
                 self._assign(slot, job)
-            while len(slot.jobs) < PREFETCH and (kinds := allowed(True)):
+            while sup.room(slot) > 0 and (kinds := allowed(True)):
                 claimed = store.claim_many(now, kinds, self.run_id, 1, started=False)
                 if not claimed:
                     break

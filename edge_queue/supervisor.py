@@ -211,14 +211,23 @@ class Supervisor:
         avg = self._avg_s.get(kind)
         return avg is not None and avg[1] >= 3 and avg[0] < FAST_S
 
+    def room(self, slot: _Slot) -> int:
+        """How many more jobs the worker may be given: up to :data:`PREFETCH` held at once, and
+        no more than it has left before ``max_jobs_per_worker`` replaces it."""
+        room = PREFETCH - len(slot.jobs)
+        if self.settings.max_jobs_per_worker:
+            room = min(room, self.settings.max_jobs_per_worker - slot.jobs_done - len(slot.jobs))
+        return room
+
     def prefetching(self) -> list[_Slot]:
-        """Workers that hold only short jobs, fewer than :data:`PREFETCH`: they may take more."""
+        """Workers that hold only short jobs and have :meth:`room`: they may take more."""
         return [
             s
             for s in self.slots
             if s.process is not None
             and s.recycle is None
-            and 0 < len(s.jobs) < PREFETCH
+            and s.jobs
+            and self.room(s) > 0
             and all(self.fast(e.msg["kind"]) for e in s.jobs)
         ]
 

@@ -282,6 +282,19 @@ def test_recycles_worker_after_max_jobs(broker, service_factory, speech: Path) -
     wait_until(lambda: svc.log().count("recycled: 2 jobs done") == 2, 10, "two recycles")
 
 
+def test_a_worker_given_short_jobs_in_advance_still_ends_after_max_jobs(broker, service_factory, speech: Path) -> None:
+    # Given one worker replaced after 5 jobs, and 40 no-op jobs (short: handed out several at once)
+    env = {"EDGE_QUEUE_WORKERS": "1", "EDGE_QUEUE_MAX_JOBS_PER_WORKER": "5"}
+    svc = service_factory(broker, [speech], env).start()
+    watcher = svc.watcher("response/#", "jobs/+")
+    jobs = svc.request("submit", {"kind": "noop", "inputs": [f"n{i}" for i in range(40)]}, watcher)["data"]["jobs"]
+    for job in jobs:
+        watcher.wait_json(f"{svc.base}/jobs/{job['job_id']}", lambda m: m["state"] == "succeeded")
+    # Then every worker ran exactly 5 (it was never given more than it had left)
+    wait_until(lambda: svc.log().count(" recycled: ") == 8, 10, "eight recycles")
+    assert svc.log().count("recycled: 5 jobs done (max_jobs_per_worker 5)") == 8, svc.log()
+
+
 def _forkserver(service_pid: int) -> int | None:
     """The pid of the service's forkserver (the parent of its workers), or None."""
     for pid in descendants(service_pid):
