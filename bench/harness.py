@@ -40,7 +40,7 @@ class Broker:
     """A private mosquitto on a free loopback port with the config lines ``extra`` (the delivery
     settings of broker/mosquitto.conf: ``max_queued_messages 0``, so no message is dropped to a
     slow subscriber), without persistence or authentication. The system broker's default of 1,000 queued messages drops
-    requests and retained state in bursts (PRODUCT 2), which would make the figures wrong."""
+    requests and retained state in bursts, which would make the figures wrong."""
 
     def __init__(self, extra: str = "") -> None:
         import socket

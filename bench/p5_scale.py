@@ -1,7 +1,7 @@
 """P5: submit and claim latency with 0, 10,000 and 100,000 jobs in the store.
 
 Each run starts a service on a copy of a pre-filled store (bench/prefill.py), waits until it has
-republished every stored job (retained, PRODUCT 3 rule 2; that time is reported too), then
+republished every stored job (retained, docs/topics.md; that time is reported too), then
 submits single noop jobs one at a time: submit = publish -> response seen, claim = publish ->
 ``running`` seen. Sizes are alternated within each run.
 """

@@ -1,7 +1,7 @@
 """Soak: submit noop jobs with idempotency keys while the service is killed with SIGKILL at
 random moments and restarted; then check that nothing acknowledged was lost or doubled.
 
-Each service death costs the running jobs one attempt (PRODUCT 4.3); a job whose last
+Each service death costs the running jobs one attempt (docs/topics.md, "Attempts and failures"); a job whose last
 attempt (``max_attempts``, 3) is interrupted fails with ``worker_lost``, so a job that takes
 the service down cannot loop forever. With kills milliseconds after restarts, a few jobs end
 that way; they are terminal, as the checks require, and the summary counts them.
