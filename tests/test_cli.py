@@ -76,7 +76,11 @@ def test_up_starts_embedded_broker_when_none_answers(tmp_path: Path, speech: Pat
             [sys.executable, "-m", "edge_queue", "up", "--media-root", str(speech)], env=env, stderr=log
         )
     try:
-        wait_until(lambda: _online(port), 60, "edge-queue up to be online")
+        try:
+            wait_until(lambda: _online(port) or proc.poll() is not None, 60, "edge-queue up to be online")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; its log:\n{(tmp_path / 'up.log').read_text()[-3000:]}") from None
+        assert proc.poll() is None, (tmp_path / "up.log").read_text()
         out = subprocess.run(
             [sys.executable, "-m", "edge_queue", "submit", "--kind", "probe", str(speech / "jfk.flac"), "--wait"],
             env=env,
