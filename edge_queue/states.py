@@ -48,9 +48,17 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
 }
 
 
+_STATES = frozenset(JobState)
+
+
 def is_terminal(state: JobState | str) -> bool:
-    """True for ``succeeded``, ``failed`` and ``cancelled``: the job will not run again by itself."""
-    return JobState(state) in TERMINAL
+    """True for ``succeeded``, ``failed`` and ``cancelled``: the job will not run again by itself.
+    Raises ``ValueError`` for a name that is no state."""
+    if state in TERMINAL:  # a StrEnum member hashes and compares as its text
+        return True
+    if state not in _STATES:
+        JobState(state)  # ValueError
+    return False
 
 
 def can_transition(src: JobState | str, dst: JobState | str) -> bool:
