@@ -287,6 +287,18 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _measured_when(meta: dict[str, Any]) -> str:
+    """``P1 2026-12-01 (abc1234), ...``: when and on which commit each target was measured."""
+    inv = meta.get("invocations", {})
+    parts = []
+    for pid in ALL:
+        if pid in inv:
+            code = inv[pid].get("code", {})
+            commit = (code.get("commit") or "?")[:7] + (" with local changes" if code.get("modified") else "")
+            parts.append(f"{pid} {inv[pid].get('date', '?')} ({commit})")
+    return ", ".join(parts) or "see `invocations` in the JSON"
+
+
 def write_docs(rows: list[dict[str, Any]], meta: dict[str, Any], out_json: Path) -> None:
     m = meta["machine"]
     text = f"""# Benchmarks
@@ -299,13 +311,14 @@ Python {m["python"]}, {m["mosquitto"]}; data dirs on {m["data_dir_fs"]}.
 Packages: {", ".join(f"{k} {v}" for k, v in meta["versions"].items())}.
 
 Each figure is the median of {meta["runs"]} runs with [min-max]; the sides of a comparison ran in
-the same invocation, alternated run by run (a target refreshed with `--only` keeps the others of
-the day; each target's commit is under `invocations` in the JSON). The 1-hour P4 recording ran once. The brokers were
-private mosquitto processes on loopback: "shipped" with the delivery settings of
-`broker/mosquitto.conf` (`max_queued_messages`, `set_tcp_nodelay`; no persistence, no
-authentication), used by every benchmark; "nagle" the same without `set_tcp_nodelay` (P2 only,
-to show what that setting is worth). Ratios for latencies and times are measured
-divided by reference (lower is better); for throughput, measured divided by reference.
+the same invocation, alternated run by run (a target refreshed with `--only` keeps the others,
+each with the date and commit of its own invocation: {_measured_when(meta)}).
+The 1-hour P4 recording ran once. The brokers were private mosquitto processes on loopback:
+"shipped" with the delivery settings of `broker/mosquitto.conf` (`max_queued_messages`,
+`set_tcp_nodelay`; no persistence, no authentication), used by every benchmark; "nagle" the
+same without `set_tcp_nodelay` (P2 only, to show what that setting is worth). The services ran
+with `log_level` WARNING (the default, INFO, logs three lines per job). Ratios for latencies
+and times are measured divided by reference (lower is better); for throughput, measured divided by reference.
 
 {table(rows)}
 
@@ -424,9 +437,15 @@ def main() -> int:
         "errors": errors,
         "invocations": {pid: {"date": date, "code": code_state, "runs": runs} for pid in results},
     }
-    if out.exists():
-        # An invocation with --only refreshes its targets and keeps the others of the same day.
-        old = json.loads(out.read_text())
+    previous = out
+    if not out.exists() and not q:
+        # The first full-count invocation of a day starts from the latest earlier one: its other
+        # targets are kept, each with its own date and commit (``invocations``; the docs say so).
+        earlier = sorted(p for p in out.parent.glob("????-??-??.json") if p.name < out.name)
+        previous = earlier[-1] if earlier else out
+    if previous.exists():
+        # An invocation with --only refreshes its targets and keeps the others.
+        old = json.loads(previous.read_text())
         done = set(results)
         doc["rows"] = [r for r in old.get("rows", []) if r["id"] not in done] + rows
         doc["rows"].sort(key=lambda r: ALL.index(r["id"]))
@@ -436,7 +455,8 @@ def main() -> int:
             **doc["invocations"],
         }
         doc["errors"] = {**{k: v for k, v in old.get("errors", {}).items() if k not in done}, **errors}
-        doc["elapsed_min"] = old.get("elapsed_min", 0) + meta["elapsed_min"]
+        if previous == out:
+            doc["elapsed_min"] = old.get("elapsed_min", 0) + meta["elapsed_min"]
         doc["versions"] = {**old.get("versions", {}), **meta["versions"]}
         rows = doc["rows"]
     out.write_text(json.dumps(doc, indent=1, default=str))
