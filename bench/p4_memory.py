@@ -96,7 +96,7 @@ def build_hour(path: Path, seconds: float = 3600.0, gap_s: float = 5.0) -> dict[
     clips = [decode_audio(str(speech(c)), sampling_rate=sr) for c in CLIPS]
     gap = np.zeros(int(gap_s * sr), dtype=np.float32)
     total = int(seconds * sr)
-    speech = 0
+    speech_samples = 0
     with wave.open(str(path), "wb") as f:
         f.setnchannels(1)
         f.setsampwidth(2)
@@ -107,9 +107,9 @@ def build_hour(path: Path, seconds: float = 3600.0, gap_s: float = 5.0) -> dict[
                 part = part[: total - written]
                 f.writeframes((np.clip(part, -1, 1) * 32767).astype("<i2").tobytes())
                 written += len(part)
-                speech += len(part) if is_speech else 0
+                speech_samples += len(part) if is_speech else 0
             i += 1
-    return {"duration_s": total / sr, "speech_s": speech / sr}
+    return {"duration_s": total / sr, "speech_s": speech_samples / sr}
 
 
 def long_run(log: Any) -> dict[str, Any]:
