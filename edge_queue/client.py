@@ -2,7 +2,8 @@
 
 It sends each request with an idempotency key (for ``submit``), a ``transaction`` and a
 ``reply_to`` topic under ``<base>/reply/``, and resends the same request until the answer
-arrives, so a lost message or a service restart costs a delay, not a job (PRODUCT 4.2).
+arrives, so a lost message or a service restart costs a delay, not a job (docs/topics.md,
+"Requests delivered twice").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Request commands (PRODUCT 3.1): decode, execute against the store, build the response.
+"""Request commands (docs/topics.md, "Commands"): decode, execute against the store, build the response.
 
 :meth:`Commands.execute` is the one place where request errors become error responses: every
 request gets exactly one response, whatever its payload.
@@ -49,7 +49,7 @@ def roots_text(media_roots: list[Path]) -> str:
 
 
 def check_input(raw: str, media_roots: list[Path]) -> str:
-    """Resolve ``raw`` (symlinks, ``..``) and confine it to ``media_roots`` (PRODUCT 6).
+    """Resolve ``raw`` (symlinks, ``..``) and confine it to ``media_roots`` (docs/topics.md, "`submit`").
 
     Returns the resolved absolute path. Raises :class:`InputError` with
     ``input_outside_media_roots`` (relative path, or outside every root; checked first, so

@@ -48,7 +48,7 @@ class TlsSettings(_Section):
 
 
 class MqttSettings(_Section):
-    """Connection to the MQTT broker (PRODUCT 5)."""
+    """Connection to the MQTT broker (docs/configuration.md, "`[mqtt]`")."""
 
     host: str = "127.0.0.1"
     port: int = Field(1883, ge=1, le=65535)

@@ -10,7 +10,7 @@ template over the whole job: ``<base>/ha/last`` (the last finished job). Command
 ordinary requests (``pause``, ``cancel``, ``retry``, ``republish``, ``submit``).
 
 Sources: https://www.home-assistant.io/integrations/mqtt/#device-discovery-payload and the
-facts measured with a real Home Assistant in ``../shared/tools/homeassistant/README.md``
+facts measured with a real Home Assistant Core (tests/test_homeassistant.py)
 (``dev``, ``o`` and ``cmps`` required; ``p`` and ``unique_id`` per component).
 """
 

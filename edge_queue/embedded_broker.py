@@ -2,7 +2,7 @@
 
 Nothing else in edge-queue imports amqtt. amqtt 0.12 speaks MQTT 3.1.1 only, and drops QoS 1
 messages sent to a client but not yet acknowledged when that client disconnects (measured;
-PRODUCT 2); a production box should point edge-queue at mosquitto.
+docs/operations.md, "Install"); a production box should point edge-queue at mosquitto.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The exception tree of edge-queue, and the closed vocabulary of error codes.
 
 Every exception raised on purpose by edge-queue derives from :class:`EdgeQueueError` and
-carries one code of the product's error vocabulary (PRODUCT 3.2), so the one place that turns
+carries one code of the product's error vocabulary (docs/topics.md, "Error codes"), so the one place that turns
 exceptions into responses or job states (``service`` for requests, ``worker`` for jobs) never
 has to guess.
 """
@@ -12,7 +12,7 @@ from enum import StrEnum
 
 
 class ErrorCode(StrEnum):
-    """Error codes of the wire contract (PRODUCT 3.2). Extend deliberately, and document."""
+    """Error codes of the wire contract (docs/topics.md, "Error codes"). Extend deliberately, and document."""
 
     INVALID_JSON = "invalid_json"
     INVALID_REQUEST = "invalid_request"
@@ -40,7 +40,8 @@ class ErrorCode(StrEnum):
     INTERNAL_ERROR = "internal_error"
 
 
-#: Codes a later attempt cannot fix: a job failing with one of these fails at once (PRODUCT 4.4).
+#: Codes a later attempt cannot fix: a job failing with one of these fails at once
+#: (docs/topics.md, "Error codes": the codes with `retryable` no).
 NON_RETRYABLE: frozenset[ErrorCode] = frozenset(
     {
         ErrorCode.INVALID_REQUEST,

@@ -1,4 +1,4 @@
-"""Wire payloads, version 1 (PRODUCT 3): requests in, responses and state out.
+"""Wire payloads, version 1 (docs/topics.md): requests in, responses and state out.
 
 Requests are decoded and validated at the edge with pydantic (``extra="forbid"``); a failure
 raises :class:`RequestError` with the code (``invalid_json``, ``invalid_request``,
@@ -304,7 +304,7 @@ def ok(data: dict[str, Any], transaction: JsonValue = None) -> dict[str, Any]:
 def error(
     code: ErrorCode | str, message: str, transaction: JsonValue = None, field: str | None = None
 ) -> dict[str, Any]:
-    """An error response with ``error.code`` from the closed vocabulary (PRODUCT 3.2)."""
+    """An error response with ``error.code`` from the closed vocabulary (docs/topics.md, "Error codes")."""
     err: dict[str, Any] = {"code": str(code), "message": message}
     if field:
         err["field"] = field
@@ -338,7 +338,7 @@ _JOB_FIELDS = (
 
 
 def job_object(row: dict[str, Any]) -> dict[str, Any]:
-    """The job object of PRODUCT 3.2 from a store row."""
+    """The job object of docs/topics.md, "The job object", from a store row."""
     obj: dict[str, Any] = {"v": VERSION}
     for key in _JOB_FIELDS:
         obj[key] = row.get(key)

@@ -1,6 +1,6 @@
 """The service: the composition root. Boot order, the main loop, outcomes of attempts.
 
-Boot reads like a script (PRODUCT 4.3): open the store and migrate, requeue the attempts a
+Boot reads like a script (docs/cli.md, "`edge-queue serve`"): open the store and migrate, requeue the attempts a
 dead run left ``running``, start the workers, connect to the broker, serve. One thread owns
 the store and every decision; paho's thread and the worker pipes only wake it.
 
@@ -46,7 +46,7 @@ from .watch import WatchFolders
 
 log = logging.getLogger(__name__)
 
-#: At most one progress publish per job per second (PRODUCT 3 rule 4).
+#: At most one progress publish per job per second (docs/topics.md, "`<base>/jobs/<job_id>`").
 PROGRESS_PUBLISH_INTERVAL_S = 1.0
 #: At most one ``<base>/queue`` publish per this many seconds.
 QUEUE_PUBLISH_INTERVAL_S = 1.0

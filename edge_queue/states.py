@@ -1,4 +1,4 @@
-"""Job states and the one table of allowed transitions (PRODUCT 3.2).
+"""Job states and the one table of allowed transitions (docs/topics.md, "States").
 
 The store checks every state change against :data:`TRANSITIONS`; payloads and tests use
 :class:`JobState`, never a bare string.
@@ -27,7 +27,7 @@ TERMINAL: frozenset[JobState] = frozenset({JobState.SUCCEEDED, JobState.FAILED, 
 ACTIVE: frozenset[JobState] = frozenset({JobState.QUEUED, JobState.RUNNING, JobState.RETRYING, JobState.CANCELLING})
 
 #: from-state -> the states it may move to. ``running -> queued`` is the requeue of an attempt
-#: interrupted by a service crash or a graceful stop (PRODUCT 4.3, 4.6). ``failed``/``cancelled``
+#: interrupted by a service crash or a graceful stop (docs/topics.md, "States"). ``failed``/``cancelled``
 #: -> ``queued`` is the ``retry`` command.
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.QUEUED: frozenset({JobState.RUNNING, JobState.CANCELLED}),

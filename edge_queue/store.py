@@ -1,4 +1,4 @@
-"""The store: one SQLite database, the single source of truth (PRODUCT 2).
+"""The store: one SQLite database, the single source of truth.
 
 Every SQL statement of edge-queue lives here. sqlite-utils creates the schema and serves the
 rest of the reads; the hot path (submit, claim, transition, progress: several statements per
@@ -120,7 +120,7 @@ def new_id(now: float | None = None) -> str:
 
 
 def dedupe_key(kind: str, input_: str | None, options: dict[str, Any]) -> str:
-    """sha256 of kind, input and canonical options: equal active jobs share it (PRODUCT 4.2)."""
+    """sha256 of kind, input and canonical options: equal active jobs share it (docs/topics.md, "`submit`")."""
     canon = json.dumps([kind, input_, options], sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canon.encode()).hexdigest()
 

@@ -4,7 +4,7 @@ The supervisor turns what happens in and to its children into :class:`Outcome` r
 the service: progress, success, failure, and loss of the worker (its exit is seen through
 the process sentinel). Timeouts and cancels of running jobs end the child process from
 outside, because native code (CTranslate2, FFmpeg) cannot be interrupted from inside
-(PRODUCT 4.5).
+(docs/topics.md, "States").
 """
 
 from __future__ import annotations
@@ -372,7 +372,8 @@ class Supervisor:
                 self._spawn(slot)
 
     def _recycle_reason(self, slot: _Slot, *, cancelled: bool) -> str | None:
-        """Why a worker that just finished a job should be replaced (PRODUCT 4.8), or None."""
+        """Why a worker that just finished a job should be replaced (``max_jobs_per_worker`` and
+        ``max_worker_rss_mb`` of docs/configuration.md), or None."""
         s = self.settings
         if cancelled:
             return "its job was cancelled mid-way (a fresh process runs the next job)"

@@ -1,6 +1,6 @@
 """What runs inside a worker child process: take a job, run its kind, report over the pipe.
 
-The worker never touches MQTT or the store (PRODUCT 2). Its parent (``supervisor``) sends
+The worker never touches MQTT or the store. Its parent (``supervisor``) sends
 ``run``, ``cancel`` and ``stop`` messages; the worker answers with ``ready``, ``progress``,
 ``done`` and ``failed`` (with the worker's ``rss_mb`` and the attempt's run time ``took_s``) and
 ``log`` messages (plain dicts,

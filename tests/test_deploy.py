@@ -1,4 +1,4 @@
-"""Deploying it like an appliance (PRODUCT 2, 5, 6): systemd units and notifications, the
+"""Deploying it like an appliance (docs/operations.md, "Install"): systemd units and notifications, the
 shipped broker configurations with passwords and ACL, TLS, doctor, backup."""
 
 from __future__ import annotations

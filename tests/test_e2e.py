@@ -1,5 +1,5 @@
 """End to end: the real service process against the system mosquitto and the embedded amqtt,
-real speech, plain paho subscribers (PRODUCT 3, 4.1, 4.7)."""
+real speech, plain paho subscribers (docs/topics.md)."""
 
 from __future__ import annotations
 

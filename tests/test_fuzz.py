@@ -1,4 +1,4 @@
-"""Hypothesis-generated payloads to every request topic of a running service (PRODUCT 4.7):
+"""Hypothesis-generated payloads to every request topic of a running service (docs/topics.md, "Order of checks"):
 it never dies, every request gets exactly one response, and the database stays intact."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Media work (PRODUCT 1, 4.7, 4.8): bad media with exact codes, chunked transcription,
+"""Media work (docs/topics.md, "Job kinds"): bad media with exact codes, chunked transcription,
 outputs beside the input, transcode and extract_audio read back, per-kind concurrency."""
 
 from __future__ import annotations

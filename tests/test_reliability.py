@@ -1,4 +1,4 @@
-"""Nothing lost, nothing stuck (PRODUCT 4): real processes, real signals, real brokers."""
+"""Nothing lost, nothing stuck (docs/topics.md, "States"): real processes, real signals, real brokers."""
 
 from __future__ import annotations
 

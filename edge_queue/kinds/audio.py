@@ -1,8 +1,8 @@
 """Streaming audio decode and silence-aligned chunking for long recordings.
 
 faster-whisper's ``transcribe(path)`` decodes the whole file and computes features for all of
-it at once: 0.69 GB peak RSS at 10 min of audio with tiny.en, 3.3 GB at 1 h (measured,
-``shared/media/README.md``). Here the file is decoded block by block with PyAV and cut into
+it at once: 0.69 GB peak RSS at 10 min of audio with tiny.en, 3.3 GB at 1 h (measured with
+real speech recordings). Here the file is decoded block by block with PyAV and cut into
 chunks of about ``chunk_s`` seconds, each ending at the quietest point of its last
 ``search_s`` seconds, so memory is bounded by the chunk, not the file.
 """

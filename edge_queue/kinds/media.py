@@ -1,6 +1,7 @@
 """Opening media with PyAV and turning its failures into the product's error codes.
 
-Facts behind the mapping (measured, ``shared/media/README.md``): empty files, non-media and
+Facts behind the mapping (measured on real and damaged files; the codes are
+those of docs/topics.md, "Error codes"): empty files, non-media and
 an MP4 cut before its index raise ``av.error.InvalidDataError``; an MP4 cut very short raises
 ``av.error.EOFError``; a video without audio makes faster-whisper raise a bare ``IndexError``,
 so the audio stream is looked up here first.

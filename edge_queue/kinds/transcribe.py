@@ -1,7 +1,7 @@
 """``transcribe``: speech to text with faster-whisper; writes txt, srt, vtt and json.
 
 The model is loaded once per worker process and kept warm across jobs (5 short clips: 5.0 s
-warm against 9.9 s with a process per clip, measured in ``shared/media/README.md``).
+warm against 9.9 s with a process per clip, measured with real speech recordings).
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def render(fmt: str, segments: list[dict[str, Any]], meta: dict[str, Any]) -> st
 
 
 class Transcribe(Kind):
-    """Result summary (PRODUCT 3.2): ``language``, ``language_probability``, ``duration_s``,
+    """Result summary (docs/topics.md, "`transcribe`"): ``language``, ``language_probability``, ``duration_s``,
     ``text`` (first 4,000 characters), ``text_truncated``, ``segments`` (count), ``outputs``
     (format -> path), ``model``, ``realtime_factor`` (processing seconds per audio second),
     ``chunks``.
