@@ -80,6 +80,10 @@ def row(
     }
 
 
+#: 10x the 216 durable no-op jobs/s (single requests) measured before the hot path was rebuilt.
+P1_FLOOR_JOBS_S = 2160
+
+
 def rows_for(pid: str, res: dict[str, Any]) -> list[dict[str, Any]]:
     f = res.get("figures", {})
     out = []
@@ -91,11 +95,13 @@ def rows_for(pid: str, res: dict[str, Any]) -> list[dict[str, Any]]:
                 row(
                     "P1",
                     f"{res['n']:,} noop, {side.replace('eq ', '')} (submit -> succeeded seen)",
-                    "≥ 2,000 jobs/s and ≥ 1.5× Huey" if durable else "(informative: durability normal)",
+                    "≥ 2,160 jobs/s (10× the 216 before the hot path was rebuilt) and ≥ 1.5× Huey"
+                    if durable
+                    else "(informative: durability normal)",
                     f[side],
                     f"Huey+SQLite {fmt(h)}; floor {fmt(fl)}",
                     f"{f[side].median / h.median:.2f}× Huey, {f[side].median / fl.median:.2f}× floor",
-                    f[side].median >= max(2000, 1.5 * h.median) if durable else None,
+                    f[side].median >= max(P1_FLOOR_JOBS_S, 1.5 * h.median) if durable else None,
                 )
             )
         for side in ("eq batch full", "eq single full", "eq batch normal", "eq single normal"):
