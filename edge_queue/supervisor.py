@@ -102,6 +102,21 @@ class _Slot:
         return head.started + head.timeout_s
 
 
+@dataclass(slots=True)
+class _Dying:
+    """A worker process on its way out, no longer in a slot: the loop does not wait for it.
+    Times are monotonic seconds."""
+
+    process: Any
+    pid: int | None
+    #: when to send SIGTERM (a worker asked to stop gets :data:`KILL_AFTER_S` to exit by
+    #: itself); None once it was sent
+    term_at: float | None
+    #: when to send SIGKILL (:data:`KILL_AFTER_S` after SIGTERM)
+    kill_at: float
+    killed: bool = False
+
+
 class Supervisor:
     """A fixed pool of ``settings.workers`` worker processes.
 
@@ -128,6 +143,7 @@ class Supervisor:
         self._ctx = multiprocessing.get_context("forkserver")
         self._ctx.set_forkserver_preload([worker_module.__name__, f"{__package__}.kinds"])
         self.slots = [_Slot(i) for i in range(settings.workers)]
+        self._dying: list[_Dying] = []
         self._avg_s: dict[str, tuple[float, int]] = {}  # kind -> (mean run time in s, attempts seen)
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -168,10 +184,11 @@ class Supervisor:
     def stop(self, timeout_s: float = 5.0) -> None:
         """End every worker: one still running a job (past the grace period, whose end the
         caller waited for) is ended at once, SIGTERM then SIGKILL after :data:`KILL_AFTER_S`;
-        an idle one is asked to stop and given up to ``timeout_s`` seconds."""
+        an idle one is asked to stop and given up to ``timeout_s`` seconds. Waits for them,
+        and for the workers already on their way out."""
         for slot in self.slots:
             if slot.jobs and slot.process is not None:
-                self._end(slot)
+                self._end(slot, wait=True)
         for slot in self.slots:
             if slot.conn is not None:
                 try:
@@ -182,27 +199,81 @@ class Supervisor:
         for slot in self.slots:
             if slot.process is not None:
                 slot.process.join(max(0.0, end - time.monotonic()))
-                self._end(slot)
+                self._end(slot, wait=True)
+        for dying in self._dying:
+            self._finish(dying.process)
+        self._dying.clear()
 
-    def _end(self, slot: _Slot, *, polite: bool = False) -> None:
+    def _end(self, slot: _Slot, *, polite: bool = False, wait: bool = False) -> None:
+        """Take the slot's worker out of the slot and end it: at once with SIGTERM, or with
+        ``polite`` by asking it to stop (SIGTERM after :data:`KILL_AFTER_S` if it has not),
+        then SIGKILL :data:`KILL_AFTER_S` after SIGTERM.
+
+        Without ``wait`` the loop does not wait for it: a process whose signals stay pending
+        (stopped, or in uninterruptible sleep on a hung network share) would otherwise hold
+        up every other job and request for seconds. It is no longer in the slot, has no pipe
+        to us, and a pending SIGTERM ends it before it runs any more of its own code; it is
+        signalled and reaped by :meth:`poll` (:meth:`_reap`)."""
         proc = slot.process
         if proc is None:
             return
         if polite and slot.conn is not None:
             try:
                 slot.conn.send({"op": "stop"})
-                proc.join(KILL_AFTER_S)
             except OSError:
-                pass
+                polite = False
+        if slot.conn is not None:
+            slot.conn.close()
+        slot.process = slot.conn = None
+        if wait:
+            if polite:
+                proc.join(KILL_AFTER_S)
+            self._finish(proc)
+            return
+        if not proc.is_alive():
+            proc.join(0)
+            return
+        now = self.clock()
+        if not polite:
+            proc.terminate()
+        self._dying.append(
+            _Dying(
+                proc,
+                slot.pid,
+                term_at=now + KILL_AFTER_S if polite else None,
+                kill_at=now + (2 if polite else 1) * KILL_AFTER_S,
+            )
+        )
+
+    @staticmethod
+    def _finish(proc: Any) -> None:
+        """SIGTERM, then SIGKILL after :data:`KILL_AFTER_S`, waiting for each (shutdown only)."""
         if proc.is_alive():
             proc.terminate()
             proc.join(KILL_AFTER_S)
         if proc.is_alive():
             proc.kill()
             proc.join(KILL_AFTER_S)
-        if slot.conn is not None:
-            slot.conn.close()
-        slot.process = slot.conn = None
+
+    def _reap(self) -> None:
+        """Signal and reap the workers on their way out (see :meth:`_end`), without waiting."""
+        if not self._dying:
+            return
+        now = self.clock()
+        left = []
+        for d in self._dying:
+            if not d.process.is_alive():  # reaped by is_alive
+                continue
+            if d.term_at is not None:
+                if now >= d.term_at:
+                    d.process.terminate()
+                    d.term_at = None
+            elif not d.killed and now >= d.kill_at:
+                log.warning("worker pid %s did not end %.0f s after SIGTERM: SIGKILL", d.pid, KILL_AFTER_S)
+                d.process.kill()
+                d.killed = True
+            left.append(d)
+        self._dying = left
 
     # -- scheduling ---------------------------------------------------------------------
 
@@ -333,6 +404,7 @@ class Supervisor:
             if slot.process is not None and not slot.process.is_alive():
                 self._lost(slot, out)
         self._deadlines(out)
+        self._reap()
         return out
 
     def _handle(self, slot: _Slot, msg: dict[str, Any], out: list[Outcome]) -> None:
@@ -424,6 +496,7 @@ class Supervisor:
     def next_deadline(self) -> float | None:
         """Seconds until the nearest timeout or cancel deadline, or ``None``."""
         times: list[float] = [s.respawn_at for s in self.slots if s.respawn_at is not None]
+        times += [d.kill_at if d.term_at is None else d.term_at for d in self._dying if not d.killed]
         for s in self.slots:
             if s.jobs:
                 head = s.jobs[0]

@@ -145,6 +145,32 @@ def test_timeout_ends_the_attempt_and_retries_with_backoff(broker, service_facto
     }
 
 
+def test_a_stopped_worker_past_its_timeout_does_not_stall_the_service(broker, service_factory, speech: Path) -> None:
+    # Given a job whose worker process is stopped (SIGSTOP: SIGTERM stays pending, as for a
+    # worker in uninterruptible sleep on a hung network share) when its timeout passes
+    svc = service_factory(broker, [speech], {"EDGE_QUEUE_WORKERS": "1"}).start()
+    watcher = svc.watcher("response/#", "jobs/+", "queue")
+    resp = svc.request("submit", {"kind": "test_hang", "timeout_s": 3, "max_attempts": 1}, watcher)
+    topic = f"{svc.base}/jobs/{resp['data']['jobs'][0]['job_id']}"
+    pid = watcher.wait_json(f"{svc.base}/queue", lambda q: q["running"], timeout=10)["running"][0]["worker_pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        # Then the attempt ends with timeout and a fresh worker runs the next job
+        final = watcher.wait_json(topic, lambda m: m["state"] == "failed", timeout=30)
+        assert final["error"]["code"] == "timeout"
+        ok = svc.request("submit", {"kind": "noop"}, watcher)["data"]["jobs"][0]["job_id"]
+        watcher.wait_json(f"{svc.base}/jobs/{ok}", lambda m: m["state"] == "succeeded", timeout=30)
+        # And the stopped process is killed without the loop waiting for it
+        wait_until(lambda: not _alive(pid), 15, "the stopped worker to be killed")
+        assert svc.request("list", {}, watcher)["status"] == "ok"
+        assert "slow loop turn" not in svc.log(), svc.log()[-3000:]
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
 def test_backoff_schedule_with_an_injected_clock(tmp_path: Path) -> None:
     # Given a service driven by a fake clock and a fixed jitter draw (no processes, no broker)
     from edge_queue.config import Settings
