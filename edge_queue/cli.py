@@ -252,7 +252,7 @@ def submit(
     option: Annotated[
         list[str] | None, typer.Option("--option", "-o", help="KEY=VALUE kind option (JSON value)")
     ] = None,
-    priority: Annotated[int, typer.Option(help="higher runs first, -100..100")] = 0,
+    priority: Annotated[int, typer.Option(min=-100, max=100, help="higher runs first, -100..100")] = 0,
     wait: Annotated[bool, typer.Option("--wait", "-w", help="show progress until every job ends")] = False,
     timeout: Annotated[float, typer.Option(min=1, help="seconds to wait with --wait")] = 24 * 3600,
     config: ConfigOpt = None,

@@ -192,14 +192,16 @@ def device_config(
 
 def last_payload(job: dict[str, Any]) -> dict[str, Any]:
     """``<base>/ha/last`` for a finished job: ``summary`` (the transcript, cut to Home
-    Assistant's 255-character state limit, or ``<kind> <state>``), and the job's main fields
+    Assistant's 255-character state limit, or ``<kind> <state>: <file name>``, ``<kind> <state>``
+    for a job without an input), and the job's main fields
     with the whole text and the output paths."""
     result = job.get("result") or {}
     text = result.get("text") if isinstance(result, dict) else None
     error = job.get("error") or {}
-    summary = (text or f"{job['kind']} {job['state']}: {Path(job.get('input') or '').name}").strip()
+    name = Path(job.get("input") or "").name
+    summary = (text or "").strip() or f"{job['kind']} {job['state']}" + (f": {name}" if name else "")
     return {
-        "summary": summary[:STATE_MAX] or f"{job['kind']} {job['state']}",
+        "summary": summary[:STATE_MAX],
         "job_id": job["job_id"],
         "kind": job["kind"],
         "state": job["state"],

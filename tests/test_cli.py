@@ -63,6 +63,20 @@ def test_cli_without_broker_exits_3(tmp_path: Path) -> None:
     assert out.returncode == 3 and "broker" in out.stderr
 
 
+def test_submit_priority_out_of_range_is_bad_usage_before_any_connection(tmp_path: Path) -> None:
+    # docs/cli.md: priority -100..100; outside it, exit 2 (bad usage), without asking a broker
+    env = {**os.environ, "EDGE_QUEUE_MQTT__PORT": str(free_port())}
+    for value in ("101", "-101"):
+        out = subprocess.run(
+            [sys.executable, "-m", "edge_queue", "submit", "--priority", value, "-k", "noop"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 2 and "--priority" in out.stderr, out
+
+
 def test_up_starts_embedded_broker_when_none_answers(tmp_path: Path, speech: Path) -> None:
     port = free_port()
     env = {

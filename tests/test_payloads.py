@@ -223,3 +223,17 @@ def test_text_that_is_not_unicode_is_encoded_as_escapes() -> None:
     # a file name that is not UTF-8, as Python keeps it (surrogateescape)
     name = os.fsdecode(b"/srv/media/caf\xe9.m4a")
     assert json.loads(payloads.encode({"input": name}))["input"] == name
+
+
+def test_ha_last_summary_names_the_file_and_has_no_dangling_colon() -> None:
+    from edge_queue.discovery import last_payload
+
+    def job(**kw: object) -> dict[str, object]:
+        return {"job_id": "j1", "kind": "noop", "state": "succeeded", "input": None, "result": None, **kw}
+
+    assert last_payload(job())["summary"] == "noop succeeded"
+    failed = job(kind="transcribe", state="failed", input="/srv/media/call.m4a", error={"code": "timeout"})
+    assert last_payload(failed)["summary"] == "transcribe failed: call.m4a"
+    spoken = job(kind="transcribe", input="/srv/media/call.m4a", result={"text": " Hello there. " + "x" * 300})
+    assert last_payload(spoken)["summary"] == ("Hello there. " + "x" * 300)[:255]
+    assert last_payload(job(result={"text": "   "}))["summary"] == "noop succeeded"
