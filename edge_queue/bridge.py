@@ -89,6 +89,11 @@ SHORT_CONNECTIONS, SHORT_CONNECTION_S, SHORT_WINDOW_S = 3, 10.0, 120.0
 #: after the reconnect sends it again).
 OFFLINE_BACKLOG = 10_000
 OFFLINE_BACKLOG_BYTES = 32 * 2**20
+#: While disconnected with this many messages (or bytes) waiting, the service starts no new
+#: job and takes no watch-folder file (:attr:`Bridge.holding`), so that what it is already
+#: running stays far below :data:`OFFLINE_BACKLOG` and no event or response is dropped.
+OFFLINE_HOLD = OFFLINE_BACKLOG // 2
+OFFLINE_HOLD_BYTES = OFFLINE_BACKLOG_BYTES // 2
 #: Bytes asked of the socket per read: one ``recv`` brings many packets, which paho then takes
 #: from memory (paho asks the socket for each packet's first byte, its length and its body).
 READ_CHUNK = 64 * 1024
@@ -885,6 +890,13 @@ class Bridge:
         if self._client.socket() is None and not self._closing:
             return max(0.0, self._next_reconnect - now)
         return None
+
+    @property
+    def holding(self) -> bool:
+        """True while the broker is unreachable and :data:`OFFLINE_HOLD` messages (or
+        :data:`OFFLINE_HOLD_BYTES` bytes) wait for it: no new work should start until the
+        reconnect (docs/operations.md, "Load and back-pressure")."""
+        return not self.connected and (len(self._out) >= OFFLINE_HOLD or self._out_bytes >= OFFLINE_HOLD_BYTES)
 
     @property
     def backlog(self) -> int:

@@ -591,7 +591,7 @@ class Service:
     def housekeeping(self, now: float) -> None:
         """Clear retained job topics the store does not know; purge jobs past ``retention_days``."""
         self._scan_step()
-        if now >= self._next_retention:
+        if now >= self._next_retention and not self.bridge.holding:
             self._next_retention = now + RETENTION_INTERVAL_S
             self._store().forget_requests(now - max(DELIVERED_KEEP_S, self.settings.mqtt.session_expiry_s))
             expired = self._store().finished_before(now - self.settings.retention_days * 86400, limit=BULK_LIMIT)
@@ -679,8 +679,9 @@ class Service:
             waits.append(0.05)
         if self._held_jobs:
             waits.append(COALESCE_S)
-        if (due := self._store().next_due()) is not None:
-            waits.append(max(0.0, due - self.clock()))
+        now = self.clock()
+        if (due := self._store().next_due(after=now)) is not None:
+            waits.append(max(0.0, due - now))
         if (watch := self.watch_folders.wait_s(self.clock())) is not None:
             waits.append(watch)
         return max(0.0, min(waits))
@@ -1035,7 +1036,7 @@ class Service:
         """Give due jobs to workers, within each kind's ``max_concurrency``, in priority order:
         first one job to each idle worker, then short jobs to workers that hold only short jobs,
         up to :data:`~edge_queue.supervisor.PREFETCH` each (see :class:`Supervisor`)."""
-        if self.paused or self.stopping:
+        if self.paused or self.stopping or self.bridge.holding:
             return
         store, sup = self._store(), self.supervisor
         if not store.waiting():

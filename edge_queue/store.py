@@ -597,16 +597,19 @@ class Store:
         ).fetchone()
         return None if row is None else str(row[0])
 
-    def next_due(self) -> float | None:
-        """Earliest ``retry_at`` / ``run_at`` in the future of a waiting job, as Unix seconds."""
+    def next_due(self, after: float | None = None) -> float | None:
+        """Earliest ``retry_at`` / ``run_at`` of a waiting job, as Unix seconds; with ``after``
+        (Unix seconds), the earliest later than it: a job already due that waits for a worker
+        is not a time to wake up for (its worker's end is)."""
         # Each MIN reads one entry of its partial index, however long the backlog.
+        floor = iso(after) if after is not None else ""
         heads = [
-            self.conn.execute(sql).fetchone()
+            self.conn.execute(sql, [floor]).fetchone()
             for sql in (
-                "SELECT retry_at FROM jobs INDEXED BY jobs_retry_due WHERE state = 'retrying' "
+                "SELECT retry_at FROM jobs INDEXED BY jobs_retry_due WHERE state = 'retrying' AND retry_at > ? "
                 "ORDER BY retry_at LIMIT 1",
                 "SELECT run_at FROM jobs INDEXED BY jobs_run_at WHERE state = 'queued' AND run_at IS NOT NULL "
-                f"AND {_LOCK_HEAD} ORDER BY run_at LIMIT 1",
+                f"AND run_at > ? AND {_LOCK_HEAD} ORDER BY run_at LIMIT 1",
             )
         ]
         due = min((h[0] for h in heads if h and h[0]), default=None)

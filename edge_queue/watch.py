@@ -100,6 +100,8 @@ class WatchFolders:
 
     def wait_s(self, now: float) -> float | None:
         """Seconds until there is work for :meth:`step`, or None."""
+        if self.service.bridge.holding:
+            return None  # the files wait for the broker (step takes none)
         if self.watcher is not None and self.watcher.pending():
             return 0.0
         if self._retry:
@@ -119,9 +121,9 @@ class WatchFolders:
         """Take on the files handed over (within :data:`PER_TURN`), inside the turn's group
         commit; republish ``<base>/info`` when a watch's state changed. What it took on stays
         listed until :meth:`committed` or :meth:`turn_failed`."""
-        if self.watcher is None:
-            return
         svc = self.service
+        if self.watcher is None or svc.bridge.holding:
+            return
         if self.watcher.take_changed() and svc.bridge.connected:
             svc.bridge.publish(svc.topics.info, payloads.encode(svc.info()), retain=True)
         due = [r for t, r in self._retry if t <= now]

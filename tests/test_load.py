@@ -452,6 +452,91 @@ def test_kill_9_during_a_burst_loses_nothing_acknowledged(
     assert keys == set(txs) and jobs == 50_000 and integrity == "ok"  # once each
 
 
+class PersistentEvents:
+    """A subscriber of ``<base>/events`` with a persistent session (MQTT 3.1.1, clean session
+    off) that reconnects by itself: what is published while it is away (a broker restart)
+    waits for it in the broker. :attr:`event_ids`: every ``event_id`` seen."""
+
+    def __init__(self, broker: Broker, base: str) -> None:
+        self.event_ids: set[int] = set()
+        self._lock = threading.Lock()
+        ready = threading.Event()
+        self.client = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id="ev-" + uuid.uuid4().hex[:8],
+            protocol=mqtt.MQTTv311,
+            clean_session=False,
+        )
+        self.client.reconnect_delay_set(0.2, 1)
+        self.client.on_message = self._on_message
+        self.client.on_subscribe = lambda *a: ready.set()
+        self.client.on_connect = lambda c, *a: c.subscribe(f"{base}/events", 1)
+        self.client.connect(broker.host, broker.port, keepalive=60)
+        self.client.loop_start()
+        assert ready.wait(10), "could not subscribe to events"
+
+    def _on_message(self, client: Any, userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        event_id = json.loads(msg.payload).get("event_id")
+        if event_id is not None:
+            with self._lock:
+                self.event_ids.add(event_id)
+
+    def seen(self) -> set[int]:
+        with self._lock:
+            return set(self.event_ids)
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+def test_a_broker_outage_with_a_queue_running_drops_no_event(
+    shipped_mosquitto: PrivateMosquitto, tmp_path: Path, rig: Callable[..., Rig]
+) -> None:
+    # Given 8,000 queued jobs, a subscriber of every event with a persistent session, and the
+    # broker gone as soon as the jobs start: three events per job, far more than the service
+    # may hold while the broker is away (bridge.OFFLINE_BACKLOG, 10,000 messages)
+    broker = shipped_mosquitto
+    r = rig(broker, tmp_path)
+    svc, responses, pub = r.start()
+    events = PersistentEvents(broker, svc.base)
+    r.cleanups.append(events.close)
+    pub.request("pause", {"transaction": "p"})
+    wait_until(lambda: responses.count["p"], 30, "the pause")
+    for b in range(8):
+        pub.request("submit", {"kind": "noop", "inputs": [f"o{b}-{i}" for i in range(1000)], "transaction": f"b{b}"})
+    wait_until(lambda: all(responses.count[f"b{b}"] for b in range(8)), 60, "the submits")
+    pub.request("resume", {"transaction": "r"})
+    wait_until(lambda: responses.count["r"], 30, "the resume")
+    broker.stop()
+
+    def succeeded() -> int:
+        conn = sqlite3.connect(svc.db)
+        try:
+            return int(conn.execute("SELECT count(*) FROM jobs WHERE state = 'succeeded'").fetchone()[0])
+        finally:
+            conn.close()
+
+    # When the service has run what it could while the broker is away (all of it, or until it
+    # held back the rest) and the broker comes back
+    done = [succeeded()]
+
+    def settled() -> bool:
+        done.append(succeeded())
+        return done[-1] == 8000 or (len(done) > 5 and done[-1] == done[-5])
+
+    wait_until(settled, 60, "the service to run what it may while the broker is away", 0.25)
+    broker.start()
+    wait_until(lambda: succeeded() == 8000, 120, "every job to succeed after the reconnect", 0.5)
+    # Then every transition in the store was published on <base>/events, none dropped
+    conn = sqlite3.connect(svc.db)
+    stored = {row[0] for row in conn.execute("SELECT id FROM job_events")}
+    conn.close()
+    wait_until(lambda: stored <= events.seen(), 60, "every stored event to be seen", 0.5)
+    assert "dropped" not in svc.log(), [line for line in svc.log().splitlines() if "dropped" in line]
+    figures(outage_jobs_run_while_away=done[-1], events=len(stored))
+
+
 # -- big stores -----------------------------------------------------------------------------
 
 

@@ -171,6 +171,32 @@ def test_a_stopped_worker_past_its_timeout_does_not_stall_the_service(broker, se
             pass
 
 
+def test_a_due_retry_waiting_for_a_busy_worker_does_not_spin_the_loop(mosquitto, service_factory, speech: Path) -> None:
+    # Given a job whose retry is due while the only worker runs another, longer job
+    import psutil
+
+    from edge_queue.store import parse_iso
+
+    env = {"EDGE_QUEUE_WORKERS": "1", "EDGE_QUEUE_RETRY__BACKOFF_BASE_S": "0.5", "EDGE_QUEUE_RETRY__BACKOFF_CAP_S": "1"}
+    svc = service_factory(mosquitto, [speech], env).start()
+    watcher = svc.watcher("response/#", "jobs/+")
+    body = {"kind": "test_fail", "options": {"code": "internal_error"}, "max_attempts": 2}
+    failing = svc.request("submit", body, watcher)["data"]["jobs"][0]["job_id"]
+    retrying = watcher.wait_json(f"{svc.base}/jobs/{failing}", lambda m: m["state"] == "retrying", timeout=30)
+    busy = svc.request("submit", {"kind": "noop", "options": {"sleep_s": 8}}, watcher)["data"]["jobs"][0]["job_id"]
+    watcher.wait_json(f"{svc.base}/jobs/{busy}", lambda m: m["state"] == "running", timeout=30)
+    wait_until(lambda: time.time() > parse_iso(retrying["retry_at"]) + 0.2, 10, "the retry to be due")
+    # Then the service sleeps until the worker is free (it does not poll the store in a loop)
+    proc = psutil.Process(svc.proc.pid)
+    cpu0, t0 = sum(proc.cpu_times()[:2]), time.monotonic()
+    wait_until(lambda: time.monotonic() - t0 >= 2.0, 5, "two seconds of waiting")
+    share = (sum(proc.cpu_times()[:2]) - cpu0) / (time.monotonic() - t0)
+    assert share < 0.3, f"the service used {share:.0%} of a core while the retry waited"
+    # And the retry runs once the worker is free
+    final = watcher.wait_json(f"{svc.base}/jobs/{failing}", lambda m: m["state"] == "failed", timeout=30)
+    assert final["attempt"] == 2
+
+
 def test_backoff_schedule_with_an_injected_clock(tmp_path: Path) -> None:
     # Given a service driven by a fake clock and a fixed jitter draw (no processes, no broker)
     from edge_queue.config import Settings

@@ -82,6 +82,8 @@ def test_run_at_and_retry_at_delay_claims(store: Store) -> None:
     store.submit([spec("/later", run_at=100.0)], 1.0)
     assert store.claim(99.0, ["noop"], "r") is None
     assert store.next_due() == pytest.approx(100.0, abs=0.001)
+    assert store.next_due(after=99.0) == pytest.approx(100.0, abs=0.001)
+    assert store.next_due(after=100.0) is None  # due already: waits for a worker, not a time
     job = store.claim(100.0, ["noop"], "r")
     store.transition(job["job_id"], JobState.RETRYING, 101.0, retry_at=150.0)
     assert store.claim(149.0, ["noop"], "r") is None
