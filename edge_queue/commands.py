@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import sqlite3
+import stat
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,7 +55,8 @@ def check_input(raw: str, media_roots: list[Path]) -> str:
     Returns the resolved absolute path. Raises :class:`InputError` with
     ``input_outside_media_roots`` (relative path, or outside every root; checked first, so
     the answer does not reveal which files exist outside the roots) or ``input_not_found``
-    (missing, or not a regular file).
+    (missing, not a regular file, or any other error of the file system: a name too long, a
+    folder the service may not enter).
     """
     where = roots_text(media_roots)
     if "\x00" in raw or not os.path.isabs(raw):
@@ -72,7 +74,16 @@ def check_input(raw: str, media_roots: list[Path]) -> str:
             code=ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS,
             field="input",
         )
-    if not resolved.is_file():
+    try:
+        is_file = stat.S_ISREG(os.stat(resolved).st_mode)
+    except OSError as e:  # missing, a name too long, a folder the service may not enter, ...
+        reason = f" ({os.strerror(e.errno).lower()})" if e.errno else ""
+        raise InputError(
+            f"{raw[:200]} does not exist, is not a file, or is not readable by the service{reason}",
+            code=ErrorCode.INPUT_NOT_FOUND,
+            field="input",
+        ) from None
+    if not is_file:
         raise InputError(
             f"{raw[:200]} does not exist, is not a file, or is not readable by the service",
             code=ErrorCode.INPUT_NOT_FOUND,

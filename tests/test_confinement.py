@@ -129,6 +129,25 @@ def test_ffmpeg_in_the_worker_never_follows_a_list(layout: tuple[Path, Path], na
         media._roots = None
 
 
+def test_an_input_with_a_name_too_long_is_rejected_and_costs_the_batch_nothing(
+    mosquitto: Broker, service_factory, layout: tuple[Path, Path]
+) -> None:
+    # Given a batch of a good file and one whose name is longer than the file system allows
+    root, _ = layout
+    svc = service_factory(mosquitto, [root]).start()
+    watcher = svc.watcher("response/#", "jobs/+")
+    long_name = str(root / ("L" * 300 + ".flac"))
+    resp = svc.request("submit", {"kind": "probe", "inputs": [str(root / "clip.wav"), long_name]}, watcher)
+    # Then the long one is rejected with input_not_found and the good one runs
+    assert resp["status"] == "ok", resp
+    assert [r["code"] for r in resp["data"]["rejected"]] == ["input_not_found"], resp
+    (job,) = resp["data"]["jobs"]
+    watcher.wait_json(f"{svc.base}/jobs/{job['job_id']}", lambda m: m["state"] == "succeeded", 60)
+    # and alone it is answered with the code, not an internal error
+    alone = svc.request("submit", {"kind": "probe", "input": long_name}, watcher)
+    assert alone["status"] == "error" and alone["error"]["code"] == "input_not_found", alone
+
+
 def _later(seconds: float) -> str:
     return (datetime.now(UTC) + timedelta(seconds=seconds)).isoformat()
 

@@ -86,6 +86,10 @@ def test_check_input_confines_to_media_roots(tmp_path: Path) -> None:
         (str(root / "link.wav"), ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS),
         ("a.wav", ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS),
         (str(root), ErrorCode.INPUT_NOT_FOUND),
+        # errors of the file system itself are input_not_found too, never an internal error
+        (str(root / ("L" * 300 + ".wav")), ErrorCode.INPUT_NOT_FOUND),  # ENAMETOOLONG
+        (str(root / "a.wav" / "x.wav"), ErrorCode.INPUT_NOT_FOUND),  # ENOTDIR
+        (str(root / "/".join(["d" * 200] * 25)), ErrorCode.INPUT_NOT_FOUND),  # over PATH_MAX
     ]:
         with pytest.raises(InputError) as e:
             check_input(raw, [root])
