@@ -239,6 +239,10 @@ def _finite(text: str) -> float:
     return value
 
 
+#: json.loads(..., parse_constant=_no_constant, parse_float=_finite) with one decoder for every call
+_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
+
+
 def decode_request(command: str, raw: bytes, *, max_bytes: int, default_kind: str) -> _Request:
     """Decode the payload of ``<base>/request/<command>`` into its request model.
 
@@ -268,7 +272,7 @@ def decode_request(command: str, raw: bytes, *, max_bytes: int, default_kind: st
     if not stripped and command == "browse":
         return BrowseRequest()
     try:
-        data = json.loads(stripped, parse_constant=_no_constant, parse_float=_finite)
+        data = _DECODER.decode(stripped)
     except ValueError as e:
         raise RequestError(f"payload is not valid JSON: {e}", code=ErrorCode.INVALID_JSON) from e
     except RecursionError as e:

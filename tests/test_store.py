@@ -163,6 +163,30 @@ def test_ids_and_times() -> None:
     assert iso(0.5) == "1970-01-01T00:00:00.500Z" and parse_iso(iso(1234.567)) == pytest.approx(1234.567)
 
 
+@given(st.lists(st.tuples(st.integers(1, 36**9 - 1), st.integers(0, 2**64 - 1)), min_size=1, max_size=20))
+def test_id_text_is_the_time_and_the_random_bits_in_base_36(draws: list[tuple[int, int]]) -> None:
+    """An id is 9 base-36 digits of its millisecond (most significant first) and 7 of its
+    random bits (least significant first), whatever the order of the times (the first digits
+    are kept from the call before)."""
+    import edge_queue.store as store_module
+
+    def base36(n: int, width: int) -> str:
+        digits = ""
+        for _ in range(width):
+            n, r = divmod(n, 36)
+            digits = "0123456789abcdefghijklmnopqrstuvwxyz"[r] + digits
+        return digits
+
+    real, last = store_module._random64, store_module._last_ms
+    try:
+        for ms, bits in draws:
+            store_module._last_ms = 0
+            store_module._random64 = lambda bits=bits: bits  # type: ignore[assignment]
+            assert new_id(ms / 1000 + 0.0001) == base36(ms, 9) + base36(bits, 7)[::-1]
+    finally:
+        store_module._random64, store_module._last_ms = real, last
+
+
 @given(st.floats(min_value=0, max_value=2**35, allow_nan=False) | st.integers(0, 2**33).map(lambda s: s + 0.9999995))
 def test_iso_is_datetimes_text(ts: float) -> None:
     """iso keeps the text of the last second; it must stay what datetime writes (rounding to
