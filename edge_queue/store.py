@@ -200,9 +200,10 @@ class Store:
         conn.execute("PRAGMA busy_timeout=5000")
         conn.execute("PRAGMA foreign_keys=ON")
         # Savepoints (one per request inside a turn's group commit) keep their statement
-        # journal in memory, not in a temporary file: 30 -> 10 us per request. It holds only
-        # the pages a savepoint changes; sorts of big queries use memory too (bounded by the
-        # queries' LIMITs and the store's size).
+        # journal in memory, not in a temporary file: Store.submit 99 -> 72 us. It holds the
+        # pages one savepoint changes: 7 MB for the largest, a purge of 5,000 jobs
+        # (commands.BULK_LIMIT). No query of the store sorts or groups into a temporary table
+        # that grows with its size (every ORDER BY follows an index).
         conn.execute("PRAGMA temp_store=MEMORY")
         self.conn = conn
         self._group_depth = 0
