@@ -163,6 +163,40 @@ def test_ids_and_times() -> None:
     assert iso(0.5) == "1970-01-01T00:00:00.500Z" and parse_iso(iso(1234.567)) == pytest.approx(1234.567)
 
 
+def test_ids_made_after_a_restart_sort_after_a_bursts_ids(tmp_path: Path) -> None:
+    """A burst runs the time part of ids ahead of the clock (1 ms per id beyond 1,000 a second);
+    a process started after it (a restart) still makes ids that sort after every stored one
+    (docs/topics.md: ids sort in creation order)."""
+    import subprocess
+    import sys
+    import time
+
+    store = Store(tmp_path / "q.db")
+    now = time.time()
+    batch_id, created = store.submit([spec(f"/m/{i}.wav") for i in range(5000)], now, as_batch=True)
+    newest = created[-1].job["job_id"]
+    assert int(newest[:9], 36) > (now + 4.9) * 1000  # 5,000 ids in one millisecond: 5 s ahead
+    store.close()
+    made_after = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from edge_queue.store import JobSpec, Store\n"
+            "s = Store(sys.argv[1])\n"
+            "b, (c,) = s.submit([JobSpec(kind='noop', input='/m/after.wav', options={})], time.time())\n"
+            "b2, _ = s.submit([JobSpec(kind='noop', input=f'/m/{i}.wav', options={}) for i in (1, 2)],"
+            " time.time(), as_batch=True)\n"
+            "print(c.job['job_id'], b2)",
+            str(tmp_path / "q.db"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert made_after[0] > newest and made_after[1] > batch_id, (made_after, newest, batch_id)
+
+
 @given(st.lists(st.tuples(st.integers(1, 36**9 - 1), st.integers(0, 2**64 - 1)), min_size=1, max_size=20))
 def test_id_text_is_the_time_and_the_random_bits_in_base_36(draws: list[tuple[int, int]]) -> None:
     """An id is 9 base-36 digits of its millisecond (most significant first) and 7 of its
