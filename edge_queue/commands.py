@@ -262,6 +262,16 @@ class Commands:
     def do_submit(self, req: payloads.SubmitRequest) -> dict[str, Any]:
         svc = self.service
         assert req.kind is not None
+        if req.idempotency_key is not None:
+            # A key already used returns the first submit's jobs whatever the rest of this
+            # payload says: a client resending after a lost response gets them even when its
+            # file is gone since, the queue is full or the kind was removed (docs/topics.md,
+            # "Duplicates").
+            found = svc._store().submitted_with(req.idempotency_key, self._user)
+            if found is not None:
+                batch_id, created = found
+                jobs = [{"job_id": c.job["job_id"], "input": c.job["input"], "duplicate": True} for c in created]
+                return {"batch_id": batch_id, "jobs": jobs, "rejected": []}
         kind = svc.kinds.get(req.kind)
         if kind is None:
             raise RequestError(

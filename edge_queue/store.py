@@ -121,6 +121,12 @@ def new_id(now: float | None = None) -> str:
     )
 
 
+def _sender_key(idempotency_key: str, submitted_by: str | None) -> str:
+    """The stored form of a sender's key: a user's keys live apart from the shared topics' and
+    from every other user's (a NUL cannot be in a key that came in JSON: payloads refuse it)."""
+    return idempotency_key if submitted_by is None else f"\x00{submitted_by}\x00{idempotency_key}"
+
+
 def ids_after(newest: str | None) -> None:
     """Make the ids of this process sort after ``newest``, an id made by an earlier process
     (read from the store at start). The time part of an id runs ahead of the clock by 1 ms per
@@ -768,18 +774,15 @@ class Store:
         An idempotency key belongs to its sender (``specs[0].submitted_by``): the same key sent
         by another user is another key (docs/topics.md, "Idempotent submits").
         """
-        if idempotency_key is not None and specs and specs[0].submitted_by is not None:
-            # a user's keys live apart from the shared topics' and from every other user's
-            # (a NUL cannot be in a key that came in JSON: payloads refuse it)
-            idempotency_key = f"\x00{specs[0].submitted_by}\x00{idempotency_key}"
+        if idempotency_key is not None and specs:
+            idempotency_key = _sender_key(idempotency_key, specs[0].submitted_by)
         with self._immediate():
             if idempotency_key is not None:
-                rows = list(self.db.query("SELECT * FROM idempotency_keys WHERE key = ?", [idempotency_key]))
-                ids = json.loads(rows[0]["job_ids"]) if rows else []
-                if ids and len(self.job_ids_in(ids)) == len(ids):
-                    return rows[0]["batch_id"], [Created(self.get(i), True) for i in ids]
-                if rows:  # its jobs were purged: the key is free again
-                    self.conn.execute("DELETE FROM idempotency_keys WHERE key = ?", [idempotency_key])
+                found = self._idempotent(idempotency_key)
+                if found is not None:
+                    return found
+                # its jobs were purged (or it was never used): the key is free
+                self.conn.execute("DELETE FROM idempotency_keys WHERE key = ?", [idempotency_key])
             at = iso(now)
             batch_id = new_id(now) if as_batch else None
             if batch_id:
@@ -860,6 +863,19 @@ class Store:
                 )
             self._counts["queued"] += len(new_jobs)
         return batch_id, out
+
+    def submitted_with(self, idempotency_key: str, submitted_by: str | None) -> tuple[str | None, list[Created]] | None:
+        """The batch id and jobs (each ``duplicate=True``) of the submit that used
+        ``idempotency_key`` for the sender ``submitted_by``, or None when the key is free: never
+        used, or one of its jobs is no longer in the store (docs/topics.md, "Duplicates")."""
+        return self._idempotent(_sender_key(idempotency_key, submitted_by))
+
+    def _idempotent(self, key: str) -> tuple[str | None, list[Created]] | None:
+        row = self.conn.execute("SELECT batch_id, job_ids FROM idempotency_keys WHERE key = ?", [key]).fetchone()
+        ids = json.loads(row[1]) if row else []
+        if not ids or len(self.job_ids_in(ids)) != len(ids):
+            return None
+        return row[0], [Created(self.get(i), True) for i in ids]
 
     def _event(
         self, job_id: str, at: str, src: JobState | None, dst: JobState, attempt: int, detail: dict[str, Any] | None

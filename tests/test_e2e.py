@@ -183,6 +183,42 @@ def test_bad_requests_get_one_error_each(broker, service_factory, speech: Path, 
     assert svc.proc is not None and svc.proc.poll() is None
 
 
+def test_a_used_idempotency_key_returns_the_first_jobs_whatever_the_payload_says(
+    broker, service_factory, tmp_path: Path
+) -> None:
+    # Given a submit with an idempotency key whose file is then deleted (a client that lost
+    # the response resends the same request later; docs/topics.md, "Duplicates")
+    media = tmp_path / "media"
+    media.mkdir()
+    clip = media / "clip.wav"
+    clip.write_bytes(b"RIFF not really a wav")
+    svc = service_factory(broker, [media]).start()
+    watcher = svc.watcher("response/#")
+    first = svc.request("submit", {"kind": "probe", "input": str(clip), "idempotency_key": "clip-1"}, watcher)
+    assert first["status"] == "ok", first
+    job_id = first["data"]["jobs"][0]["job_id"]
+    clip.unlink()
+    # When the key comes again with the file gone, an unknown kind, or a path outside the roots
+    for again in (
+        {"kind": "probe", "input": str(clip)},
+        {"kind": "nope", "input": str(clip)},
+        {"kind": "probe", "input": "/etc/passwd"},
+        {"kind": "noop", "options": {"nope": 1}},
+    ):
+        resp = svc.request("submit", {**again, "idempotency_key": "clip-1"}, watcher)
+        # Then each gets the first job, as a duplicate, and no new job is made
+        assert resp["status"] == "ok", (again, resp)
+        assert resp["data"]["jobs"] == [{"job_id": job_id, "input": str(clip), "duplicate": True}], resp
+    # while a payload the request model refuses is still refused (docs/topics.md, "Order of checks")
+    bad = svc.request("submit", {"kind": "probe", "priority": 1000, "idempotency_key": "clip-1"}, watcher)
+    assert bad["status"] == "error" and bad["error"]["field"] == "priority", bad
+    # and a free key still gets the checks
+    fresh = svc.request("submit", {"kind": "probe", "input": str(clip), "idempotency_key": "clip-2"}, watcher)
+    assert fresh["error"]["code"] == "input_not_found", fresh
+    listed = svc.request("list", {}, watcher)
+    assert [j["job_id"] for j in listed["data"]["jobs"]] == [job_id], listed
+
+
 def test_retained_submit_is_not_executed(broker, service_factory, speech: Path) -> None:
     svc = service_factory(broker, [speech])
     # Given a retained submit waiting on the broker before the service starts

@@ -44,7 +44,8 @@ def test_text_from_clients_and_files_cannot_start_a_log_line(broker, service_fac
     assert raised["status"] == "ok", raised
     raised_id = raised["data"]["jobs"][0]["job_id"]
     watcher.wait_json(f"{svc.base}/jobs/{raised_id}", lambda m: m["state"] in ("failed", "retrying"), timeout=60)
-    bad = svc.request("submit", {"kind": "noop", "options": {evil: evil}, "idempotency_key": evil}, watcher)
+    # (a key of its own: the key above, used again, would return the probe job)
+    bad = svc.request("submit", {"kind": "noop", "options": {evil: evil}, "idempotency_key": evil + "2"}, watcher)
     assert bad["status"] == "error", bad
     assert svc.request("submit", {"kind": "nope\n" + FORGED, "input": evil}, watcher)["status"] == "error"
     assert svc.request("get", {"job_id": evil}, watcher)["status"] == "error"
