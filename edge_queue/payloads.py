@@ -156,7 +156,8 @@ class PurgeRequest(_Request):
 
     job_id: str | None = Field(None, min_length=1, max_length=64)
     older_than_s: float | None = Field(None, ge=0, le=100 * 365 * 86400)
-    states: list[Literal["succeeded", "failed", "cancelled"]] | None = None
+    # at least one: an empty list must not mean "every state" for a command that deletes
+    states: list[Literal["succeeded", "failed", "cancelled"]] | None = Field(None, min_length=1, max_length=3)
 
 
 class BrowseRequest(_Request):
@@ -262,7 +263,8 @@ def decode_request(command: str, raw: bytes, *, max_bytes: int, default_kind: st
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise RequestError(f"payload is not UTF-8: {e}", code=ErrorCode.INVALID_JSON) from e
-    stripped = text.strip()
+    # a UTF-8 byte-order mark (Windows tools write one) is not part of the request
+    stripped = text.removeprefix("\ufeff").strip()
     if command == "submit" and stripped and stripped[0] not in '{["':
         return SubmitRequest(kind=default_kind, input=stripped)
     if not stripped and command == "pause":

@@ -28,6 +28,16 @@ def test_bare_path_json_string_and_array() -> None:
     assert isinstance(req, SubmitRequest) and req.inputs == ["/a", "/b"] and req.kind == "transcribe"
 
 
+def test_a_byte_order_mark_before_the_payload_is_ignored() -> None:
+    """Windows tools write a UTF-8 byte-order mark before text; it is not part of the request
+    (docs/topics.md, "Requests and responses")."""
+    req = decode("submit", b'\xef\xbb\xbf{"kind": "noop", "input": "x"}')
+    assert isinstance(req, SubmitRequest) and (req.kind, req.input) == ("noop", "x")
+    req = decode("submit", b"\xef\xbb\xbf/srv/media/call.m4a\n")
+    assert isinstance(req, SubmitRequest) and req.input == "/srv/media/call.m4a"
+    assert decode("get", b'\xef\xbb\xbf {"job_id": "abc"}').job_id == "abc"  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize(
     ("command", "raw", "code", "field"),
     [
@@ -40,6 +50,8 @@ def test_bare_path_json_string_and_array() -> None:
         ("submit", b'{"input": "/a", "run_at": "tomorrow"}', ErrorCode.INVALID_REQUEST, "run_at"),
         ("list", b'{"limit": 0}', ErrorCode.INVALID_REQUEST, "limit"),
         ("get", b"[]", ErrorCode.INVALID_REQUEST, "(root)"),
+        ("purge", b'{"older_than_s": 0, "states": []}', ErrorCode.INVALID_REQUEST, "states"),
+        ("get", b"\xef\xbb\xbf", ErrorCode.INVALID_JSON, None),
     ],
 )
 def test_bad_requests_raise_with_code_and_field(command, raw, code, field) -> None:
