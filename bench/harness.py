@@ -149,6 +149,9 @@ class Service:
     base: str = field(default_factory=uid)
     proc: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
+    #: the folder whose ``edge_queue`` package runs (``python -m edge_queue`` from there): the
+    #: checkout, or an earlier commit's tree (P1's "before" side, :mod:`p1_throughput`)
+    root: Path = ROOT
 
     def __post_init__(self) -> None:
         self._own_dir = self.data_dir is None
@@ -183,7 +186,7 @@ class Service:
             env=self.env(),
             stdout=subprocess.DEVNULL,
             stderr=log,
-            cwd=str(ROOT),
+            cwd=str(self.root),
         )
         log.close()
         if wait_online:
