@@ -49,7 +49,7 @@ class SubmitRequest(_Request):
     kind: str | None = Field(None, min_length=1, max_length=64)
     input: str | None = Field(None, min_length=1, max_length=4096)
     inputs: list[str] | None = Field(None, min_length=1, max_length=10_000)
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = Field(default_factory=dict)  # (a plain {} default is deep-copied per request)
     priority: int = Field(0, ge=-100, le=100)
     idempotency_key: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[^\x00]+$")
     max_attempts: int | None = Field(None, ge=1, le=100)
