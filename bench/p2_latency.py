@@ -5,14 +5,20 @@ Per job: publish -> response seen, publish -> ``running`` seen, publish -> ``suc
 transition; the retained job topic coalesces a ``running`` that lasts under 20 ms), and
 ``finished_at`` (the service's wall clock, ms) ->
 ``succeeded`` seen. p50/p95/p99 per run; each figure is the median over runs.
+
+The floor, in the same runs on the same broker: publish -> response seen through an MQTT echo
+(bench/ref/echo.py, its own process) with the same publishing and watching clients, so the
+figures can be read on a machine of another speed: what the service adds is the difference.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from typing import Any
 
-from harness import Figure, Publisher, Service, Watcher, percentile
+from harness import BENCH, HOST, Figure, Publisher, Service, Watcher, percentile, uid
 
 from edge_queue.store import parse_iso
 
@@ -51,6 +57,35 @@ def one_run(n: int, log: Any) -> dict[str, list[float]]:
     return out
 
 
+def echo_run(n: int, port: int) -> list[float]:
+    """``n`` requests, one at a time, through bench/ref/echo.py: publish -> response seen, ms."""
+    base = uid("echo")
+    echo = subprocess.Popen(
+        [sys.executable, str(BENCH / "ref" / "echo.py"), HOST, str(port), base], stdout=subprocess.PIPE, text=True
+    )
+    out: list[float] = []
+    try:
+        if echo.stdout is None or echo.stdout.readline().strip() != "ready":
+            raise RuntimeError("the echo did not subscribe")
+        w = Watcher(base, responses=True)
+        pub = Publisher(base)
+        time.sleep(1.0)
+        for i in range(n):
+            tr = f"e{i}"
+            t0 = time.monotonic()
+            pub.submit({"transaction": tr})
+            if not w.wait(lambda w, tr=tr: tr in w.responses, 10):
+                raise RuntimeError(f"no echo of {tr}")
+            out.append((w.responses[tr][0] - t0) * 1000)
+            time.sleep(0.01)
+        pub.close()
+        w.close()
+    finally:
+        echo.kill()
+        echo.wait()
+    return out
+
+
 def run(runs: int, n: int, log: Any, brokers: dict[str, int]) -> dict[str, Any]:
     """``brokers``: name -> port; every run measures on each broker, alternating the order."""
     import harness
@@ -66,5 +101,10 @@ def run(runs: int, n: int, log: Any, brokers: dict[str, int]) -> dict[str, Any]:
                     figs.setdefault(f"{b}: {m} p{p}", []).append(percentile(vals, p))
             ps = [percentile(res["submit->running"], p) for p in (50, 95, 99)]
             log(f"P2 run {r + 1}/{runs} [{b}]: submit->running p50 {ps[0]:.1f}, p95 {ps[1]:.1f}, p99 {ps[2]:.1f} ms")
+            if b == names[0]:  # the floor on the broker of the targets
+                echo = echo_run(n, brokers[b])
+                for p in (50, 95, 99):
+                    figs.setdefault(f"{b}: echo floor p{p}", []).append(percentile(echo, p))
+                log(f"P2 run {r + 1}/{runs} [{b}]: echo floor p50 {percentile(echo, 50):.2f} ms")
     harness.use_port(brokers[names[0]])
     return {"figures": {k: Figure(v, "ms") for k, v in figs.items()}, "n": n}
