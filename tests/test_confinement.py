@@ -214,7 +214,8 @@ def test_client_text_never_becomes_a_file_name(mosquitto: Broker, service_factor
     # ... and the bundled English-only model takes only "en"
     resp = svc.request("submit", {"kind": "transcribe", "input": clip, "options": {"language": "fr"}}, watcher)
     assert resp["status"] == "error" and resp["error"]["field"] == "options.language", resp
-    assert "English-only" in resp["error"]["message"]
+    # (named as results name it: the bundled model's own name, not its folder's)
+    assert "the model 'tiny.en' is English-only" in resp["error"]["message"], resp
     assert svc.request("list", {}, watcher)["data"]["jobs"] == []
 
 

@@ -52,6 +52,7 @@ def test_a_byte_order_mark_before_the_payload_is_ignored() -> None:
         ("get", b"[]", ErrorCode.INVALID_REQUEST, "(root)"),
         ("purge", b'{"older_than_s": 0, "states": []}', ErrorCode.INVALID_REQUEST, "states"),
         ("get", b"\xef\xbb\xbf", ErrorCode.INVALID_JSON, None),
+        ("submit", b" \n", ErrorCode.INVALID_JSON, None),  # empty: not a bare path
     ],
 )
 def test_bad_requests_raise_with_code_and_field(command, raw, code, field) -> None:

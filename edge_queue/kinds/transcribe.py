@@ -180,7 +180,8 @@ class Transcribe(Kind):
             return  # no model at all: the job fails with that, clearly
         if options.language not in model_languages(ref):
             raise RequestError(
-                f'options.language: the model {Path(ref).name!r} is English-only; give "en" or leave it out',
+                f"options.language: the model {options.model or model_label(settings.transcribe.model, ref)!r} "
+                'is English-only; give "en" or leave it out',
                 field="options.language",
             )
 
@@ -215,7 +216,8 @@ class Transcribe(Kind):
                 initial_prompt=prompt,
             )
             if language is None:  # detected once, on the first chunk, then kept
-                language, probability = info.language, info.language_probability
+                # (an English-only model detects nothing: faster-whisper gives the integer 1)
+                language, probability = info.language, float(info.language_probability)
             if not planned:
                 planned = self._outputs(ctx, input_path, language, options)
                 check_free(list(planned.values()), options.overwrite or options.output == "data_dir")
