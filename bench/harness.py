@@ -424,6 +424,18 @@ class SucceededCounter:
         are unacknowledged: :meth:`pump` reads the acknowledgements)."""
         self.pub.publish(f"{self.base}/request/submit", json.dumps(body), qos=1)
 
+    def submit_noops(self, n: int, mode: str) -> None:
+        """P1's load: ``n`` no-op jobs (distinct inputs) in submits of 100 inputs (``mode``
+        ``"batch"``; ``n`` a multiple of 100) or one request per job (``"single"``)."""
+        if mode == "batch":
+            for b in range(n // 100):
+                self.submit({"kind": "noop", "inputs": [f"b{b}-{i}" for i in range(100)]})
+            return
+        for i in range(n):
+            self.submit({"kind": "noop", "input": f"s{i}"})
+            if i % 200 == 199:  # take the acknowledgements: paho sends the rest as they come
+                self.pump(0)
+
     def pump(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for either socket, then read, write and keep both alive."""
         clients = (self.pub, self.sub)

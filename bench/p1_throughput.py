@@ -96,14 +96,7 @@ def edge_queue_run(
         proc = psutil.Process(svc.proc.pid)
         c0 = proc.cpu_times()
         t0 = time.monotonic()
-        if mode == "batch":
-            for b in range(n // 100):
-                load.submit({"kind": "noop", "inputs": [f"b{b}-{i}" for i in range(100)]})
-        else:
-            for i in range(n):
-                load.submit({"kind": "noop", "input": f"s{i}"})
-                if i % 200 == 199:  # take the acknowledgements: paho sends the rest as they come
-                    load.pump(0)
+        load.submit_noops(n, mode)
         if not load.wait(n, timeout_s):
             raise RuntimeError(f"only {len(load.succeeded)} succeeded after {timeout_s} s: {svc.tail()}")
         c1 = proc.cpu_times()

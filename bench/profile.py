@@ -109,14 +109,7 @@ def profile(mode: str, n: int, out: Path) -> float:
         time.sleep(1.0)  # py-spy attaches
         proc = psutil.Process(svc.pid)
         c0 = proc.cpu_times()
-        if mode == "batch":
-            for b in range(n // 100):
-                load.submit({"kind": "noop", "inputs": [f"b{b}-{i}" for i in range(100)]})
-        else:
-            for i in range(n):
-                load.submit({"kind": "noop", "input": f"s{i}"})
-                if i % 200 == 199:
-                    load.pump(0)
+        load.submit_noops(n, mode)
         if not load.wait(n, 600):
             raise RuntimeError(f"only {len(load.succeeded)} succeeded: {svc.tail()}")
         c1 = proc.cpu_times()
