@@ -1035,7 +1035,7 @@ class Service:
     def schedule(self, now: float) -> None:
         """Give due jobs to workers, within each kind's ``max_concurrency``, in priority order:
         first one job to each idle worker, then short jobs to workers that hold only short jobs,
-        up to :data:`~edge_queue.supervisor.PREFETCH` each (see :class:`Supervisor`)."""
+        up to :meth:`Supervisor.prefetch` each (see :class:`Supervisor`)."""
         if self.paused or self.stopping or self.bridge.holding:
             return
         store, sup = self._store(), self.supervisor

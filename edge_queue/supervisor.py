@@ -29,8 +29,16 @@ log = logging.getLogger(__name__)
 KILL_AFTER_S = 2.0
 #: Longest wait before another try to start a worker whose start failed.
 RESPAWN_MAX_S = 5.0
-#: Jobs one worker may hold at once (the one it runs and those it runs next), for short kinds.
-PREFETCH = 16
+#: Most jobs one worker may hold at once (the one it runs and those it runs next), for short
+#: kinds. Each loop turn has a fixed cost (about 1.5 ms of CPU under load), so the more jobs a
+#: turn's hand-out and outcomes carry, the less each job costs: P1 (bench/p1_throughput.py) ran
+#: 5,000 no-op jobs in batches at 0.36 ms of service CPU per job with 16, 0.29 with 64 and 0.26
+#: with 256 (docs/benchmarks.md).
+PREFETCH = 256
+#: ... and at most this many seconds of expected work (jobs held times the slowest short kind's
+#: mean attempt time), so that a job of higher priority submitted meanwhile waits for at most
+#: about this long behind jobs already handed out: 256 no-op jobs, 20 jobs of 5 ms, 2 of 49 ms.
+PREFETCH_S = 0.1
 #: A kind whose attempts take less than this many seconds on average is "short".
 FAST_S = 0.05
 
@@ -128,8 +136,9 @@ class Supervisor:
     and for the replacement of a lost worker. The forkserver ends when the service does.
 
     Jobs of a kind whose attempts take less than :data:`FAST_S` on average (measured here) may
-    be given to a busy worker, up to :data:`PREFETCH` at once, so that many short jobs cost one
-    message and one loop turn instead of one each; any other job goes only to an idle worker.
+    be given to a busy worker, up to :meth:`prefetch` at once (:data:`PREFETCH` jobs, and about
+    :data:`PREFETCH_S` seconds of their work), so that many short jobs cost one message and one
+    loop turn instead of one each; any other job goes only to an idle worker.
     A job's ``timeout_s`` counts from when its worker starts it.
 
     Args:
@@ -282,10 +291,16 @@ class Supervisor:
         avg = self._avg_s.get(kind)
         return avg is not None and avg[1] >= 3 and avg[0] < FAST_S
 
+    def prefetch(self) -> int:
+        """How many jobs of short kinds a worker may hold at once: :data:`PREFETCH_S` over the
+        slowest short kind's mean attempt time, at least 1 and at most :data:`PREFETCH`."""
+        slowest = max((mean for mean, n in self._avg_s.values() if n >= 3 and mean < FAST_S), default=FAST_S)
+        return max(1, min(PREFETCH, int(PREFETCH_S / max(slowest, 1e-6))))
+
     def room(self, slot: _Slot) -> int:
-        """How many more jobs the worker may be given: up to :data:`PREFETCH` held at once, and
+        """How many more jobs the worker may be given: up to :meth:`prefetch` held at once, and
         no more than it has left before ``max_jobs_per_worker`` replaces it."""
-        room = PREFETCH - len(slot.jobs)
+        room = self.prefetch() - len(slot.jobs)
         if self.settings.max_jobs_per_worker:
             room = min(room, self.settings.max_jobs_per_worker - slot.jobs_done - len(slot.jobs))
         return room

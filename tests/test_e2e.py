@@ -375,3 +375,31 @@ def test_coalesced_retained_state_ends_final_and_events_carry_every_transition(
     # And most of them were published once on the retained topic: coalescing happened
     assert sum(len(watcher.json_on(f"{svc.base}/jobs/{j}")) for j in ids) < 3 * len(ids)
     watcher.close()
+
+
+def test_short_jobs_held_by_workers_are_bounded_by_their_expected_time(broker, service_factory, speech: Path) -> None:
+    # Given 150 jobs of 20 ms (short: under 50 ms on average), on the default 2 workers
+    svc = service_factory(broker, [speech]).start()
+    watcher = svc.watcher("events", "response/#")
+    resp = svc.request(
+        "submit", {"kind": "test_hang", "options": {"seconds": 0.02}, "inputs": [f"h{i}" for i in range(150)]}, watcher
+    )
+    ids = {j["job_id"] for j in resp["data"]["jobs"]}
+    wait_until(
+        lambda: sum(1 for e in watcher.json_on(f"{svc.base}/events") if e["type"] == "end") >= len(ids),
+        60,
+        "every job's end event",
+        0.2,
+    )
+    # When the jobs handed to workers are counted from the events (a job is handed out at its
+    # "running" event, claimed in a worker's queue, and leaves it at its "end" event)
+    held = most = 0
+    for e in watcher.json_on(f"{svc.base}/events"):
+        if e["job"]["job_id"] in ids and e["type"] != "new":
+            held += 1 if e["job"]["state"] == "running" else -1
+            most = max(most, held)
+    # Then workers held several short jobs at once (they run without a loop turn each), but no
+    # more than about 0.1 s of expected work each: 5 jobs of 20 ms, on 2 workers
+    # (supervisor.PREFETCH_S; docs/topics.md, started_at)
+    assert 2 < most <= 2 * 5, most
+    watcher.close()
