@@ -63,11 +63,19 @@ log = logging.getLogger(__name__)
 WINDOW = 2_000
 WINDOW_BYTES = 8 * 2**20
 #: Unacknowledged QoS 1 requests the broker may send us at once (MQTT 5 Receive Maximum).
+#: mosquitto 2.0.11 sends more under sustained load: a client that acknowledges as it goes
+#: held 1,606 unacknowledged messages at a Receive Maximum of 100. So the inbox bounds itself.
 RECEIVE_MAXIMUM = 1_000
-#: The socket is not read while the inbox holds this many items or payload bytes (unless
-#: our own publishes await acknowledgements: reading is how those arrive).
+#: The socket is not read while the inbox holds this many items or payload bytes, unless the
+#: service takes no request until the broker acknowledges some of ours (:data:`BACKLOG_HIGH`):
+#: reading is how those acknowledgements arrive.
 INBOX_HIGH = 2_000
 INBOX_BYTES_HIGH = 32 * 2**20
+#: The service takes no new request while this many of our messages wait to be handed to paho,
+#: or this many bytes of ours wait for the broker's acknowledgements (:attr:`Bridge.backlog`,
+#: :attr:`Bridge.backlog_bytes`).
+BACKLOG_HIGH = 5_000
+BACKLOG_BYTES_HIGH = 8 * 2**20
 #: Packets read per :meth:`Bridge.pump` at most, so one turn stays short.
 READ_BUDGET = 2_000
 #: Seconds between reconnect attempts: from 1, doubling, at most 4 (the retained state must be
@@ -913,6 +921,11 @@ class Bridge:
         """Our publishes handed to paho that the broker has not acknowledged yet."""
         return len(self._inflight)
 
+    def backlog_high(self) -> bool:
+        """True while :data:`BACKLOG_HIGH` of our messages (or :data:`BACKLOG_BYTES_HIGH` bytes)
+        wait for the broker: the service takes no new request until some are acknowledged."""
+        return len(self._out) >= BACKLOG_HIGH or self.backlog_bytes >= BACKLOG_BYTES_HIGH
+
     def _inbox_full(self) -> bool:
         return len(self.inbox) >= INBOX_HIGH or self.inbox_bytes >= INBOX_BYTES_HIGH
 
@@ -944,8 +957,10 @@ class Bridge:
         client = self._client
         self._more_to_read = False
         for _ in range(READ_BUDGET):
-            if self._inbox_full() and self._window_open() and not self._out:
-                self._more_to_read = False  # back-pressure: leave it in the socket
+            if self._inbox_full() and not self.backlog_high():
+                # back-pressure: leave it in the socket, whatever the broker's Receive Maximum
+                # let it send; the service drains the inbox first
+                self._more_to_read = False
                 return
             if client.socket() is None:
                 return

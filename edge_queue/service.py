@@ -73,10 +73,6 @@ TURN_REQUESTS = 500
 #: Job changes one turn takes on through requests (jobs created, cancelled, purged) before it
 #: stops taking requests: a submit of 1,000 inputs counts 1,000.
 TURN_WORK = 2_000
-#: No new request is taken while this many messages, or bytes of them, wait for the broker's
-#: acknowledgements.
-BACKLOG_HIGH = 20_000
-BACKLOG_BYTES_HIGH = 32 * 2**20
 #: A turn stops taking requests once what it is to publish reaches this many bytes (a
 #: ``list`` of 500 jobs may answer with a megabyte).
 TURN_BYTES = 8 * 2**20
@@ -496,7 +492,7 @@ class Service:
 
     def _take_inbox(self, taken: list[Incoming]) -> None:
         """Take what arrived, within the turn's budget: at most :data:`TURN_REQUESTS`
-        requests, none while the broker has :data:`BACKLOG_HIGH` of our messages to
+        requests, none while the broker has :data:`~edge_queue.bridge.BACKLOG_HIGH` of our messages to
         acknowledge, and at most ``limits.max_requests_per_s``. What is left stays in the
         inbox, unacknowledged, so the broker holds back the rest (MQTT flow control)."""
         inbox = self.bridge.inbox
@@ -532,9 +528,8 @@ class Service:
                 self.on_connected(item)
 
     def _backlog_low(self) -> bool:
-        """True while the broker has fewer than :data:`BACKLOG_HIGH` messages and
-        :data:`BACKLOG_BYTES_HIGH` bytes of ours to take: requests are taken only then."""
-        return self.bridge.backlog < BACKLOG_HIGH and self.bridge.backlog_bytes < BACKLOG_BYTES_HIGH
+        """True unless :meth:`Bridge.backlog_high`: requests are taken only then."""
+        return not self.bridge.backlog_high()
 
     def on_connected(self, item: Connected) -> None:
         """(Re)connected: ``online``, ``info``, the changes made before the first connect, and
@@ -1036,7 +1031,7 @@ class Service:
         """Give due jobs to workers, within each kind's ``max_concurrency``, in priority order:
         first one job to each idle worker, then short jobs to workers that hold only short jobs,
         up to :meth:`Supervisor.prefetch` each (see :class:`Supervisor`)."""
-        if self.paused or self.stopping or self.bridge.holding:
+        if self.paused or self.stopping or self.bridge.holding or self.bridge.backlog_high():
             return
         store, sup = self._store(), self.supervisor
         if not store.waiting():
