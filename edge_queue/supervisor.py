@@ -41,6 +41,11 @@ PREFETCH = 256
 PREFETCH_S = 0.1
 #: A kind whose attempts take less than this many seconds on average is "short".
 FAST_S = 0.05
+#: A worker whose current job has run this many seconds while short jobs wait in its queue
+#: gives those back (:meth:`Supervisor.release`): a kind's mean does not foresee a job whose
+#: options make it long (a no-op with ``sleep_s``), and the jobs behind it, or one of higher
+#: priority submitted meanwhile, go to the next free worker instead of waiting for it.
+OVERRUN_S = 1.0
 
 
 @dataclass(slots=True)
@@ -90,6 +95,8 @@ class _Slot:
     unsent: list[_Entry] = field(default_factory=list)
     end_reason: tuple[str, str] | None = None  # (code, message) when we ended it on purpose
     recycle: str | None = None  # why to replace the worker once its jobs are done
+    #: a ``release`` of all its waiting jobs was asked for and not yet answered
+    releasing: bool = False
     jobs_done: int = 0
     rss_mb: float | None = None
     pid: int | None = None
@@ -169,6 +176,7 @@ class Supervisor:
         slot.jobs.clear()
         slot.unsent.clear()
         slot.end_reason = slot.recycle = None
+        slot.releasing = False
         slot.jobs_done, slot.rss_mb = 0, None
         parent, child = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(
@@ -314,8 +322,29 @@ class Supervisor:
             and s.recycle is None
             and s.jobs
             and self.room(s) > 0
+            and not s.releasing
+            and not self._overran(s)
             and all(self.fast(e.msg["kind"]) for e in s.jobs)
         ]
+
+    def _overran(self, slot: _Slot) -> bool:
+        """True when the worker's current job has run :data:`OVERRUN_S` seconds or more."""
+        head = slot.jobs[0] if slot.jobs else None
+        return head is not None and head.started is not None and self.clock() - head.started >= OVERRUN_S
+
+    def release(self, slot: _Slot, job_ids: list[str] | None = None) -> None:
+        """Ask the worker to give back jobs of ``job_ids`` (all, for ``None``) waiting in its
+        queue, not started. Its answer (:meth:`poll`) reports each one as ``unstarted``: the
+        service puts it back in the queue, its attempt not counted, or ends it cancelled."""
+        if job_ids is None:
+            if slot.releasing:
+                return
+            slot.releasing = True
+        try:
+            assert slot.conn is not None
+            slot.conn.send({"op": "release", "job_ids": job_ids})
+        except (OSError, AssertionError):
+            pass  # the worker is gone: poll() reports its jobs
 
     def idle(self) -> list[_Slot]:
         """Workers with no job (and not waiting to be replaced)."""
@@ -381,6 +410,10 @@ class Supervisor:
                             slot.conn.send({"op": "cancel", "job_id": job_id})
                         except (OSError, AssertionError):
                             pass
+                        if entry is not slot.jobs[0]:
+                            # waiting in the worker's queue: given back at once, it ends
+                            # cancelled without waiting for the jobs before it
+                            self.release(slot, [job_id])
                     return True
         return False
 
@@ -429,6 +462,9 @@ class Supervisor:
             return
         if op == "ready":
             return
+        if op == "released":
+            self._released(slot, msg, out)
+            return
         head = slot.jobs[0] if slot.jobs else None
         if head is None or msg.get("job_id") != head.msg["job_id"] or msg.get("attempt") != head.msg["attempt"]:
             log.warning("worker %d: message for a job it does not run: %s", slot.index, op)
@@ -457,6 +493,23 @@ class Supervisor:
                 log.info("worker %d (pid %s) recycled: %s", slot.index, slot.pid, slot.recycle)
                 self._end(slot, polite=True)
                 self._spawn(slot)
+
+    def _released(self, slot: _Slot, msg: dict[str, Any], out: list[Outcome]) -> None:
+        """The worker gave back jobs from its queue: each is ``unstarted``."""
+        if msg.get("all"):
+            slot.releasing = False
+        given = {(job_id, attempt) for job_id, attempt in msg["jobs"]}
+        if not given:
+            return
+        kept: deque[_Entry] = deque()
+        for entry in slot.jobs:
+            key = (entry.msg["job_id"], entry.msg["attempt"])
+            if key in given:
+                out.append(Outcome("unstarted", key[0], key[1], {}))
+            else:
+                kept.append(entry)
+        slot.jobs = kept
+        log.debug("worker %d gave back %d job(s) it had not started", slot.index, len(given))
 
     def _recycle_reason(self, slot: _Slot, *, cancelled: bool) -> str | None:
         """Why a worker that just finished a job should be replaced (``max_jobs_per_worker`` and
@@ -498,6 +551,8 @@ class Supervisor:
             head = slot.jobs[0]
             if head.started is None:
                 head.started = now
+            if len(slot.jobs) > 1 and not slot.releasing and now - head.started >= OVERRUN_S:
+                self.release(slot)
             cancel_at = head.cancel_deadline
             if cancel_at is not None and now >= cancel_at:
                 slot.end_reason = (str(ErrorCode.CANCELLED), "cancelled: the worker was ended after the grace period")

@@ -125,6 +125,21 @@ class _Worker:
             self.conn.send(self._pending if len(self._pending) > 1 else self._pending[0])
             self._pending = []
 
+    def release(self, job_ids: list[str] | None) -> None:
+        """Give back the jobs of ``job_ids`` (all, for ``None``) that wait in this worker's
+        queue, not started: one ``released`` message names them (``[job_id, attempt]`` pairs;
+        none when every one of them has started or ended meanwhile; ``all`` when the whole
+        queue was asked for). The service puts them back in the queue or, cancelled, ends them
+        (:meth:`Supervisor.release`)."""
+        wanted = None if job_ids is None else set(job_ids)
+        with self.jobs.mutex:  # the queue's own lock: the main thread takes its next job meanwhile
+            waiting = self.jobs.queue
+            kept = [j for j in waiting if j is None or (wanted is not None and j["job_id"] not in wanted)]
+            gone = [j for j in waiting if j is not None and (wanted is None or j["job_id"] in wanted)]
+            waiting.clear()
+            waiting.extend(kept)
+        self.send({"op": "released", "all": wanted is None, "jobs": [[j["job_id"], j["attempt"]] for j in gone]})
+
     def cancel_requested(self, job_id: str) -> bool:
         return job_id in self._cancelled
 
@@ -143,6 +158,8 @@ class _Worker:
                     self.jobs.put(job)
             elif op == "cancel":
                 self._cancelled.add(msg["job_id"])
+            elif op == "release":
+                self.release(msg.get("job_ids"))
             elif op == "stop":
                 self.jobs.put(None)
                 return

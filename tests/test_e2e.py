@@ -403,3 +403,67 @@ def test_short_jobs_held_by_workers_are_bounded_by_their_expected_time(broker, s
     # (supervisor.PREFETCH_S; docs/topics.md, started_at)
     assert 2 < most <= 2 * 5, most
     watcher.close()
+
+
+def _warm_up_noop(svc, watcher, n: int = 10) -> None:
+    """Run ``n`` no-op jobs: the kind becomes short (under 50 ms on average), so workers are
+    handed several of its jobs at once (docs/topics.md, ``started_at``)."""
+    resp = svc.request("submit", {"kind": "noop", "inputs": [f"w{i}" for i in range(n)]}, watcher)
+    for job in resp["data"]["jobs"]:
+        watcher.wait_json(f"{svc.base}/jobs/{job['job_id']}", lambda m: m["state"] == "succeeded")
+
+
+def test_jobs_waiting_behind_a_long_one_in_a_worker_go_back_to_the_queue(
+    mosquitto, service_factory, speech: Path
+) -> None:
+    # Given workers handed many jobs of a short kind at once, which turn out to be long
+    # (the kind's mean cannot foresee options that make a job long)
+    svc = service_factory(mosquitto, [speech]).start()
+    watcher = svc.watcher("events", "jobs/+", "response/#")
+    _warm_up_noop(svc, watcher)
+    resp = svc.request(
+        "submit", {"kind": "noop", "options": {"sleep_s": 3}, "inputs": [f"l{i}" for i in range(40)]}, watcher
+    )
+    ids = [j["job_id"] for j in resp["data"]["jobs"]]
+
+    def back_in_queue() -> list[dict]:
+        return [
+            e["job"]
+            for e in watcher.json_on(f"{svc.base}/events")
+            if e["job"]["job_id"] in ids and e["job"]["state"] == "queued" and e["type"] == "update"
+        ]
+
+    # When the job a worker runs passes 1 s (supervisor.OVERRUN_S), then the jobs waiting
+    # behind it are given back to the queue, their attempt not counted
+    given_back = wait_until(lambda: len(back_in_queue()) >= len(ids) - 2 and back_in_queue(), 15, "jobs given back")
+    assert all(job["attempt"] == 0 and job["started_at"] is None for job in given_back)
+    # And a job of higher priority submitted now runs before any of them
+    urgent = svc.request("submit", {"kind": "noop", "priority": 100, "input": "urgent"}, watcher)["data"]["jobs"][0]
+    watcher.wait_json(f"{svc.base}/jobs/{urgent['job_id']}", lambda m: m["state"] == "succeeded", 15)
+    returned = {job["job_id"] for job in given_back}
+    order = [
+        e["job"]["job_id"]
+        for e in watcher.json_on(f"{svc.base}/events")
+        if e["job"]["state"] == "running" and e["job"]["attempt"] == 1 and e["job"]["started_at"] is not None
+    ]
+    assert urgent["job_id"] in order
+    assert not returned & set(order[: order.index(urgent["job_id"])])
+    watcher.close()
+
+
+def test_a_cancelled_job_waiting_in_a_workers_queue_ends_at_once(mosquitto, service_factory, speech: Path) -> None:
+    # Given a worker holding many jobs of a short kind at once, half a second each
+    svc = service_factory(mosquitto, [speech]).start()
+    watcher = svc.watcher("events", "jobs/+", "response/#")
+    _warm_up_noop(svc, watcher)
+    resp = svc.request(
+        "submit", {"kind": "noop", "options": {"sleep_s": 0.5}, "inputs": [f"c{i}" for i in range(30)]}, watcher
+    )
+    last = resp["data"]["jobs"][-1]["job_id"]
+    watcher.wait_json(f"{svc.base}/jobs/{last}", lambda m: m["state"] == "running")
+    # When the last one, waiting in its worker's queue behind about 7 s of jobs, is cancelled
+    assert svc.request("cancel", {"job_id": last}, watcher)["status"] == "ok"
+    # Then it ends cancelled without waiting for them, never started (docs/topics.md, cancel)
+    final = watcher.wait_json(f"{svc.base}/jobs/{last}", lambda m: m["state"] == "cancelled", 4)
+    assert final["started_at"] is None and final["error"]["code"] == "cancelled"
+    watcher.close()
