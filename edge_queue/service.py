@@ -1331,6 +1331,9 @@ class Service:
         are ended and requeued without counting the attempt; ``offline``."""
         store = self._store()
         self.stopping = True
+        for slot in self.supervisor.slots:
+            if len(slot.jobs) > 1:  # jobs waiting in a worker's queue go back to the queue now
+                self.supervisor.release(slot)
         running = len(self.supervisor.running_job_ids())
         if running:
             log.info("stopping: waiting up to %.0f s for %d running job(s)", self.settings.cancel_grace_s, running)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -466,4 +467,31 @@ def test_a_cancelled_job_waiting_in_a_workers_queue_ends_at_once(mosquitto, serv
     # Then it ends cancelled without waiting for them, never started (docs/topics.md, cancel)
     final = watcher.wait_json(f"{svc.base}/jobs/{last}", lambda m: m["state"] == "cancelled", 4)
     assert final["started_at"] is None and final["error"]["code"] == "cancelled"
+    watcher.close()
+
+
+def test_a_graceful_stop_gives_back_the_jobs_waiting_in_workers_queues(
+    mosquitto, service_factory, speech: Path
+) -> None:
+    # Given workers holding many jobs of a short kind, half a second each (about 15 s of work)
+    svc = service_factory(mosquitto, [speech]).start()
+    watcher = svc.watcher("events", "jobs/+", "response/#")
+    _warm_up_noop(svc, watcher)
+    resp = svc.request(
+        "submit", {"kind": "noop", "options": {"sleep_s": 0.5}, "inputs": [f"g{i}" for i in range(30)]}, watcher
+    )
+    ids = [j["job_id"] for j in resp["data"]["jobs"]]
+    watcher.wait_json(f"{svc.base}/jobs/{ids[-1]}", lambda m: m["state"] == "running")
+    # When edge-queue is stopped (SIGTERM)
+    t0 = time.monotonic()
+    assert svc.stop() == 0
+    took = time.monotonic() - t0
+    # Then only the jobs the workers run finish (docs/topics.md, "Attempts and failures"): the
+    # others go back to the queue at once, their attempt not counted, and the stop does not
+    # wait the 10 s of cancel_grace_s while workers run the jobs of their queues
+    assert took < 5, took
+    states = {j: watcher.json_on(f"{svc.base}/jobs/{j}")[-1] for j in ids}
+    queued = [s for s in states.values() if s["state"] == "queued"]
+    assert len(queued) >= len(ids) - 4
+    assert all(s["attempt"] == 0 for s in queued)
     watcher.close()
