@@ -968,6 +968,8 @@ class Service:
         # While cancelling: a cancel seen at a checkpoint, or the worker ended after the grace
         # period, is "cancelled"; a failure the job reported by itself stays a failure.
         if code == ErrorCode.CANCELLED or (cancelling and outcome.op in ("lost", "unstarted")):
+            # a job cancelled before its worker started it never had that attempt
+            unstarted = {"attempt": attempt - 1} if outcome.op == "unstarted" else {}
             job = store.transition(
                 job_id,
                 JobState.CANCELLED,
@@ -976,6 +978,7 @@ class Service:
                 current=job,
                 crashes=crashes,
                 error=cancelled_error(),
+                **unstarted,
             )
             log.info("job %s cancelled", job_id)
         elif crashes >= self.settings.crash_loop_limit:

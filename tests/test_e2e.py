@@ -467,6 +467,7 @@ def test_a_cancelled_job_waiting_in_a_workers_queue_ends_at_once(mosquitto, serv
     # Then it ends cancelled without waiting for them, never started (docs/topics.md, cancel)
     final = watcher.wait_json(f"{svc.base}/jobs/{last}", lambda m: m["state"] == "cancelled", 4)
     assert final["started_at"] is None and final["error"]["code"] == "cancelled"
+    assert final["attempt"] == 0  # the attempt it never started is not counted
     watcher.close()
 
 
