@@ -969,7 +969,7 @@ class Service:
         # period, is "cancelled"; a failure the job reported by itself stays a failure.
         if code == ErrorCode.CANCELLED or (cancelling and outcome.op in ("lost", "unstarted")):
             # a job cancelled before its worker started it never had that attempt
-            unstarted = {"attempt": attempt - 1} if outcome.op == "unstarted" else {}
+            unstarted: dict[str, Any] = {"attempt": attempt - 1} if outcome.op == "unstarted" else {}
             job = store.transition(
                 job_id,
                 JobState.CANCELLED,
