@@ -8,6 +8,7 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -414,18 +415,26 @@ def _warm_up_noop(svc, watcher, n: int = 10) -> None:
         watcher.wait_json(f"{svc.base}/jobs/{job['job_id']}", lambda m: m["state"] == "succeeded")
 
 
+def _workers_holding_sleepers(
+    service_factory, broker, speech: Path, sleep_s: float, n: int
+) -> tuple[Any, Watcher, list[str]]:
+    """A service whose workers were handed ``n`` no-op jobs of ``sleep_s`` seconds each, many
+    at once (the kind is short after :func:`_warm_up_noop`): ``(service, watcher, job ids)``."""
+    svc = service_factory(broker, [speech]).start()
+    watcher = svc.watcher("events", "jobs/+", "response/#")
+    _warm_up_noop(svc, watcher)
+    resp = svc.request(
+        "submit", {"kind": "noop", "options": {"sleep_s": sleep_s}, "inputs": [f"s{i}" for i in range(n)]}, watcher
+    )
+    return svc, watcher, [j["job_id"] for j in resp["data"]["jobs"]]
+
+
 def test_jobs_waiting_behind_a_long_one_in_a_worker_go_back_to_the_queue(
     mosquitto, service_factory, speech: Path
 ) -> None:
     # Given workers handed many jobs of a short kind at once, which turn out to be long
     # (the kind's mean cannot foresee options that make a job long)
-    svc = service_factory(mosquitto, [speech]).start()
-    watcher = svc.watcher("events", "jobs/+", "response/#")
-    _warm_up_noop(svc, watcher)
-    resp = svc.request(
-        "submit", {"kind": "noop", "options": {"sleep_s": 3}, "inputs": [f"l{i}" for i in range(40)]}, watcher
-    )
-    ids = [j["job_id"] for j in resp["data"]["jobs"]]
+    svc, watcher, ids = _workers_holding_sleepers(service_factory, mosquitto, speech, 3, 40)
 
     def back_in_queue() -> list[dict]:
         return [
@@ -454,13 +463,8 @@ def test_jobs_waiting_behind_a_long_one_in_a_worker_go_back_to_the_queue(
 
 def test_a_cancelled_job_waiting_in_a_workers_queue_ends_at_once(mosquitto, service_factory, speech: Path) -> None:
     # Given a worker holding many jobs of a short kind at once, half a second each
-    svc = service_factory(mosquitto, [speech]).start()
-    watcher = svc.watcher("events", "jobs/+", "response/#")
-    _warm_up_noop(svc, watcher)
-    resp = svc.request(
-        "submit", {"kind": "noop", "options": {"sleep_s": 0.5}, "inputs": [f"c{i}" for i in range(30)]}, watcher
-    )
-    last = resp["data"]["jobs"][-1]["job_id"]
+    svc, watcher, ids = _workers_holding_sleepers(service_factory, mosquitto, speech, 0.5, 30)
+    last = ids[-1]
     watcher.wait_json(f"{svc.base}/jobs/{last}", lambda m: m["state"] == "running")
     # When the last one, waiting in its worker's queue behind about 7 s of jobs, is cancelled
     assert svc.request("cancel", {"job_id": last}, watcher)["status"] == "ok"
@@ -475,13 +479,7 @@ def test_a_graceful_stop_gives_back_the_jobs_waiting_in_workers_queues(
     mosquitto, service_factory, speech: Path
 ) -> None:
     # Given workers holding many jobs of a short kind, half a second each (about 15 s of work)
-    svc = service_factory(mosquitto, [speech]).start()
-    watcher = svc.watcher("events", "jobs/+", "response/#")
-    _warm_up_noop(svc, watcher)
-    resp = svc.request(
-        "submit", {"kind": "noop", "options": {"sleep_s": 0.5}, "inputs": [f"g{i}" for i in range(30)]}, watcher
-    )
-    ids = [j["job_id"] for j in resp["data"]["jobs"]]
+    svc, watcher, ids = _workers_holding_sleepers(service_factory, mosquitto, speech, 0.5, 30)
     watcher.wait_json(f"{svc.base}/jobs/{ids[-1]}", lambda m: m["state"] == "running")
     # When edge-queue is stopped (SIGTERM)
     t0 = time.monotonic()
