@@ -310,3 +310,58 @@ def test_a_schema_2_store_gets_the_sender_column_and_keys_stay_per_sender(tmp_pa
     assert not alice[0].duplicate and not bob[0].duplicate
     assert len({old[0].job["job_id"], alice[0].job["job_id"], bob[0].job["job_id"]}) == 3
     assert [j["job_id"] for j in store.list_jobs(submitted_by=("alice",))] == [alice[0].job["job_id"]]
+
+
+def test_a_groups_plain_submits_are_seen_by_every_statement_after_them(store: Store, tmp_path: Path) -> None:
+    """Plain submits inside a group are written together (Store._submit_deferred); whatever
+    runs after them in the group sees them, their ``queued`` events have the ids they were
+    given, and the commit holds them."""
+    store.submit([spec("/m/old")], 1.0)  # an event id to count from
+    with store.group():
+        _, (a,) = store.submit([spec("/m/a")], 2.0)
+        _, (dup,) = store.submit([spec("/m/a")], 2.0)  # the same job, before it is written
+        assert dup.duplicate and dup.job["job_id"] == a.job["job_id"]
+        _, (b,) = store.submit([spec("/m/b", priority=5)], 2.0)
+        assert store.counts()["queued"] == 3 and store.waiting() == 3
+        assert store.get(a.job["job_id"])["state"] == "queued"  # a read writes them first
+        # a claim (its own event rows) between two runs of deferred submits
+        (claimed,) = store.claim_many(3.0, ["noop"], "me", 1)
+        assert claimed["job_id"] == b.job["job_id"]
+        _, (c,) = store.submit([spec("/m/c")], 4.0)
+        store.remember_request(b"k", b"{}", None, 4.0, 1)
+        assert store.recall_request(b"k") == (b"{}", None, 1)
+    other = sqlite3.connect(tmp_path / "q.db")
+    rows = dict(other.execute("SELECT job_id, state FROM jobs"))
+    assert rows[a.job["job_id"]] == "queued" and rows[b.job["job_id"]] == "running" and rows[c.job["job_id"]] == "queued"
+    for created in (a, b, c):
+        queued = [e for e in store.events(created.job["job_id"]) if e["to_state"] == "queued"]
+        assert [e["id"] for e in queued] == [created.job["event_id"]]
+    ids = [r[0] for r in other.execute("SELECT id FROM job_events ORDER BY id")]
+    assert ids == list(range(ids[0], ids[0] + len(ids)))  # in order, none skipped
+    assert claimed["event_id"] == c.job["event_id"] - 1
+
+
+def test_a_failed_group_leaves_none_of_its_plain_submits(store: Store, tmp_path: Path) -> None:
+    """A group that fails after plain submits (a full disk at the commit, a bug) rolls them
+    back with the rest: no row, no count, and the next group numbers its events afresh."""
+    with pytest.raises(RuntimeError):
+        with store.group():
+            store.submit([spec("/m/a")], 1.0)
+            store.remember_request(b"k", b"{}", None, 1.0, 1)
+            raise RuntimeError("the turn failed")
+    assert store.counts()["queued"] == 0 and store.recall_request(b"k") is None
+    assert sqlite3.connect(tmp_path / "q.db").execute("SELECT count(*) FROM jobs").fetchone() == (0,)
+    with store.group():
+        _, (a,) = store.submit([spec("/m/a")], 2.0)
+    assert [e["id"] for e in store.events(a.job["job_id"])] == [a.job["event_id"]]
+
+
+def test_a_plain_submit_sqlite_cannot_store_fails_alone(store: Store) -> None:
+    """An input SQLite cannot take (a lone surrogate from a non-UTF-8 file name) fails its own
+    submit, at once, and not the group's other submits."""
+    with store.group():
+        _, (a,) = store.submit([spec("/m/a")], 1.0)
+        with pytest.raises(UnicodeEncodeError):
+            store.submit([spec("/m/\udcff.wav")], 1.0)
+        _, (b,) = store.submit([spec("/m/b")], 1.0)
+    assert {j["job_id"] for j in store.list_jobs()} == {a.job["job_id"], b.job["job_id"]}
