@@ -51,6 +51,15 @@ _LOCK_HEAD = (
 )
 
 
+def _json_text(value: Any) -> str:
+    """``value`` as JSON text for a column (orjson: once per job on the hot path). What orjson
+    does not take (lone surrogates, integers over 64 bits) is written by ``json`` instead."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        return json.dumps(value)
+
+
 def _bindable(text: str | None) -> bool:
     """True when SQLite can store ``text`` (UTF-8: no lone surrogates)."""
     if text is None or text.isascii():
@@ -902,7 +911,7 @@ class Store:
                     "seq": 1,
                     "kind": spec.kind,
                     "input": spec.input,
-                    "options": json.dumps(spec.options),
+                    "options": _json_text(spec.options),
                     "batch_id": batch_id,
                     "priority": spec.priority,
                     "state": JobState.QUEUED.value,
@@ -983,7 +992,7 @@ class Store:
             )
         at = iso(now)
         job_id = new_id(now)
-        options = json.dumps(spec.options)
+        options = _json_text(spec.options)
         run_at = iso(spec.run_at) if spec.run_at else None
         # the columns of _INSERT_JOB, in order
         self._deferred_jobs.append(
@@ -1209,7 +1218,7 @@ class Store:
                 part = reports[i : i + 500]
                 args: list[Any] = [at, at, at]
                 for job_id, attempt, result in part:
-                    args += (job_id, attempt, json.dumps(result) if result is not None else None, job_id in started)
+                    args += (job_id, attempt, _json_text(result) if result is not None else None, job_id in started)
                 cur = self.conn.execute(
                     "UPDATE jobs SET state = 'succeeded', seq = seq + 1, updated_at = ?, stage = NULL, "
                     "eta_s = NULL, finished_at = ?, result = v.column3, progress = 100.0, error = NULL, "
