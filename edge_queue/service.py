@@ -1054,8 +1054,12 @@ class Service:
                 break
             self._assign(slot, job)
             busy[job["kind"]] += 1
+            if not store.waiting():
+                return  # nothing left to claim: no query for the other workers (P2's idle case)
         unlimited = [k for k, lim in self._concurrency.items() if lim is None]
         for slot in sup.prefetching():
+            if not store.waiting():
+                return
             # kinds without a concurrency limit: up to the worker's room at once
             jobs = store.claim_many(
                 now, [k for k in allowed(True) if k in unlimited], self.run_id, sup.room(slot), started=False

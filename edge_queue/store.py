@@ -597,12 +597,14 @@ class Store:
         return None if row is None else int(row[0])
 
     def set_meta(self, key: str, value: int) -> None:
+        """Set a number the service keeps in the store (one statement: atomic by itself,
+        so inside :meth:`group` it needs no savepoint of its own)."""
+        sql = "INSERT INTO store_meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+        if self._group_depth:
+            self.conn.execute(sql, [key, value])
+            return
         with self._immediate():
-            self.conn.execute(
-                "INSERT INTO store_meta (key, value) VALUES (?, ?) "
-                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                [key, value],
-            )
+            self.conn.execute(sql, [key, value])
 
     def instance_id(self) -> str:
         """The installation's id: 12 hex digits made with the store, the same for its whole life
