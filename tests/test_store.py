@@ -332,7 +332,9 @@ def test_a_groups_plain_submits_are_seen_by_every_statement_after_them(store: St
         assert store.recall_request(b"k") == (b"{}", None, 1)
     other = sqlite3.connect(tmp_path / "q.db")
     rows = dict(other.execute("SELECT job_id, state FROM jobs"))
-    assert rows[a.job["job_id"]] == "queued" and rows[b.job["job_id"]] == "running" and rows[c.job["job_id"]] == "queued"
+    assert (
+        rows[a.job["job_id"]] == "queued" and rows[b.job["job_id"]] == "running" and rows[c.job["job_id"]] == "queued"
+    )
     for created in (a, b, c):
         queued = [e for e in store.events(created.job["job_id"]) if e["to_state"] == "queued"]
         assert [e["id"] for e in queued] == [created.job["event_id"]]
