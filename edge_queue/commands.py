@@ -55,8 +55,8 @@ def check_input(raw: str, media_roots: list[Path]) -> str:
     Returns the resolved absolute path. Raises :class:`InputError` with
     ``input_outside_media_roots`` (relative path, or outside every root; checked first, so
     the answer does not reveal which files exist outside the roots) or ``input_not_found``
-    (missing, not a regular file, or any other error of the file system: a name too long, a
-    folder the service may not enter).
+    (missing, not a regular file, a real path that is not UTF-8 text, or any other error of
+    the file system: a name too long, a folder the service may not enter).
     """
     where = roots_text(media_roots)
     if "\x00" in raw or not os.path.isabs(raw):
@@ -74,6 +74,17 @@ def check_input(raw: str, media_roots: list[Path]) -> str:
             code=ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS,
             field="input",
         )
+    try:
+        str(resolved).encode()
+    except UnicodeEncodeError:
+        # a link to a file or folder whose name is not UTF-8: the store, the job object and
+        # MQTT carry text only (docs/topics.md, "`submit`")
+        raise InputError(
+            f"{raw[:200]} leads to a file whose path is not UTF-8 text; rename the file or folder "
+            "(or link to it under a UTF-8 name: links are followed to the real path)",
+            code=ErrorCode.INPUT_NOT_FOUND,
+            field="input",
+        ) from None
     try:
         is_file = stat.S_ISREG(os.stat(resolved).st_mode)
     except OSError as e:  # missing, a name too long, a folder the service may not enter, ...

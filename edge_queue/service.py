@@ -204,6 +204,9 @@ class Service:
         self._turn_jobs: dict[str, tuple[bytes, bool]] = {}
         self._held_jobs: dict[str, tuple[bytes, float]] = {}
         self._turn_purged: list[str] = []
+        #: ids of the turn's taken messages that were not requests (clearings of retained requests,
+        #: echoes of ours): acknowledged without an answer, also when the turn fails
+        self._turn_not_requests: set[int] = set()
         self._ha_last: dict[str, Any] | None = None  # the turn's last finished job, for <base>/ha/last
         #: MQTT 3.1.1 only: topic -> (echoes of our clearing still expected, monotonic deadline)
         self._echoes: dict[str, tuple[int, float]] = {}
@@ -432,6 +435,7 @@ class Service:
         """
         store = self._store()
         taken: list[Incoming] = []
+        self._turn_not_requests.clear()
         self.turn_work = 0
         outcomes = self._carried + self.supervisor.poll()
         self._carried = []
@@ -484,7 +488,7 @@ class Service:
         )
         with self.bridge.held():
             for msg in taken:
-                if msg.retain or not msg.payload:
+                if id(msg) in self._turn_not_requests:  # a clearing or an echo: no answer (_on_message)
                     self.bridge.ack(msg)
                     continue
                 transaction, reply_to = payloads.peek_envelope(msg.payload)
@@ -708,6 +712,7 @@ class Service:
         if not msg.size and (msg.retain or self._take_echo(msg.topic, now)):
             # Someone clearing a retained request, or (MQTT 3.1.1) the broker echoing our own
             # clearing of one: not a request.
+            self._turn_not_requests.add(id(msg))
             self.bridge.ack(msg)
             return
         if msg.retain:
@@ -879,18 +884,23 @@ class Service:
         started = [(o.job_id, o.attempt) for o in run if o.op == "started" and (o.job_id, o.attempt) in finished]
         done = store.succeed_many(reports, now, started=[job_id for job_id, _ in started]) if reports else {}
         store.mark_started_many([(job_id, attempt) for job_id, attempt in started if job_id not in done], now)
+        others: list[Outcome] = []
         for outcome in run:
             if outcome.op != "done":
                 continue
             job = done.get(outcome.job_id)
-            if job is None:  # not running on that attempt: the general path decides
-                self.on_outcome(outcome, now)
+            if job is None:  # not running on that attempt: the general path decides, below
+                others.append(outcome)
                 continue
             self._pending_progress.pop(outcome.job_id, None)
             self._last_progress_pub.pop(outcome.job_id, None)
             self._published_stage.pop(outcome.job_id, None)
             log.info("job %s succeeded (attempt %d)", outcome.job_id, outcome.attempt)
             self.publish_job(job)
+        # After the run's successes: their events have the lower ids (succeed_many numbered
+        # them), and <base>/events goes out in event_id order (docs/topics.md, "Events").
+        for outcome in others:
+            self.on_outcome(outcome, now)
 
     def on_outcome(self, outcome: Outcome, now: float) -> None:
         """Turn what a worker reported (or its death) into the job's next state: the general

@@ -148,6 +148,34 @@ def test_an_input_with_a_name_too_long_is_rejected_and_costs_the_batch_nothing(
     assert alone["status"] == "error" and alone["error"]["code"] == "input_not_found", alone
 
 
+def test_a_link_to_a_name_that_is_not_utf8_is_rejected_and_costs_the_batch_nothing(
+    mosquitto: Broker, service_factory, layout: tuple[Path, Path]
+) -> None:
+    # Given links with UTF-8 names to a file and into a folder whose names are not UTF-8 (the
+    # store, the job object and MQTT carry text only)
+    root, _ = layout
+    odd = os.fsencode(root) + b"/odd\xff"
+    os.mkdir(odd)
+    shutil.copy(root / "clip.wav", os.fsdecode(odd + b"/clip\xfe.wav"))
+    os.symlink(odd + b"/clip\xfe.wav", os.fsencode(root / "to-file.wav"))
+    shutil.copy(root / "clip.wav", os.fsdecode(odd + b"/x.wav"))
+    os.symlink(odd, os.fsencode(root / "to-dir"))
+    svc = service_factory(mosquitto, [root]).start()
+    watcher = svc.watcher("response/#", "jobs/+")
+    bad = [str(root / "to-file.wav"), str(root / "to-dir" / "x.wav")]
+    resp = svc.request("submit", {"kind": "probe", "inputs": [str(root / "clip.wav"), *bad]}, watcher)
+    # Then each is rejected with input_not_found and the good one runs
+    assert resp["status"] == "ok", resp
+    assert [r["code"] for r in resp["data"]["rejected"]] == ["input_not_found"] * 2, resp
+    assert "not UTF-8" in resp["data"]["rejected"][0]["message"]
+    (job,) = resp["data"]["jobs"]
+    watcher.wait_json(f"{svc.base}/jobs/{job['job_id']}", lambda m: m["state"] == "succeeded", 60)
+    # and alone it is answered with the code, not an internal error
+    alone = svc.request("submit", {"kind": "probe", "input": bad[0]}, watcher)
+    assert alone["status"] == "error" and alone["error"]["code"] == "input_not_found", alone
+    assert "Traceback" not in svc.log()
+
+
 def _later(seconds: float) -> str:
     return (datetime.now(UTC) + timedelta(seconds=seconds)).isoformat()
 

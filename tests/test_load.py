@@ -804,6 +804,11 @@ def test_a_disk_that_fills_up_costs_answers_not_the_service(
     wait_until(lambda: responses.count["purge-full"], 30, "the purge's answer")
     assert responses.bodies["purge-full"]["error"]["code"] == "disk_full"
     assert (outputs / "result.txt").exists()  # a purge that was not committed deleted nothing
+    # requests with an empty payload (a valid pause; a submit that is not JSON) are requests
+    # too: answered in a turn whose commit fails, as any other
+    pub.request("pause", b"")
+    pub.request("submit", b"")
+    wait_until(lambda: responses.count[None] == 2, 30, "answers to the two empty requests")
     txs = []
     for i in range(40):  # 1,000 jobs each: the store must grow
         tx = f"full{i}"

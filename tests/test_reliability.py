@@ -626,3 +626,34 @@ def test_a_partly_purged_batch_is_published_again_without_the_purged_jobs(
     watcher.wait_json(topic, lambda m: m["job_ids"] == [b] and m["total"] >= 1)
     assert svc.request("purge", {"job_id": b}, watcher)["data"]["purged"] == [b]
     wait_until(lambda: watcher.on(topic)[-1] == b"", 10, "the batch topic cleared")
+
+
+def test_events_of_one_turns_outcomes_go_out_in_event_id_order(tmp_path: Path) -> None:
+    """A turn's successes are stored together (their events numbered first); a report the
+    general path decides (a job being cancelled) comes after them in event_id order, whatever
+    its place among the reports (docs/topics.md, "Events": in order; a catch-up client keeps
+    only events past the last id it saw)."""
+    import json
+
+    from edge_queue.config import Settings
+    from edge_queue.service import Service
+    from edge_queue.states import JobState
+    from edge_queue.store import JobSpec, Store
+    from edge_queue.supervisor import Outcome
+
+    now = 1_000_000.0
+    svc = Service(Settings(data_dir=tmp_path), clock=lambda: now)
+    svc.store = Store(tmp_path / "q.db")
+    sent: list[tuple[str, bytes]] = []
+    svc.bridge.publish = lambda topic, payload, retain=False: sent.append((topic, payload))  # no broker here
+    ids = [svc.store.submit([JobSpec("noop", f"in{i}", {})], now)[1][0].job["job_id"] for i in range(3)]
+    assert len(svc.store.claim_many(now, ["noop"], svc.run_id, 3)) == 3
+    svc.store.transition(ids[0], JobState.CANCELLING, now)  # cancelled while it ran
+    sent.clear()
+    with svc.store.group():
+        svc.on_outcomes([Outcome("done", job_id, 1, {"result": {}}) for job_id in ids], now)
+    events = [json.loads(p) for t, p in sent if t == svc.topics.events]
+    assert sorted(e["job"]["job_id"] for e in events) == sorted(ids)
+    order = [e["event_id"] for e in events]
+    assert order == sorted(order) and len(set(order)) == 3, events
+    svc.close()
