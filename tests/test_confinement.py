@@ -186,6 +186,7 @@ def _later(seconds: float) -> str:
         ("link-out", "input_outside_media_roots"),
         ("dir-link-out", "input_outside_media_roots"),
         ("fifo", "input_not_found"),
+        ("link-not-utf8", "input_not_found"),
         ("playlist", "unsupported_media"),
     ],
 )
@@ -213,6 +214,11 @@ def test_an_input_replaced_after_the_submit_is_checked_again_when_opened(
     elif swap == "fifo":
         clip.unlink()
         os.mkfifo(clip)
+    elif swap == "link-not-utf8":  # inside the roots, but its real path is not text
+        odd = os.fsencode(root) + b"/real\xe9.wav"
+        shutil.copy(root / "clip.wav", os.fsdecode(odd))
+        clip.unlink()
+        os.symlink(odd, os.fsencode(clip))
     else:
         clip.write_text(LISTS["list.m3u8"].format(secret=secret))
     # Then the job fails with a clear code, promptly (a FIFO does not hold the worker)

@@ -64,7 +64,8 @@ def _open_input(path: str, confined: bool) -> tuple[int, int]:
     The file is opened first (without blocking, so a FIFO cannot hold the worker) and checked
     after, on the descriptor: it must be a regular file and, when ``confined``, the file it
     really is (``/proc/self/fd``, whatever links led there) must lie inside the media roots. A
-    link or FIFO swapped in after the submit's checks is caught here. Raises
+    link or FIFO swapped in after the submit's checks is caught here, and so is a link to a file
+    whose real path is not UTF-8 text. Raises
     :class:`MediaError` ``input_not_found`` or ``input_outside_media_roots``.
     """
     try:
@@ -83,6 +84,13 @@ def _open_input(path: str, confined: bool) -> tuple[int, int]:
                     f"{path} now leads outside media_roots (a link replaced it after the submit)",
                     code=ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS,
                 )
+            try:
+                str(real).encode()
+            except UnicodeEncodeError:  # the submit's rule (docs/topics.md, "`submit`", Inputs)
+                raise MediaError(
+                    f"{path} now leads to a file whose path is not UTF-8 text (a link replaced it after the submit)",
+                    code=ErrorCode.INPUT_NOT_FOUND,
+                ) from None
         return fd, st.st_size
     except BaseException:
         os.close(fd)
