@@ -60,6 +60,50 @@ def _json_text(value: Any) -> str:
         return json.dumps(value)
 
 
+def _queued_row(
+    spec: JobSpec,
+    job_id: str,
+    key: str,
+    batch_id: str | None,
+    at: str,
+    *,
+    options: str | None = None,
+    run_at: str | None = None,
+) -> dict[str, Any]:
+    """The ``jobs`` row of a new job, every column (JSON columns as text): ``queued``, seq 1,
+    attempt 0, made at ``at`` (RFC 3339). ``options``/``run_at``: their text when the caller
+    already made it."""
+    return {
+        "job_id": job_id,
+        "seq": 1,
+        "kind": spec.kind,
+        "input": spec.input,
+        "options": options if options is not None else _json_text(spec.options),
+        "batch_id": batch_id,
+        "priority": spec.priority,
+        "state": JobState.QUEUED.value,
+        "stage": None,
+        "progress": 0.0,
+        "eta_s": None,
+        "attempt": 0,
+        "max_attempts": spec.max_attempts,
+        "retry_at": None,
+        "error": None,
+        "result": None,
+        "dedupe_key": key,
+        "timeout_s": spec.timeout_s,
+        "run_at": run_at if run_at is not None else (iso(spec.run_at) if spec.run_at else None),
+        "lock_key": spec.lock_key,
+        "submitted_by": spec.submitted_by,
+        "owner": None,
+        "crashes": 0,
+        "created_at": at,
+        "started_at": None,
+        "finished_at": None,
+        "updated_at": at,
+    }
+
+
 def _bindable(text: str | None) -> bool:
     """True when SQLite can store ``text`` (UTF-8: no lone surrogates)."""
     if text is None or text.isascii():
@@ -908,35 +952,7 @@ class Store:
                     if holder is not None:
                         raise LockHeld(spec.lock_key, holder)
                 job_id = new_id(now)
-                job: dict[str, Any] = {
-                    "job_id": job_id,
-                    "seq": 1,
-                    "kind": spec.kind,
-                    "input": spec.input,
-                    "options": _json_text(spec.options),
-                    "batch_id": batch_id,
-                    "priority": spec.priority,
-                    "state": JobState.QUEUED.value,
-                    "stage": None,
-                    "progress": 0.0,
-                    "eta_s": None,
-                    "attempt": 0,
-                    "max_attempts": spec.max_attempts,
-                    "retry_at": None,
-                    "error": None,
-                    "result": None,
-                    "dedupe_key": key,
-                    "timeout_s": spec.timeout_s,
-                    "run_at": iso(spec.run_at) if spec.run_at else None,
-                    "lock_key": spec.lock_key,
-                    "submitted_by": spec.submitted_by,
-                    "owner": None,
-                    "crashes": 0,
-                    "created_at": at,
-                    "started_at": None,
-                    "finished_at": None,
-                    "updated_at": at,
-                }
+                job = _queued_row(spec, job_id, key, batch_id, at)
                 new_jobs.append(job)
                 out.append(Created(self._decode(dict(job)), False))
                 fresh.append(out[-1])
@@ -1016,35 +1032,7 @@ class Store:
         event_id = self._next_event_id
         self._next_event_id += 1
         self._deferred_events.append((event_id, job_id, at))
-        job: dict[str, Any] = {
-            "job_id": job_id,
-            "seq": 1,
-            "kind": spec.kind,
-            "input": spec.input,
-            "options": options,
-            "batch_id": None,
-            "priority": spec.priority,
-            "state": JobState.QUEUED.value,
-            "stage": None,
-            "progress": 0.0,
-            "eta_s": None,
-            "attempt": 0,
-            "max_attempts": spec.max_attempts,
-            "retry_at": None,
-            "error": None,
-            "result": None,
-            "dedupe_key": key,
-            "timeout_s": spec.timeout_s,
-            "run_at": run_at,
-            "lock_key": None,
-            "submitted_by": spec.submitted_by,
-            "owner": None,
-            "crashes": 0,
-            "created_at": at,
-            "started_at": None,
-            "finished_at": None,
-            "updated_at": at,
-        }
+        job = _queued_row(spec, job_id, key, None, at, options=options, run_at=run_at)
         self._deferred_dedupe[(key, spec.submitted_by)] = job
         self._counts["queued"] += 1
         created = Created(self._decode(dict(job)), False)
