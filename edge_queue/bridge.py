@@ -201,7 +201,17 @@ class _Client(mqtt.Client):
         if self._in_packet["command"] == 0:
             buf, pos = self._rbuf, self._rpos
             if pos >= len(buf):
-                return super()._packet_read()  # reads the socket (via _sock_recv): errors, EOF
+                # the buffer is filled first, so that the first packet of a read takes the
+                # short path too
+                try:
+                    data = mqtt.Client._sock_recv(self, READ_CHUNK)
+                except BlockingIOError:
+                    return MQTTErrorCode.MQTT_ERR_AGAIN
+                except OSError:
+                    return super()._packet_read()  # paho reads again, and reports the error its way
+                if not data:
+                    return MQTTErrorCode.MQTT_ERR_CONN_LOST
+                self._rbuf, self._rpos = buf, pos = data, 0
             end = len(buf)
             at, length, shift = pos + 1, 0, 0
             while at < end and shift < 28:

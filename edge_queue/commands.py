@@ -225,7 +225,9 @@ class Commands:
             return payloads.error(
                 ErrorCode.PAYLOAD_TOO_LARGE, f"payload is {len(raw)} bytes; the limit is {limit} (max_payload_bytes)"
             ), None
-        transaction, reply_to = payloads.peek_envelope(raw)
+        # parsed once: for the envelope's checks here, and for the request's model below
+        parsed = payloads.parse_object(raw)
+        transaction, reply_to = payloads.envelope(parsed) if parsed is not None else payloads.peek_envelope(raw)
         if reply_to is not None and not svc.topics.valid_reply_to(reply_to, user):
             rejections.warning("request %s rejected: invalid_request (reply_to)", _clip(command, 64))
             prefix = svc.topics.reply_prefix() if user is None else svc.topics.user_reply_prefix(user)
@@ -248,7 +250,11 @@ class Commands:
         self._mine = (user,) if role == "user" else None
         try:
             request = payloads.decode_request(
-                command, raw, max_bytes=svc.settings.max_payload_bytes, default_kind=svc.settings.default_kind
+                command,
+                raw,
+                max_bytes=svc.settings.max_payload_bytes,
+                default_kind=svc.settings.default_kind,
+                parsed=parsed,
             )
             transaction = request.transaction
             data = getattr(self, f"do_{command}")(request)

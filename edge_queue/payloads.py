@@ -213,6 +213,12 @@ def peek_envelope(raw: bytes) -> tuple[JsonValue, str | None]:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None, None
+    return envelope(data)
+
+
+def envelope(data: Any) -> tuple[JsonValue, str | None]:
+    """``(transaction, reply_to)`` of a request already parsed (:func:`parse_object`), with
+    the rules of :func:`peek_envelope`."""
     if not isinstance(data, dict):
         return None, None
     reply_to = data.get("reply_to")
@@ -244,11 +250,33 @@ def _finite(text: str) -> float:
 _DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
 
 
-def decode_request(command: str, raw: bytes, *, max_bytes: int, default_kind: str) -> _Request:
+def parse_object(raw: bytes) -> dict[str, Any] | None:
+    """The JSON object a request payload holds, read as :func:`decode_request` reads it
+    (UTF-8, a byte-order mark and white space around it ignored, no ``NaN``, no number out of
+    range), or ``None`` when the payload is anything else: :func:`decode_request` then says
+    why. Parsed once, it serves both :func:`envelope` and :func:`decode_request`."""
+    try:
+        stripped = raw.decode("utf-8").removeprefix("\ufeff").strip()
+    except UnicodeDecodeError:
+        return None
+    if not stripped.startswith("{"):
+        return None
+    try:
+        data = _DECODER.decode(stripped)
+    except (ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def decode_request(
+    command: str, raw: bytes, *, max_bytes: int, default_kind: str, parsed: dict[str, Any] | None = None
+) -> _Request:
     """Decode the payload of ``<base>/request/<command>`` into its request model.
 
     A ``submit`` payload that does not start with ``{``, ``[`` or ``"`` is a bare path; a JSON
     string is one path and a JSON array of strings is a batch, each of kind ``default_kind``.
+
+    ``parsed``: the payload's object as :func:`parse_object` returned it, not parsed again.
 
     Raises :class:`RequestError` with code ``payload_too_large`` (over ``max_bytes``),
     ``invalid_json`` (not UTF-8 JSON), ``unknown_command`` or ``invalid_request`` (the
@@ -259,33 +287,38 @@ def decode_request(command: str, raw: bytes, *, max_bytes: int, default_kind: st
     model = REQUEST_MODELS.get(command)
     if model is None:
         raise RequestError(f"unknown command {command[:64]!r}", code=ErrorCode.UNKNOWN_COMMAND)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise RequestError(f"payload is not UTF-8: {e}", code=ErrorCode.INVALID_JSON) from e
-    # a UTF-8 byte-order mark (Windows tools write one) is not part of the request
-    stripped = text.removeprefix("\ufeff").strip()
-    if command == "submit" and stripped and stripped[0] not in '{["':
-        return SubmitRequest(kind=default_kind, input=stripped)
-    if not stripped and command == "pause":
-        return PauseRequest()
-    if not stripped and command in ("resume", "republish", "kinds"):
-        return EmptyRequest()
-    if not stripped and command == "browse":
-        return BrowseRequest()
-    try:
-        data = _DECODER.decode(stripped)
-    except ValueError as e:
-        raise RequestError(f"payload is not valid JSON: {e}", code=ErrorCode.INVALID_JSON) from e
-    except RecursionError as e:
-        raise RequestError("payload is nested too deeply", code=ErrorCode.INVALID_JSON) from e
-    if command == "submit" and isinstance(data, str):
-        data = {"input": data}
-    elif command == "submit" and isinstance(data, list):
-        data = {"inputs": data}
+    if parsed is not None:
+        data: Any = parsed
+        escapes = b"\\u" in raw
+    else:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise RequestError(f"payload is not UTF-8: {e}", code=ErrorCode.INVALID_JSON) from e
+        # a UTF-8 byte-order mark (Windows tools write one) is not part of the request
+        stripped = text.removeprefix("\ufeff").strip()
+        if command == "submit" and stripped and stripped[0] not in '{["':
+            return SubmitRequest(kind=default_kind, input=stripped)
+        if not stripped and command == "pause":
+            return PauseRequest()
+        if not stripped and command in ("resume", "republish", "kinds"):
+            return EmptyRequest()
+        if not stripped and command == "browse":
+            return BrowseRequest()
+        try:
+            data = _DECODER.decode(stripped)
+        except ValueError as e:
+            raise RequestError(f"payload is not valid JSON: {e}", code=ErrorCode.INVALID_JSON) from e
+        except RecursionError as e:
+            raise RequestError("payload is nested too deeply", code=ErrorCode.INVALID_JSON) from e
+        if command == "submit" and isinstance(data, str):
+            data = {"input": data}
+        elif command == "submit" and isinstance(data, list):
+            data = {"inputs": data}
+        escapes = "\\u" in stripped
     if not isinstance(data, dict):
         raise RequestError("payload must be a JSON object", field="(root)")
-    if "\\u" in stripped and not _unicode(data):
+    if escapes and not _unicode(data):
         raise RequestError(
             "payload holds a lone surrogate escape (such as \\ud800), which is not a Unicode character",
             field="(root)",

@@ -1093,11 +1093,12 @@ class Store:
         at = iso(now)
         marks = ",".join("?" * len(kinds))
         with self._immediate():
-            # One query per state, each walking the claim index in priority order; the
-            # better heads of the two win.
+            # One query per state that has jobs, each walking the claim index in priority
+            # order; the better heads of the two win.
             heads = [
                 h
                 for state, due in (("queued", "coalesce(run_at, '') <= ?"), ("retrying", "retry_at <= ?"))
+                if self._counts[state]
                 for h in self.conn.execute(
                     f"SELECT job_id, state, priority, created_at FROM jobs INDEXED BY jobs_claim "
                     f"WHERE state = ? AND kind IN ({marks}) AND {due} AND {_LOCK_HEAD} "
@@ -1123,14 +1124,19 @@ class Store:
             for _, src, _, _ in heads:
                 self._counts[src] -= 1
                 self._counts["running"] += 1
-            self.conn.executemany(
+            rows = [(j["job_id"], at, src, j["attempt"]) for j, (_, src, _, _) in zip(jobs, heads, strict=False)]
+            sql = (
                 "INSERT INTO job_events (job_id, at, from_state, to_state, attempt, detail) "
-                "VALUES (?, ?, ?, 'running', ?, NULL)",
-                [(j["job_id"], at, src, j["attempt"]) for j, (_, src, _, _) in zip(jobs, heads, strict=False)],
+                "VALUES (?, ?, ?, 'running', ?, NULL)"
             )
-            if jobs:
-                for job, event_id in zip(jobs, self._last_event_ids(len(jobs)), strict=True):
-                    job["event_id"] = event_id
+            event_ids: Iterable[int | None]
+            if len(rows) == 1:  # one job (an idle service's claim): its id without another query
+                event_ids = [self.conn.execute(sql, rows[0]).lastrowid]
+            else:
+                self.conn.executemany(sql, rows)
+                event_ids = self._last_event_ids(len(rows))
+            for job, event_id in zip(jobs, event_ids, strict=True):
+                job["event_id"] = event_id
         return jobs
 
     def transition(

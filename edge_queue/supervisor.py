@@ -420,6 +420,7 @@ class Supervisor:
     # -- events -------------------------------------------------------------------------
 
     def wait_handles(self) -> list[Any]:
+        """The workers' pipes and process sentinels: what the service's loop waits on."""
         handles: list[Any] = []
         for s in self.slots:
             if s.conn is not None:
@@ -438,22 +439,35 @@ class Supervisor:
         for slot in self.slots:
             if slot.process is None and slot.respawn_at is not None and self.clock() >= slot.respawn_at:
                 self._spawn(slot)
+        ready = self._ready()
+        for slot in self.slots:
             conn = slot.conn
             try:
                 # select() with no wait: Connection.poll builds a selector on every call
-                while conn is not None and select.select([conn], [], [], 0)[0]:
-                    msg = conn.recv()
-                    for one in msg if isinstance(msg, list) else (msg,):
-                        self._handle(slot, one, out)
-                    if slot.conn is not conn:
-                        break  # the worker was replaced: its successor is read next turn
+                if conn is not None and (ready is None or conn in ready):
+                    while select.select([conn], [], [], 0)[0]:
+                        msg = conn.recv()
+                        for one in msg if isinstance(msg, list) else (msg,):
+                            self._handle(slot, one, out)
+                        if slot.conn is not conn:
+                            break  # the worker was replaced: its successor is read next turn
             except (EOFError, OSError):
                 pass
-            if slot.process is not None and not slot.process.is_alive():
+            proc = slot.process
+            if proc is not None and (ready is None or proc.sentinel in ready) and not proc.is_alive():
                 self._lost(slot, out)
         self._deadlines(out)
         self._reap()
         return out
+
+    def _ready(self) -> set[Any] | None:
+        """The workers' pipes with messages and the process sentinels of workers that ended,
+        with one ``select`` (no wait) for all; None when that ``select`` fails (a handle
+        closed meanwhile): then every pipe is read and every process checked."""
+        try:
+            return set(select.select(self.wait_handles(), [], [], 0)[0])
+        except (OSError, ValueError):
+            return None
 
     def _handle(self, slot: _Slot, msg: dict[str, Any], out: list[Outcome]) -> None:
         op = msg.get("op")
