@@ -254,3 +254,48 @@ def test_ha_last_summary_names_the_file_and_has_no_dangling_colon() -> None:
     spoken = job(kind="transcribe", input="/srv/media/call.m4a", result={"text": " Hello there. " + "x" * 300})
     assert last_payload(spoken)["summary"] == ("Hello there. " + "x" * 300)[:255]
     assert last_payload(job(result={"text": "   "}))["summary"] == "noop succeeded"
+
+
+_PAYLOADS = [
+    b'{"kind": "noop", "input": "x", "transaction": "t1"}',
+    b'\xef\xbb\xbf {"kind": "noop", "transaction": 7, "reply_to": "edge-queue/reply/me"}\n',
+    b'{"transaction": {"a": [1, 2]}, "reply_to": "x/y", "kind": "noop"}',
+    b'{"transaction": "a", "transaction": "b", "reply_to": 5}',
+    b'{"\\u0074ransaction": "spelt with an escape", "kind": "noop"}',
+    b'{"transaction": "\\ud800", "kind": "noop"}',
+    b'{"transaction": "' + b"x" * 2000 + b'", "kind": "noop"}',
+    b'{"transaction": NaN, "kind": "noop"}',
+    b'{"transaction": 1e999, "kind": "noop"}',
+    b'{"kind": "noop", "options": {"a": 1}, "reply_to": "' + "é".encode() * 600 + b'"}',
+    b'{"job_id": "abc", "transaction": null}',
+    b'{"kind": 5}',
+    b"{not json",
+    b'["/a", "/b"]',
+    b'"/srv/a.m4a"',
+    b"/srv/a.m4a",
+    b"",
+    b"  ",
+    b"\xff\xfe{",
+    '{"kind": "noop", "transaction": "t"}'.encode("utf-16"),
+    b"[" * 5000 + b"]" * 5000,
+    b'{"a":' * 3000 + b"1" + b"}" * 3000,
+]
+
+
+@pytest.mark.parametrize("command", ["submit", "get", "cancel", "list", "pause", "purge", "events"])
+@pytest.mark.parametrize("raw", _PAYLOADS, ids=range(len(_PAYLOADS)))
+def test_a_request_parsed_once_reads_as_when_parsed_twice(command: str, raw: bytes) -> None:
+    """Commands.execute parses a request's JSON once (payloads.parse_object) for its envelope
+    and its model: the transaction, the reply_to and the request, or the error, are those of
+    peek_envelope and decode_request reading the bytes themselves."""
+    parsed = payloads.parse_object(raw)
+    if parsed is not None:
+        assert payloads.envelope(parsed) == payloads.peek_envelope(raw)
+
+    def outcome(**kw: object) -> object:
+        try:
+            return payloads.decode_request(command, raw, max_bytes=100_000, default_kind="noop", **kw)  # type: ignore[arg-type]
+        except RequestError as e:
+            return (e.code, e.field, e.message)
+
+    assert outcome(parsed=parsed) == outcome()
