@@ -237,6 +237,20 @@ class Commands:
                 transaction,
                 "reply_to",
             ), None
+        if parsed is not None and parsed.get("transaction") is not None and transaction is None:
+            try:
+                too_large = payloads.transaction_too_large(parsed["transaction"])
+            except (TypeError, ValueError, RecursionError):
+                too_large = False
+            if too_large:  # docs/topics.md, "Order of checks": with reply_to, before the command
+                rejections.warning("request %s rejected: invalid_request (transaction)", _clip(command, 64))
+                return payloads.error(
+                    ErrorCode.INVALID_REQUEST,
+                    f"transaction must encode to at most {payloads.MAX_TRANSACTION_BYTES} bytes of JSON (UTF-8); "
+                    "it is not echoed back",
+                    None,
+                    "transaction",
+                ), reply_to
         role = role or svc.settings.access.role_of(user)
         if role == "none" or (role == "user" and command in ADMIN_COMMANDS):
             who = "requests on the shared topics" if user is None else f"user {_clip(user, 64)!r}"

@@ -38,9 +38,17 @@ class _Request(BaseModel):
     @field_validator("transaction")
     @classmethod
     def _transaction(cls, v: JsonValue) -> JsonValue:
-        if v is not None and len(json.dumps(v, separators=(",", ":"))) > MAX_TRANSACTION_BYTES:
+        if v is not None and transaction_too_large(v):
             raise ValueError(f"transaction must encode to at most {MAX_TRANSACTION_BYTES} bytes of JSON")
         return v
+
+
+def transaction_too_large(value: Any) -> bool:
+    """True when ``value`` as compact JSON takes more than :data:`MAX_TRANSACTION_BYTES` bytes
+    of UTF-8 (a character outside ASCII counts its UTF-8 bytes, not a ``\\u`` escape).
+    Raises ``TypeError``/``ValueError``/``RecursionError`` for what is not JSON."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return len(text) > MAX_TRANSACTION_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_TRANSACTION_BYTES
 
 
 class SubmitRequest(_Request):
@@ -224,7 +232,7 @@ def envelope(data: Any) -> tuple[JsonValue, str | None]:
     reply_to = data.get("reply_to")
     transaction = data.get("transaction")
     try:
-        if len(json.dumps(transaction, separators=(",", ":"))) > MAX_TRANSACTION_BYTES:
+        if transaction_too_large(transaction):
             transaction = None  # too large to echo back
     except (TypeError, ValueError, RecursionError):
         transaction = None

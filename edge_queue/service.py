@@ -830,6 +830,8 @@ class Service:
         else:  # a user's own request topic: the response is for that user only
             self.bridge.respond(self.topics.user_response(user, msg.command), body, once=True)
         self.bridge.ack(msg)
+        if _ours_only(response):
+            return
         if msg.response_topic and self.topics.valid_reply_to(msg.response_topic, user):
             self.bridge.respond(msg.response_topic, body, correlation_data=msg.correlation_data, once=True)
         if reply_to and self.topics.valid_reply_to(reply_to, user):
@@ -1416,6 +1418,21 @@ def page_broker_problem(settings: Settings) -> str | None:
         f"nothing listens on port {http.websocket_port} (http.websocket_port), where the page looks for the "
         "broker's MQTT over WebSocket listener: the page cannot connect until the broker has one "
         '(broker/mosquitto.conf: listener 9001 with protocol websockets; docs/operations.md, "The queue page")'
+    )
+
+
+def _ours_only(response: dict[str, Any]) -> bool:
+    """True for the errors docs/topics.md ("Where the response goes", "Order of checks") sends
+    to ``<base>/response/<command>`` only, without the copies for a Response Topic or
+    ``reply_to``: ``payload_too_large``, and ``invalid_request`` for the ``reply_to`` itself or
+    for MQTT 5 properties too large to read. Decided from the response, so a request delivered
+    again is answered the same way."""
+    error = response.get("error")
+    if not isinstance(error, dict):
+        return False
+    code = error.get("code")
+    return code == ErrorCode.PAYLOAD_TOO_LARGE or (
+        code == ErrorCode.INVALID_REQUEST and error.get("field") in ("reply_to", "(properties)")
     )
 
 

@@ -288,6 +288,63 @@ def test_mqtt5_response_topic_and_correlation_data(mosquitto, service_factory, s
     assert json.loads(payload)["status"] == "ok"
 
 
+def test_errors_for_our_topic_only_send_no_copies_and_transactions_count_utf8_bytes(
+    mosquitto, service_factory, speech: Path
+) -> None:
+    """docs/topics.md, "Where the response goes" and "Order of checks": an invalid ``reply_to``
+    and a payload over ``max_payload_bytes`` are answered on ``<base>/response/<command>``
+    only, not on the request's MQTT 5 Response Topic; a transaction over 1,024 bytes of JSON
+    is refused before the command is looked at; the bytes are UTF-8 bytes (600 of them as 300
+    "é" are echoed, not refused as their 1,800 characters of escapes)."""
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    svc = service_factory(mosquitto, [speech], {"EDGE_QUEUE_MAX_PAYLOAD_BYTES": "4096"}).start()
+    watcher = svc.watcher("response/#")
+    got: list[tuple[str, dict[str, Any]]] = []
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="v5-" + uuid.uuid4().hex[:8], protocol=mqtt.MQTTv5)
+    client.on_message = lambda c, u, m: got.append((m.topic, json.loads(m.payload)))
+    client.connect(mosquitto.host, mosquitto.port)
+    client.loop_start()
+    mine = f"{svc.base}/reply/phones/{uuid.uuid4().hex[:8]}"
+    client.subscribe(mine, 1)
+    props = Properties(PacketTypes.PUBLISH)
+    props.ResponseTopic = mine
+
+    def send(command: str, payload: bytes) -> None:
+        client.publish(f"{svc.base}/request/{command}", payload, qos=1, properties=props).wait_for_publish(10)
+
+    send("submit", b'{"kind": "noop", "transaction": "bad-reply-to", "reply_to": "elsewhere"}')
+    send("get", b'{"job_id": "x", "transaction": "too-big", "pad": "' + b"x" * 5000 + b'"}')
+    send("bogus", json.dumps({"transaction": "t" * 2000}).encode())
+    accented = "é" * 300
+    send("list", json.dumps({"transaction": accented}).encode())
+    # the last one's copy comes after any copy of the ones before (one client, in order)
+    wait_until(lambda: [b for t, b in got if b.get("transaction") == accented], 30, "the copy of the last request")
+    client.disconnect()
+    client.loop_stop()
+    assert [b["transaction"] for t, b in got] == [None, accented], got  # bogus: an error, with a copy
+    assert got[0][1]["error"] == {
+        "code": "invalid_request",
+        "message": got[0][1]["error"]["message"],
+        "field": "transaction",
+    }
+    assert got[1][1]["status"] == "ok"
+    # and each was answered on <base>/response/<command>
+    refused = wait_until(
+        lambda: [m for m in watcher.json_on(f"{svc.base}/response/submit") if m["transaction"] == "bad-reply-to"],
+        15,
+        "the reply_to error",
+    )
+    assert refused[0]["error"]["field"] == "reply_to"
+    too_large = wait_until(lambda: watcher.json_on(f"{svc.base}/response/get"), 15, "the payload_too_large error")
+    assert too_large[0]["error"]["code"] == "payload_too_large"
+    unknown = wait_until(lambda: watcher.json_on(f"{svc.base}/response/unknown"), 15, "the transaction error")
+    assert unknown[0]["error"]["field"] == "transaction" and unknown[0]["transaction"] is None
+
+
 def test_republish_and_worker_replaced_after_kill(broker, service_factory, speech: Path) -> None:
     import os
     import signal

@@ -299,3 +299,18 @@ def test_a_request_parsed_once_reads_as_when_parsed_twice(command: str, raw: byt
             return (e.code, e.field, e.message)
 
     assert outcome(parsed=parsed) == outcome()
+
+
+def test_a_transaction_is_measured_in_utf8_bytes_of_compact_json() -> None:
+    """docs/topics.md, "Order of checks": at most 1,024 bytes of JSON, counted in UTF-8."""
+    accented = "é" * 511  # 1,022 bytes + 2 quotes = 1,024: the most there may be
+    raw = json.dumps({"kind": "noop", "transaction": accented}).encode()
+    assert payloads.decode_request("submit", raw, max_bytes=10_000, default_kind="noop").transaction == accented
+    assert payloads.peek_envelope(raw)[0] == accented
+    over = json.dumps({"kind": "noop", "transaction": accented + "e"}).encode()
+    with pytest.raises(RequestError) as e:
+        payloads.decode_request("submit", over, max_bytes=10_000, default_kind="noop")
+    assert e.value.field == "transaction"
+    assert payloads.peek_envelope(over)[0] is None
+    assert payloads.transaction_too_large("x" * 1022) is False
+    assert payloads.transaction_too_large("x" * 1023) is True
