@@ -261,24 +261,32 @@ def test_noop_cancel_and_reply_to(broker, service_factory, speech: Path) -> None
     assert resp["status"] == "error" and resp["error"]["field"] == "reply_to"
 
 
-def test_mqtt5_response_topic_and_correlation_data(mosquitto, service_factory, speech: Path) -> None:
+def _v5_reply_client(broker: Any, base: str) -> tuple[Any, Any, list[tuple[str, bytes, bytes | None]]]:
+    """An MQTT 5 client subscribed to a fresh topic under ``<base>/reply/``; returns it, the
+    PUBLISH properties that name that topic as the Response Topic, and the list its messages
+    arrive in as (topic, payload, Correlation Data)."""
     import paho.mqtt.client as mqtt
     from paho.mqtt.enums import CallbackAPIVersion
     from paho.mqtt.packettypes import PacketTypes
     from paho.mqtt.properties import Properties
 
-    svc = service_factory(mosquitto, [speech]).start()
     got: list[tuple[str, bytes, bytes | None]] = []
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="v5-" + uuid.uuid4().hex[:8], protocol=mqtt.MQTTv5)
     client.on_message = lambda c, u, m: got.append(
         (m.topic, bytes(m.payload), getattr(m.properties, "CorrelationData", None))
     )
-    client.connect(mosquitto.host, mosquitto.port)
+    client.connect(broker.host, broker.port)
     client.loop_start()
-    my_topic = f"{svc.base}/reply/phones/{uuid.uuid4().hex[:8]}"
-    client.subscribe(my_topic, 1)
     props = Properties(PacketTypes.PUBLISH)
-    props.ResponseTopic = my_topic
+    props.ResponseTopic = f"{base}/reply/phones/{uuid.uuid4().hex[:8]}"
+    client.subscribe(props.ResponseTopic, 1)
+    return client, props, got
+
+
+def test_mqtt5_response_topic_and_correlation_data(mosquitto, service_factory, speech: Path) -> None:
+    svc = service_factory(mosquitto, [speech]).start()
+    client, props, got = _v5_reply_client(mosquitto, svc.base)
+    my_topic = props.ResponseTopic
     props.CorrelationData = b"\x01corr"
     client.publish(f"{svc.base}/request/list", b"{}", qos=1, properties=props).wait_for_publish(10)
     topic, payload, corr = wait_until(lambda: got[0] if got else None, 15, "the MQTT 5 response")
@@ -296,22 +304,9 @@ def test_errors_for_our_topic_only_send_no_copies_and_transactions_count_utf8_by
     only, not on the request's MQTT 5 Response Topic; a transaction over 1,024 bytes of JSON
     is refused before the command is looked at; the bytes are UTF-8 bytes (600 of them as 300
     "é" are echoed, not refused as their 1,800 characters of escapes)."""
-    import paho.mqtt.client as mqtt
-    from paho.mqtt.enums import CallbackAPIVersion
-    from paho.mqtt.packettypes import PacketTypes
-    from paho.mqtt.properties import Properties
-
     svc = service_factory(mosquitto, [speech], {"EDGE_QUEUE_MAX_PAYLOAD_BYTES": "4096"}).start()
     watcher = svc.watcher("response/#")
-    got: list[tuple[str, dict[str, Any]]] = []
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="v5-" + uuid.uuid4().hex[:8], protocol=mqtt.MQTTv5)
-    client.on_message = lambda c, u, m: got.append((m.topic, json.loads(m.payload)))
-    client.connect(mosquitto.host, mosquitto.port)
-    client.loop_start()
-    mine = f"{svc.base}/reply/phones/{uuid.uuid4().hex[:8]}"
-    client.subscribe(mine, 1)
-    props = Properties(PacketTypes.PUBLISH)
-    props.ResponseTopic = mine
+    client, props, raw = _v5_reply_client(mosquitto, svc.base)
 
     def send(command: str, payload: bytes) -> None:
         client.publish(f"{svc.base}/request/{command}", payload, qos=1, properties=props).wait_for_publish(10)
@@ -322,9 +317,10 @@ def test_errors_for_our_topic_only_send_no_copies_and_transactions_count_utf8_by
     accented = "é" * 300
     send("list", json.dumps({"transaction": accented}).encode())
     # the last one's copy comes after any copy of the ones before (one client, in order)
-    wait_until(lambda: [b for t, b in got if b.get("transaction") == accented], 30, "the copy of the last request")
+    wait_until(lambda: [p for t, p, c in raw if json.loads(p).get("transaction") == accented], 30, "the last copy")
     client.disconnect()
     client.loop_stop()
+    got = [(t, json.loads(p)) for t, p, c in raw]
     assert [b["transaction"] for t, b in got] == [None, accented], got  # bogus: an error, with a copy
     assert got[0][1]["error"] == {
         "code": "invalid_request",
