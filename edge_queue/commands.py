@@ -228,12 +228,16 @@ class Commands:
         # parsed once: for the envelope's checks here, and for the request's model below
         parsed = payloads.parse_object(raw)
         transaction, reply_to = payloads.envelope(parsed) if parsed is not None else payloads.peek_envelope(raw)
-        if reply_to is not None and not svc.topics.valid_reply_to(reply_to, user):
+        # a reply_to that is there but not a usable string (a number, over 1,024 characters, a
+        # lone surrogate) is as invalid as one outside the reply prefix: step 3 for both
+        unusable = parsed is not None and parsed.get("reply_to") is not None and reply_to is None
+        if unusable or (reply_to is not None and not svc.topics.valid_reply_to(reply_to, user)):
             rejections.warning("request %s rejected: invalid_request (reply_to)", _clip(command, 64))
             prefix = svc.topics.reply_prefix() if user is None else svc.topics.user_reply_prefix(user)
             return payloads.error(
                 ErrorCode.INVALID_REQUEST,
-                f"reply_to must be a topic under {prefix} without wildcards or control characters",
+                f"reply_to must be a topic name under {prefix}: a string of at most 1024 bytes of UTF-8, "
+                "without wildcards, control characters or surrogates",
                 transaction,
                 "reply_to",
             ), None

@@ -142,15 +142,18 @@ class Topics:
 
         ``<base>/request/<command>`` gives ``(command, None)``; ``<base>/request/<command>/<user>``
         (a user's own request topic, docs/topics.md "Who sent a request") gives
-        ``(command, user)``. The command is the raw level, possibly unknown; a topic with more
-        levels gives its whole rest as the command (unknown) and no user.
+        ``(command, user)``. The command is the raw level, possibly unknown, even empty: the
+        shipped ACLs let only ``<user>`` publish on ``<base>/request/+/<user>``, so a request
+        there is that user's whatever its command level holds (``<base>/request//bob`` is bob's
+        unknown command, never a shared request). A topic with more levels, or an empty user
+        level, gives its whole rest as the command (unknown) and no user.
         """
         prefix = f"{self.base}/request/"
         if not topic.startswith(prefix):
             return None
         rest = topic[len(prefix) :]
         command, _, user = rest.partition("/")
-        if not user or "/" in user or not command:
+        if not user or "/" in user:
             return rest, None
         return command, user
 

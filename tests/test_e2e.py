@@ -341,6 +341,53 @@ def test_errors_for_our_topic_only_send_no_copies_and_transactions_count_utf8_by
     assert unknown[0]["error"]["field"] == "transaction" and unknown[0]["transaction"] is None
 
 
+def test_reply_to_of_any_kind_is_checked_first_and_a_users_topic_stays_theirs(
+    mosquitto, service_factory, speech: Path
+) -> None:
+    """docs/topics.md, "Order of checks" step 3 and "Who sent a request": a ``reply_to`` that is
+    not a usable string (a number, a lone surrogate, over 1,024 characters) is refused like one
+    outside the prefix, before the command and the role are looked at, on
+    ``<base>/response/<command>`` only; a request on ``<base>/request//<user>`` (an empty
+    command level, which the ACL pattern ``request/+/%u`` lets that user publish on) is that
+    user's: its answer goes under ``<base>/reply/<user>/`` and never to another user's topic."""
+    svc = service_factory(mosquitto, [speech]).start()
+    watcher = svc.watcher("response/#", "reply/#")
+    client, props, raw = _v5_reply_client(mosquitto, svc.base)
+
+    def send(topic: str, payload: dict[str, Any]) -> None:
+        body = json.dumps(payload).encode()
+        client.publish(f"{svc.base}/{topic}", body, qos=1, properties=props).wait_for_publish(10)
+
+    send("request/bogus", {"transaction": "number", "reply_to": 5})
+    send("request/kinds", {"transaction": "surrogate", "reply_to": f"{svc.base}/reply/x/\ud800"})
+    send("request/list", {"transaction": "long", "reply_to": f"{svc.base}/reply/" + "x" * 1100})
+    alice = f"{svc.base}/reply/alice/response/submit"
+    send("request//bob", {"transaction": "forged", "reply_to": alice})
+    send("request//bob", {"transaction": "bob's own"})
+    send("request/list", {"transaction": "last"})
+    # the last one's copy comes after any copy of the ones before (one client, in order)
+    wait_until(lambda: [p for t, p, c in raw if json.loads(p).get("transaction") == "last"], 30, "the last copy")
+    client.disconnect()
+    client.loop_stop()
+    assert [json.loads(p)["transaction"] for t, p, c in raw] == ["last"]
+
+    def answer(topic: str, tx: str) -> dict[str, Any]:
+        return wait_until(
+            lambda: next((m for m in watcher.json_on(f"{svc.base}/{topic}") if m.get("transaction") == tx), None),
+            15,
+            f"the answer to {tx} on {topic}",
+        )
+
+    for topic, tx in (("response/unknown", "number"), ("response/kinds", "surrogate"), ("response/list", "long")):
+        err = answer(topic, tx)["error"]
+        assert (err["code"], err["field"]) == ("invalid_request", "reply_to"), err
+    forged = answer("reply/bob/response/unknown", "forged")["error"]
+    assert (forged["code"], forged["field"]) == ("invalid_request", "reply_to")
+    assert answer("reply/bob/response/unknown", "bob's own")["error"]["code"] == "unknown_command"
+    answer("response/list", "last")
+    assert not watcher.json_on(alice) and not watcher.json_on(f"{svc.base}/response/unknown")[1:]
+
+
 def test_republish_and_worker_replaced_after_kill(broker, service_factory, speech: Path) -> None:
     import os
     import signal

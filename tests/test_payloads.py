@@ -79,6 +79,9 @@ def test_topics_closed_vocabulary() -> None:
     assert t.parse_request("home/eq/request/get") == ("get", None) and t.parse_request("other/request/get") is None
     assert t.parse_request("home/eq/request/get/alice") == ("get", "alice")
     assert t.parse_request("home/eq/request/get/a/b") == ("get/a/b", None)
+    # only bob may publish on request/+/bob (the shipped ACLs): an empty command level is still his
+    assert t.parse_request("home/eq/request//bob") == ("", "bob")
+    assert t.parse_request("home/eq/request/get/") == ("get/", None)
     assert t.valid_reply_to("home/eq/reply/alice/x", "alice") and not t.valid_reply_to("home/eq/reply/bob/x", "alice")
     assert not t.valid_reply_to("home/eq/reply/alice/", "alice") and not t.valid_reply_to(
         "home/eq/reply/alicex/y", "alice"
