@@ -232,6 +232,19 @@ def amqtt(tmp_path: Path) -> Iterator[Broker]:
     assert proc.wait(15) == 0
 
 
+@pytest.fixture
+def shipped_mosquitto(tmp_path: Path) -> Iterator[Broker]:
+    """A private mosquitto with the delivery settings of broker/mosquitto.conf
+    (``max_queued_messages 0``: nothing dropped to a slow subscriber, which the shared broker's
+    default of 1,000 queued messages does in a burst), stopped after the test."""
+    from .test_load import PrivateMosquitto
+
+    broker = PrivateMosquitto(tmp_path / "mosquitto")
+    yield broker
+    if broker.proc is not None and broker.proc.poll() is None:
+        broker.stop()
+
+
 @pytest.fixture(params=["mosquitto", "amqtt"])
 def broker(request: pytest.FixtureRequest) -> Broker:
     return request.getfixturevalue(request.param)

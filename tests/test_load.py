@@ -76,14 +76,6 @@ class PrivateMosquitto(Broker):
         self.proc.wait(30)
 
 
-@pytest.fixture
-def shipped_mosquitto(tmp_path: Path) -> Iterator[PrivateMosquitto]:
-    broker = PrivateMosquitto(tmp_path / "mosquitto")
-    yield broker
-    if broker.proc is not None and broker.proc.poll() is None:
-        broker.stop()
-
-
 class Watchdog:
     """systemd's side of sd_notify: READY=1, WATCHDOG=1 pings, and a kill (SIGABRT) when the
     pings stop for longer than ``watchdog_s`` after READY."""
