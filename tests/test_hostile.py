@@ -27,14 +27,13 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from .conftest import Broker, free_port, wait_until
-from .test_load import (  # noqa: F401 (rig and shipped_mosquitto are fixtures, used by name)
+from .test_load import (  # noqa: F401 (rig is a fixture, used by name; shipped_mosquitto is in conftest)
     PrivateMosquitto,
     Rig,
     figures,
     peak_rss_mb,
     rig,
     rss_mb,
-    shipped_mosquitto,
     stop_and_longest_turn_ms,
     succeeded_store,
 )
