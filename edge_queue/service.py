@@ -442,14 +442,15 @@ class Service:
         try:
             with self.bridge.held(), store.group():
                 self._take_inbox(taken)
-                if taken:
-                    store.set_meta("requests_seen", self._requests_seen)
                 self.on_outcomes(outcomes, self.clock())
                 self.schedule(self.clock())
                 self.flush(self.clock())
                 self.housekeeping(self.clock())
                 self._republish_step()
                 self.watch_folders.step(self.clock())
+                if taken:
+                    # last: a new job may be claimed before its row is written (Store.claim)
+                    store.set_meta("requests_seen", self._requests_seen)
         except (sqlite3.Error, OSError) as e:
             self._turn_failed(e, taken, outcomes)
             return

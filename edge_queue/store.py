@@ -104,6 +104,29 @@ def _queued_row(
     }
 
 
+def _deferred_job_row(job: dict[str, Any]) -> tuple[Any, ...]:
+    """The parameters of :data:`_INSERT_JOB` for the row ``job`` (every column, JSON as text)."""
+    return (
+        job["job_id"],
+        job["seq"],
+        job["kind"],
+        job["input"],
+        job["options"],
+        job["priority"],
+        job["state"],
+        job["attempt"],
+        job["max_attempts"],
+        job["dedupe_key"],
+        job["timeout_s"],
+        job["run_at"],
+        job["submitted_by"],
+        job["owner"],
+        job["created_at"],
+        job["started_at"],
+        job["updated_at"],
+    )
+
+
 def _bindable(text: str | None) -> bool:
     """True when SQLite can store ``text`` (UTF-8: no lone surrogates)."""
     if text is None or text.isascii():
@@ -115,13 +138,19 @@ def _bindable(text: str | None) -> bool:
     return True
 
 
-#: a new plain job's row (Store._submit_deferred: the columns that are not their defaults)
+#: a new plain job's row (Store._submit_deferred: the columns that are not their defaults;
+#: ``queued`` with seq 1 and attempt 0, or ``running`` when claimed before it was written,
+#: Store._claim_deferred)
 _INSERT_JOB = (
     "INSERT INTO jobs (job_id, seq, kind, input, options, batch_id, priority, state, stage, progress, eta_s, "
     "attempt, max_attempts, retry_at, error, result, dedupe_key, timeout_s, run_at, lock_key, submitted_by, owner, "
     "crashes, created_at, started_at, finished_at, updated_at) "
-    "VALUES (?, 1, ?, ?, ?, NULL, ?, 'queued', NULL, 0.0, NULL, 0, ?, NULL, NULL, NULL, ?, ?, ?, NULL, ?, NULL, "
-    "0, ?, NULL, NULL, ?)"
+    "VALUES (?, ?, ?, ?, ?, NULL, ?, ?, NULL, 0.0, NULL, ?, ?, NULL, NULL, NULL, ?, ?, ?, NULL, ?, ?, "
+    "0, ?, ?, NULL, ?)"
+)
+#: the event rows of the group's plain submits: ``(id, job_id, at, from_state, to_state, attempt)``
+_INSERT_DEFERRED_EVENT = (
+    "INSERT INTO job_events (id, job_id, at, from_state, to_state, attempt, detail) VALUES (?, ?, ?, ?, ?, ?, NULL)"
 )
 _REMEMBER_REQUEST = (
     "INSERT OR REPLACE INTO delivered_requests (key, response, reply_to, at, seq) VALUES (?, ?, ?, ?, ?)"
@@ -307,11 +336,11 @@ class Store:
         self._group_depth = 0
         self._db = sqlite_utils.Database(conn)
         #: rows of the group's plain submits, written by one ``executemany`` each before any
-        #: other statement runs (:meth:`_write_deferred`): ``jobs`` rows, their ``queued`` event
-        #: rows ``(id, job_id, at)``, the ``delivered_requests`` rows, and the jobs by
-        #: ``(dedupe_key, submitted_by)``
+        #: other statement runs (:meth:`_write_deferred`): ``jobs`` rows (the columns of
+        #: :data:`_INSERT_JOB`), their event rows (:data:`_INSERT_DEFERRED_EVENT`), the
+        #: ``delivered_requests`` rows, and the jobs by ``(dedupe_key, submitted_by)``
         self._deferred_jobs: list[tuple[Any, ...]] = []
-        self._deferred_events: list[tuple[int, str, str]] = []
+        self._deferred_events: list[tuple[int, str, str, str | None, str, int]] = []
         self._deferred_requests: list[tuple[bytes, bytes, str | None, float, int]] = []
         self._deferred_dedupe: dict[tuple[str, str | None], dict[str, Any]] = {}
         #: the ``job_events`` id the next deferred ``queued`` event gets (read once per group)
@@ -364,11 +393,7 @@ class Store:
         try:
             if jobs:
                 conn.executemany(_INSERT_JOB, jobs)
-                conn.executemany(
-                    "INSERT INTO job_events (id, job_id, at, from_state, to_state, attempt, detail) "
-                    "VALUES (?, ?, ?, NULL, 'queued', 0, NULL)",
-                    events,
-                )
+                conn.executemany(_INSERT_DEFERRED_EVENT, events)
             if requests:
                 conn.executemany(_REMEMBER_REQUEST, requests)
         except sqlite3.Error:
@@ -789,16 +814,24 @@ class Store:
         """Earliest ``retry_at`` / ``run_at`` of a waiting job, as Unix seconds; with ``after``
         (Unix seconds), the earliest later than it: a job already due that waits for a worker
         is not a time to wake up for (its worker's end is)."""
-        # Each MIN reads one entry of its partial index, however long the backlog.
+        # Each MIN reads one entry of its partial index, however long the backlog; a state
+        # with no job is not asked (an idle service's every loop turn).
         floor = iso(after) if after is not None else ""
         heads = [
             self.conn.execute(sql, [floor]).fetchone()
-            for sql in (
-                "SELECT retry_at FROM jobs INDEXED BY jobs_retry_due WHERE state = 'retrying' AND retry_at > ? "
-                "ORDER BY retry_at LIMIT 1",
-                "SELECT run_at FROM jobs INDEXED BY jobs_run_at WHERE state = 'queued' AND run_at IS NOT NULL "
-                f"AND run_at > ? AND {_LOCK_HEAD} ORDER BY run_at LIMIT 1",
+            for state, sql in (
+                (
+                    "retrying",
+                    "SELECT retry_at FROM jobs INDEXED BY jobs_retry_due WHERE state = 'retrying' AND retry_at > ? "
+                    "ORDER BY retry_at LIMIT 1",
+                ),
+                (
+                    "queued",
+                    "SELECT run_at FROM jobs INDEXED BY jobs_run_at WHERE state = 'queued' AND run_at IS NOT NULL "
+                    f"AND run_at > ? AND {_LOCK_HEAD} ORDER BY run_at LIMIT 1",
+                ),
             )
+            if self._counts[state]
         ]
         due = min((h[0] for h in heads if h and h[0]), default=None)
         return parse_iso(due) if due else None
@@ -1012,32 +1045,70 @@ class Store:
         job_id = new_id(now)
         options = _json_text(spec.options)
         run_at = iso(spec.run_at) if spec.run_at else None
-        # the columns of _INSERT_JOB, in order
-        self._deferred_jobs.append(
-            (
-                job_id,
-                spec.kind,
-                spec.input,
-                options,
-                spec.priority,
-                spec.max_attempts,
-                key,
-                spec.timeout_s,
-                run_at,
-                spec.submitted_by,
-                at,
-                at,
-            )
-        )
+        job = _queued_row(spec, job_id, key, None, at, options=options, run_at=run_at)
+        self._deferred_jobs.append(_deferred_job_row(job))
         event_id = self._next_event_id
         self._next_event_id += 1
-        self._deferred_events.append((event_id, job_id, at))
-        job = _queued_row(spec, job_id, key, None, at, options=options, run_at=run_at)
+        self._deferred_events.append((event_id, job_id, at, None, JobState.QUEUED.value, 0))
         self._deferred_dedupe[(key, spec.submitted_by)] = job
         self._counts["queued"] += 1
         created = Created(self._decode(dict(job)), False)
         created.job["event_id"] = event_id
         return created
+
+    def _claim_deferred(self, now: float, kinds: Sequence[str], owner: str) -> dict[str, Any] | None:
+        """:meth:`claim` of a job submitted in this group and not written yet (an idle service's
+        new job): its row and its ``running`` event are changed before they are written, instead
+        of being written ``queued`` and then found and updated (P2's idle submit).
+
+        Taken only when every waiting job of the store is one of the group's deferred submits
+        (none has a lock key; ``retrying`` is empty): then the head of the claim order among
+        them is the head of the store, and the result is the one of :meth:`claim_many`: the
+        same order (highest ``priority``, then oldest, then ``job_id``), the same due rule,
+        the same row and event. ``None``: not taken here (no deferred job is the head, or none
+        is due); the caller then claims with :meth:`claim_many`."""
+        if not self._deferred_jobs:
+            return None
+        counts = self._counts
+        if counts["retrying"] or counts["queued"] != sum(1 for row in self._deferred_jobs if row[6] == "queued"):
+            return None
+        at = iso(now)
+        head: tuple[int, str, str] | None = None
+        pick = -1
+        for i, row in enumerate(self._deferred_jobs):
+            # columns of _INSERT_JOB: job_id 0, kind 2, priority 5, state 6, run_at 11, created_at 14
+            if row[6] != "queued" or row[2] not in kinds or (row[11] or "") > at:
+                continue
+            rank = (-row[5], row[14], row[0])
+            if head is None or rank < head:
+                head, pick = rank, i
+        if head is None:
+            return None
+        row = self._deferred_jobs[pick]
+        key = (row[9], row[12])
+        job = dict(self._deferred_dedupe[key])
+        job.update(
+            state=JobState.RUNNING.value,
+            attempt=job["attempt"] + 1,
+            seq=job["seq"] + 1,
+            owner=owner,
+            started_at=at,
+            updated_at=at,
+            retry_at=None,
+            stage=None,
+            progress=0.0,
+            eta_s=None,
+        )
+        self._deferred_jobs[pick] = _deferred_job_row(job)
+        self._deferred_dedupe[key] = job
+        event_id = self._next_event_id
+        self._next_event_id += 1
+        self._deferred_events.append((event_id, job["job_id"], at, JobState.QUEUED.value, job["state"], job["attempt"]))
+        counts["queued"] -= 1
+        counts["running"] += 1
+        claimed = self._decode(dict(job))
+        claimed["event_id"] = event_id
+        return claimed
 
     def submitted_with(self, idempotency_key: str, submitted_by: str | None) -> tuple[str | None, list[Created]] | None:
         """The batch id and jobs (each ``duplicate=True``) of the submit that used
@@ -1076,6 +1147,10 @@ class Store:
         past, or ``retrying`` with ``retry_at`` past. ``attempt`` is incremented; ``owner``
         (the service's per-start run id) marks whose attempt it is.
         """
+        kinds = list(kinds)
+        job = self._claim_deferred(now, kinds, owner)
+        if job is not None:
+            return job
         jobs = self.claim_many(now, kinds, owner, 1)
         return jobs[0] if jobs else None
 

@@ -6,9 +6,10 @@ import os
 import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edge_queue.errors import NotFoundError, TransitionError
@@ -367,3 +368,64 @@ def test_a_plain_submit_sqlite_cannot_store_fails_alone(store: Store) -> None:
             store.submit([spec("/m/\udcff.wav")], 1.0)
         _, (b,) = store.submit([spec("/m/b")], 1.0)
     assert {j["job_id"] for j in store.list_jobs()} == {a.job["job_id"], b.job["job_id"]}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    submits=st.lists(
+        st.tuples(st.integers(-2, 2), st.sampled_from([None, 5.0, 20.0]), st.sampled_from(["noop", "probe"])),
+        min_size=1,
+        max_size=5,
+    ),
+    claims=st.lists(st.sampled_from([("noop",), ("probe",), ("noop", "probe"), ()]), min_size=1, max_size=6),
+    backlog=st.booleans(),
+)
+def test_a_claim_of_unwritten_submits_equals_the_claim_of_written_ones(
+    tmp_path_factory: pytest.TempPathFactory,
+    submits: list[tuple[int, float | None, str]],
+    claims: list[tuple[str, ...]],
+    backlog: bool,
+) -> None:
+    """An idle service's new job is claimed before its row is written (Store._claim_deferred):
+    the same jobs in the same order, with the same rows, events and event ids, as the claim of
+    the written rows (Store.claim_many); taken only when every waiting job is one of the
+    group's unwritten submits."""
+
+    def run(written: bool) -> tuple[list[Any], list[Any], list[Any], list[str]]:  # noqa: C901
+        store = Store(tmp_path_factory.mktemp("claim") / "q.db")
+        if backlog:
+            store.submit([spec("/m/earlier", priority=-3)], 1.0)
+        statements: list[str] = []
+        store.conn.set_trace_callback(statements.append)
+        order: dict[str, int] = {}
+        got = []
+        with store.group():
+            for i, (priority, run_at, kind) in enumerate(submits):
+                _, (created,) = store.submit([spec(f"/m/{i}", kind=kind, priority=priority, run_at=run_at)], 2.0)
+                order.setdefault(created.job["job_id"], i)
+            if written:
+                store.conn  # noqa: B018 - writes the deferred rows
+            for kinds in claims:
+                job = store.claim(10.0, kinds, "run1")
+                got.append(None if job is None else {**job, "job_id": order.get(job["job_id"], -1)})
+        order_of = lambda job_id: order.get(job_id, -1)  # noqa: E731
+        rows = [{**row, "job_id": order_of(row["job_id"])} for row in store.list_jobs(limit=100)]
+        rows.sort(key=lambda r: r["job_id"])
+        events = [
+            (e["id"], order_of(e["job_id"]), e["at"], e["from_state"], e["to_state"], e["attempt"], e["detail"])
+            for e in store.db.query("SELECT * FROM job_events ORDER BY id")
+        ]
+        store.conn.set_trace_callback(None)
+        store.close()
+        return got, rows, events, statements
+
+    fast, slow = run(written=False), run(written=True)
+    assert fast[:3] == slow[:3]
+    if backlog:
+        return
+    # no job waited before the group: the claims up to the first that found nothing took the
+    # unwritten rows, without the written path's UPDATE
+    leading = next((i for i, job in enumerate(fast[0]) if job is None), len(fast[0]))
+    claimed = sum(job is not None for job in fast[0])
+    updates = [s for s in fast[3] if s.startswith("UPDATE jobs SET state = 'running'")]
+    assert len(updates) <= claimed - leading
