@@ -43,6 +43,12 @@ class _Request(BaseModel):
         return v
 
 
+def _rfc3339(text: str) -> datetime:
+    """``datetime.fromisoformat`` of an RFC 3339 timestamp, with the lower-case ``t`` and ``z``
+    that RFC 3339 section 5.6 allows. Raises ``ValueError``."""
+    return datetime.fromisoformat(text.upper().replace("Z", "+00:00"))
+
+
 def transaction_too_large(value: Any) -> bool:
     """True when ``value`` as compact JSON takes more than :data:`MAX_TRANSACTION_BYTES` bytes
     of UTF-8 (a character outside ASCII counts its UTF-8 bytes, not a ``\\u`` escape).
@@ -78,7 +84,7 @@ class SubmitRequest(_Request):
     def _run_at(cls, v: str | None) -> str | None:
         if v is not None:
             try:
-                parsed = datetime.fromisoformat(v.replace("Z", "+00:00"))
+                parsed = _rfc3339(v)
             except ValueError as e:
                 raise ValueError("run_at must be an RFC 3339 timestamp") from e
             if parsed.tzinfo is None:
@@ -93,7 +99,7 @@ class SubmitRequest(_Request):
     def run_at_ts(self) -> float | None:
         if self.run_at is None:
             return None
-        return datetime.fromisoformat(self.run_at.replace("Z", "+00:00")).timestamp()
+        return _rfc3339(self.run_at).timestamp()
 
     def input_list(self) -> list[str | None]:
         if self.input is not None and self.inputs is not None:

@@ -944,17 +944,19 @@ class Service:
             return
         cancelling = job["state"] == JobState.CANCELLING
         if outcome.op == "unstarted" and not cancelling:
-            # Its worker died before it started it: back to the queue, the attempt not counted
-            # (a cancelled one ends cancelled, below).
+            # Its worker died before it started it, or gave it back (a pause, a stop, a job that
+            # overran): back to the queue, the attempt not counted, not started (a cancelled
+            # one ends cancelled, below).
             job = store.transition(
                 job_id,
                 JobState.QUEUED,
                 now,
                 expect_attempt=attempt,
                 current=job,
-                detail={"reason": "its worker ended before it started"},
+                detail={"reason": data.get("reason", "its worker ended before it started")},
                 attempt=attempt - 1,
                 owner=None,
+                started_at=None,
             )
             self.publish_job(job)
             return
@@ -982,7 +984,9 @@ class Service:
         # period, is "cancelled"; a failure the job reported by itself stays a failure.
         if code == ErrorCode.CANCELLED or (cancelling and outcome.op in ("lost", "unstarted")):
             # a job cancelled before its worker started it never had that attempt
-            unstarted: dict[str, Any] = {"attempt": attempt - 1} if outcome.op == "unstarted" else {}
+            unstarted: dict[str, Any] = (
+                {"attempt": attempt - 1, "started_at": None} if outcome.op == "unstarted" else {}
+            )
             job = store.transition(
                 job_id,
                 JobState.CANCELLED,
@@ -1268,9 +1272,17 @@ class Service:
             self.publish_discovery()
 
     def set_paused(self, paused: bool) -> None:
-        """Pause (no job starts; running ones go on) or resume the queue, kept in the store."""
+        """Pause (no job starts; running ones go on) or resume the queue, kept in the store.
+
+        On pause, the jobs handed to workers in advance and not started yet are asked back
+        (:meth:`Supervisor.release`): they go back to ``queued``, their attempt not counted, and
+        none starts after the pause is acknowledged (docs/topics.md, ``pause``)."""
         self._store().set_meta("paused", int(paused))
         self.paused = paused
+        if paused:
+            for slot in self.supervisor.slots:
+                if len(slot.jobs) > 1:
+                    self.supervisor.release(slot)
         self.publish_queue(self.clock())
 
     def on_foreign_info(self, payload: bytes) -> None:

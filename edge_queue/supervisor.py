@@ -55,8 +55,8 @@ class Outcome:
     ``op`` is ``progress`` (``data``: progress, stage, eta_s), ``done`` (``data``: result),
     ``failed`` (``data``: code, message, retryable), ``lost`` (the worker died during the
     attempt; ``data``: code ``worker_lost``, ``timeout`` or ``cancelled``, message),
-    ``unstarted`` (the worker died before it started this job) or ``started`` (a job waiting in
-    a worker's queue became the one it runs).
+    ``unstarted`` (a job the worker had not started: it died, or gave the job back when asked;
+    ``data``: reason) or ``started`` (a job waiting in a worker's queue became the one it runs).
     """
 
     op: str
@@ -519,7 +519,9 @@ class Supervisor:
         for entry in slot.jobs:
             key = (entry.msg["job_id"], entry.msg["attempt"])
             if key in given:
-                out.append(Outcome("unstarted", key[0], key[1], {}))
+                out.append(
+                    Outcome("unstarted", key[0], key[1], {"reason": "its worker gave it back before starting it"})
+                )
             else:
                 kept.append(entry)
         slot.jobs = kept
@@ -551,7 +553,14 @@ class Supervisor:
                 "worker %d (pid %s) ended during job %s: %s", slot.index, slot.pid, head.msg["job_id"], reason[1]
             )
             for entry in slot.jobs:
-                out.append(Outcome("unstarted", entry.msg["job_id"], entry.msg["attempt"], {}))
+                out.append(
+                    Outcome(
+                        "unstarted",
+                        entry.msg["job_id"],
+                        entry.msg["attempt"],
+                        {"reason": "its worker ended before it started"},
+                    )
+                )
         else:
             log.warning("worker %d (pid %s) exited with code %s while idle", slot.index, slot.pid, code)
         self._end(slot)

@@ -317,3 +317,19 @@ def test_a_transaction_is_measured_in_utf8_bytes_of_compact_json() -> None:
     assert payloads.peek_envelope(over)[0] is None
     assert payloads.transaction_too_large("x" * 1022) is False
     assert payloads.transaction_too_large("x" * 1023) is True
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2026-12-02T19:48:50.780Z",
+        "2026-12-02t19:48:50.780z",
+        "2026-12-02T19:48:50.780z",
+        "2026-12-02t20:48:50.780+01:00",
+    ],
+)
+def test_run_at_takes_the_lower_case_t_and_z_rfc_3339_allows(text: str) -> None:
+    """RFC 3339 section 5.6: "T" and "Z" may be lower case."""
+    raw = json.dumps({"kind": "noop", "run_at": text}).encode()
+    request = payloads.decode_request("submit", raw, max_bytes=65536, default_kind="noop")
+    assert request.run_at_ts() == pytest.approx(1796240930.78)

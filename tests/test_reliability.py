@@ -322,6 +322,40 @@ def test_pause_resume_retry_purge(broker, service_factory, speech: Path) -> None
     assert svc.request("cancel", {"all": True}, watcher)["status"] == "ok"
 
 
+def test_no_job_starts_after_a_pause_is_acknowledged(broker, service_factory, speech: Path) -> None:
+    """docs/topics.md, ``pause``: no new attempt starts once it is answered, including the jobs a
+    worker was handed in advance (short jobs, about ten at once here) and had not started."""
+    # Given one worker busy with short jobs, so that it holds several at once
+    svc = service_factory(broker, [speech], {"EDGE_QUEUE_WORKERS": "1"}).start()
+    watcher = svc.watcher("response/#", "queue")
+    jobs = svc.request(
+        "submit", {"kind": "noop", "options": {"sleep_s": 0.005}, "inputs": [f"p{i}" for i in range(600)]}, watcher
+    )["data"]["jobs"]
+    wait_until(
+        lambda: (q := watcher.json_on(f"{svc.base}/queue")) and q[-1]["counts"]["succeeded"] >= 50,
+        30,
+        "50 jobs done",
+    )
+    # When the queue is paused
+    assert svc.request("pause", {}, watcher)["data"] == {"paused": True}
+    paused_at = time.time()
+    # Then the job running goes on and ends; nothing else starts
+    watcher.wait_json(f"{svc.base}/queue", lambda q: q["paused"] and q["counts"]["running"] == 0, 30)
+    conn = sqlite3.connect(svc.db)
+    started = conn.execute(
+        "SELECT job_id, started_at, state, attempt FROM jobs WHERE started_at IS NOT NULL"
+    ).fetchall()
+    from edge_queue.store import parse_iso
+
+    # A job's start is stamped when the service hears of it: the one job the worker may have
+    # taken from its queue just before the pause's release reached it is stamped after.
+    late = [row for row in started if parse_iso(row[1]) > paused_at]
+    assert len(late) <= 1, f"{len(late)} job(s) started after the pause was answered: {late[:3]}"
+    waiting = conn.execute("SELECT count(*) FROM jobs WHERE state = 'queued' AND attempt = 0").fetchone()[0]
+    assert waiting == len(jobs) - len(started) > 0
+    conn.close()
+
+
 def test_recycles_worker_after_max_jobs(broker, service_factory, speech: Path) -> None:
     svc = service_factory(broker, [speech], {"EDGE_QUEUE_WORKERS": "1", "EDGE_QUEUE_MAX_JOBS_PER_WORKER": "2"}).start()
     watcher = svc.watcher("response/#", "jobs/+")
