@@ -46,15 +46,18 @@ def _shipped_delivery_settings() -> str:
 class PrivateMosquitto(Broker):
     """A mosquitto of our own, configured like broker/mosquitto.conf for delivery (no
     authentication), with persistence in its own folder; it can be stopped and started.
-    ``extra`` is appended to its configuration (an ``acl_file`` line, say)."""
+    ``extra`` is appended to its configuration (an ``acl_file`` line, say); ``tcp_nodelay=False``
+    leaves out ``set_tcp_nodelay``, as mosquitto's own default configuration does."""
 
-    def __init__(self, folder: Path, *, limit_packets: bool = True, extra: str = "") -> None:
+    def __init__(self, folder: Path, *, limit_packets: bool = True, tcp_nodelay: bool = True, extra: str = "") -> None:
         need(shutil.which("mosquitto") is not None, "mosquitto not installed (apt-get install mosquitto)")
         super().__init__("127.0.0.1", free_port(), "mosquitto")
         folder.mkdir(parents=True, exist_ok=True)
         settings = _shipped_delivery_settings()
         if not limit_packets:
             settings = "".join(line + "\n" for line in settings.splitlines() if not line.startswith("max_packet_size"))
+        if not tcp_nodelay:
+            settings = "".join(line + "\n" for line in settings.splitlines() if not line.startswith("set_tcp_nodelay"))
         self.conf = folder / "mosquitto.conf"
         self.conf.write_text(
             # mosquitto started as root drops to the user "mosquitto", who cannot write (or read)
