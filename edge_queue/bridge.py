@@ -496,6 +496,41 @@ def configure_client(client: mqtt.Client, s: MqttSettings) -> None:
         client.tls_insecure_set(s.tls.insecure)
 
 
+def ack_now(client: mqtt.Client) -> None:
+    """Have the kernel send the TCP acknowledgement of what ``client`` read now, not up to 40 ms
+    later.
+
+    Linux delays the ACK of data it receives on a connection that sends data too, to carry it
+    on the next packet sent. A broker with Nagle's algorithm on (mosquitto's default, without
+    ``set_tcp_nodelay``) holds its next message for us until that ACK arrives. For the
+    service, the PUBACKs of a job's last states are the last thing it reads, and a request that
+    came within 40 ms waited about 33 ms (``bench/run.py`` P2, "nagle broker": p50 33.5 ms
+    before, 2.35 ms after); for a client, the broker's PUBACK of its request is, and the
+    response waited about 44 ms behind it. ``TCP_QUICKACK`` (tcp(7), Linux) sends the pending
+    ACK at once; it is not permanent, so it is set after reads. About 0.5 µs a call. A no-op
+    where the platform lacks it, before the connection and on paho's WebSocket transport.
+    """
+    # a plain or TLS socket; paho's WebSocket wrapper has no setsockopt
+    setsockopt = getattr(client.socket(), "setsockopt", None)
+    if _TCP_QUICKACK is None or setsockopt is None:
+        return
+    try:
+        setsockopt(socket.IPPROTO_TCP, _TCP_QUICKACK, 1)
+    except OSError:  # a socket closing under us: its error comes from the next read or write
+        pass
+
+
+class QuickAckClient(mqtt.Client):
+    """paho's client that acknowledges (TCP) every read at once (:func:`ack_now`), for a
+    client driven by paho's own network thread that publishes requests and waits for their
+    responses on the same connection (the command line's)."""
+
+    def _sock_recv(self, bufsize: int) -> bytes:
+        data = super()._sock_recv(bufsize)
+        ack_now(self)
+        return data
+
+
 def set_nodelay(client: mqtt.Client) -> None:
     """Turn off Nagle's algorithm on the client's socket (paho leaves it on): a small QoS 1
     publish then leaves at once instead of waiting up to 40 ms for the previous one's ACK."""
@@ -986,26 +1021,9 @@ class Bridge:
         self._more_to_read = True
 
     def _ack_now(self) -> None:
-        """Have the kernel send the TCP acknowledgement of what was read now, not up to 40 ms later.
-
-        Linux delays the ACK of data it receives on a connection that sends data too, to
-        carry it on the next packet sent. After the broker's PUBACKs for our last publishes the
-        service sends nothing, and a broker with Nagle's algorithm on (mosquitto's default,
-        without ``set_tcp_nodelay``) holds the next message it has for us, a request, until
-        that ACK arrives: a request that came within 40 ms of the end of a job waited about
-        33 ms (``bench/run.py`` P2, "nagle broker": p50 33.5 ms, 2.4 ms with the broker's
-        ``set_tcp_nodelay``). ``TCP_QUICKACK`` sends the pending ACK at once (tcp(7); it is not
-        permanent, so it is set after each read that emptied the socket: one ``setsockopt``
-        per loop turn that read anything). A no-op where the platform lacks it.
-        """
-        # a plain or TLS socket; paho's WebSocket wrapper has no setsockopt
-        setsockopt = getattr(self._client.socket(), "setsockopt", None)
-        if _TCP_QUICKACK is None or setsockopt is None:
-            return
-        try:
-            setsockopt(socket.IPPROTO_TCP, _TCP_QUICKACK, 1)
-        except OSError:  # a socket closing under us: its error comes from the next read or write
-            pass
+        """:func:`ack_now` on the connection, after each read that emptied the socket: one
+        ``setsockopt`` per loop turn that read anything."""
+        ack_now(self._client)
 
     def _hand_over(self) -> None:
         """Give waiting messages to paho, in order, while the window (:data:`WINDOW` messages,

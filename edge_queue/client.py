@@ -19,7 +19,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
-from .bridge import configure_client, detect_protocol, set_nodelay
+from .bridge import QuickAckClient, configure_client, detect_protocol, set_nodelay
 from .config import MqttSettings
 from .errors import BrokerUnavailable, EdgeQueueError
 from .topics import OFFLINE, ONLINE, Topics, valid_topic_level
@@ -83,7 +83,7 @@ class RequestClient:
 
     def _connect(self, s: MqttSettings, protocol: mqtt.MQTTProtocolVersion, timeout_s: float) -> mqtt.Client:
         self._connected.clear()
-        c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=protocol)
+        c = QuickAckClient(CallbackAPIVersion.VERSION2, client_id=self.client_id, protocol=protocol)
         configure_client(c, s)
         c.on_connect = self._on_connect
         c.on_disconnect = self._on_disconnect
