@@ -374,7 +374,7 @@ The 1-hour P4 recording ran once. The brokers were private mosquitto processes o
 "shipped" with the delivery settings of `broker/mosquitto.conf` (`max_queued_messages`,
 `set_tcp_nodelay`; no persistence, no authentication), used by every benchmark; "nagle" the
 same without `set_tcp_nodelay`, as mosquitto ships (P2 only; docs/operations.md, "Requests
-answered 30-40 ms late"). The services ran
+answered 30-90 ms late"). The services ran
 with `log_level` WARNING (the default, INFO, logs three lines per job). Ratios for latencies
 and times are measured divided by reference (lower is better); for throughput, measured divided by reference.
 
