@@ -938,7 +938,7 @@ class Bridge:
 
     def wait_s(self, now: float) -> float | None:
         """How long the loop may sleep as far as the bridge goes (``None``: no limit)."""
-        if self._more_to_read or (self._client.buffered() and not self._inbox_full()):
+        if self._more_to_read or (self._client.buffered() and self._may_read()):
             return 0.0
         if self._out and self._window_open() and self.connected:
             return 0.0
@@ -976,6 +976,13 @@ class Bridge:
     def _inbox_full(self) -> bool:
         return len(self.inbox) >= INBOX_HIGH or self.inbox_bytes >= INBOX_BYTES_HIGH
 
+    def _may_read(self) -> bool:
+        """False while the inbox is full (back-pressure), except while we wait for the broker's
+        acknowledgements (:meth:`backlog_high`) or for its CONNACK: the requests left in the
+        inbox by a connection that ended are taken only once the new one is acknowledged, and
+        that CONNACK arrives through the socket (docs/operations.md, "Load and back-pressure")."""
+        return not self.connected or not self._inbox_full() or self.backlog_high()
+
     def _window_open(self) -> bool:
         return len(self._inflight) < WINDOW and (self._inflight_bytes < WINDOW_BYTES or not self._inflight)
 
@@ -1004,7 +1011,7 @@ class Bridge:
         client = self._client
         self._more_to_read = False
         for _ in range(READ_BUDGET):
-            if self._inbox_full() and not self.backlog_high():
+            if not self._may_read():
                 # back-pressure: leave it in the socket, whatever the broker's Receive Maximum
                 # let it send; the service drains the inbox first
                 self._more_to_read = False

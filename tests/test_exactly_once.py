@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -105,6 +107,16 @@ class AckDroppingProxy:
                 s.close()
             except OSError:
                 pass
+
+    def cut(self) -> None:
+        """Close every connection it forwards, as a lost link would; new ones are accepted."""
+        for s in self._open:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            except OSError:
+                pass
+        self._open.clear()
 
     def close(self) -> None:
         self.server.close()
@@ -284,3 +296,48 @@ def test_publishes_cut_off_by_a_lost_connection_are_sent_again(flaky) -> None:
     wait_until(lambda: ends() >= job_ids, 60, "an end event for every job")
     kinds = {(e["job"]["job_id"], e["type"]) for e in watcher.json_on(f"{svc.base}/events")}
     assert all((j, t) in kinds for j in job_ids for t in ("new", "update", "end"))
+
+
+def test_a_connection_lost_with_a_full_inbox_comes_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given the service's bridge with a full inbox (a burst of requests read and not yet taken;
+    # the limit lowered from 2,000 to 50 for the test), reaching a private mosquitto through
+    # a proxy
+    from edge_queue import bridge as bridge_module
+    from edge_queue.config import MqttSettings
+    from edge_queue.topics import Topics
+
+    monkeypatch.setattr(bridge_module, "INBOX_HIGH", 50)
+    broker = PrivateMosquitto(tmp_path / "broker")
+    proxy = AckDroppingProxy(broker.port)
+    base = "eqt" + uuid.uuid4().hex[:10]
+    settings = MqttSettings(host="127.0.0.1", port=proxy.port, base_topic=base, protocol="5")
+    b = bridge_module.Bridge(settings, Topics(base), client_id="svc-" + base)
+    try:
+        b.connect(10)
+        for i in range(120):
+            publish(broker, f"{base}/request/submit", json.dumps({"kind": "noop", "transaction": i}))
+
+        def pumped(until: Callable[[], bool]) -> bool:
+            b.pump(time.monotonic())
+            return until()
+
+        wait_until(lambda: pumped(lambda: len(b.inbox) >= 50), 20, "the inbox to fill")
+        first = b.connection
+        # When the connection drops (a Wi-Fi link, a NAT timeout) while nothing was taken, and
+        # the service learns it from its next publish
+        proxy.cut()
+
+        def publish_and_pump() -> bool:
+            if b.connected and b.connection == first:
+                b.publish(f"{base}/probe", b"x")  # a write to the closed connection ends it
+            return pumped(lambda: not (b.connected and b.connection == first))
+
+        wait_until(publish_and_pump, 20, "the bridge to see the connection end")
+        # Then it reconnects although the requests of the old connection still fill the inbox
+        # (they are taken only once the new connection is accepted: docs/operations.md, "Load
+        # and back-pressure"); before, it never read the broker's CONNACK and spun for ever
+        wait_until(lambda: pumped(lambda: b.connected and b.connection > first), 20, "the bridge to reconnect")
+    finally:
+        b.close(timeout_s=2)
+        proxy.close()
+        broker.stop()
