@@ -625,7 +625,8 @@ def detect_protocol(s: MqttSettings, client_id: str, timeout_s: float, *, wait_r
             # Something listens there but says nothing: waiting will not change that.
             raise BrokerUnavailable(
                 f"{s.host}:{s.port} accepted a TCP connection but answered no MQTT CONNECT "
-                f"(MQTT 5 nor 3.1.1, {PROBE_S:.0f} s each): is it an MQTT broker? Check mqtt.host and mqtt.port"
+                f"(MQTT 5 nor 3.1.1, {PROBE_S:.0f} s each): is it an MQTT broker? Check mqtt.host and mqtt.port "
+                "(a broker that is stopped or hung, such as a paused process, answers the same)"
             )
         except BrokerUnavailable as e:
             if "accepted a TCP connection" in e.message:
