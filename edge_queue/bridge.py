@@ -190,6 +190,9 @@ class _Client(mqtt.Client):
 
     _rbuf: bytes = b""
     _rpos = 0
+    #: Bytes were read since the last send: their TCP acknowledgement may be delayed
+    #: (:meth:`Bridge.settle`).
+    read_since_send = False
 
     def buffered(self) -> bool:
         """True when bytes already read from the socket wait to be handled."""
@@ -213,6 +216,7 @@ class _Client(mqtt.Client):
                     return super()._packet_read()  # paho reads again, and reports the error its way
                 if not data:
                     return MQTTErrorCode.MQTT_ERR_CONN_LOST
+                self.read_since_send = True
                 self._rbuf, self._rpos = buf, pos = data, 0
             end = len(buf)
             at, length, shift = pos + 1, 0, 0
@@ -328,6 +332,7 @@ class _Client(mqtt.Client):
     def _sock_recv(self, bufsize: int) -> bytes:
         if self._rpos >= len(self._rbuf):
             data = super()._sock_recv(max(bufsize, READ_CHUNK))  # BlockingIOError: nothing there
+            self.read_since_send = True
             if len(data) <= bufsize:
                 return data
             self._rbuf, self._rpos = data, 0
@@ -335,6 +340,11 @@ class _Client(mqtt.Client):
         chunk = self._rbuf[pos : pos + bufsize]
         self._rpos = pos + len(chunk)
         return chunk
+
+    def _sock_send(self, buf: bytes | bytearray) -> int:
+        sent = super()._sock_send(buf)
+        self.read_since_send = False  # the acknowledgement of what was read leaves with it
+        return sent
 
     def _sock_close(self) -> None:
         self._rbuf, self._rpos = b"", 0  # what was read belonged to the connection that ends
@@ -1021,17 +1031,21 @@ class Bridge:
                 return
             rc = client._packet_read()
             if rc == MQTTErrorCode.MQTT_ERR_AGAIN:
-                self._ack_now()
                 return
             if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
                 client._loop_rc_handle(rc)
                 return
         self._more_to_read = True
 
-    def _ack_now(self) -> None:
-        """:func:`ack_now` on the connection, after each read that emptied the socket: one
-        ``setsockopt`` per loop turn that read anything."""
-        ack_now(self._client)
+    def settle(self) -> None:
+        """At the end of a loop turn: when the turn read bytes and sent nothing after them (the
+        broker's PUBACKs of our last messages, say), :func:`ack_now`, so that their TCP
+        acknowledgement leaves now rather than up to 40 ms later. A turn that sent something
+        after its reads carried the acknowledgement with it: no call (under a flood, the
+        acknowledgements keep their pace, and so does what the broker sends us)."""
+        if self._client.read_since_send:
+            self._client.read_since_send = False
+            ack_now(self._client)
 
     def _hand_over(self) -> None:
         """Give waiting messages to paho, in order, while the window (:data:`WINDOW` messages,

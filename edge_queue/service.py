@@ -419,6 +419,7 @@ class Service:
         self.bridge.pump(time.monotonic())
         self.tick(self.clock())
         self.bridge.pump(time.monotonic())
+        self.bridge.settle()
         took = time.monotonic() - t0
         if took > self.longest_turn_s:
             self.longest_turn_s = took
