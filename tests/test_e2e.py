@@ -9,6 +9,7 @@ import statistics
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -600,78 +601,73 @@ def test_a_graceful_stop_gives_back_the_jobs_waiting_in_workers_queues(
     watcher.close()
 
 
-def test_a_request_right_after_a_job_is_not_held_by_a_broker_with_nagles_algorithm_on(
-    tmp_path: Path, service_factory, speech: Path
-) -> None:
-    # Given a mosquitto configured as it ships (Nagle's algorithm on: no set_tcp_nodelay), and
-    # a client that publishes each request as soon as it sees the previous job end, on a
-    # connection that sends without delay (TCP_NODELAY), as edge-queue's own client does
+@pytest.fixture
+def nagle_service(tmp_path: Path, service_factory, speech: Path) -> Iterator[Any]:
+    """A service on a private mosquitto configured as it ships: Nagle's algorithm on (no
+    ``set_tcp_nodelay``); stopped (exit 0 asserted), then the broker."""
     from .test_load import PrivateMosquitto
 
     broker = PrivateMosquitto(tmp_path / "mosquitto", tcp_nodelay=False)
     try:
         svc = service_factory(broker, [speech.parent], {"EDGE_QUEUE_LOG_LEVEL": "WARNING"}).start()
-        watcher = svc.watcher("response/submit", "events")
-        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="pub-" + uuid.uuid4().hex[:8])
-        client.connect(broker.host, broker.port)
-        client.socket().setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        client.loop_start()
-        waits = []
-        for i in range(15):
-            t0 = time.monotonic()
-            client.publish(
-                f"{svc.base}/request/submit", json.dumps({"kind": "noop", "transaction": f"t{i}"}), qos=1
-            ).wait_for_publish(10)
-            response = watcher.wait_json(f"{svc.base}/response/submit", lambda m, i=i: m.get("transaction") == f"t{i}")
-            seen = next(
-                t
-                for topic, p, _, t in watcher.messages
-                if topic.endswith("/response/submit") and f'"t{i}"' in p.decode()
-            )
-            waits.append(seen - t0)
-            job_id = response["data"]["jobs"][0]["job_id"]
-            watcher.wait_json(
-                f"{svc.base}/events", lambda e, j=job_id: e["job"]["job_id"] == j and e["job"]["state"] == "succeeded"
-            )
-        client.loop_stop()
-        client.disconnect()
-        watcher.close()
-        # Then each is answered without waiting for the TCP acknowledgement that Linux delays
-        # up to 40 ms: the broker holds a request for edge-queue until edge-queue has
-        # acknowledged what the broker sent it last, the PUBACKs of the job's last states
-        # (docs/operations.md, "Requests answered 30-90 ms late"). Without the service's prompt
-        # acknowledgement the median was 33-37 ms; with it, 1-3 ms.
-        assert statistics.median(waits) < 0.020, [round(w * 1000, 1) for w in waits]
+        yield svc
         assert svc.stop() == 0
     finally:
         broker.stop()
 
 
-def test_the_command_lines_requests_are_not_held_by_a_broker_with_nagles_algorithm_on(
-    tmp_path: Path, service_factory, speech: Path
-) -> None:
+def test_a_request_right_after_a_job_is_not_held_by_a_broker_with_nagles_algorithm_on(nagle_service) -> None:
+    # Given a mosquitto configured as it ships (Nagle's algorithm on), and a client that
+    # publishes each request as soon as it sees the previous job end, on a connection that
+    # sends without delay (TCP_NODELAY), as edge-queue's own client does
+    svc, broker = nagle_service, nagle_service.broker
+    watcher = svc.watcher("response/submit", "events")
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="pub-" + uuid.uuid4().hex[:8])
+    client.connect(broker.host, broker.port)
+    client.socket().setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    client.loop_start()
+    waits = []
+    for i in range(15):
+        t0 = time.monotonic()
+        client.publish(
+            f"{svc.base}/request/submit", json.dumps({"kind": "noop", "transaction": f"t{i}"}), qos=1
+        ).wait_for_publish(10)
+        response = watcher.wait_json(f"{svc.base}/response/submit", lambda m, i=i: m.get("transaction") == f"t{i}")
+        seen = next(
+            t for topic, p, _, t in watcher.messages if topic.endswith("/response/submit") and f'"t{i}"' in p.decode()
+        )
+        waits.append(seen - t0)
+        job_id = response["data"]["jobs"][0]["job_id"]
+        watcher.wait_json(
+            f"{svc.base}/events", lambda e, j=job_id: e["job"]["job_id"] == j and e["job"]["state"] == "succeeded"
+        )
+    client.loop_stop()
+    client.disconnect()
+    watcher.close()
+    # Then each is answered without waiting for the TCP acknowledgement that Linux delays
+    # up to 40 ms: the broker holds a request for edge-queue until edge-queue has
+    # acknowledged what the broker sent it last, the PUBACKs of the job's last states
+    # (docs/operations.md, "Requests answered 30-90 ms late"). Without the service's prompt
+    # acknowledgement the median was 33-37 ms; with it, 1-3 ms.
+    assert statistics.median(waits) < 0.020, [round(w * 1000, 1) for w in waits]
+
+
+def test_the_command_lines_requests_are_not_held_by_a_broker_with_nagles_algorithm_on(nagle_service) -> None:
     # Given a mosquitto configured as it ships (no set_tcp_nodelay) and the command line's
     # client, which publishes each request and reads its response on one connection
     from edge_queue.client import RequestClient
     from edge_queue.config import MqttSettings
 
-    from .test_load import PrivateMosquitto
-
-    broker = PrivateMosquitto(tmp_path / "mosquitto", tcp_nodelay=False)
-    try:
-        svc = service_factory(broker, [speech.parent], {"EDGE_QUEUE_LOG_LEVEL": "WARNING"}).start()
-        client = RequestClient(MqttSettings(host=broker.host, port=broker.port, base_topic=svc.base))
-        waits = []
-        for _ in range(15):
-            t0 = time.monotonic()
-            assert client.request("submit", {"kind": "noop"})["status"] == "ok"
-            waits.append(time.monotonic() - t0)
-        client.close()
-        # Then each response comes without waiting for the TCP acknowledgement of the
-        # broker's PUBACK, which Linux delays up to 40 ms and the broker waits for before it
-        # sends the response (docs/operations.md, "Requests answered 30-90 ms late"): 44 ms
-        # at the median without the client's prompt acknowledgement, 2-3 ms with it.
-        assert statistics.median(waits) < 0.020, [round(w * 1000, 1) for w in waits]
-        assert svc.stop() == 0
-    finally:
-        broker.stop()
+    svc, broker = nagle_service, nagle_service.broker
+    client = RequestClient(MqttSettings(host=broker.host, port=broker.port, base_topic=svc.base))
+    waits = []
+    for _ in range(15):
+        t0 = time.monotonic()
+        assert client.request("submit", {"kind": "noop"})["status"] == "ok"
+        waits.append(time.monotonic() - t0)
+    client.close()
+    # Then each response comes without waiting for the TCP acknowledgement of the
+    # broker's PUBACK, which Linux delays up to 40 ms and the broker waits for before it
+    # sends the response (docs/operations.md, "Requests answered 30-90 ms late"): 44 ms
+    # at the median without the client's prompt acknowledgement, 2-3 ms with it.
+    assert statistics.median(waits) < 0.020, [round(w * 1000, 1) for w in waits]
