@@ -37,3 +37,9 @@ class OneLineFormatter(logging.Formatter):
             first, *rest = text.split("\n")
             text = "\n".join([escape(first), *(CONTINUATION + escape(line) for line in rest)])
         return text
+
+
+def clip(text: str, n: int = 200) -> str:
+    """Text from a client or the file system, for a log line: one line (escaped), at most
+    ``n`` characters."""
+    return text[:n].encode("unicode_escape").decode("ascii")
