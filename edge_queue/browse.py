@@ -1,6 +1,6 @@
 """The ``browse`` request: the folders and files of the media roots, for a file picker.
 
-Confinement follows :func:`~edge_queue.commands.check_input`: a folder is listed only when it
+Confinement follows :func:`~edge_queue.inputs.check_input`: a folder is listed only when it
 resolves (symbolic links included) inside a media root, and nothing outside the roots is listed
 or revealed. A symbolic link inside a listed folder is shown only when it leads to a file or
 folder inside the roots (then as what it leads to); one that leads out, or nowhere, is left out,

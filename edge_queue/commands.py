@@ -10,32 +10,24 @@ import json
 import logging
 import os
 import sqlite3
-import stat
-import time
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
-from . import payloads
+from . import lifecycle, payloads
 from .browse import browse
-from .config import Role
+from .config import Role, Settings
 from .errors import EdgeQueueError, ErrorCode, InputError, NotFoundError, RequestError
-from .states import ACTIVE, JobState, cancelled_error, is_terminal
+from .inputs import check_input
+from .limits import BULK_LIMIT, RejectionLog
+from .logfmt import clip as _clip
+from .ports import QueuePort
+from .states import ACTIVE, JobState, is_terminal
 from .store import JobSpec, LockHeld
 from .topics import COMMANDS, valid_id
 
-if TYPE_CHECKING:
-    from .service import Service
-
-#: Jobs one ``cancel`` (batch or all) or ``purge`` (older_than_s) request, or one retention
-#: run, handles at most: one request cannot make one loop turn long. The response says
-#: ``"more": true`` when some are left for the next request.
-BULK_LIMIT = 5_000
 #: Commands only the ``admin`` role may send (docs/configuration.md, "[access]").
 ADMIN_COMMANDS = frozenset({"pause", "resume", "purge", "republish"})
-#: Rejected requests logged per window at most (:class:`RejectionLog`).
-REJECTIONS_LOGGED, REJECTION_WINDOW_S = 20, 10.0
 #: A ``list`` page holds jobs up to this many bytes of JSON (and at least one): 500 jobs with
 #: long inputs and transcripts would otherwise make one response of megabytes.
 LIST_MAX_BYTES = 1 * 2**20
@@ -43,163 +35,14 @@ LIST_MAX_BYTES = 1 * 2**20
 log = logging.getLogger(__name__)
 
 
-def roots_text(media_roots: list[Path]) -> str:
-    """The media roots as one short text for messages: ``/srv/media, /mnt/rec`` or ``none
-    configured``."""
-    return ", ".join(str(r) for r in media_roots) or "none configured"
-
-
-def check_input(raw: str, media_roots: list[Path]) -> str:
-    """Resolve ``raw`` (symlinks, ``..``) and confine it to ``media_roots`` (docs/topics.md, "`submit`").
-
-    Returns the resolved absolute path. Raises :class:`InputError` with
-    ``input_outside_media_roots`` (relative path, or outside every root; checked first, so
-    the answer does not reveal which files exist outside the roots) or ``input_not_found``
-    (missing, not a regular file, a real path that is not UTF-8 text, or any other error of
-    the file system: a name too long, a folder the service may not enter).
-    """
-    where = roots_text(media_roots)
-    if "\x00" in raw or not os.path.isabs(raw):
-        raise InputError(
-            f"input must be an absolute path inside media_roots ({where}): {raw[:200]!r}",
-            code=ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS,
-            field="input",
-        )
-    resolved = Path(os.path.realpath(raw))
-    roots = [Path(os.path.realpath(r)) for r in media_roots]
-    if not any(resolved == r or resolved.is_relative_to(r) for r in roots):
-        raise InputError(
-            f"{raw[:200]} is outside media_roots ({where}); the service's configuration sets them "
-            "(media_roots, or --media-root of edge-queue up/serve)",
-            code=ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS,
-            field="input",
-        )
-    try:
-        str(resolved).encode()
-    except UnicodeEncodeError:
-        # a link to a file or folder whose name is not UTF-8: the store, the job object and
-        # MQTT carry text only (docs/topics.md, "`submit`")
-        raise InputError(
-            f"{raw[:200]} leads to a file whose path is not UTF-8 text; rename the file or folder "
-            "(or link to it under a UTF-8 name: links are followed to the real path)",
-            code=ErrorCode.INPUT_NOT_FOUND,
-            field="input",
-        ) from None
-    try:
-        is_file = stat.S_ISREG(os.stat(resolved).st_mode)
-    except OSError as e:  # missing, a name too long, a folder the service may not enter, ...
-        reason = f" ({os.strerror(e.errno).lower()})" if e.errno else ""
-        raise InputError(
-            f"{raw[:200]} does not exist, is not a file, or is not readable by the service{reason}",
-            code=ErrorCode.INPUT_NOT_FOUND,
-            field="input",
-        ) from None
-    if not is_file:
-        raise InputError(
-            f"{raw[:200]} does not exist, is not a file, or is not readable by the service",
-            code=ErrorCode.INPUT_NOT_FOUND,
-            field="input",
-        )
-    if (what := refers_to_other_files(resolved)) is not None:
-        raise InputError(
-            f"{raw[:200]} is {what}, which refers to other files: edge-queue opens single audio and video files only",
-            code=ErrorCode.UNSUPPORTED_MEDIA,
-            field="input",
-        )
-    return str(resolved)
-
-
-#: Suffixes of playlists and lists that name other files or URLs (docs/topics.md, "Inputs").
-_LIST_SUFFIXES = {
-    ".m3u": "a playlist",
-    ".m3u8": "an HLS playlist",
-    ".pls": "a playlist",
-    ".xspf": "a playlist",
-    ".asx": "a playlist",
-    ".wpl": "a playlist",
-    ".mpd": "a DASH manifest",
-    ".ffconcat": "an FFmpeg concat list",
-    ".concat": "an FFmpeg concat list",
-    ".sdp": "an SDP session description",
-}
-#: How such files start, whatever their name.
-_LIST_MAGIC = (
-    (b"#EXTM3U", "an HLS or M3U playlist"),
-    (b"ffconcat version", "an FFmpeg concat list"),
-    (b"[playlist]", "a playlist"),
-    (b"v=0", "an SDP session description"),
-)
-
-
-def refers_to_other_files(path: Path) -> str | None:
-    """What ``path`` is when it is a playlist, list or manifest that names other files or URLs
-    (by its suffix, or by its first bytes), else ``None``. The worker's FFmpeg cannot open such
-    files anyway (:data:`~edge_queue.kinds.media.SINGLE_FILE_DEMUXERS`); this refuses them at
-    submit with a clear message."""
-    if (what := _LIST_SUFFIXES.get(path.suffix.lower())) is not None:
-        return what
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None  # the worker reports what it finds
-    try:
-        head = os.read(fd, 512).lstrip(b"\xef\xbb\xbf \t\r\n")
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    for magic, what in _LIST_MAGIC:
-        if head.startswith(magic):
-            return what
-    if head.startswith(b"<") and (b"<MPD" in head or b"<smil" in head.lower()):
-        return "an XML manifest"
-    return None
-
-
-class RejectionLog:
-    """Log lines of one repeated kind (rejected requests, failed commits), at most
-    :data:`REJECTIONS_LOGGED` per :data:`REJECTION_WINDOW_S` seconds: one client sending
-    thousands of bad requests, or a full disk, cannot flood the journal. The ones left out are
-    counted, and the count is logged in one line with the first line of a later window.
-
-    Args:
-        what: what is counted, for that line ("rejected request(s)").
-        level: the ``logging`` level of every line.
-        logger: where the lines go.
-    """
-
-    def __init__(
-        self, what: str = "rejected request(s)", level: int = logging.WARNING, logger: logging.Logger = log
-    ) -> None:
-        self.what, self.level, self.logger = what, level, logger
-        self.window_start = -REJECTION_WINDOW_S
-        self.logged = 0
-        self.left_out = 0
-
-    def warning(self, message: str, *args: Any) -> None:
-        """Log ``message % args`` at :attr:`level`, unless this window's lines are spent."""
-        now = time.monotonic()
-        if now - self.window_start >= REJECTION_WINDOW_S:
-            if self.left_out:
-                self.logger.log(
-                    self.level, "%d more %s not logged in %.0f s", self.left_out, self.what, now - self.window_start
-                )
-            self.window_start, self.logged, self.left_out = now, 0, 0
-        if self.logged < REJECTIONS_LOGGED:
-            self.logged += 1
-            self.logger.log(self.level, message, *args)
-        else:
-            self.left_out += 1
-
-
 #: The service's log of rejected requests (see :class:`RejectionLog`).
-rejections = RejectionLog()
+rejections = RejectionLog(logger=log)
 
 
 class Commands:
     """The request handlers of one service."""
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: QueuePort) -> None:
         self.service = service
         #: the request being executed: its sender (``None``: the shared request topics) ...
         self._user: str | None = None
@@ -302,7 +145,7 @@ class Commands:
             # payload says: a client resending after a lost response gets them even when its
             # file is gone since, the queue is full or the kind was removed (docs/topics.md,
             # "Duplicates").
-            found = svc._store().submitted_with(req.idempotency_key, self._user)
+            found = svc.job_store().submitted_with(req.idempotency_key, self._user)
             if found is not None:
                 batch_id, created = found
                 jobs = [{"job_id": c.job["job_id"], "input": c.job["input"], "duplicate": True} for c in created]
@@ -314,18 +157,7 @@ class Commands:
                 code=ErrorCode.UNKNOWN_KIND,
                 field="kind",
             )
-        try:
-            parsed = kind.Options.model_validate(req.options)
-            kind.check_options(parsed, svc.settings)
-            options = parsed.model_dump(mode="json", exclude_defaults=True)
-        except ValidationError as e:
-            err = e.errors()[0]
-            field = "options." + ".".join(str(p) for p in err["loc"])
-            message = f"{field}: {err['msg']}"
-            if err["type"] == "extra_forbidden" and len(err["loc"]) == 1:
-                known = ", ".join(sorted(kind.Options.model_fields)) or "none"
-                message += f"; the options of {kind.name} are: {known}"
-            raise RequestError(message, field=field) from e
+        options = checked_options(kind, req.options, svc.settings)
         raw_inputs = req.input_list()
         if kind.needs_input and raw_inputs == [None]:
             raise RequestError(f"kind {kind.name} needs an input file", field="input")
@@ -338,7 +170,7 @@ class Commands:
             )
         if why := svc.disk_full():
             raise RequestError(why, code=ErrorCode.DISK_FULL)
-        waiting = svc._store().waiting()
+        waiting = svc.job_store().waiting()
         if waiting + len(raw_inputs) > limits.max_queued_jobs:
             raise RequestError(
                 f"{waiting} job(s) waiting to run; the queue holds at most {limits.max_queued_jobs} "
@@ -347,7 +179,7 @@ class Commands:
             )
         own_limit = limits.max_queued_jobs_per_user
         if self._mine is not None and own_limit:
-            mine = svc._store().waiting_of(self._user)
+            mine = svc.job_store().waiting_of(self._user)
             if mine + len(raw_inputs) > own_limit:
                 raise RequestError(
                     f"{mine} of your job(s) are waiting to run; one user may have at most {own_limit} "
@@ -361,7 +193,7 @@ class Commands:
             )
         specs, rejected = [], []
         # every input costs its checks (a file system look-up), accepted or not
-        svc.turn_work += len(raw_inputs)
+        svc.count_work(len(raw_inputs))
         for raw in raw_inputs:
             try:
                 path = check_input(raw, svc.settings.media_roots) if kind.needs_input and raw else raw
@@ -386,7 +218,7 @@ class Commands:
         if not specs:
             raise _AllRejected(rejected)
         try:
-            batch_id, created = svc._store().submit(
+            batch_id, created = svc.job_store().submit(
                 specs, svc.clock(), idempotency_key=req.idempotency_key, as_batch=len(raw_inputs) > 1
             )
         except LockHeld as e:
@@ -413,7 +245,7 @@ class Commands:
         (``user``) may not touch another sender's job."""
         if not valid_id(job_id):
             raise NotFoundError(f"no job {job_id[:64]!r}")
-        job = self.service._store().get(job_id)
+        job = self.service.job_store().get(job_id)
         if not self._may_touch(job):
             raise RequestError(f"job {job_id} was submitted by another user", code=ErrorCode.FORBIDDEN, field="job_id")
         return job
@@ -424,14 +256,8 @@ class Commands:
     def do_get(self, req: payloads.GetRequest) -> dict[str, Any]:
         job = payloads.job_object(self._job(req.job_id))
         result = job.get("result") or {}
-        txt = (result.get("outputs") or {}).get("txt")
-        if result.get("text_truncated") and txt and os.path.isfile(txt):
-            with open(txt, encoding="utf-8") as fh:
-                job["result"] = {
-                    **result,
-                    "text": " ".join(line.strip() for line in fh).strip(),
-                    "text_truncated": False,
-                }
+        if result.get("text_truncated"):
+            job["result"] = {**result, **full_text(result.get("outputs") or {})}
         if req.segments and isinstance(job.get("result"), dict):
             job["result"] = {**job["result"], **transcript_segments(result.get("outputs") or {})}
         return job
@@ -443,7 +269,7 @@ class Commands:
     def do_list(self, req: payloads.ListRequest) -> dict[str, Any]:
         if req.state is not None and req.state not in {s.value for s in JobState}:
             raise RequestError(f"unknown state {req.state[:32]!r}", field="state")
-        rows = self.service._store().list_jobs(
+        rows = self.service.job_store().list_jobs(
             state=req.state,
             kind=req.kind,
             batch_id=req.batch_id,
@@ -464,7 +290,7 @@ class Commands:
         return {"jobs": jobs, "next_before": jobs[-1]["job_id"] if jobs and full else None}
 
     def do_cancel(self, req: payloads.CancelRequest) -> dict[str, Any]:
-        svc, store = self.service, self.service._store()
+        svc, store = self.service, self.service.job_store()
         chosen = sum(x is not None for x in (req.job_id, req.batch_id, req.running or None, req.all or None))
         if chosen != 1:
             raise RequestError("give exactly one of job_id, batch_id, running: true, all: true", field="job_id")
@@ -496,27 +322,19 @@ class Commands:
             ]
         more = len(targets) > BULK_LIMIT
         targets = targets[:BULK_LIMIT]
-        svc.turn_work += len(targets)
+        svc.count_work(len(targets))
         cancelled, cancelling = [], []
         now = svc.clock()
         for job_id in targets:
-            job = store.get(job_id)
-            state = JobState(job["state"])
-            if state in (JobState.QUEUED, JobState.RETRYING):
-                job = store.transition(
-                    job_id,
-                    JobState.CANCELLED,
-                    now,
-                    detail={"reason": "cancel"},
-                    error=cancelled_error(),
-                )
-                cancelled.append(job_id)
-            elif state == JobState.RUNNING:
-                job = store.transition(job_id, JobState.CANCELLING, now, detail={"reason": "cancel"})
-                svc.supervisor.cancel(job_id, svc.settings.cancel_grace_s)
+            step = lifecycle.after_cancel_request(store.get(job_id))
+            if step is None:
+                continue
+            job = store.transition(job_id, step.state, now, detail=step.detail, **step.changes)
+            if step.state == JobState.CANCELLING:
+                svc.cancel_running(job_id)
                 cancelling.append(job_id)
             else:
-                continue
+                cancelled.append(job_id)
             log.info("job %s %s by request", job_id, job["state"])
             svc.publish_job(job)
         return {"cancelled": cancelled, "cancelling": cancelling, "more": more}
@@ -526,8 +344,10 @@ class Commands:
         if (req.job_id is None) == (not req.failed):
             raise RequestError("give exactly one of job_id, failed: true", field="job_id")
         if req.job_id is None:  # every failed job, up to BULK_LIMIT
-            failed = svc._store().list_jobs(state=JobState.FAILED.value, limit=BULK_LIMIT + 1, submitted_by=self._mine)
-            svc.turn_work += min(len(failed), BULK_LIMIT)
+            failed = svc.job_store().list_jobs(
+                state=JobState.FAILED.value, limit=BULK_LIMIT + 1, submitted_by=self._mine
+            )
+            svc.count_work(min(len(failed), BULK_LIMIT))
             retried = [self._retry(j["job_id"])["job_id"] for j in reversed(failed[:BULK_LIMIT])]
             return {"retried": retried, "more": len(failed) > BULK_LIMIT}
         job = self._job(req.job_id)
@@ -542,21 +362,8 @@ class Commands:
     def _retry(self, job_id: str) -> dict[str, Any]:
         """Queue a failed or cancelled job again, as new: attempts, error and result cleared."""
         svc = self.service
-        job = svc._store().transition(
-            job_id,
-            JobState.QUEUED,
-            svc.clock(),
-            detail={"reason": "retry"},
-            attempt=0,
-            crashes=0,
-            error=None,
-            result=None,
-            progress=0.0,
-            stage=None,
-            eta_s=None,
-            started_at=None,
-            retry_at=None,
-        )
+        step = lifecycle.after_retry_request()
+        job = svc.job_store().transition(job_id, step.state, svc.clock(), detail=step.detail, **step.changes)
         svc.publish_job(job)
         return job
 
@@ -569,7 +376,7 @@ class Commands:
         return {"paused": False}
 
     def do_purge(self, req: payloads.PurgeRequest) -> dict[str, Any]:
-        svc, store = self.service, self.service._store()
+        svc, store = self.service, self.service.job_store()
         if (req.job_id is None) == (req.older_than_s is None):
             raise RequestError("give either job_id or older_than_s", field="job_id")
         if req.job_id is not None:
@@ -587,7 +394,7 @@ class Commands:
                 svc.clock() - req.older_than_s, req.states or ("succeeded", "failed", "cancelled"), limit=BULK_LIMIT + 1
             )
         more = len(ids) > BULK_LIMIT
-        svc.turn_work += min(len(ids), BULK_LIMIT)
+        svc.count_work(min(len(ids), BULK_LIMIT))
         return {"purged": svc.purge(ids[:BULK_LIMIT]), "more": more}
 
     def do_republish(self, req: payloads.EmptyRequest) -> dict[str, Any]:
@@ -598,7 +405,7 @@ class Commands:
         """The event cursor: the state changes after ``after``, with ``next_after`` to ask for
         next, the oldest ``event_id`` still kept, and ``dropped`` when events after the cursor
         were deleted before they were read (docs/topics.md, ``events``)."""
-        store = self.service._store()
+        store = self.service.job_store()
         events, oldest, dropped = store.events_after(
             req.after, req.limit, job_id=req.job_id, types=req.types, submitted_by=self._mine
         )
@@ -618,6 +425,34 @@ class Commands:
                 for name, k in self.service.kinds.items()
             }
         }
+
+
+def checked_options(kind: Any, options: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """``options`` validated by ``kind``'s model and checks, as stored (defaults left out).
+    Raises :class:`RequestError` naming the first wrong field (``options.<name>``), and the
+    kind's options when the field is unknown."""
+    try:
+        parsed = kind.Options.model_validate(options)
+        kind.check_options(parsed, settings)
+        return dict(parsed.model_dump(mode="json", exclude_defaults=True))
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = "options." + ".".join(str(p) for p in err["loc"])
+        message = f"{field}: {err['msg']}"
+        if err["type"] == "extra_forbidden" and len(err["loc"]) == 1:
+            known = ", ".join(sorted(kind.Options.model_fields)) or "none"
+            message += f"; the options of {kind.name} are: {known}"
+        raise RequestError(message, field=field) from e
+
+
+def full_text(outputs: dict[str, Any]) -> dict[str, Any]:
+    """``{"text": ..., "text_truncated": False}`` from a transcription's ``txt`` output, for a
+    job object whose ``result.text`` was cut; ``{}`` when the file is gone."""
+    txt = outputs.get("txt")
+    if not isinstance(txt, str) or not os.path.isfile(txt):
+        return {}
+    with open(txt, encoding="utf-8") as fh:
+        return {"text": " ".join(line.strip() for line in fh).strip(), "text_truncated": False}
 
 
 #: ``get`` with ``segments``: at most this many bytes of segment text are returned.
@@ -644,11 +479,6 @@ def transcript_segments(outputs: dict[str, Any]) -> dict[str, Any]:
             break
         out.append({"start": s.get("start"), "end": s.get("end"), "text": str(s.get("text", "")).strip()})
     return {"segment_list": out, "segment_list_truncated": len(out) < len(segments)}
-
-
-def _clip(text: str, n: int = 200) -> str:
-    """Client text for a log line: one line (escaped), at most ``n`` characters."""
-    return text[:n].encode("unicode_escape").decode("ascii")
 
 
 class _AllRejected(RequestError):

@@ -160,7 +160,7 @@ def _watch(settings: Settings, service: dict[str, Any]) -> Iterator[Check]:
 def _page(settings: Settings) -> Iterator[Check]:
     """The queue page ([http]): off, or where it is and whether the broker's WebSocket
     listener it connects to answers (a warning, not a failure: the queue works without it)."""
-    from .service import page_broker_problem
+    from .page import page_broker_problem
 
     http = settings.http
     if not http.enabled:

@@ -99,9 +99,7 @@ def after_report(
     cancelling = job["state"] == JobState.CANCELLING
     if op == "unstarted" and not cancelling:
         reason = data.get("reason", "its worker ended before it started")
-        return Step(
-            JobState.QUEUED, {"attempt": attempt - 1, "owner": None, "started_at": None}, {"reason": reason}
-        )
+        return Step(JobState.QUEUED, {"attempt": attempt - 1, "owner": None, "started_at": None}, {"reason": reason})
     if op == "done":
         changes = {"result": data.get("result"), "progress": 100.0, "error": None, "crashes": 0}
         return Step(JobState.SUCCEEDED, changes, None, logging.INFO, f"job {job_id} succeeded (attempt {attempt})")

@@ -22,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from .config import HttpSettings
+from .config import HttpSettings, Settings
 
 log = logging.getLogger(__name__)
 
@@ -204,3 +204,40 @@ class PageServer:
 
 def _etag(body: bytes) -> str:
     return '"' + hashlib.sha256(body).hexdigest()[:16] + '"'
+
+
+def start_page(settings: Settings, base_topic: str, version: str) -> PageServer | None:
+    """Serve the queue page when ``http.enabled``; returns the running server, or None. An
+    address that cannot be bound costs the page, not the queue: logged as an error, and
+    ``<base>/info`` says ``"http_port": null``."""
+    http = settings.http
+    if not http.enabled:
+        return None
+    try:
+        page = PageServer(http, base_topic, version).start()
+    except OSError as e:
+        log.error("queue page: cannot listen on %s:%d (%s); the queue runs without it", http.host, http.port, e)
+        return None
+    if (why := page_broker_problem(settings)) is not None:
+        log.warning("queue page: %s", why)
+    return page
+
+
+def page_broker_problem(settings: Settings) -> str | None:
+    """Why the queue page cannot reach the broker from this box, or None: without
+    ``http.websocket_url`` the page connects to the box's ``http.websocket_port``, and nothing
+    accepts connections there (a broker without a WebSocket listener; docs/operations.md,
+    "The queue page")."""
+    http = settings.http
+    if http.websocket_url is not None:
+        return None
+    from .embedded_broker import port_open
+
+    host = settings.mqtt.host if settings.mqtt.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+    if port_open(host, http.websocket_port, 1.0) or port_open("127.0.0.1", http.websocket_port, 1.0):
+        return None
+    return (
+        f"nothing listens on port {http.websocket_port} (http.websocket_port), where the page looks for the "
+        "broker's MQTT over WebSocket listener: the page cannot connect until the broker has one "
+        '(broker/mosquitto.conf: listener 9001 with protocol websockets; docs/operations.md, "The queue page")'
+    )

@@ -302,3 +302,20 @@ def _raised_in_boot(exc: BaseException) -> bool:
         frame.f_code.co_name == "boot" and frame.f_globals.get("__name__") == "edge_queue.service"
         for frame, _ in traceback.walk_tb(exc.__traceback__)
     )
+
+
+def private_store_files(settings: Settings) -> bool:
+    """Create ``data_dir`` (mode 0700: the store holds every transcript) and the store file
+    (0600) if missing, and take group and other permissions off the store and its ``-wal``
+    and ``-shm`` files whatever the umask (SQLite gives those the mode of the database file).
+    Returns True when the store is new (missing or empty)."""
+    settings.data_dir.mkdir(parents=True, mode=0o700, exist_ok=True)
+    db = settings.db_path
+    try:
+        os.close(os.open(db, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
+    for path in (db, Path(f"{db}-wal"), Path(f"{db}-shm")):
+        if path.exists() and path.stat().st_mode & 0o077:
+            os.chmod(path, 0o600)
+    return db.stat().st_size == 0

@@ -85,7 +85,7 @@ class _Entry:
 
 
 @dataclass(slots=True)
-class _Slot:
+class WorkerSlot:
     index: int
     process: Any = None
     conn: Connection | None = None
@@ -158,7 +158,7 @@ class Supervisor:
         self.clock = clock
         self._ctx = multiprocessing.get_context("forkserver")
         self._ctx.set_forkserver_preload([worker_module.__name__, f"{__package__}.kinds"])
-        self.slots = [_Slot(i) for i in range(settings.workers)]
+        self.slots = [WorkerSlot(i) for i in range(settings.workers)]
         self._dying: list[_Dying] = []
         self._avg_s: dict[str, tuple[float, int]] = {}  # kind -> (mean run time in s, attempts seen)
 
@@ -168,7 +168,7 @@ class Supervisor:
         for slot in self.slots:
             self._spawn(slot)
 
-    def _spawn(self, slot: _Slot) -> None:
+    def _spawn(self, slot: WorkerSlot) -> None:
         """Start the slot's worker. A start that fails (the forkserver died with the workers and
         has not been reaped yet, so multiprocessing still connects to its closed socket; no
         process or file left) leaves the slot empty and tries again on a later turn, after
@@ -221,7 +221,7 @@ class Supervisor:
             self._finish(dying.process)
         self._dying.clear()
 
-    def _end(self, slot: _Slot, *, polite: bool = False, wait: bool = False) -> None:
+    def _end(self, slot: WorkerSlot, *, polite: bool = False, wait: bool = False) -> None:
         """Take the slot's worker out of the slot and end it: at once with SIGTERM, or with
         ``polite`` by asking it to stop (SIGTERM after :data:`KILL_AFTER_S` if it has not),
         then SIGKILL :data:`KILL_AFTER_S` after SIGTERM.
@@ -305,7 +305,7 @@ class Supervisor:
         slowest = max((mean for mean, n in self._avg_s.values() if n >= 3 and mean < FAST_S), default=FAST_S)
         return max(1, min(PREFETCH, int(PREFETCH_S / max(slowest, 1e-6))))
 
-    def room(self, slot: _Slot) -> int:
+    def room(self, slot: WorkerSlot) -> int:
         """How many more jobs the worker may be given: up to :meth:`prefetch` held at once, and
         no more than it has left before ``max_jobs_per_worker`` replaces it."""
         room = self.prefetch() - len(slot.jobs)
@@ -313,7 +313,7 @@ class Supervisor:
             room = min(room, self.settings.max_jobs_per_worker - slot.jobs_done - len(slot.jobs))
         return room
 
-    def prefetching(self) -> list[_Slot]:
+    def prefetching(self) -> list[WorkerSlot]:
         """Workers that hold only short jobs and have :meth:`room`: they may take more."""
         return [
             s
@@ -327,12 +327,12 @@ class Supervisor:
             and all(self.fast(e.msg["kind"]) for e in s.jobs)
         ]
 
-    def _overran(self, slot: _Slot) -> bool:
+    def _overran(self, slot: WorkerSlot) -> bool:
         """True when the worker's current job has run :data:`OVERRUN_S` seconds or more."""
         head = slot.jobs[0] if slot.jobs else None
         return head is not None and head.started is not None and self.clock() - head.started >= OVERRUN_S
 
-    def release(self, slot: _Slot, job_ids: list[str] | None = None) -> None:
+    def release(self, slot: WorkerSlot, job_ids: list[str] | None = None) -> None:
         """Ask the worker to give back jobs of ``job_ids`` (all, for ``None``) waiting in its
         queue, not started. Its answer (:meth:`poll`) reports each one as ``unstarted``: the
         service puts it back in the queue, its attempt not counted, or ends it cancelled."""
@@ -346,7 +346,7 @@ class Supervisor:
         except (OSError, AssertionError):
             pass  # the worker is gone: poll() reports its jobs
 
-    def idle(self) -> list[_Slot]:
+    def idle(self) -> list[WorkerSlot]:
         """Workers with no job (and not waiting to be replaced)."""
         return [s for s in self.slots if not s.jobs and s.process is not None and s.recycle is None]
 
@@ -363,7 +363,7 @@ class Supervisor:
     def alive(self) -> int:
         return sum(1 for s in self.slots if s.process is not None and s.process.is_alive())
 
-    def assign(self, slot: _Slot, job: dict[str, Any], output_dir: str, timeout_s: float | None) -> None:
+    def assign(self, slot: WorkerSlot, job: dict[str, Any], output_dir: str, timeout_s: float | None) -> None:
         """Give a claimed job to a worker. It is sent by :meth:`dispatch`, after the claim is
         committed; :meth:`unassign` takes back what was not sent (the commit failed)."""
         msg = {k: job[k] for k in ("job_id", "attempt", "kind", "input", "options")}
@@ -469,7 +469,7 @@ class Supervisor:
         except (OSError, ValueError):
             return None
 
-    def _handle(self, slot: _Slot, msg: dict[str, Any], out: list[Outcome]) -> None:
+    def _handle(self, slot: WorkerSlot, msg: dict[str, Any], out: list[Outcome]) -> None:
         op = msg.get("op")
         if op == "log":
             logging.getLogger(msg["name"]).log(msg["level"], "[worker %d] %s", slot.index, msg["message"])
@@ -508,7 +508,7 @@ class Supervisor:
                 self._end(slot, polite=True)
                 self._spawn(slot)
 
-    def _released(self, slot: _Slot, msg: dict[str, Any], out: list[Outcome]) -> None:
+    def _released(self, slot: WorkerSlot, msg: dict[str, Any], out: list[Outcome]) -> None:
         """The worker gave back jobs from its queue: each is ``unstarted``."""
         if msg.get("all"):
             slot.releasing = False
@@ -527,7 +527,7 @@ class Supervisor:
         slot.jobs = kept
         log.debug("worker %d gave back %d job(s) it had not started", slot.index, len(given))
 
-    def _recycle_reason(self, slot: _Slot, *, cancelled: bool) -> str | None:
+    def _recycle_reason(self, slot: WorkerSlot, *, cancelled: bool) -> str | None:
         """Why a worker that just finished a job should be replaced (``max_jobs_per_worker`` and
         ``max_worker_rss_mb`` of docs/configuration.md), or None."""
         s = self.settings
@@ -539,7 +539,7 @@ class Supervisor:
             return f"resident memory {slot.rss_mb:.0f} MiB > max_worker_rss_mb {s.max_worker_rss_mb}"
         return None
 
-    def _lost(self, slot: _Slot, out: list[Outcome]) -> None:
+    def _lost(self, slot: WorkerSlot, out: list[Outcome]) -> None:
         """The worker is gone: its current job is ``lost``, the jobs it had not started are
         ``unstarted`` (they go back to the queue without losing an attempt)."""
         proc = slot.process

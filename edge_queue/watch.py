@@ -4,7 +4,7 @@
 This is the service's half: it runs in the service's loop and turns the files that
 :class:`~edge_queue.watcher.FolderWatcher` (the file-system half, in a thread of its own) hands
 over into jobs, through the same path as an MQTT ``submit``
-(:meth:`~edge_queue.commands.Commands.execute`), and records each file version in the store
+(a ``submit`` run as the service's own request), and records each file version in the store
 (``watch_files``) in the same transaction as its job, so that a restart, a rescan or a touch
 makes no second job.
 """
@@ -16,17 +16,14 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
-from . import payloads
 from .config import Settings, watch_problems
 from .errors import ConfigError, ErrorCode, RequestError
+from .ports import WatchPort
 from .watcher import FolderWatcher, Ready
-
-if TYPE_CHECKING:
-    from .service import Service
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +63,7 @@ class WatchFolders:
     overlaps another, names an unknown kind, or has options its kind refuses.
     """
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: WatchPort) -> None:
         self.service = service
         settings: Settings = service.settings
         check_watches(settings, service.kinds)
@@ -81,8 +78,8 @@ class WatchFolders:
         if not self.watches:
             return
         roots = [os.path.realpath(w.path) for w in self.watches]
-        known = self.service._store().watched_files(roots)
-        self.watcher = FolderWatcher(self.watches, known, self.service._sig_w)
+        known = self.service.job_store().watched_files(roots)
+        self.watcher = FolderWatcher(self.watches, known, self.service.wake_socket())
         self.watcher.start()
 
     def stop(self) -> None:
@@ -100,7 +97,7 @@ class WatchFolders:
 
     def wait_s(self, now: float) -> float | None:
         """Seconds until there is work for :meth:`step`, or None."""
-        if self.service.bridge.holding:
+        if self.service.holding():
             return None  # the files wait for the broker (step takes none)
         if self.watcher is not None and self.watcher.pending():
             return 0.0
@@ -122,10 +119,10 @@ class WatchFolders:
         commit; republish ``<base>/info`` when a watch's state changed. What it took on stays
         listed until :meth:`committed` or :meth:`turn_failed`."""
         svc = self.service
-        if self.watcher is None or svc.bridge.holding:
+        if self.watcher is None or svc.holding():
             return
-        if self.watcher.take_changed() and svc.bridge.connected:
-            svc.bridge.publish(svc.topics.info, payloads.encode(svc.info()), retain=True)
+        if self.watcher.take_changed() and svc.connected():
+            svc.publish_info()
         due = [r for t, r in self._retry if t <= now]
         if due:
             self._retry = [(t, r) for t, r in self._retry if t > now]
@@ -138,7 +135,7 @@ class WatchFolders:
 
     def _take_on(self, item: Ready, now: float, beside: dict[str, list[tuple[str, str, float]]]) -> None:
         svc = self.service
-        store = svc._store()
+        store = svc.job_store()
         w = self.watches[item.index]
         if item.touched:
             store.touch_watched(item.path, item.mtime_ns, now)
@@ -151,7 +148,7 @@ class WatchFolders:
         key = hashlib.sha256(f"{item.path}\0{item.size}\0{item.mtime_ns}\0{item.digest}".encode()).hexdigest()
         body = {"kind": w.kind, "input": item.path, "options": w.options, "idempotency_key": "watch-" + key[:40]}
         raw = json.dumps(body).encode("utf-8", "surrogateescape")
-        response, _ = svc.commands.execute("submit", raw, role="admin")  # the service's own submit
+        response = svc.submit_as_service(raw)
         if response.get("status") == "ok":
             job = response["data"]["jobs"][0]
             store.record_watched(item.path, item.size, item.mtime_ns, item.digest, "job", job["job_id"], now)
@@ -172,7 +169,7 @@ class WatchFolders:
         starts ``item``'s name, and created before ``item`` was last modified."""
         folder, name = os.path.split(item.path)
         if folder not in beside:
-            beside[folder] = self.service._store().beside_jobs(folder)
+            beside[folder] = self.service.job_store().beside_jobs(folder)
         for job_id, input_, created in beside[folder]:
             if input_ != item.path and name.startswith(Path(input_).stem + ".") and item.mtime_ns / 1e9 >= created:
                 return job_id

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from edge_queue import payloads
-from edge_queue.commands import check_input
 from edge_queue.config import load_settings
 from edge_queue.errors import ConfigError, ErrorCode, InputError, RequestError
+from edge_queue.inputs import check_input
+from edge_queue.lifecycle import backoff_s
 from edge_queue.payloads import SubmitRequest, decode_request
-from edge_queue.service import backoff_s
 from edge_queue.topics import Topics
 
 
@@ -189,18 +189,18 @@ def test_unknown_environment_variables_are_named(monkeypatch: pytest.MonkeyPatch
 def test_rejected_requests_are_logged_at_most_twenty_per_ten_seconds(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from edge_queue import commands
+    from edge_queue import limits
 
     now = [1000.0]
-    monkeypatch.setattr(commands.time, "monotonic", lambda: now[0])
-    rejections = commands.RejectionLog()
-    with caplog.at_level("WARNING", logger="edge_queue.commands"):
+    monkeypatch.setattr(limits.time, "monotonic", lambda: now[0])
+    rejections = limits.RejectionLog()
+    with caplog.at_level("WARNING", logger="edge_queue.limits"):
         # Given 500 bad requests in one second: 20 lines, the rest counted
         for i in range(500):
             rejections.warning("request %s rejected: invalid_json", i)
         assert len(caplog.records) == 20
         # When the next one comes after the window, then the count comes first, in one line
-        now[0] += commands.REJECTION_WINDOW_S
+        now[0] += limits.REJECTION_WINDOW_S
         rejections.warning("request %s rejected: invalid_json", "late")
     lines = [r.getMessage() for r in caplog.records]
     assert lines[20] == "480 more rejected request(s) not logged in 10 s"

@@ -1,0 +1,160 @@
+"""What the service says about itself: ``<base>/status``, the retained ``<base>/info``, Home
+Assistant's discovery config, and other installations announcing themselves on our base
+topic (docs/topics.md, "`<base>/info`"; docs/home-assistant.md).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from . import discovery, payloads
+from .bridge import Bridge
+from .config import Settings
+from .instance import describe
+from .page import PageServer
+from .store import Store
+from .topics import ONLINE, Topics
+
+log = logging.getLogger(__name__)
+
+
+def package_version() -> str:
+    """edge-queue's installed version, or ``0+unknown`` when it runs from a source tree."""
+    try:
+        return version("edge-queue")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+class Announcer:
+    """The service's own retained messages and the conflicts it sees.
+
+    Args:
+        settings: the validated configuration.
+        topics: the installation's topic names.
+        kinds: the kind registry (name -> kind class), for ``info``'s ``kinds``.
+        bridge: where messages go.
+        store: returns the open store (the discovery flag is kept there).
+        watch_info: the ``watch`` entries of ``info``.
+        page: returns the queue page's server, or None without one.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        topics: Topics,
+        kinds: dict[str, Any],
+        bridge: Bridge,
+        store: Callable[[], Store],
+        watch_info: Callable[[], list[dict[str, Any]]],
+        page: Callable[[], PageServer | None],
+        started_at: str,
+    ) -> None:
+        self.settings, self.topics, self.kinds, self.bridge = settings, topics, kinds, bridge
+        self.store, self.watch_info, self.page = store, watch_info, page
+        self.started_at = started_at
+        self.instance_id = ""  # the installation's id, from the store (set at boot)
+        #: other installations seen announcing themselves on our base topic: id -> their info
+        self.conflicts: dict[str, dict[str, Any]] = {}
+
+    def info(self) -> dict[str, Any]:
+        """The retained ``<base>/info`` object (docs/topics.md, "`<base>/info`")."""
+        page = self.page()
+        return {
+            "v": 1,
+            "version": package_version(),
+            "started_at": self.started_at,
+            "base_topic": self.topics.base,
+            "instance_id": self.instance_id,
+            "host": socket.gethostname(),
+            **({"conflict": list(self.conflicts.values())} if self.conflicts else {}),
+            "kinds": {  # the options' JSON Schemas: the kinds request
+                name: {
+                    "description": k.description,
+                    "needs_input": k.needs_input,
+                    "options": sorted(k.Options.model_fields),
+                }
+                for name, k in self.kinds.items()
+            },
+            "default_kind": self.settings.default_kind,
+            "media_roots": [str(r) for r in self.settings.media_roots],
+            **({"watch": self.watch_info()} if self.settings.watch else {}),
+            "workers": self.settings.workers,
+            "broker_protocol": self.bridge.protocol_name,
+            "http_port": page.port if page is not None else None,
+        }
+
+    def publish_info(self) -> None:
+        self.bridge.publish(self.topics.info, payloads.encode(self.info()), retain=True)
+
+    def announce(self) -> None:
+        """``online``, ``info`` and the Home Assistant config, retained: at every connect and
+        at the start of a republish."""
+        self.bridge.publish(self.topics.status, ONLINE, retain=True)
+        self.publish_info()
+        self.publish_discovery()
+
+    def page_url(self) -> str | None:
+        """The page's address for Home Assistant's device link, or ``None`` without a page:
+        ``http://<http.host, or this machine's name for a wildcard address>:<port>/``."""
+        page = self.page()
+        if page is None:
+            return None
+        host = page.host if page.host not in ("0.0.0.0", "::", "") else socket.gethostname()
+        return f"http://{f'[{host}]' if ':' in host else host}:{page.port}/"
+
+    def publish_discovery(self) -> None:
+        """The Home Assistant device config (retained), or an empty one that removes the device
+        when discovery is off (docs/home-assistant.md)."""
+        ha = self.settings.homeassistant
+        topic = discovery.config_topic(ha.prefix, self.instance_id)
+        store = self.store()
+        if not ha.discovery:
+            # Cleared once, only when this installation published one: with discovery off the
+            # broker's ACL need not let the service write there (mosquitto 2.0.11 closes the
+            # connection of a client whose publish it denies).
+            if store.meta("discovery_published"):
+                self.bridge.publish(topic, b"", retain=True)
+                store.set_meta("discovery_published", 0)
+            return
+        config = discovery.device_config(
+            self.topics, self.instance_id, socket.gethostname(), package_version(), configuration_url=self.page_url()
+        )
+        self.bridge.publish(topic, payloads.encode(config), retain=True)
+        if not store.meta("discovery_published"):
+            store.set_meta("discovery_published", 1)
+
+    def on_homeassistant_status(self, payload: bytes, retained: bool) -> None:
+        """Home Assistant's birth message (not retained): it has just started; send the config."""
+        if payload.strip() == b"online":
+            log.info("Home Assistant came online: sending the discovery config again")
+            self.publish_discovery()
+
+    def on_foreign_info(self, payload: bytes, retained: bool) -> None:
+        """A live ``<base>/info`` from another installation: two services on one base topic.
+        Logged, and shown in our own ``info`` (``conflict``), once per other installation. A
+        retained one is our own, or was checked by ``claim_base_topic`` before we connected."""
+        if retained:
+            return
+        try:
+            info = json.loads(payload)
+        except ValueError:
+            return
+        if not isinstance(info, dict):
+            return
+        other = info.get("instance_id")
+        if not other or other == self.instance_id or other in self.conflicts:
+            return
+        self.conflicts[str(other)] = {k: info.get(k) for k in ("instance_id", "host", "version", "started_at")}
+        log.error(
+            "another edge-queue announced itself on our base topic %s: %s; both take the same requests. Give each "
+            "box its own mqtt.base_topic, and stop one of them",
+            self.topics.base,
+            describe(info),
+        )
+        self.publish_info()

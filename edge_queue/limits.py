@@ -1,0 +1,124 @@
+"""What one request, one user, one loop turn or one fault may cost: the turn budgets, the
+request rate, the bulk limit, the disk guard, and throttled log lines
+(docs/configuration.md, "[limits]"; docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: Jobs one ``cancel`` (batch or all) or ``purge`` (older_than_s) request, or one retention
+#: run, handles at most: one request cannot make one loop turn long. The response says
+#: ``"more": true`` when some are left for the next request.
+BULK_LIMIT = 5_000
+#: Requests executed in one loop turn at most; the rest wait, in order, for the next turns.
+TURN_REQUESTS = 500
+#: Job changes one turn takes on through requests (jobs created, cancelled, purged) before it
+#: stops taking requests: a submit of 1,000 inputs counts 1,000.
+TURN_WORK = 2_000
+#: A turn stops taking requests once what it is to publish reaches this many bytes (a
+#: ``list`` of 500 jobs may answer with a megabyte).
+TURN_BYTES = 8 * 2**20
+#: How often free disk space is measured for ``limits.min_free_disk_mb`` (seconds).
+DISK_CHECK_INTERVAL_S = 2.0
+#: Rejected requests logged per window at most (:class:`RejectionLog`).
+REJECTIONS_LOGGED, REJECTION_WINDOW_S = 20, 10.0
+
+
+class RequestRate:
+    """``limits.max_requests_per_s`` as a token bucket of at least one token (so that a rate
+    under 1/s still lets requests through); a rate of 0 is no limit. Times are monotonic."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.tokens = 0.0
+        self.at = time.monotonic()
+
+    def budget(self, cap: int) -> int:
+        """Requests that may be taken now, at most ``cap``."""
+        if not self.rate:
+            return cap
+        mono = time.monotonic()
+        self.tokens = min(max(self.rate, 1.0), self.tokens + (mono - self.at) * self.rate)
+        self.at = mono
+        return min(cap, int(self.tokens))
+
+    def spend(self) -> None:
+        if self.rate:
+            self.tokens -= 1
+
+    def ready(self) -> bool:
+        """True when a request could be taken now."""
+        return not self.rate or self.tokens + (time.monotonic() - self.at) * self.rate >= 1
+
+
+class DiskGuard:
+    """``limits.min_free_disk_mb``: new work is refused while the disk holding ``data_dir``
+    has less free space. Free space is measured at most every :data:`DISK_CHECK_INTERVAL_S`."""
+
+    def __init__(self, data_dir: Path, min_free_mb: float) -> None:
+        self.data_dir, self.min_free_mb = data_dir, min_free_mb
+        self.checked = 0.0
+        self.free_mb: float | None = None
+
+    def why_full(self) -> str | None:
+        """Why new work is refused for lack of disk space, or None."""
+        limit = self.min_free_mb
+        if not limit:
+            return None
+        mono = time.monotonic()
+        if self.free_mb is None or mono - self.checked >= DISK_CHECK_INTERVAL_S:
+            self.checked = mono
+            try:
+                self.free_mb = shutil.disk_usage(self.data_dir).free / 2**20
+            except OSError:
+                self.free_mb = None
+                return None
+        if self.free_mb < limit:
+            return (
+                f"only {self.free_mb:.0f} MiB free in {self.data_dir} "
+                f"(limits.min_free_disk_mb is {limit}); free space, or purge old jobs and their outputs"
+            )
+        return None
+
+
+class RejectionLog:
+    """Log lines of one repeated kind (rejected requests, failed commits), at most
+    :data:`REJECTIONS_LOGGED` per :data:`REJECTION_WINDOW_S` seconds: one client sending
+    thousands of bad requests, or a full disk, cannot flood the journal. The ones left out are
+    counted, and the count is logged in one line with the first line of a later window.
+
+    Args:
+        what: what is counted, for that line ("rejected request(s)").
+        level: the ``logging`` level of every line.
+        logger: where the lines go.
+    """
+
+    def __init__(
+        self, what: str = "rejected request(s)", level: int = logging.WARNING, logger: logging.Logger = log
+    ) -> None:
+        self.what, self.level, self.logger = what, level, logger
+        self.window_start = -REJECTION_WINDOW_S
+        self.logged = 0
+        self.left_out = 0
+
+    def warning(self, message: str, *args: Any) -> None:
+        """Log ``message % args`` at :attr:`level`, unless this window's lines are spent."""
+        now = time.monotonic()
+        if now - self.window_start >= REJECTION_WINDOW_S:
+            if self.left_out:
+                self.logger.log(
+                    self.level, "%d more %s not logged in %.0f s", self.left_out, self.what, now - self.window_start
+                )
+            self.window_start, self.logged, self.left_out = now, 0, 0
+        if self.logged < REJECTIONS_LOGGED:
+            self.logged += 1
+            self.logger.log(self.level, message, *args)
+        else:
+            self.left_out += 1

@@ -1,0 +1,106 @@
+"""Scheduling: which due jobs go to which worker, within each kind's ``max_concurrency``, in
+priority order (docs/configuration.md, "[kinds.<name>]"; docs/topics.md, "`submit`").
+
+First one job to each idle worker; then short jobs to workers that hold only short jobs, up
+to :meth:`Supervisor.prefetch` each (see :class:`~edge_queue.supervisor.Supervisor`). Lock
+keys and ``run_at`` are the store's claim rules (``Store.claim``): a job whose lock is held,
+or whose time has not come, is not claimable.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from .config import Settings
+from .logfmt import clip
+from .store import Store
+from .supervisor import Supervisor, WorkerSlot
+
+log = logging.getLogger(__name__)
+
+
+def allowed_kinds(
+    concurrency: Mapping[str, int | None],
+    busy: Mapping[str, int],
+    fast: Callable[[str], bool],
+    *,
+    fast_only: bool,
+) -> list[str]:
+    """The kinds that may start one more job: those under their ``max_concurrency`` (``None``:
+    no limit) given ``busy`` (kind -> jobs handed out), and with ``fast_only`` only the short
+    kinds (``fast(kind)``), which may wait in a worker's queue behind its current job."""
+    return [k for k, lim in concurrency.items() if (lim is None or busy.get(k, 0) < lim) and (not fast_only or fast(k))]
+
+
+class Scheduler:
+    """Hands due jobs to the local worker pool.
+
+    Args:
+        settings: ``max_concurrency`` and ``timeout_s`` of each kind, ``outputs_dir``.
+        kinds: the kind names.
+        store: returns the open store (claims are its SQL).
+        supervisor: the worker pool.
+        owner: the run id the claims are made for (orphans are the jobs of other runs).
+        on_assign: called with each job handed out (the service publishes it).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        kinds: Iterable[str],
+        store: Callable[[], Store],
+        supervisor: Supervisor,
+        owner: str,
+        on_assign: Callable[[dict[str, Any]], None],
+    ) -> None:
+        self.concurrency = {k: settings.kind(k).max_concurrency for k in kinds}
+        self.timeouts = {k: settings.kind(k).timeout_s for k in self.concurrency}
+        self.outputs = str(settings.outputs_dir)
+        self.store, self.supervisor, self.owner, self.on_assign = store, supervisor, owner, on_assign
+
+    def schedule(self, now: float) -> None:
+        """Give jobs due at ``now`` (Unix seconds) to workers."""
+        store, sup, owner = self.store(), self.supervisor, self.owner
+        if not store.waiting():
+            return
+        busy = sup.busy_by_kind()
+        for slot in sup.idle():
+            job = store.claim(now, allowed_kinds(self.concurrency, busy, sup.fast, fast_only=False), owner)
+            if job is None:
+                break
+            self.assign(slot, job)
+            busy[job["kind"]] += 1
+            if not store.waiting():
+                return  # nothing left to claim: no query for the other workers (P2's idle case)
+        unlimited = [k for k, lim in self.concurrency.items() if lim is None]
+        for slot in sup.prefetching():
+            if not store.waiting():
+                return
+            # kinds without a concurrency limit: up to the worker's room at once
+            fast = allowed_kinds(self.concurrency, busy, sup.fast, fast_only=True)
+            jobs = store.claim_many(now, [k for k in fast if k in unlimited], owner, sup.room(slot), started=False)
+            for job in jobs:
+                self.assign(slot, job)
+            while sup.room(slot) > 0 and (kinds := allowed_kinds(self.concurrency, busy, sup.fast, fast_only=True)):
+                claimed = store.claim_many(now, kinds, owner, 1, started=False)
+                if not claimed:
+                    break
+                job = claimed[0]
+                self.assign(slot, job)
+                busy[job["kind"]] += 1
+
+    def assign(self, slot: WorkerSlot, job: dict[str, Any]) -> None:
+        """Give a claimed job to ``slot``'s worker (sent after the turn's commit)."""
+        timeout = job["timeout_s"] or self.timeouts[job["kind"]]
+        self.supervisor.assign(slot, job, f"{self.outputs}/{job['job_id']}", timeout)
+        if log.isEnabledFor(logging.INFO):
+            log.info(
+                "job %s started: %s %s (attempt %d)",
+                job["job_id"],
+                job["kind"],
+                clip(job["input"] or "(no input)"),
+                job["attempt"],
+            )
+        self.on_assign(job)
