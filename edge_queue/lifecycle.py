@@ -16,7 +16,9 @@ Rules kept here, each tested by tables in ``tests/test_lifecycle.py``:
   retryable failure after a backoff with full jitter (:func:`backoff_s`).
 - **Cancelling**: a cancel seen at a checkpoint, or a worker ended after the grace period,
   ends ``cancelled``; a success that arrives while cancelling is still a success (the work
-  is done); a failure the job reported by itself stays a failure.
+  is done); a failure the job reported by itself stays a failure. A job that reports
+  ``cancelled`` when no cancel was asked for fails ``internal_error`` (not retried).
+- **Every step is a transition the table allows** from the state it starts in.
 - **Attempts not counted**: a job its worker had not started (given back, or its worker
   died first), a job requeued by a graceful stop, and a job still in its worker's queue when
   the service died go back to ``queued`` with their attempt number taken back.
@@ -108,6 +110,16 @@ def after_report(
     # Consecutive worker deaths: any other outcome breaks the run.
     crashes = job["crashes"] + 1 if op == "lost" and code == ErrorCode.WORKER_LOST else 0
     retryable = bool(data.get("retryable", code not in (ErrorCode.CANCELLED,)))
+    if code == ErrorCode.CANCELLED and not cancelling:
+        # Nobody asked for a cancel (a kind raised JobCancelled by itself): a failure of the
+        # kind, not a cancel, and the same again if retried.
+        error = {
+            "code": str(ErrorCode.INTERNAL_ERROR),
+            "message": f"the job reported it was cancelled, but no cancel was asked for ({clip(message)})",
+            "retryable": False,
+        }
+        note = f"job {job_id} failed: internal_error: {error['message']}"
+        return Step(JobState.FAILED, {"crashes": crashes, "error": error}, None, logging.ERROR, note)
     if code == ErrorCode.CANCELLED or (cancelling and op in ("lost", "unstarted")):
         # a job cancelled before its worker started it never had that attempt
         unstarted = {"attempt": attempt - 1, "started_at": None} if op == "unstarted" else {}

@@ -86,6 +86,22 @@ def test_poison_job_ends_in_crash_loop_while_others_succeed(broker, service_fact
     assert svc.proc.poll() is None
 
 
+def test_a_job_that_says_cancelled_unasked_fails_and_the_service_goes_on(broker, service_factory, speech: Path) -> None:
+    # Given a plug-in kind that raises JobCancelled (code cancelled) when nobody asked for a
+    # cancel: running -> cancelled is no transition the table allows
+    svc = service_factory(broker, [speech]).start()
+    watcher = svc.watcher("response/#", "jobs/+")
+    odd = svc.request("submit", {"kind": "test_fail", "options": {"code": "cancelled"}}, watcher)
+    odd_id = odd["data"]["jobs"][0]["job_id"]
+    # Then the job fails, not retried, saying why; and the service serves the next job
+    final = watcher.wait_json(f"{svc.base}/jobs/{odd_id}", lambda m: m["state"] == "failed", timeout=30)
+    assert final["error"]["code"] == "internal_error" and not final["error"]["retryable"], final
+    assert "no cancel was asked for" in final["error"]["message"] and final["attempt"] == 1
+    after = svc.request("submit", {"kind": "noop"}, watcher)["data"]["jobs"][0]["job_id"]
+    watcher.wait_json(f"{svc.base}/jobs/{after}", lambda m: m["state"] == "succeeded", timeout=30)
+    assert svc.proc.poll() is None
+
+
 @pytest.mark.usefixtures("model_installed")
 def test_cancel_running_transcription_then_fresh_worker(mosquitto, service_factory, long_speech: Path) -> None:
     svc = service_factory(mosquitto, [long_speech.parent], {"EDGE_QUEUE_WORKERS": "1"}).start()
