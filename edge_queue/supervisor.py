@@ -10,25 +10,20 @@ outside, because native code (CTranslate2, FFmpeg) cannot be interrupted from in
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import select
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from typing import Any
 
-from . import worker as worker_module
 from .config import Settings
 from .errors import ErrorCode
+from .processes import JobEntry, ProcessPool, WorkerSlot
 
 log = logging.getLogger(__name__)
 
-#: Seconds between SIGTERM and SIGKILL when a worker must end.
-KILL_AFTER_S = 2.0
-#: Longest wait before another try to start a worker whose start failed.
-RESPAWN_MAX_S = 5.0
 #: Most jobs one worker may hold at once (the one it runs and those it runs next), for short
 #: kinds. Each loop turn has a fixed cost (about 1.5 ms of CPU under load), so the more jobs a
 #: turn's hand-out and outcomes carry, the less each job costs: P1 (bench/p1_throughput.py) ran
@@ -65,73 +60,6 @@ class Outcome:
     data: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(slots=True)
-class _Entry:
-    """A job given to a worker: ``msg`` as sent; times are monotonic seconds."""
-
-    msg: dict[str, Any]
-    timeout_s: float | None
-    started: float | None = None  # when it became the worker's current job
-    cancel_at: float | None = None  # when a cancel was asked for
-    cancel_grace_s: float = 0.0
-
-    @property
-    def cancel_deadline(self) -> float | None:
-        """End of the cancel grace period: it counts from the cancel, or from the start of a
-        job cancelled before its worker got to it."""
-        if self.cancel_at is None:
-            return None
-        return max(self.cancel_at, self.started if self.started is not None else self.cancel_at) + self.cancel_grace_s
-
-
-@dataclass(slots=True)
-class WorkerSlot:
-    index: int
-    process: Any = None
-    conn: Connection | None = None
-    #: Jobs given to this worker, in the order it runs them; the first is the one it runs now.
-    jobs: deque[_Entry] = field(default_factory=deque)
-    #: Jobs assigned this turn, sent by :meth:`Supervisor.dispatch` after the commit.
-    unsent: list[_Entry] = field(default_factory=list)
-    end_reason: tuple[str, str] | None = None  # (code, message) when we ended it on purpose
-    recycle: str | None = None  # why to replace the worker once its jobs are done
-    #: a ``release`` of all its waiting jobs was asked for and not yet answered
-    releasing: bool = False
-    jobs_done: int = 0
-    rss_mb: float | None = None
-    pid: int | None = None
-    #: when to try again to start this worker (monotonic), after a start failed
-    respawn_at: float | None = None
-    start_failures: int = 0
-
-    @property
-    def job(self) -> dict[str, Any] | None:
-        """The job the worker runs now, or ``None``."""
-        return self.jobs[0].msg if self.jobs else None
-
-    @property
-    def deadline(self) -> float | None:
-        head = self.jobs[0] if self.jobs else None
-        if head is None or head.timeout_s is None or head.started is None:
-            return None
-        return head.started + head.timeout_s
-
-
-@dataclass(slots=True)
-class _Dying:
-    """A worker process on its way out, no longer in a slot: the loop does not wait for it.
-    Times are monotonic seconds."""
-
-    process: Any
-    pid: int | None
-    #: when to send SIGTERM (a worker asked to stop gets :data:`KILL_AFTER_S` to exit by
-    #: itself); None once it was sent
-    term_at: float | None
-    #: when to send SIGKILL (:data:`KILL_AFTER_S` after SIGTERM)
-    kill_at: float
-    killed: bool = False
-
-
 class Supervisor:
     """A fixed pool of ``settings.workers`` worker processes.
 
@@ -156,56 +84,24 @@ class Supervisor:
     def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
         self.clock = clock
-        self._ctx = multiprocessing.get_context("forkserver")
-        self._ctx.set_forkserver_preload([worker_module.__name__, f"{__package__}.kinds"])
+        self.processes = ProcessPool(settings, clock)
         self.slots = [WorkerSlot(i) for i in range(settings.workers)]
-        self._dying: list[_Dying] = []
         self._avg_s: dict[str, tuple[float, int]] = {}  # kind -> (mean run time in s, attempts seen)
 
     # -- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> None:
         for slot in self.slots:
-            self._spawn(slot)
-
-    def _spawn(self, slot: WorkerSlot) -> None:
-        """Start the slot's worker. A start that fails (the forkserver died with the workers and
-        has not been reaped yet, so multiprocessing still connects to its closed socket; no
-        process or file left) leaves the slot empty and tries again on a later turn, after
-        0.1 s, doubling up to :data:`RESPAWN_MAX_S`: the service goes on, its jobs wait."""
-        slot.jobs.clear()
-        slot.unsent.clear()
-        slot.end_reason = slot.recycle = None
-        slot.releasing = False
-        slot.jobs_done, slot.rss_mb = 0, None
-        parent, child = self._ctx.Pipe(duplex=True)
-        proc = self._ctx.Process(
-            target=worker_module.main, args=(child, self.settings), name=f"edge-queue-worker-{slot.index}", daemon=True
-        )
-        try:
-            proc.start()
-        except (OSError, EOFError) as e:
-            parent.close()
-            child.close()
-            delay = min(RESPAWN_MAX_S, 0.1 * 2**slot.start_failures)
-            slot.start_failures += 1
-            slot.respawn_at = self.clock() + delay
-            slot.process = slot.conn = slot.pid = None
-            log.warning("worker %d could not be started (%s); trying again in %.1f s", slot.index, e, delay)
-            return
-        child.close()
-        slot.respawn_at, slot.start_failures = None, 0
-        slot.process, slot.conn, slot.pid = proc, parent, proc.pid
-        log.debug("worker %d started, pid %d", slot.index, proc.pid)
+            self.processes.spawn(slot)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """End every worker: one still running a job (past the grace period, whose end the
-        caller waited for) is ended at once, SIGTERM then SIGKILL after :data:`KILL_AFTER_S`;
+        caller waited for) is ended at once, SIGTERM then SIGKILL after ``KILL_AFTER_S``;
         an idle one is asked to stop and given up to ``timeout_s`` seconds. Waits for them,
         and for the workers already on their way out."""
         for slot in self.slots:
             if slot.jobs and slot.process is not None:
-                self._end(slot, wait=True)
+                self.processes.end(slot, wait=True)
         for slot in self.slots:
             if slot.conn is not None:
                 try:
@@ -216,81 +112,8 @@ class Supervisor:
         for slot in self.slots:
             if slot.process is not None:
                 slot.process.join(max(0.0, end - time.monotonic()))
-                self._end(slot, wait=True)
-        for dying in self._dying:
-            self._finish(dying.process)
-        self._dying.clear()
-
-    def _end(self, slot: WorkerSlot, *, polite: bool = False, wait: bool = False) -> None:
-        """Take the slot's worker out of the slot and end it: at once with SIGTERM, or with
-        ``polite`` by asking it to stop (SIGTERM after :data:`KILL_AFTER_S` if it has not),
-        then SIGKILL :data:`KILL_AFTER_S` after SIGTERM.
-
-        Without ``wait`` the loop does not wait for it: a process whose signals stay pending
-        (stopped, or in uninterruptible sleep on a hung network share) would otherwise hold
-        up every other job and request for seconds. It is no longer in the slot, has no pipe
-        to us, and a pending SIGTERM ends it before it runs any more of its own code; it is
-        signalled and reaped by :meth:`poll` (:meth:`_reap`)."""
-        proc = slot.process
-        if proc is None:
-            return
-        if polite and slot.conn is not None:
-            try:
-                slot.conn.send({"op": "stop"})
-            except OSError:
-                polite = False
-        if slot.conn is not None:
-            slot.conn.close()
-        slot.process = slot.conn = None
-        if wait:
-            if polite:
-                proc.join(KILL_AFTER_S)
-            self._finish(proc)
-            return
-        if not proc.is_alive():
-            proc.join(0)
-            return
-        now = self.clock()
-        if not polite:
-            proc.terminate()
-        self._dying.append(
-            _Dying(
-                proc,
-                slot.pid,
-                term_at=now + KILL_AFTER_S if polite else None,
-                kill_at=now + (2 if polite else 1) * KILL_AFTER_S,
-            )
-        )
-
-    @staticmethod
-    def _finish(proc: Any) -> None:
-        """SIGTERM, then SIGKILL after :data:`KILL_AFTER_S`, waiting for each (shutdown only)."""
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(KILL_AFTER_S)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(KILL_AFTER_S)
-
-    def _reap(self) -> None:
-        """Signal and reap the workers on their way out (see :meth:`_end`), without waiting."""
-        if not self._dying:
-            return
-        now = self.clock()
-        left = []
-        for d in self._dying:
-            if not d.process.is_alive():  # reaped by is_alive
-                continue
-            if d.term_at is not None:
-                if now >= d.term_at:
-                    d.process.terminate()
-                    d.term_at = None
-            elif not d.killed and now >= d.kill_at:
-                log.warning("worker pid %s did not end %.0f s after SIGTERM: SIGKILL", d.pid, KILL_AFTER_S)
-                d.process.kill()
-                d.killed = True
-            left.append(d)
-        self._dying = left
+                self.processes.end(slot, wait=True)
+        self.processes.finish_dying()
 
     # -- scheduling ---------------------------------------------------------------------
 
@@ -368,7 +191,7 @@ class Supervisor:
         committed; :meth:`unassign` takes back what was not sent (the commit failed)."""
         msg = {k: job[k] for k in ("job_id", "attempt", "kind", "input", "options")}
         msg["output_dir"] = output_dir
-        entry = _Entry(msg, timeout_s)
+        entry = JobEntry(msg, timeout_s)
         if not slot.jobs:
             entry.started = self.clock()
         slot.jobs.append(entry)
@@ -438,7 +261,7 @@ class Supervisor:
         out: list[Outcome] = []
         for slot in self.slots:
             if slot.process is None and slot.respawn_at is not None and self.clock() >= slot.respawn_at:
-                self._spawn(slot)
+                self.processes.spawn(slot)
         ready = self._ready()
         for slot in self.slots:
             conn = slot.conn
@@ -457,7 +280,7 @@ class Supervisor:
             if proc is not None and (ready is None or proc.sentinel in ready) and not proc.is_alive():
                 self._lost(slot, out)
         self._deadlines(out)
-        self._reap()
+        self.processes.reap()
         return out
 
     def _ready(self) -> set[Any] | None:
@@ -505,8 +328,8 @@ class Supervisor:
                 slot.recycle = reason
             if slot.recycle is not None and not slot.jobs:
                 log.info("worker %d (pid %s) recycled: %s", slot.index, slot.pid, slot.recycle)
-                self._end(slot, polite=True)
-                self._spawn(slot)
+                self.processes.end(slot, polite=True)
+                self.processes.spawn(slot)
 
     def _released(self, slot: WorkerSlot, msg: dict[str, Any], out: list[Outcome]) -> None:
         """The worker gave back jobs from its queue: each is ``unstarted``."""
@@ -515,7 +338,7 @@ class Supervisor:
         given = {(job_id, attempt) for job_id, attempt in msg["jobs"]}
         if not given:
             return
-        kept: deque[_Entry] = deque()
+        kept: deque[JobEntry] = deque()
         for entry in slot.jobs:
             key = (entry.msg["job_id"], entry.msg["attempt"])
             if key in given:
@@ -563,8 +386,8 @@ class Supervisor:
                 )
         else:
             log.warning("worker %d (pid %s) exited with code %s while idle", slot.index, slot.pid, code)
-        self._end(slot)
-        self._spawn(slot)
+        self.processes.end(slot)
+        self.processes.spawn(slot)
 
     def _deadlines(self, out: list[Outcome]) -> None:
         now = self.clock()
@@ -583,13 +406,13 @@ class Supervisor:
                 slot.end_reason = (str(ErrorCode.TIMEOUT), "the attempt passed its timeout_s")
             else:
                 continue
-            self._end(slot)
+            self.processes.end(slot)
             self._lost(slot, out)
 
     def next_deadline(self) -> float | None:
         """Seconds until the nearest timeout or cancel deadline, or ``None``."""
         times: list[float] = [s.respawn_at for s in self.slots if s.respawn_at is not None]
-        times += [d.kill_at if d.term_at is None else d.term_at for d in self._dying if not d.killed]
+        times += [d.kill_at if d.term_at is None else d.term_at for d in self.processes.dying if not d.killed]
         for s in self.slots:
             if s.jobs:
                 head = s.jobs[0]
