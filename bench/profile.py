@@ -11,7 +11,7 @@ service on a private mosquitto with the shipped delivery settings (as ``bench/ru
 it at 200 Hz from the first request to the last ``succeeded`` seen, the whole run. Samples of
 the main thread (the service loop) are counted once each, under the first activity of
 :data:`ACTIVITIES` on the stack from its root; SQLite's share is the samples whose innermost
-Python frame is a statement of ``edge_queue/store.py``. Other threads (the queue page's HTTP
+Python frame is a statement of the store (``edge_queue/store/``). Other threads (the queue page's HTTP
 server, the start-up scan) wait in ``select`` and are left out.
 
 Prints one Markdown table (the share of the loop's samples per activity and mode) and the
@@ -44,20 +44,20 @@ from harness import Service, SucceededCounter  # noqa: E402
 ACTIVITIES: list[tuple[str, tuple[str, ...]]] = [
     (
         "requests: decoded, validated, stored (`jobs` and `queued` event rows, redelivery record), answered",
-        ("Service._take_inbox",),
+        ("Dispatcher.take",),
     ),
-    ("claims: `UPDATE ... RETURNING` per worker and turn, `running` event rows and events", ("Service.schedule",)),
+    ("claims: `UPDATE ... RETURNING` per worker and turn, `running` event rows and events", ("Scheduler.schedule",)),
     (
         "outcomes: `UPDATE ... FROM (VALUES ...)`, `end` event rows, events and retained states",
-        ("Service.on_outcomes",),
+        ("Outcomes.apply_all",),
     ),
-    ("`COMMIT` with its fsync, once per loop turn", ("Store.group", "_GeneratorContextManager.__exit__")),
+    ("`COMMIT` with its fsync, once per loop turn", ("Connection.group", "_GeneratorContextManager.__exit__")),
     ("MQTT socket: paho reading requests and PUBACKs, writing what the turn queued", ("Bridge.pump",)),
     (
         "worker pipes: hand-outs pickled and sent, outcomes read",
         ("Supervisor.poll", "Supervisor.dispatch", "Supervisor.wait_handles"),
     ),
-    ("retained states of jobs that waited over 20 ms, queue and batch summaries", ("Service._publish_job_states",)),
+    ("retained states of jobs that waited over 20 ms, queue and batch summaries", ("Publisher.publish_states",)),
     ("housekeeping, the clock, the loop's `select`", ()),
 ]
 FRAME = re.compile(r"^(?P<func>[^ ]+) \((?P<file>[^:]+):(?P<line>\d+)\)$")
@@ -82,7 +82,7 @@ def classify(raw: Path) -> tuple[Counter[str], int, int]:
             if not starts or any(f in starts for f in funcs):
                 per[name] += n
                 break
-        if frames and frames[-1]["file"].endswith("edge_queue/store.py"):
+        if frames and "edge_queue/store/" in frames[-1]["file"]:
             sql += n
     return per, sql, total
 

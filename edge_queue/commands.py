@@ -412,7 +412,7 @@ class Commands:
         if len(events) == req.limit:
             next_after = events[-1]["event_id"]
         else:  # everything up to the newest event was looked at
-            newest = store.conn.execute("SELECT max(id) FROM job_events").fetchone()[0] or 0
+            newest = store.newest_event_id()
             next_after = max(req.after, events[-1]["event_id"] if events else 0, newest)
         return {"events": events, "next_after": next_after, "oldest_event_id": oldest, "dropped": dropped}
 

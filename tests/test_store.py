@@ -129,7 +129,7 @@ def test_succeed_many_is_fenced_per_job_and_logs_in_report_order(store: Store) -
     assert [e["to_state"] for e in store.events(ids[2])] == ["queued", "running", "succeeded"]
     counts = store.counts()
     assert counts["succeeded"] == before["succeeded"] + 2 and counts["running"] == before["running"] - 2
-    assert counts == store._load_counts()
+    assert counts == store.connection.load_counts()
 
 
 def test_orphans_belong_to_other_runs(store: Store) -> None:
@@ -203,7 +203,7 @@ def test_id_text_is_the_time_and_the_random_bits_in_base_36(draws: list[tuple[in
     """An id is 9 base-36 digits of its millisecond (most significant first) and 7 of its
     random bits (least significant first), whatever the order of the times (the first digits
     are kept from the call before)."""
-    import edge_queue.store as store_module
+    import edge_queue.store.ids as store_module
 
     def base36(n: int, width: int) -> str:
         digits = ""

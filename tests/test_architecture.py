@@ -1,0 +1,181 @@
+"""The rooms of edge_queue stay small and apart (docs/architecture.md): read from the source
+with ``ast``, nothing is imported or run.
+
+- no class over 400 lines and no module over 600 lines;
+- no import cycle among edge_queue modules, counting imports inside functions and under
+  ``TYPE_CHECKING``;
+- no module reaches into another's ``_private`` names; a library's private names are used only
+  where :data:`LIBRARY_PRIVATE` lists them (each pinned and checked by
+  tests/test_private_names.py);
+- every module docs/architecture.md names exists, and every module is named there.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "edge_queue"
+MAX_CLASS_LINES = 400
+MAX_MODULE_LINES = 600
+
+#: module (path under the repository) -> private names of libraries it may use, by name.
+#: ``os._exit`` is the standard library's documented way to end a forked child.
+LIBRARY_PRIVATE: dict[str, set[str]] = {
+    "edge_queue/worker.py": {"_exit"},
+}
+
+
+def modules() -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the package."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """The edge_queue modules ``name`` imports, anywhere in the file."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            targets = [mod] + [f"{mod}.{a.name}" for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                out.add(target)
+    return out
+
+
+def test_no_class_or_module_is_too_large() -> None:
+    too_large = []
+    for name, path in modules().items():
+        source = path.read_text()
+        lines = len(source.splitlines())
+        if lines > MAX_MODULE_LINES:
+            too_large.append(f"module {name}: {lines} lines (limit {MAX_MODULE_LINES})")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ClassDef):
+                size = (node.end_lineno or node.lineno) - node.lineno + 1
+                if size > MAX_CLASS_LINES:
+                    too_large.append(f"class {name}.{node.name}: {size} lines (limit {MAX_CLASS_LINES})")
+    assert too_large == []
+
+
+def test_no_import_cycle() -> None:
+    mods = modules()
+    graph = {name: imports_of(name, path, set(mods)) for name, path in mods.items()}
+    # Tarjan's strongly connected components: every component of more than one module is a cycle
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert cycles == []
+
+
+def test_the_cycle_check_sees_imports_inside_functions(tmp_path: Path) -> None:
+    # the check would miss the cycles it exists for if it read module-level imports only
+    a = tmp_path / "a.py"
+    a.write_text("def f():\n    from .b import g\n")
+    assert imports_of("edge_queue.a", a, {"edge_queue.a", "edge_queue.b"}) == {"edge_queue.b"}
+    a.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import b\n")
+    assert imports_of("edge_queue.a", a, {"edge_queue.a", "edge_queue.b"}) == {"edge_queue.b"}
+
+
+def private_uses(path: Path) -> list[tuple[int, str]]:
+    """``(line, text)`` of each use of a ``_private`` name that is not the module's own:
+    ``obj._name`` on anything but ``self``/``cls``/``super()``, and ``from x import _name``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            if isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super":
+                continue  # an override calling the library's own version: listed by name below
+            found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.ImportFrom):
+            found += [
+                (node.lineno, f"from {'.' * node.level}{node.module or ''} import {a.name}")
+                for a in node.names
+                if a.name[0] == "_"
+            ]
+    return found
+
+
+def test_no_module_reaches_into_private_names() -> None:
+    reached = []
+    for path in modules().values():
+        where = str(path.relative_to(ROOT))
+        allowed = LIBRARY_PRIVATE.get(where, set())
+        for line, text in private_uses(path):
+            if re.search(r"\._?\w+$", text) and text.rsplit(".", 1)[-1] in allowed:
+                continue
+            reached.append(f"{where}:{line}: {text}")
+    assert reached == []
+
+
+def test_the_private_check_sees_what_it_is_for(tmp_path: Path) -> None:
+    f = tmp_path / "m.py"
+    f.write_text("from .store import _row\nx = store._conn\ny = self._own\nz = super()._hook()\n")
+    assert [text for _, text in private_uses(f)] == ["from .store import _row", "store._conn"]
+
+
+def architecture_modules() -> set[str]:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    return set(re.findall(r"`(edge_queue/[\w/]+\.py)`", text))
+
+
+@pytest.mark.parametrize("listed", sorted(architecture_modules()))
+def test_every_module_docs_architecture_names_exists(listed: str) -> None:
+    assert (ROOT / listed).is_file(), f"docs/architecture.md names {listed}, which does not exist"
+
+
+def test_docs_architecture_names_every_module() -> None:
+    named = architecture_modules()
+    missing = [str(p.relative_to(ROOT)) for p in modules().values() if str(p.relative_to(ROOT)) not in named]
+    assert missing == [], f"docs/architecture.md does not say where these live: {missing}"
