@@ -12,7 +12,9 @@ Threads: none of its own. paho runs without its network thread: the service's lo
 each turn, which reads, writes, keeps the connection alive and reconnects. paho's callbacks
 therefore run on the service's thread, inside :meth:`pump`; they only append to
 :attr:`Bridge.inbox` and count acknowledgements. Nothing ever waits for the broker: what cannot
-be handed to paho yet waits in :attr:`Bridge._out`, in order, and goes out on a later turn.
+be handed to paho yet waits in its :class:`~edge_queue.outbox.Outbox`, in order, and goes out on
+a later turn. paho's client itself, with its short paths, is :mod:`.mqtt_client`; finding out what
+listens at the address is :mod:`.broker_probe`.
 
 Flow control, end to end (docs/operations.md, "Load and limits"):
 
@@ -23,8 +25,8 @@ Flow control, end to end (docs/operations.md, "Load and limits"):
   than ``INBOX_HIGH`` items, or while our own publishes wait for acknowledgements (reading is
   how those arrive, so it never stops then).
 - out: at most ``WINDOW`` of our QoS 1 publishes are handed to paho without a PUBACK (paho
-  numbers them with 16-bit ids); the rest wait in :attr:`_out`, whose length the service reads
-  (:attr:`backlog`) to slow down what it takes in.
+  numbers them with 16-bit ids); the rest wait in the outbox, whose length the service reads
+  (:attr:`Bridge.backlog`) to slow down what it takes in.
 """
 
 from __future__ import annotations
@@ -34,34 +36,29 @@ import random
 import select
 import socket
 import ssl
-import struct
-import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.client import MQTTMessage
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
-from paho.mqtt.exception import MalformedPacket
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
-from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from .broker_probe import detect_protocol
 from .config import MqttSettings
 from .errors import BrokerUnavailable
+from .mqtt_client import FastClient, ack_now, configure_client, set_nodelay
+from .outbox import Ack, Outbox, Pub
+from .takeover import TakeoverRule
 from .topics import OFFLINE, Topics
 
 log = logging.getLogger(__name__)
 
-#: Our QoS 1 publishes handed to paho and not yet acknowledged, at most (paho's ids are 16-bit),
-#: and their payload bytes at most (one larger publish may go alone).
-WINDOW = 2_000
-WINDOW_BYTES = 8 * 2**20
 #: Unacknowledged QoS 1 requests the broker may send us at once (MQTT 5 Receive Maximum).
 #: mosquitto 2.0.11 sends more under sustained load: a client that acknowledges as it goes
 #: held 1,606 unacknowledged messages at a Receive Maximum of 100. So the inbox bounds itself.
@@ -71,50 +68,11 @@ RECEIVE_MAXIMUM = 1_000
 #: reading is how those acknowledgements arrive.
 INBOX_HIGH = 2_000
 INBOX_BYTES_HIGH = 32 * 2**20
-#: The service takes no new request while this many of our messages wait to be handed to paho,
-#: or this many bytes of ours wait for the broker's acknowledgements (:attr:`Bridge.backlog`,
-#: :attr:`Bridge.backlog_bytes`).
-BACKLOG_HIGH = 5_000
-BACKLOG_BYTES_HIGH = 8 * 2**20
 #: Packets read per :meth:`Bridge.pump` at most, so one turn stays short.
 READ_BUDGET = 2_000
 #: Seconds between reconnect attempts: from 1, doubling, at most 4 (the retained state must be
 #: back within seconds of a broker restart).
 RECONNECT_MIN_S, RECONNECT_MAX_S = 1.0, 4.0
-#: MQTT 5 DISCONNECT reason code 0x8E: another connection took our client id (MQTT 5.0, 3.14.2.1).
-SESSION_TAKEN_OVER = 0x8E
-#: Seconds before reconnecting after a take-over: 10, doubling with each take-over of the last
-#: TAKEOVER_WINDOW_S, at most 60.
-TAKEOVER_MIN_S, TAKEOVER_MAX_S = 10.0, 60.0
-TAKEOVER_WINDOW_S = 600.0
-#: A broker that does not say "session taken over" (mosquitto 2.0.11 closes the old connection
-#: without a DISCONNECT): this many connections that it ended within SHORT_CONNECTION_S of their
-#: start, within SHORT_WINDOW_S, are taken for a take-over (two clients with one id take it from
-#: each other every second or two).
-SHORT_CONNECTIONS, SHORT_CONNECTION_S, SHORT_WINDOW_S = 3, 10.0, 120.0
-#: While disconnected, at most this many responses and events (and this many bytes of them)
-#: wait for the broker; older ones are dropped (retained state is not kept: the republish
-#: after the reconnect sends it again).
-OFFLINE_BACKLOG = 10_000
-OFFLINE_BACKLOG_BYTES = 32 * 2**20
-#: While disconnected with this many messages (or bytes) waiting, the service starts no new
-#: job and takes no watch-folder file (:attr:`Bridge.holding`), so that what it is already
-#: running stays far below :data:`OFFLINE_BACKLOG` and no event or response is dropped.
-OFFLINE_HOLD = OFFLINE_BACKLOG // 2
-OFFLINE_HOLD_BYTES = OFFLINE_BACKLOG_BYTES // 2
-#: Bytes asked of the socket per read: one ``recv`` brings many packets, which paho then takes
-#: from memory (paho asks the socket for each packet's first byte, its length and its body).
-READ_CHUNK = 64 * 1024
-#: Packets queued for the socket are joined into writes of at most this many bytes (paho sends
-#: each packet with its own ``send``).
-WRITE_CHUNK = 64 * 1024
-#: Seconds a broker gets to answer a probe CONNECT (one for MQTT 5, one for 3.1.1); a broker
-#: answers within milliseconds, so a port that answers neither is not an MQTT broker.
-PROBE_S = 3.0
-#: A request's MQTT 5 properties (Response Topic, Correlation Data, user properties) may take
-#: this many bytes; a request with more is answered ``invalid_request`` without them being
-#: decoded (paho's decoder copies the rest of the packet for every property it reads).
-MAX_PROPERTY_BYTES = 8 * 1024
 
 
 @dataclass(slots=True)
@@ -142,510 +100,6 @@ class Connected:
 
     protocol: str
     session_present: bool
-
-
-@dataclass(slots=True)
-class _Pub:
-    topic: str
-    payload: bytes | str
-    retain: bool
-    props: Properties | None = None
-    once: bool = False  # not sent again after a disconnect (a copy on a topic a client named)
-
-    @property
-    def size(self) -> int:
-        return len(self.payload) + len(self.topic)
-
-
-@dataclass(slots=True)
-class _Ack:
-    mid: int
-    qos: int
-    connection: int  # the connection the request came on; a PUBACK is for that one only
-
-
-_PUBACK_OK = ReasonCode(PacketTypes.PUBACK)
-_NO_PROPERTIES = Properties(PacketTypes.PUBACK)
-#: the (empty, shared, never changed) properties of a PUBLISH that came without any
-_NO_PUBLISH_PROPERTIES = Properties(PacketTypes.PUBLISH)
-#: Linux's ``TCP_QUICKACK`` (tcp(7)); ``None`` where the platform has none (see :meth:`Bridge._ack_now`).
-_TCP_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
-
-
-class _Client(mqtt.Client):
-    """paho's client, with shorter paths where the service spends its time at load:
-
-    - reads: one ``recv`` of up to :data:`READ_CHUNK` bytes serves many packets (paho reads a
-      packet's first byte, each byte of its length and its body with a ``recv`` each);
-    - writes: packets queued in one loop turn are joined and sent with one ``send`` per
-      :data:`WRITE_CHUNK` bytes, when the loop calls ``loop_write`` (paho sends each at once);
-    - PUBACKs: paho decodes every PUBACK into a new ``ReasonCode`` and ``Properties`` object,
-      even one that holds nothing but its message id (a success without properties, which is
-      what brokers send). Such a PUBACK is handled here with shared, read-only success values;
-      any other goes to paho.
-
-    The client must be driven by :meth:`Bridge.pump` (``loop_write`` after each turn's
-    publishes); it has no network thread.
-    """
-
-    _rbuf: bytes = b""
-    _rpos = 0
-    #: Bytes were read since the last send: their TCP acknowledgement may be delayed
-    #: (:meth:`Bridge.settle`).
-    read_since_send = False
-
-    def buffered(self) -> bool:
-        """True when bytes already read from the socket wait to be handled."""
-        return self._rpos < len(self._rbuf)
-
-    def _packet_read(self) -> MQTTErrorCode:
-        """paho's, with a short path for a packet that is whole in the read buffer (most are):
-        it is cut out of the buffer at once, a success PUBACK is handled in place, anything else
-        goes to paho's handlers as paho would give it. A packet cut by the buffer's end, and the
-        socket's errors, take paho's path."""
-        if self._in_packet["command"] == 0:
-            buf, pos = self._rbuf, self._rpos
-            if pos >= len(buf):
-                # the buffer is filled first, so that the first packet of a read takes the
-                # short path too
-                try:
-                    data = mqtt.Client._sock_recv(self, READ_CHUNK)
-                except BlockingIOError:
-                    return MQTTErrorCode.MQTT_ERR_AGAIN
-                except OSError:
-                    return super()._packet_read()  # paho reads again, and reports the error its way
-                if not data:
-                    return MQTTErrorCode.MQTT_ERR_CONN_LOST
-                self.read_since_send = True
-                self._rbuf, self._rpos = buf, pos = data, 0
-            end = len(buf)
-            at, length, shift = pos + 1, 0, 0
-            while at < end and shift < 28:
-                byte = buf[at]
-                at += 1
-                length |= (byte & 0x7F) << shift
-                shift += 7
-                if not byte & 0x80:
-                    break
-            else:
-                return super()._packet_read()  # the length is cut short, or malformed
-            if at + length > end:
-                return super()._packet_read()
-            command = buf[pos]
-            self._rpos = at + length
-            with self._msgtime_mutex:
-                self._last_bytes_received = time.monotonic()
-            if command == 0x40 and self._puback_ok(buf, at, length):
-                self._acked((buf[at] << 8) | buf[at + 1])
-                return MQTTErrorCode.MQTT_ERR_SUCCESS
-            self._in_packet = {
-                "command": command,
-                "have_remaining": 1,
-                "remaining_count": [],
-                "remaining_mult": 1,
-                "remaining_length": length,
-                "packet": bytearray(buf[at : at + length]),
-                "to_process": 0,
-                "pos": 0,
-            }
-            try:
-                rc = self._packet_handle()
-            except MalformedPacket:
-                rc = MQTTErrorCode.MQTT_ERR_PROTOCOL
-            self._in_packet = {
-                "command": 0,
-                "have_remaining": 0,
-                "remaining_count": [],
-                "remaining_mult": 1,
-                "remaining_length": 0,
-                "packet": bytearray(),
-                "to_process": 0,
-                "pos": 0,
-            }
-            return rc
-        return super()._packet_read()
-
-    @staticmethod
-    def _puback_ok(packet: bytes | bytearray, at: int, n: int) -> bool:
-        """A PUBACK body of ``n`` bytes at ``packet[at:]`` that says success and holds nothing
-        but that: the message id alone, or with a success reason code (0, or 16 "no matching
-        subscribers": an event nobody listens to) and an empty property length."""
-        return n == 2 or (2 < n <= 4 and packet[at + 2] < 0x80 and not any(packet[at + 3 : at + n]))
-
-    def _acked(self, mid: int) -> None:
-        """Our QoS 1 publish ``mid`` was acknowledged with success (paho's bookkeeping)."""
-        msg = self._out_messages.pop(mid, None)
-        if msg is not None:
-            self._inflight_messages -= 1
-            on_publish = self.on_publish
-            if on_publish is not None:
-                on_publish(self, self._userdata, mid, _PUBACK_OK, _NO_PROPERTIES)  # type: ignore[call-arg]
-            msg.info._set_as_published()
-
-    def publish_qos1(self, topic: str, payload: bytes, retain: bool) -> int:
-        """paho's ``publish(topic, payload, qos=1, retain=retain)`` without MQTT 5 properties,
-        connected, on a topic the service built: the same message kept in ``_out_messages``
-        (sent again, with DUP, after a reconnect, by paho), the packet built here, and a
-        :class:`_Info` without paho's per-message ``threading.Condition``. Returns the
-        message id. Raises ``ValueError`` for a topic paho would refuse (empty, wildcards, NUL)."""
-        topic_bytes = topic.encode()
-        if not topic_bytes or b"+" in topic_bytes or b"#" in topic_bytes or b"\x00" in topic_bytes:
-            raise ValueError("Invalid topic.")
-        mid = self._mid_generate()
-        if mid in self._out_messages:  # paho refuses it too (16-bit ids all in flight)
-            return self.publish(topic, payload, qos=1, retain=retain).mid
-        message = MQTTMessage.__new__(MQTTMessage)
-        message.timestamp = time.monotonic()
-        message.dup = False
-        message.mid = mid
-        message._topic = topic_bytes
-        message.payload = payload
-        message.qos = 1
-        message.retain = retain
-        message.info = info = _Info(mid)
-        message.properties = None
-        message.state = _WAIT_FOR_PUBACK
-        self._out_messages[mid] = message
-        self._inflight_messages += 1
-        # PUBLISH, QoS 1: fixed header, remaining length, topic, message id, (MQTT 5) an empty
-        # property section, payload (MQTT 5.0 section 3.3)
-        v5 = self._protocol == mqtt.MQTTv5
-        size = 2 + len(topic_bytes) + 2 + v5 + len(payload)
-        packet = bytearray(((0x32 | retain),))
-        while True:
-            byte = size & 0x7F
-            size >>= 7
-            if size:
-                packet.append(byte | 0x80)
-            else:
-                packet.append(byte)
-                break
-        packet += struct.pack("!H", len(topic_bytes))
-        packet += topic_bytes
-        packet += struct.pack("!H", mid)
-        if v5:
-            packet.append(0)
-        packet += payload
-        self._packet_queue(_PUBLISH, packet, mid, 1, info)
-        return mid
-
-    def _sock_recv(self, bufsize: int) -> bytes:
-        if self._rpos >= len(self._rbuf):
-            data = super()._sock_recv(max(bufsize, READ_CHUNK))  # BlockingIOError: nothing there
-            self.read_since_send = True
-            if len(data) <= bufsize:
-                return data
-            self._rbuf, self._rpos = data, 0
-        pos = self._rpos
-        chunk = self._rbuf[pos : pos + bufsize]
-        self._rpos = pos + len(chunk)
-        return chunk
-
-    def _sock_send(self, buf: bytes | bytearray) -> int:
-        sent = super()._sock_send(buf)
-        self.read_since_send = False  # the acknowledgement of what was read leaves with it
-        return sent
-
-    def _sock_close(self) -> None:
-        self._rbuf, self._rpos = b"", 0  # what was read belonged to the connection that ends
-        super()._sock_close()
-
-    def _packet_queue(
-        self,
-        command: int,
-        packet: bytes | bytearray,
-        mid: int,
-        qos: int,
-        info: mqtt.MQTTMessageInfo | None = None,
-    ) -> MQTTErrorCode:
-        out = self._out_packet
-        if out and _joinable(command, qos):
-            last = out[-1]
-            if _joinable(last["command"], last["qos"]) and last["to_process"] + len(packet) <= WRITE_CHUNK:
-                buf = last["packet"]
-                if not isinstance(buf, bytearray):
-                    buf = last["packet"] = bytearray(buf)
-                buf += packet
-                last["to_process"] += len(packet)
-                return MQTTErrorCode.MQTT_ERR_SUCCESS
-        return super()._packet_queue(command, packet, mid, qos, info)
-
-    #: Size of the MQTT 5 properties of the PUBLISH being handled when they were over
-    #: MAX_PROPERTY_BYTES and so not decoded; 0 otherwise.
-    dropped_property_bytes = 0
-    _decoded_properties: Properties | None = None
-
-    def _handle_publish(self) -> MQTTErrorCode:
-        """paho's, with the MQTT 5 properties decoded from their own bytes only, and not at all
-        when they are over :data:`MAX_PROPERTY_BYTES`: paho's decoder copies the rest of the
-        packet (payload included) for every property, so 100,000 user properties took minutes."""
-        self.dropped_property_bytes = 0
-        header = self._in_packet["command"]
-        packet = self._in_packet["packet"]
-        qos = (header & 0x06) >> 1
-        v5 = self._protocol == mqtt.MQTTv5
-        try:
-            (slen,) = struct.unpack_from("!H", packet)
-            at = 2 + slen + (2 if qos else 0)
-            props_len, vbi_len = _decode_vbi(packet, at) if v5 else (0, 0)
-        except (struct.error, ValueError, IndexError):
-            return MQTTErrorCode.MQTT_ERR_PROTOCOL
-        end = at + vbi_len + props_len
-        if end > len(packet) or at > len(packet):
-            return MQTTErrorCode.MQTT_ERR_PROTOCOL
-        if qos < 2 and not props_len and (slen or v5):
-            return self._handle_plain_publish(header, packet, slen, qos, end)
-        if not v5:
-            return super()._handle_publish()
-        properties = Properties(PacketTypes.PUBLISH)
-        if props_len > MAX_PROPERTY_BYTES:
-            self.dropped_property_bytes = props_len
-        elif props_len:
-            try:
-                properties.unpack(bytes(packet[at:end]))
-            except Exception:  # text MQTT forbids (a U+FEFF), a repeated property: ignored
-                properties = Properties(PacketTypes.PUBLISH)
-        # paho decodes the rest, with an empty property section in place of the original
-        self._in_packet["packet"] = bytearray(packet[:at]) + b"\x00" + packet[end:]
-        self._decoded_properties = properties
-        return super()._handle_publish()
-
-    def _handle_plain_publish(self, header: int, packet: bytearray, slen: int, qos: int, body_at: int) -> MQTTErrorCode:
-        """A QoS 0 or 1 PUBLISH without MQTT 5 properties (most requests): the message paho's
-        ``_handle_publish`` would make, without its decoder's copies, its ``Properties`` objects
-        and the ``threading.Condition`` of a message info nobody waits on."""
-        message = MQTTMessage.__new__(MQTTMessage)
-        message.timestamp = time.monotonic()
-        message.state = mqtt.mqtt_ms_invalid
-        message.dup = bool(header & 0x08)
-        message.mid = ((packet[2 + slen] << 8) | packet[3 + slen]) if qos else 0
-        message._topic = bytes(packet[2 : 2 + slen])
-        message.payload = bytes(packet[body_at:])
-        message.qos = qos
-        message.retain = bool(header & 0x01)
-        message.info = _Info(message.mid)
-        message.properties = _NO_PUBLISH_PROPERTIES if self._protocol == mqtt.MQTTv5 else None
-        self._decoded_properties = None
-        self._handle_on_message(message)
-        if qos == 1 and not self._manual_ack:
-            return self._send_puback(message.mid)
-        return MQTTErrorCode.MQTT_ERR_SUCCESS
-
-    def _handle_on_message(self, message: mqtt.MQTTMessage) -> None:
-        props = getattr(self, "_decoded_properties", None)
-        if props is not None:
-            message.properties = props
-            self._decoded_properties = None
-        super()._handle_on_message(message)
-
-    def _handle_pubackcomp(self, cmd: Literal["PUBACK", "PUBCOMP"]) -> MQTTErrorCode:
-        packet = self._in_packet["packet"]
-        if cmd == "PUBACK" and self._puback_ok(packet, 0, len(packet)):
-            self._acked((packet[0] << 8) | packet[1])
-            return MQTTErrorCode.MQTT_ERR_SUCCESS
-        return super()._handle_pubackcomp(cmd)
-
-
-_PUBLISH, _DISCONNECT = 0x30, 0xE0
-_WAIT_FOR_PUBACK = mqtt.mqtt_ms_wait_for_puback
-
-
-class _Info(mqtt.MQTTMessageInfo):
-    """paho's message info without its ``threading.Condition`` (one per message): the
-    service never waits on one (:meth:`_Client.publish_qos1`)."""
-
-    __slots__ = ()
-
-    def __init__(self, mid: int) -> None:  # noqa: D107 - paho's, without the condition
-        self.mid = mid
-        self._published = False
-        self.rc = MQTTErrorCode.MQTT_ERR_SUCCESS
-        self._iterpos = 0
-
-    def _set_as_published(self) -> None:
-        self._published = True
-
-    def wait_for_publish(self, timeout: float | None = None) -> None:
-        raise RuntimeError("the service's publishes are not waited for")
-
-
-def _no_op(*_: Any) -> None:
-    pass
-
-
-def _joinable(command: int, qos: int) -> bool:
-    """Whether a queued packet may share a write with others: not a DISCONNECT (paho closes the
-    socket once it is written) nor a QoS 0 PUBLISH (paho reports it published once written)."""
-    kind = command & 0xF0
-    return kind != _DISCONNECT and not (kind == _PUBLISH and qos == 0)
-
-
-def _decode_vbi(buf: bytes | bytearray, at: int) -> tuple[int, int]:
-    """An MQTT Variable Byte Integer at ``buf[at:]``: ``(value, bytes used)``; ``ValueError``
-    when it is longer than 4 bytes or cut short (MQTT 5.0 section 1.5.5)."""
-    value = 0
-    for i in range(4):
-        byte = buf[at + i]
-        value |= (byte & 0x7F) << (7 * i)
-        if not byte & 0x80:
-            return value, i + 1
-    raise ValueError("malformed variable byte integer")
-
-
-def configure_client(client: mqtt.Client, s: MqttSettings) -> None:
-    """Credentials and TLS of ``[mqtt]`` on a paho client."""
-    if s.username:
-        client.username_pw_set(s.username, s.password.get_secret_value() if s.password else None)
-    if s.tls.enabled:
-        client.tls_set(
-            ca_certs=str(s.tls.ca_file) if s.tls.ca_file else None,
-            certfile=str(s.tls.cert_file) if s.tls.cert_file else None,
-            keyfile=str(s.tls.key_file) if s.tls.key_file else None,
-            cert_reqs=ssl.CERT_NONE if s.tls.insecure else ssl.CERT_REQUIRED,
-        )
-        client.tls_insecure_set(s.tls.insecure)
-
-
-def ack_now(client: mqtt.Client) -> None:
-    """Have the kernel send the TCP acknowledgement of what ``client`` read now, not up to 40 ms
-    later.
-
-    Linux delays the ACK of data it receives on a connection that sends data too, to carry it
-    on the next packet sent. A broker with Nagle's algorithm on (mosquitto's default, without
-    ``set_tcp_nodelay``) holds its next message for us until that ACK arrives. For the
-    service, the PUBACKs of a job's last states are the last thing it reads, and a request that
-    came within 40 ms waited about 33 ms (``bench/run.py`` P2, "nagle broker": p50 33.5 ms
-    before, 2.35 ms after); for a client, the broker's PUBACK of its request is, and the
-    response waited about 44 ms behind it. ``TCP_QUICKACK`` (tcp(7), Linux) sends the pending
-    ACK at once; it is not permanent, so it is set after reads. About 0.5 µs a call. A no-op
-    where the platform lacks it, before the connection and on paho's WebSocket transport.
-    """
-    # a plain or TLS socket; paho's WebSocket wrapper has no setsockopt
-    setsockopt = getattr(client.socket(), "setsockopt", None)
-    if _TCP_QUICKACK is None or setsockopt is None:
-        return
-    try:
-        setsockopt(socket.IPPROTO_TCP, _TCP_QUICKACK, 1)
-    except OSError:  # a socket closing under us: its error comes from the next read or write
-        pass
-
-
-class QuickAckClient(mqtt.Client):
-    """paho's client that acknowledges (TCP) every read at once (:func:`ack_now`), for a
-    client driven by paho's own network thread that publishes requests and waits for their
-    responses on the same connection (the command line's)."""
-
-    def _sock_recv(self, bufsize: int) -> bytes:
-        data = super()._sock_recv(bufsize)
-        ack_now(self)
-        return data
-
-
-def set_nodelay(client: mqtt.Client) -> None:
-    """Turn off Nagle's algorithm on the client's socket (paho leaves it on): a small QoS 1
-    publish then leaves at once instead of waiting up to 40 ms for the previous one's ACK."""
-    sock = client.socket()
-    setsockopt = getattr(sock, "setsockopt", None)  # a plain or TLS socket; None before connect
-    if setsockopt is not None:
-        try:
-            setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
-            pass
-
-
-def _probe(
-    s: MqttSettings, client_id: str, protocol: mqtt.MQTTProtocolVersion, timeout_s: float, closed: list[bool]
-) -> str | None:
-    """Connect once without a Last Will; the CONNACK reason, or None when none came (then
-    ``closed`` gets True when the other end closed the connection, False when it said nothing)."""
-    answer: dict[str, str] = {}
-    done = threading.Event()
-
-    def on_connect(client: mqtt.Client, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
-        answer["reason"] = str(reason)
-        done.set()
-
-    probe = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"{client_id}-probe", protocol=protocol)
-    configure_client(probe, s)
-    probe.on_connect = on_connect
-    probe.on_disconnect = lambda *a: done.set()
-    probe.connect_timeout = max(0.5, min(timeout_s, 5.0))
-    try:
-        probe.connect(s.host, s.port, keepalive=s.keepalive_s)
-    except OSError as e:
-        raise BrokerUnavailable(f"no MQTT broker at {s.host}:{s.port}: {e}") from e
-    probe.loop_start()
-    try:
-        ended = done.wait(timeout_s)
-    finally:
-        probe.disconnect()
-        probe.loop_stop()
-    if "reason" not in answer:
-        closed.append(ended)
-    return answer.get("reason")
-
-
-def warn_closed_without_answer(s: MqttSettings, deadline: float) -> None:
-    """The one line said while waiting on a port that accepts connections and closes them
-    without an MQTT answer (a forwarder before a broker not up yet, or not MQTT at all)."""
-    log.warning(
-        "%s:%s accepts connections but closes them without an MQTT answer: waiting up to %.0f s "
-        "for a broker there (is mqtt.port an MQTT broker?)",
-        s.host,
-        s.port,
-        max(0.0, deadline - time.monotonic()),
-    )
-
-
-def detect_protocol(s: MqttSettings, client_id: str, timeout_s: float, *, wait_refused: bool = True) -> str:
-    """``"5"`` or ``"3.1.1"``: what the broker at ``mqtt.host:port`` speaks.
-
-    Tries an MQTT 5 CONNECT without a Last Will. amqtt 0.12 answers it with "Unsupported
-    protocol version", or, when the CONNECT carries credentials or a Will it cannot parse,
-    closes the connection without a CONNACK; then MQTT 3.1.1 is tried. Raises
-    :class:`BrokerUnavailable` when neither gets an answer within ``timeout_s`` seconds, and at
-    once for a refused connection when ``wait_refused`` is False (the command line: nothing
-    listens there, and a person waits).
-    Runs once, before the service serves (its probe clients use their own short-lived thread).
-    """
-    deadline = time.monotonic() + timeout_s
-    last: BrokerUnavailable | None = None
-    said = False
-    while time.monotonic() < deadline:  # the broker may still be starting (boot order)
-        try:
-            closed: list[bool] = []
-            wait = min(PROBE_S, max(deadline - time.monotonic(), 0.5))
-            reason = _probe(s, client_id, mqtt.MQTTv5, wait, closed)
-            if reason is not None and reason != "Unsupported protocol version":
-                return "5"
-            if _probe(s, client_id, mqtt.MQTTv311, wait, closed) is not None:
-                return "3.1.1"
-            if closed and all(closed):
-                # Accepted, then closed without an answer: a TCP forwarder (docker-proxy, an
-                # SSH tunnel) before a broker that is not up yet, or a service that is not MQTT.
-                if not said:
-                    warn_closed_without_answer(s, deadline)
-                    said = True
-                last = BrokerUnavailable(
-                    f"{s.host}:{s.port} accepted TCP connections but closed them without an MQTT answer for "
-                    f"{timeout_s:.0f} s: is it an MQTT broker? Check mqtt.host and mqtt.port"
-                )
-                time.sleep(min(1.0, max(deadline - time.monotonic(), 0)))
-                continue
-            # Something listens there but says nothing: waiting will not change that.
-            raise BrokerUnavailable(
-                f"{s.host}:{s.port} accepted a TCP connection but answered no MQTT CONNECT "
-                f"(MQTT 5 nor 3.1.1, {PROBE_S:.0f} s each): is it an MQTT broker? Check mqtt.host and mqtt.port "
-                "(a broker that is stopped or hung, such as a paused process, answers the same)"
-            )
-        except BrokerUnavailable as e:
-            if "accepted a TCP connection" in e.message:
-                raise
-            if not wait_refused and isinstance(e.__cause__, ConnectionRefusedError):
-                raise
-            last = e
-            time.sleep(min(1.0, max(deadline - time.monotonic(), 0)))
-    raise last or BrokerUnavailable(f"no MQTT broker answered at {s.host}:{s.port} within {timeout_s} s")
 
 
 class Bridge:
@@ -682,29 +136,19 @@ class Bridge:
         self.connected = False
         self.connection = 0  # increments at every CONNACK
         self._refused: str | None = None
-        self._held: list[_Pub | _Ack] | None = None
-        #: payload bytes made inside the current :meth:`held` block
-        self.held_bytes = 0
-        self._out: deque[_Pub | _Ack] = deque()
-        self._out_bytes = 0
-        #: our publishes handed to paho and not yet acknowledged: message id -> bytes
-        self._inflight: dict[int, int] = {}
-        self._inflight_bytes = 0
-        self._once: set[int] = set()  # message ids of in-flight publishes not to send again
+        #: what we send, held until the turn's commit and paced by the broker's PUBACKs
+        self.outbox = Outbox()
         self._closing = False
         self._next_reconnect = 0.0
         self._reconnect_delay = RECONNECT_MIN_S
         self._more_to_read = False
-        self._client: _Client = self._make_client()
+        self._client: FastClient = self._make_client()
         #: other topics to follow (QoS 0, not our own messages): topic -> called with
         #: ``(payload, retained)`` from :meth:`pump` (another installation's ``<base>/info``,
         #: Home Assistant's ``<prefix>/status``)
         self.watch: dict[str, Callable[[bytes, bool], None]] = {}
-        #: the broker closed our connection because another client connected with our client id
-        self.taken_over = 0
-        self._takeovers: list[float] = []
-        self._short: list[float] = []  # ends of connections that lasted under SHORT_CONNECTION_S
-        self._copies_sent_on = -1  # the last connection a copy on a client-named topic went out on
+        #: another client connected with our client id: the rule, and how often it happened
+        self.takeovers = TakeoverRule()
         self._connected_at = 0.0
 
     def set_client_id(self, client_id: str) -> None:
@@ -716,9 +160,9 @@ class Bridge:
     def protocol_name(self) -> str:
         return "5" if self.protocol == mqtt.MQTTv5 else "3.1.1"
 
-    def _make_client(self) -> _Client:
+    def _make_client(self) -> FastClient:
         v5 = self.protocol == mqtt.MQTTv5
-        client = _Client(
+        client = FastClient(
             CallbackAPIVersion.VERSION2,
             # (a persistent MQTT 3.1.1 session needs an id: the real one is set before connect)
             client_id=self.client_id or "edge-queue-unset",
@@ -737,7 +181,7 @@ class Bridge:
         client.on_publish = self._on_publish
         # packets wait for the loop's loop_write (and are joined there) instead of being sent one
         # by one as they are queued
-        client.on_socket_register_write = _no_op
+        client.on_socket_register_write = lambda *_: None
         return client
 
     # -- paho's callbacks (run inside pump(), on the service's thread) -------------------
@@ -755,24 +199,8 @@ class Bridge:
         set_nodelay(client)
         # PUBACKs still waiting were for the connection that ended: the broker sends those
         # requests again on this one, and they are answered then.
-        self._out = deque(m for m in self._out if not isinstance(m, _Ack) or m.connection == self.connection)
-        if self.protocol == mqtt.MQTTv5:
-            # Retain Handling 1: retained requests are sent only for a new subscription, not again
-            # when the session (and its subscription) survived: a retained request published
-            # while we were away arrives once, from the session's queue (MQTT 5.0, 3.8.3.1).
-            opts = SubscribeOptions(
-                qos=1,
-                noLocal=True,
-                retainAsPublished=True,
-                retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB,
-            )
-            client.subscribe(self.topics.requests, options=opts)
-            for topic in self.watch:
-                client.subscribe(topic, options=SubscribeOptions(qos=0, noLocal=True))
-        else:
-            client.subscribe(self.topics.requests, 1)
-            for topic in self.watch:
-                client.subscribe(topic, 0)
+        self.outbox.keep_acks_of(self.connection)
+        subscribe(client, self.protocol, self.topics.requests, list(self.watch))
         session_present = bool(getattr(flags, "session_present", False))
         if session_present:
             # Requests of the old connection not yet acknowledged: the broker sends them again
@@ -798,42 +226,29 @@ class Bridge:
         self.connected = False
         # A copy on a client-named topic sent on this connection explains its end (the broker
         # refusing it), not another client taking our id
-        refused_copy = self._copies_sent_on == self.connection
-        if self._once:
-            # Copies of responses on topics that clients named: not sent again on the next
-            # connection, so that one the broker refuses (and closes our connection for)
-            # cannot do it again at every reconnect. The response itself was on our topic.
-            for mid in self._once:
-                client._out_messages.pop(mid, None)
-                self._inflight_bytes -= self._inflight.pop(mid, 0)
-            log.warning(
-                "%d response copie(s) on client-named reply topics were not acknowledged before the connection "
-                "ended; they are not sent again",
-                len(self._once),
-            )
-            self._once.clear()
+        refused_copy = self.outbox.copies_sent_on == self.connection
+        self.outbox.drop_copies(self._client)
         now = time.monotonic()
-        said = getattr(reason, "value", None) == SESSION_TAKEN_OVER
-        if was and not self._closing and not refused_copy and now - self._connected_at < SHORT_CONNECTION_S:
-            self._short = [t for t in self._short if now - t < SHORT_WINDOW_S] + [now]
-        if not self._closing and (said or len(self._short) >= SHORT_CONNECTIONS):
+        takeover = self.takeovers.after_disconnect(
+            now,
+            reason_code=getattr(reason, "value", None),
+            was_connected=was,
+            connected_at=self._connected_at,
+            closing=self._closing,
+            refused_copy=refused_copy,
+        )
+        if takeover is not None:
             # Another client connected with our client id (the broker says so in MQTT 5, or
             # mosquitto 2.0.11 just closes our connection each time it connects): reconnecting
             # at once would take the id back and be taken again, a loop that hides who does it.
-            self._takeovers = [t for t in self._takeovers if now - t < TAKEOVER_WINDOW_S] + [now]
-            self.taken_over += 1
-            self._reconnect_delay = min(TAKEOVER_MAX_S, TAKEOVER_MIN_S * 2 ** (len(self._takeovers) - 1))
+            self._reconnect_delay = takeover.delay_s
             log.error(
                 "the broker closed our connection because another client connected with our client id %r (%s): "
                 "another edge-queue with the same mqtt.client_id, or a client using it; reconnecting in %.0f s",
                 self.client_id,
-                "it says so"
-                if said
-                else f"{len(self._short)} connections ended within {SHORT_CONNECTION_S:.0f} s of their start "
-                f"in {SHORT_WINDOW_S / 60:.0f} minutes, the broker up all along",
+                takeover.why,
                 self._reconnect_delay,
             )
-            self._short.clear()
         elif not self._closing and was:
             log.warning("disconnected from the broker (%s); reconnecting", reason)
         self._next_reconnect = now + self._reconnect_delay
@@ -849,35 +264,13 @@ class Bridge:
                 client.ack(msg.mid, msg.qos)
             return
         command, user = parsed
-        props = getattr(msg, "properties", None)
-        response_topic = getattr(props, "ResponseTopic", None) if props else None
-        correlation = getattr(props, "CorrelationData", None) if props else None
-        size = len(msg.payload)
-        payload = b"" if self.max_payload_bytes and size > self.max_payload_bytes else bytes(msg.payload)
-        if correlation is not None and len(correlation) > 1024:
-            correlation = None  # echoed back: bounded like a transaction
-        self.inbox_bytes += len(payload)
-        self.inbox.append(
-            Incoming(
-                msg.topic,
-                command,
-                payload,
-                bool(msg.retain),
-                msg.qos,
-                msg.mid,
-                response_topic,
-                correlation,
-                bool(msg.dup),
-                self.connection,
-                size,
-                client.dropped_property_bytes if isinstance(client, _Client) else 0,
-                user,
-            )
-        )
+        dropped = client.dropped_property_bytes if isinstance(client, FastClient) else 0
+        item = incoming(msg, command, user, self.connection, self.max_payload_bytes, dropped)
+        self.inbox_bytes += len(item.payload)
+        self.inbox.append(item)
 
     def _on_publish(self, client: mqtt.Client, userdata: Any, mid: int, reason: Any, properties: Any) -> None:
-        self._inflight_bytes -= self._inflight.pop(mid, 0)
-        self._once.discard(mid)
+        self.outbox.acknowledged(mid)
 
     # -- connecting ---------------------------------------------------------------------
 
@@ -901,7 +294,11 @@ class Bridge:
         try:
             if self.protocol == mqtt.MQTTv5:
                 self._client.connect(
-                    s.host, s.port, keepalive=s.keepalive_s, clean_start=False, properties=self._connect_properties()
+                    s.host,
+                    s.port,
+                    keepalive=s.keepalive_s,
+                    clean_start=False,
+                    properties=connect_properties(self.settings, self.max_packet_bytes),
                 )
             else:  # the session flag is the client's clean_session=False
                 self._client.connect(s.host, s.port, keepalive=s.keepalive_s)
@@ -917,16 +314,6 @@ class Bridge:
             raise BrokerUnavailable(f"the broker at {s.host}:{s.port} refused us: {self._refused}")
         if not self.connected:
             raise BrokerUnavailable(f"no MQTT broker answered at {s.host}:{s.port} within {timeout_s} s")
-
-    def _connect_properties(self) -> Properties | None:
-        if self.protocol != mqtt.MQTTv5:
-            return None
-        props = Properties(PacketTypes.CONNECT)
-        props.SessionExpiryInterval = self.settings.session_expiry_s
-        props.ReceiveMaximum = RECEIVE_MAXIMUM
-        if self.max_packet_bytes:
-            props.MaximumPacketSize = self.max_packet_bytes
-        return props
 
     def _reconnect(self, now: float) -> None:
         self._next_reconnect = now + self._reconnect_delay
@@ -951,7 +338,7 @@ class Bridge:
         """How long the loop may sleep as far as the bridge goes (``None``: no limit)."""
         if self._more_to_read or (self._client.buffered() and self._may_read()):
             return 0.0
-        if self._out and self._window_open() and self.connected:
+        if self.outbox.out and self.outbox.window_open() and self.connected:
             return 0.0
         if self._client.socket() is None and not self._closing:
             return max(0.0, self._next_reconnect - now)
@@ -959,30 +346,35 @@ class Bridge:
 
     @property
     def holding(self) -> bool:
-        """True while the broker is unreachable and :data:`OFFLINE_HOLD` messages (or
-        :data:`OFFLINE_HOLD_BYTES` bytes) wait for it: no new work should start until the
-        reconnect (docs/operations.md, "Load and back-pressure")."""
-        return not self.connected and (len(self._out) >= OFFLINE_HOLD or self._out_bytes >= OFFLINE_HOLD_BYTES)
+        """True while the broker is unreachable and ``OFFLINE_HOLD`` messages (or bytes) wait
+        for it: no new work should start until the reconnect (docs/operations.md, "Load and
+        back-pressure")."""
+        return not self.connected and self.outbox.holding()
 
     @property
     def backlog(self) -> int:
         """Messages waiting here because the broker has not acknowledged earlier ones."""
-        return len(self._out)
+        return self.outbox.backlog
 
     @property
     def backlog_bytes(self) -> int:
         """Payload bytes of the messages waiting here and of those not yet acknowledged."""
-        return self._out_bytes + self._inflight_bytes
+        return self.outbox.backlog_bytes
 
     @property
     def unacked(self) -> int:
         """Our publishes handed to paho that the broker has not acknowledged yet."""
-        return len(self._inflight)
+        return len(self.outbox.inflight)
+
+    @property
+    def held_bytes(self) -> int:
+        """Payload bytes made inside the current :meth:`held` block."""
+        return self.outbox.held_bytes
 
     def backlog_high(self) -> bool:
-        """True while :data:`BACKLOG_HIGH` of our messages (or :data:`BACKLOG_BYTES_HIGH` bytes)
-        wait for the broker: the service takes no new request until some are acknowledged."""
-        return len(self._out) >= BACKLOG_HIGH or self.backlog_bytes >= BACKLOG_BYTES_HIGH
+        """True while ``BACKLOG_HIGH`` of our messages (or ``BACKLOG_BYTES_HIGH`` bytes) wait for
+        the broker: the service takes no new request until some are acknowledged."""
+        return self.outbox.backlog_high()
 
     def _inbox_full(self) -> bool:
         return len(self.inbox) >= INBOX_HIGH or self.inbox_bytes >= INBOX_BYTES_HIGH
@@ -993,9 +385,6 @@ class Bridge:
         inbox by a connection that ended are taken only once the new one is acknowledged, and
         that CONNACK arrives through the socket (docs/operations.md, "Load and back-pressure")."""
         return not self.connected or not self._inbox_full() or self.backlog_high()
-
-    def _window_open(self) -> bool:
-        return len(self._inflight) < WINDOW and (self._inflight_bytes < WINDOW_BYTES or not self._inflight)
 
     def pump(self, now: float, *, reconnect: bool = True) -> None:
         """Read what arrived (within the budgets), write what waits, keep the connection
@@ -1015,9 +404,8 @@ class Bridge:
     def _read(self) -> None:
         """Read whole packets until the socket has none, or a budget is reached.
 
-        paho's ``loop_read`` reads at most as many packets as it has messages in flight and
-        does not say whether the socket ran dry; ``_packet_read`` (what ``loop_read`` calls)
-        does, by returning ``MQTT_ERR_AGAIN``.
+        paho's ``loop_read`` does not say whether the socket ran dry
+        (:meth:`FastClient.read_packet` does).
         """
         client = self._client
         self._more_to_read = False
@@ -1029,11 +417,11 @@ class Bridge:
                 return
             if client.socket() is None:
                 return
-            rc = client._packet_read()
+            rc = client.read_packet()
             if rc == MQTTErrorCode.MQTT_ERR_AGAIN:
                 return
             if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
-                client._loop_rc_handle(rc)
+                client.read_failed(rc)
                 return
         self._more_to_read = True
 
@@ -1048,79 +436,21 @@ class Bridge:
             ack_now(self._client)
 
     def _hand_over(self) -> None:
-        """Give waiting messages to paho, in order, while the window (:data:`WINDOW` messages,
-        :data:`WINDOW_BYTES` bytes) of publishes awaiting a PUBACK is open."""
-        client, out = self._client, self._out
-        if not self.connected:
-            if len(out) > OFFLINE_BACKLOG or self._out_bytes > OFFLINE_BACKLOG_BYTES:
-                kept: deque[_Pub | _Ack] = deque(m for m in out if isinstance(m, _Pub) and not m.retain)
-                dropped = len(out) - len(kept)
-                size = sum(m.size for m in kept if isinstance(m, _Pub))
-                while kept and (len(kept) > OFFLINE_BACKLOG or size > OFFLINE_BACKLOG_BYTES):
-                    size -= kept.popleft().size  # type: ignore[union-attr]
-                    dropped += 1
-                self._out, self._out_bytes = kept, size
-                log.warning("broker unreachable: dropped %d waiting messages (state is republished)", dropped)
-            return
-        while out and self._window_open():
-            m = out.popleft()
-            if isinstance(m, _Ack):
-                if m.connection == self.connection:
-                    client.ack(m.mid, m.qos)
-                continue
-            size = m.size
-            self._out_bytes -= size
-            if m.props is None and not m.once and client.socket() is not None:
-                # the usual message (state, event, response): paho's bookkeeping, less work
-                payload = m.payload.encode() if isinstance(m.payload, str) else m.payload
-                mid = client.publish_qos1(m.topic, payload, m.retain)
-                self._inflight[mid] = size
-                self._inflight_bytes += size
-                if client.socket() is None:
-                    break
-                continue
-            info = client.publish(m.topic, m.payload, qos=1, retain=m.retain, properties=m.props)
-            self._inflight[info.mid] = size
-            self._inflight_bytes += size
-            if m.once:
-                self._once.add(info.mid)
-                self._copies_sent_on = self.connection
-            if info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN:
-                break  # paho keeps it and sends it after the reconnect
-            if client.socket() is None:
-                break
+        if self.connected:
+            self.outbox.hand_over(self._client, self.connection)
+        else:
+            self.outbox.bound_offline()
 
     # -- what the service sends -----------------------------------------------------------
 
-    @contextmanager
-    def held(self) -> Iterator[None]:
+    def held(self) -> AbstractContextManager[None]:
         """Hold every publish, response and PUBACK made inside; queue them, in order, when the
         block exits normally (after the store's group commit), drop them on an exception."""
-        if self._held is not None:
-            yield
-            return
-        self._held = []
-        self.held_bytes = 0
-        try:
-            yield
-            self._out.extend(self._held)
-            self._out_bytes += self.held_bytes
-        finally:
-            self._held = None
-            self.held_bytes = 0
-
-    def _put(self, m: _Pub | _Ack) -> None:
-        size = m.size if isinstance(m, _Pub) else 0
-        if self._held is None:
-            self._out.append(m)
-            self._out_bytes += size
-        else:
-            self._held.append(m)
-            self.held_bytes += size
+        return self.outbox.held()
 
     def publish(self, topic: str, payload: bytes | str, *, retain: bool = False) -> None:
         """Publish at QoS 1, once the enclosing :meth:`held` block has committed."""
-        self._put(_Pub(topic, payload, retain))
+        self.outbox.put(Pub(topic, payload, retain))
 
     def respond(self, topic: str, payload: bytes, *, correlation_data: bytes | None = None, once: bool = False) -> None:
         """Publish a response (QoS 1, not retained). ``once``: if the connection ends before
@@ -1130,24 +460,24 @@ class Bridge:
         if correlation_data is not None and self.protocol == mqtt.MQTTv5:
             props = Properties(PacketTypes.PUBLISH)
             props.CorrelationData = correlation_data
-        self._put(_Pub(topic, payload, False, props, once))
+        self.outbox.put(Pub(topic, payload, False, props, once))
 
     def ack(self, msg: Incoming) -> None:
         """Send the PUBACK of a QoS 1 request: call only once its effects are committed."""
         if msg.qos > 0:
-            self._put(_Ack(msg.mid, msg.qos, msg.connection))
+            self.outbox.put(Ack(msg.mid, msg.qos, msg.connection))
 
     def flush(self, timeout_s: float) -> bool:
         """Pump until everything waiting has been acknowledged, at most ``timeout_s`` seconds
         (used when stopping). Returns True when nothing is left."""
         end = time.monotonic() + timeout_s
-        while (self._out or self._inflight) and self.connected and time.monotonic() < end:
+        while (self.outbox.out or self.outbox.inflight) and self.connected and time.monotonic() < end:
             sock = self._client.socket()
             if sock is None:
                 break
             select.select([sock], [sock] if self._client.want_write() else [], [], 0.05)
             self.pump(time.monotonic(), reconnect=False)
-        return not self._out and not self._inflight
+        return not self.outbox.out and not self.outbox.inflight
 
     def close(self, *, offline: bool = True, timeout_s: float = 5.0) -> None:
         """Send what waits, publish ``offline`` (retained), then disconnect."""
@@ -1163,3 +493,70 @@ class Bridge:
                 self._client.loop_write()
         except (OSError, ValueError):
             pass
+
+
+def subscribe(client: mqtt.Client, protocol: mqtt.MQTTProtocolVersion, requests: str, watched: list[str]) -> None:
+    """Subscribe to the requests (QoS 1) and to the topics followed (QoS 0), not to our own
+    messages (MQTT 5 No Local)."""
+    if protocol == mqtt.MQTTv5:
+        # Retain Handling 1: retained requests are sent only for a new subscription, not again
+        # when the session (and its subscription) survived: a retained request published
+        # while we were away arrives once, from the session's queue (MQTT 5.0, 3.8.3.1).
+        opts = SubscribeOptions(
+            qos=1,
+            noLocal=True,
+            retainAsPublished=True,
+            retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB,
+        )
+        client.subscribe(requests, options=opts)
+        for topic in watched:
+            client.subscribe(topic, options=SubscribeOptions(qos=0, noLocal=True))
+    else:
+        client.subscribe(requests, 1)
+        for topic in watched:
+            client.subscribe(topic, 0)
+
+
+def connect_properties(settings: MqttSettings, max_packet_bytes: int | None) -> Properties:
+    """The MQTT 5 CONNECT properties: session expiry (``mqtt.session_expiry_s``), Receive
+    Maximum (:data:`RECEIVE_MAXIMUM`), Maximum Packet Size."""
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = settings.session_expiry_s
+    props.ReceiveMaximum = RECEIVE_MAXIMUM
+    if max_packet_bytes:
+        props.MaximumPacketSize = max_packet_bytes
+    return props
+
+
+def incoming(
+    msg: mqtt.MQTTMessage,
+    command: str,
+    user: str | None,
+    connection: int,
+    max_payload_bytes: int | None,
+    dropped_property_bytes: int,
+) -> Incoming:
+    """The request ``msg`` as the service takes it: a payload over ``max_payload_bytes`` is
+    dropped (its size is kept), Correlation Data over 1,024 bytes too (it is echoed back)."""
+    props = getattr(msg, "properties", None)
+    response_topic = getattr(props, "ResponseTopic", None) if props else None
+    correlation = getattr(props, "CorrelationData", None) if props else None
+    size = len(msg.payload)
+    payload = b"" if max_payload_bytes and size > max_payload_bytes else bytes(msg.payload)
+    if correlation is not None and len(correlation) > 1024:
+        correlation = None  # echoed back: bounded like a transaction
+    return Incoming(
+        msg.topic,
+        command,
+        payload,
+        bool(msg.retain),
+        msg.qos,
+        msg.mid,
+        response_topic,
+        correlation,
+        bool(msg.dup),
+        connection,
+        size,
+        dropped_property_bytes,
+        user,
+    )

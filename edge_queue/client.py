@@ -19,9 +19,10 @@ from typing import Any
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
-from .bridge import QuickAckClient, configure_client, detect_protocol, set_nodelay
+from .broker_probe import detect_protocol
 from .config import MqttSettings
 from .errors import BrokerUnavailable, EdgeQueueError
+from .mqtt_client import QuickAckClient, configure_client, set_nodelay
 from .topics import OFFLINE, ONLINE, Topics, valid_topic_level
 
 #: Requests that change nothing: not sent while edge-queue is offline.
@@ -175,7 +176,7 @@ class RequestClient:
                 "not kept; start edge-queue and send it again",
                 False,
             )
-        if self._client._protocol != mqtt.MQTTv5:
+        if self._client.protocol != mqtt.MQTTv5:
             return ServiceOffline(
                 f"edge-queue is {state} ({where}); the request was sent, and runs when edge-queue comes back "
                 "if the broker keeps its session (this broker does not say)",

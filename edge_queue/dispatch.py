@@ -18,12 +18,13 @@ from collections.abc import Callable
 from typing import Any
 
 from . import payloads
-from .bridge import MAX_PROPERTY_BYTES, Bridge, Connected, Incoming
+from .bridge import Bridge, Connected, Incoming
 from .commands import Commands, rejections
 from .config import Settings
 from .errors import ErrorCode
 from .limits import TURN_BYTES, TURN_REQUESTS, TURN_WORK, RequestRate
 from .logfmt import clip
+from .mqtt_client import MAX_PROPERTY_BYTES
 from .store import Store
 from .topics import Topics
 

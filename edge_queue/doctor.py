@@ -37,7 +37,7 @@ class Check:
 def _broker(settings: Settings, service: dict[str, Any]) -> Iterator[Check]:
     """The broker and the service on ``mqtt.base_topic``; fills ``service`` with what the
     service publishes (``status``, and ``info`` as a dict) for the later checks."""
-    from .bridge import detect_protocol
+    from .broker_probe import detect_protocol
     from .client import RequestClient
 
     s = settings.mqtt

@@ -18,6 +18,23 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+#: The amqtt version this module is written against (pyproject.toml pins it).
+AMQTT_VERSION = "0.12.1"
+#: Private names of amqtt's ``Broker`` that the embedded broker overrides (o) or uses (u):
+#: amqtt has no public hook for any of these behaviours. tests/test_private_names.py checks
+#: every one against the installed amqtt.
+AMQTT_PRIVATE: dict[str, str] = {
+    "Broker._delete_session": "o: a session deleted only after its client authenticated",
+    "Broker._initialize_client_session": "o: a stored session's identity restored when the new client is refused",
+    "Broker._handle_client_session": "o: the refused connection answered NOT_AUTHORIZED",
+    "Broker._publish_session_retained_messages": "o: kept messages sent without the retain flag",
+    "Broker._publish_retained_messages_for_subscription": "o: retained messages for a new subscription only",
+    "Broker._get_handler": "u: a session's protocol handler",
+    "Broker._subscriptions": "u: topic filter -> subscribed sessions",
+    "Broker._sessions": "u: client id -> (session, handler), for the per-client bounds",
+    "Broker._authenticate": "u: the authentication plug-ins, run again for a stored session",
+}
+
 
 def broker_config(
     host: str,

@@ -19,9 +19,10 @@ from typing import Any
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
-from .bridge import PROBE_S, configure_client, warn_closed_without_answer
+from .broker_probe import PROBE_S, warn_closed_without_answer
 from .config import MqttSettings
 from .errors import BrokerUnavailable, EdgeQueueError
+from .mqtt_client import configure_client
 from .topics import ONLINE, Topics
 
 log = logging.getLogger(__name__)

@@ -32,8 +32,8 @@ from typing import Any
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
-from .bridge import configure_client
 from .config import MqttSettings
+from .mqtt_client import configure_client
 from .topics import Topics
 
 log = logging.getLogger(__name__)
