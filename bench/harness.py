@@ -152,6 +152,9 @@ class Service:
     #: the folder whose ``edge_queue`` package runs (``python -m edge_queue`` from there): the
     #: checkout, or an earlier commit's tree (P1's "before" side, :mod:`p1_throughput`)
     root: Path = ROOT
+    #: the command that runs the service (default ``python -m edge_queue serve``); P1's "stock
+    #: paho" side runs bench/ref/stock_paho.py instead
+    argv: list[str] = field(default_factory=lambda: [sys.executable, "-m", "edge_queue", "serve"])
 
     def __post_init__(self) -> None:
         self._own_dir = self.data_dir is None
@@ -182,7 +185,7 @@ class Service:
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed by the child's exit
         self.started_at = time.monotonic()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "edge_queue", "serve"],
+            self.argv,
             env=self.env(),
             stdout=subprocess.DEVNULL,
             stderr=log,

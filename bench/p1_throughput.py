@@ -62,32 +62,37 @@ def ensure_ref_venv(log: Any) -> Path:
     return py
 
 
-def before_tree(dest: Path, log: Any) -> Path | None:
-    """The ``edge_queue`` package of :data:`BEFORE_COMMIT` unpacked under ``dest`` (from this
-    repository's git history), or None when git or the commit is missing (logged)."""
+def before_tree(dest: Path, log: Any, commit: str = BEFORE_COMMIT) -> Path | None:
+    """The ``edge_queue`` package of ``commit`` (default :data:`BEFORE_COMMIT`) unpacked under
+    ``dest`` (from this repository's git history), or None when git or the commit is missing
+    (logged)."""
     try:
         archive = subprocess.run(
-            ["git", "-C", str(BENCH.parent), "archive", BEFORE_COMMIT, "edge_queue"],
+            ["git", "-C", str(BENCH.parent), "archive", commit, "edge_queue"],
             capture_output=True,
             check=True,
             timeout=60,
         ).stdout
         subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True, timeout=60)
     except (OSError, subprocess.SubprocessError) as e:
-        log(f"P1: the 'before' side is skipped: no tree of commit {BEFORE_COMMIT} ({e})")
+        log(f"P1: the side of commit {commit} is skipped: no tree of it ({e})")
         return None
     return dest
 
 
 def edge_queue_run(
-    n: int, durability: str, mode: str, timeout_s: float = 300.0, root: Path | None = None
+    n: int, durability: str, mode: str, timeout_s: float = 300.0, root: Path | None = None, stock: bool = False
 ) -> tuple[float, float]:
     """One run on a fresh service: ``(jobs per second, service CPU ms per job)``. Jobs per
     second: from the first request published to the last job seen ``succeeded`` on its retained
     topic (:class:`harness.SucceededCounter`). CPU: user + system time of the service process
     (all its threads, not its workers) over the same span, divided by ``n``. ``root``: the
-    folder whose ``edge_queue`` runs (default: this checkout)."""
-    svc = Service({"EDGE_QUEUE_DURABILITY": durability}, **({"root": root} if root else {}))
+    folder whose ``edge_queue`` runs (default: this checkout). ``stock``: the service runs with
+    paho's own client in place of its short paths (bench/ref/stock_paho.py)."""
+    extra: dict[str, Any] = {"root": root} if root else {}
+    if stock:
+        extra["argv"] = [sys.executable, str(BENCH / "ref" / "stock_paho.py"), "serve"]
+    svc = Service({"EDGE_QUEUE_DURABILITY": durability}, **extra)
     try:
         svc.start()
         load = SucceededCounter(svc.base)
@@ -151,22 +156,35 @@ SIDES = [
     "eq single full",
     "eq single normal",
     "before single full",
+    "stock batch full",
+    "stock single full",
     "huey",
     "floor full",
 ]
+#: with a baseline commit (``bench/run.py --baseline``): that commit's service, same modes
+BASE_SIDES = ["base batch full", "base single full"]
 
 
-def run(runs: int, n: int, log: Any) -> dict[str, Any]:
+def run(runs: int, n: int, log: Any, baseline: str | None = None) -> dict[str, Any]:
+    """P1's sides, alternated run by run. ``baseline``: a commit whose service runs beside this
+    tree's, batch and single, durability full (a change measured against the code before it)."""
     py = ensure_ref_venv(log)
-    with tempfile.TemporaryDirectory(prefix="eqbefore-") as d:
+    with tempfile.TemporaryDirectory(prefix="eqbefore-") as d, tempfile.TemporaryDirectory(prefix="eqbase-") as b:
         before = before_tree(Path(d), log)
+        base = before_tree(Path(b), log, baseline) if baseline else None
         sides = [s for s in SIDES if before is not None or not s.startswith("before ")]
-        return _run(runs, n, log, py, sides, before)
+        if base is not None:
+            sides += BASE_SIDES
+        res = _run(runs, n, log, py, sides, before, base)
+        res["baseline"] = baseline if base is not None else None
+        return res
 
 
-def _run(runs: int, n: int, log: Any, py: Path, sides: list[str], before: Path | None) -> dict[str, Any]:
+def _run(
+    runs: int, n: int, log: Any, py: Path, sides: list[str], before: Path | None, base: Path | None = None
+) -> dict[str, Any]:
     got: dict[str, list[float]] = {s: [] for s in sides}
-    cpu: dict[str, list[float]] = {s: [] for s in sides if s.startswith(("eq ", "before "))}
+    cpu: dict[str, list[float]] = {s: [] for s in sides if s.startswith(("eq ", "before ", "stock ", "base "))}
     for r in range(runs):
         order = sides if r % 2 == 0 else sides[::-1]
         for side in order:
@@ -176,8 +194,12 @@ def _run(runs: int, n: int, log: Any, py: Path, sides: list[str], before: Path |
                 v = floor_run(n, "full")
             else:
                 who, mode, dur = side.split()
-                # the code before runs about 10 times slower: 5,000 jobs take 25 s on a fast machine
-                v, ms = edge_queue_run(n, dur, mode, *((900.0, before) if who == "before" else ()))
+                if who == "before":  # about 10 times slower: 5,000 jobs take 25 s on a fast machine
+                    v, ms = edge_queue_run(n, dur, mode, 900.0, before)
+                elif who == "base":
+                    v, ms = edge_queue_run(n, dur, mode, 300.0, base)
+                else:
+                    v, ms = edge_queue_run(n, dur, mode, stock=who == "stock")
                 cpu[side].append(ms)
             got[side].append(v)
             log(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from harness import BENCH, HOST, Figure, Publisher, Service, Watcher, percentile, uid
@@ -25,8 +26,9 @@ from edge_queue.store import parse_iso
 METRICS = ["submit->response", "submit->running", "submit->succeeded", "finished_at->succeeded seen"]
 
 
-def one_run(n: int, log: Any) -> dict[str, list[float]]:
-    svc = Service({"EDGE_QUEUE_DURABILITY": "full"})
+def one_run(n: int, log: Any, root: Path | None = None) -> dict[str, list[float]]:
+    """One service (this checkout's, or the tree at ``root``), ``n`` jobs one at a time."""
+    svc = Service({"EDGE_QUEUE_DURABILITY": "full"}, **({"root": root} if root else {}))
     out: dict[str, list[float]] = {m: [] for m in METRICS}
     try:
         svc.start()
@@ -86,8 +88,24 @@ def echo_run(n: int, port: int) -> list[float]:
     return out
 
 
-def run(runs: int, n: int, log: Any, brokers: dict[str, int]) -> dict[str, Any]:
-    """``brokers``: name -> port; every run measures on each broker, alternating the order."""
+def run(runs: int, n: int, log: Any, brokers: dict[str, int], baseline: str | None = None) -> dict[str, Any]:
+    """``brokers``: name -> port; every run measures on each broker, alternating the order.
+    ``baseline``: a commit whose service is measured too, alternated with this tree's
+    (figures ``<broker> base: ...``)."""
+    import tempfile
+
+    import harness
+    from p1_throughput import before_tree
+
+    with tempfile.TemporaryDirectory(prefix="eqbase-") as d:
+        base = before_tree(Path(d), log, baseline) if baseline else None
+        res = _run(runs, n, log, brokers, base)
+        res["baseline"] = baseline if base is not None else None
+        harness.use_port(brokers[next(iter(brokers))])
+        return res
+
+
+def _run(runs: int, n: int, log: Any, brokers: dict[str, int], base: Path | None) -> dict[str, Any]:
     import harness
 
     figs: dict[str, list[float]] = {}
@@ -95,12 +113,17 @@ def run(runs: int, n: int, log: Any, brokers: dict[str, int]) -> dict[str, Any]:
     for r in range(runs):
         for b in names if r % 2 == 0 else names[::-1]:
             harness.use_port(brokers[b])
-            res = one_run(n, log)
-            for m, vals in res.items():
-                for p in (50, 95, 99):
-                    figs.setdefault(f"{b}: {m} p{p}", []).append(percentile(vals, p))
-            ps = [percentile(res["submit->running"], p) for p in (50, 95, 99)]
-            log(f"P2 run {r + 1}/{runs} [{b}]: submit->running p50 {ps[0]:.1f}, p95 {ps[1]:.1f}, p99 {ps[2]:.1f} ms")
+            trees = [("", None), (" base", base)] if base is not None else [("", None)]
+            for tag, root in trees if r % 2 == 0 else trees[::-1]:
+                res = one_run(n, log, root)
+                for m, vals in res.items():
+                    for p in (50, 95, 99):
+                        figs.setdefault(f"{b}{tag}: {m} p{p}", []).append(percentile(vals, p))
+                ps = [percentile(res["submit->running"], p) for p in (50, 95, 99)]
+                log(
+                    f"P2 run {r + 1}/{runs} [{b}{', baseline' if tag else ''}]: submit->running "
+                    f"p50 {ps[0]:.1f}, p95 {ps[1]:.1f}, p99 {ps[2]:.1f} ms"
+                )
             echo = echo_run(n, brokers[b])  # the floor, on the same broker
             for p in (50, 95, 99):
                 figs.setdefault(f"{b}: echo floor p{p}", []).append(percentile(echo, p))

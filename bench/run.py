@@ -5,6 +5,7 @@
     .venv/bin/python bench/run.py --only P1,P2    # selected targets
     .venv/bin/python bench/run.py --quick --with-long   # smoke run plus the 1-hour P4 run
     .venv/bin/python bench/run.py --quick --only P1 --runs 1 --p1-jobs 1000   # small P1 check
+    .venv/bin/python bench/run.py --only P1,P2 --baseline f7c331c   # beside an earlier commit
 
 Prints a table and writes the figures, the machine and the package versions to
 bench/results/<YYYY-MM-DD>.json (``-quick`` suffix for --quick) and, for a run without
@@ -129,6 +130,27 @@ def _p1_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                 c.median <= 0.3 if durable else None,
             )
         )
+    for mode in ("batch", "single"):
+        eq, eq_cpu = f[f"eq {mode} full"], f.get(f"eq {mode} full cpu")
+        for side, what in (
+            ("stock", "paho's own client in place of the short paths (bench/ref/stock_paho.py)"),
+            ("base", f"baseline commit {res.get('baseline')}"),
+        ):
+            other = f.get(f"{side} {mode} full")
+            if other is None:
+                continue
+            ocpu = f.get(f"{side} {mode} full cpu")
+            out.append(
+                row(
+                    "P1",
+                    f"{what}, {mode} full",
+                    "(reference)",
+                    other,
+                    f"this tree {fmt(eq)}" + (f"; CPU {fmt(eq_cpu)} vs {fmt(ocpu)}" if eq_cpu and ocpu else ""),
+                    f"this tree {eq.median / other.median:.2f}×",
+                    None,
+                )
+            )
     if bf is not None:
         out.append(
             row(
@@ -187,6 +209,21 @@ def rows_for(pid: str, res: dict[str, Any]) -> list[dict[str, Any]]:
                             "; ".join(refs),
                             ", ".join(ratios),
                             f[key].median <= lim if main else None,
+                        )
+                    )
+        for b in ("shipped", "nagle"):
+            for p in (50, 95, 99):
+                key, base = f"{b}: submit->running p{p}", f"{b} base: submit->running p{p}"
+                if key in f and base in f:
+                    out.append(
+                        row(
+                            "P2",
+                            f"[{b} broker] baseline commit {res.get('baseline')}: submit->running p{p}",
+                            "(reference)",
+                            f[base],
+                            f"this tree {fmt(f[key])}",
+                            f"this tree {f[key].median - f[base].median:+.2f} ms",
+                            None,
                         )
                     )
         for b in ("shipped", "nagle"):
@@ -397,6 +434,11 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=None, help="runs per figure (default 5; 3 with --quick)")
     ap.add_argument("--broker", choices=["private", "system"], default="private")
     ap.add_argument("--p1-jobs", type=int, default=5000, help="noop jobs per P1 run (default 5,000; a multiple of 100)")
+    ap.add_argument(
+        "--baseline",
+        default=None,
+        help="a commit whose service runs beside this tree's in P1 and P2, alternated",
+    )
     a = ap.parse_args()
     if a.p1_jobs < 100 or a.p1_jobs % 100:
         ap.error("--p1-jobs must be a positive multiple of 100 (P1 submits batches of 100)")
@@ -426,11 +468,11 @@ def main() -> int:
                 if pid == "P1":
                     import p1_throughput
 
-                    results[pid] = p1_throughput.run(runs, a.p1_jobs, log)
+                    results[pid] = p1_throughput.run(runs, a.p1_jobs, log, a.baseline)
                 elif pid == "P2":
                     import p2_latency
 
-                    results[pid] = p2_latency.run(runs, 50 if q else 500, log, ports)
+                    results[pid] = p2_latency.run(runs, 50 if q else 500, log, ports, a.baseline)
                 elif pid == "P3":
                     import p3_transcribe
 
