@@ -1,0 +1,51 @@
+"""The rule that tells another client taking our client id from a plain network cut
+(edge_queue/takeover.py): plain data and a clock, no broker."""
+
+from __future__ import annotations
+
+from edge_queue.takeover import (
+    SESSION_TAKEN_OVER,
+    SHORT_CONNECTION_S,
+    SHORT_CONNECTIONS,
+    SHORT_WINDOW_S,
+    TAKEOVER_MAX_S,
+    TakeoverRule,
+)
+
+
+def ended(rule: TakeoverRule, now: float, *, lasted: float = 1.0, code: int | None = None, **kw: bool):
+    args = {"was_connected": True, "closing": False, "refused_copy": False, **kw}
+    return rule.after_disconnect(now, reason_code=code, connected_at=now - lasted, **args)
+
+
+def test_the_broker_saying_so_is_a_takeover_and_the_wait_doubles_to_a_cap() -> None:
+    rule = TakeoverRule()
+    delays = [ended(rule, 100.0 * i, code=SESSION_TAKEN_OVER, lasted=500).delay_s for i in range(1, 6)]
+    assert delays == [10.0, 20.0, 40.0, TAKEOVER_MAX_S, TAKEOVER_MAX_S]
+    assert rule.count == 5
+
+
+def test_short_connections_in_a_row_are_a_takeover_long_ones_are_not() -> None:
+    rule = TakeoverRule()
+    for i in range(SHORT_CONNECTIONS - 1):
+        assert ended(rule, 10.0 * i) is None
+    took = ended(rule, 10.0 * SHORT_CONNECTIONS)
+    assert took is not None and "connections ended within" in took.why
+    # a connection that lasted is a network cut, whatever came before
+    rule = TakeoverRule()
+    for i in range(10):
+        assert ended(rule, 100.0 * i, lasted=SHORT_CONNECTION_S + 1) is None
+
+
+def test_short_connections_spread_over_more_than_the_window_are_not() -> None:
+    rule = TakeoverRule()
+    for i in range(10):
+        assert ended(rule, i * (SHORT_WINDOW_S / (SHORT_CONNECTIONS - 1) + 1)) is None
+
+
+def test_our_own_stop_and_a_refused_copy_explain_the_end() -> None:
+    rule = TakeoverRule()
+    for i in range(10):
+        assert ended(rule, float(i), refused_copy=True) is None
+    assert ended(rule, 20.0, closing=True, code=SESSION_TAKEN_OVER) is None
+    assert ended(rule, 21.0, was_connected=False) is None  # a reconnect that never connected
