@@ -200,7 +200,7 @@ class ProcessPool:
             proc.join(KILL_AFTER_S)
 
     def reap(self) -> None:
-        """Signal and reap the workers on their way out (see :meth:`_end`), without waiting."""
+        """Signal and reap the workers on their way out (see :meth:`end`), without waiting."""
         if not self.dying:
             return
         now = self.clock()

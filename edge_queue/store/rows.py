@@ -112,9 +112,9 @@ def bindable(text: str | None) -> bool:
     return True
 
 
-#: a new plain job's row (Store._submit_deferred: the columns that are not their defaults;
+#: a new plain job's row (Submits.submit_deferred: the columns that are not their defaults;
 #: ``queued`` with seq 1 and attempt 0, or ``running`` when claimed before it was written,
-#: Store._claim_deferred)
+#: Claims.claim_deferred)
 INSERT_JOB = (
     "INSERT INTO jobs (job_id, seq, kind, input, options, batch_id, priority, state, stage, progress, eta_s, "
     "attempt, max_attempts, retry_at, error, result, dedupe_key, timeout_s, run_at, lock_key, submitted_by, owner, "
