@@ -23,6 +23,9 @@ from .test_load import figures
 
 pytestmark = [
     pytest.mark.homeassistant,
+    pytest.mark.slow,
+    # one Home Assistant (the harness's configuration folder) for the whole module: one worker
+    pytest.mark.xdist_group("homeassistant"),
     # the harness (a shared tool, not ours) leaves its subprocess pipes to the garbage collector
     pytest.mark.filterwarnings("ignore::ResourceWarning"),
     pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
