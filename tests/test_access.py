@@ -69,6 +69,7 @@ class User:
         self.client.loop_stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("broker_fixture", ["mosquitto_with_acl", "amqtt_with_acl"])
 def test_a_user_acts_on_its_own_jobs_only_and_no_one_can_answer_for_the_service(
     broker_fixture: str, request: pytest.FixtureRequest, service_factory, speech: Path

@@ -226,6 +226,7 @@ def test_jobs_fits_an_80_column_terminal(mosquitto, service_factory, tmp_path: P
     assert any("a-very-long-voicemail" in line for line in lines), out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["jobs"], ["serve"]])
 def test_a_port_that_is_not_mqtt_is_named_at_once(tmp_path: Path, command: list[str]) -> None:
     # Given a port where something listens, accepts connections and says nothing (not MQTT)
@@ -298,6 +299,7 @@ def test_serve_waits_behind_a_forwarder_whose_broker_is_not_up_yet(tmp_path: Pat
         late.wait(10)
 
 
+@pytest.mark.slow
 def test_submit_wait_sees_the_end_after_a_broker_restart(tmp_path: Path, service_factory) -> None:
     from .test_load import PrivateMosquitto
 
@@ -362,6 +364,7 @@ def test_file_names_cannot_forge_output_lines(mosquitto, service_factory, tmp_pa
     assert "\\x1b[2J\\u202e[red]x.wav" in table.stdout, repr(table.stdout)
 
 
+@pytest.mark.slow
 def test_a_broker_lost_during_a_request_is_named_and_a_closed_port_fails_fast(tmp_path: Path) -> None:
     from .conftest import Watcher, publish
     from .test_load import PrivateMosquitto

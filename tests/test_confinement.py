@@ -180,6 +180,7 @@ def _later(seconds: float) -> str:
     return (datetime.now(UTC) + timedelta(seconds=seconds)).isoformat()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("swap", "code"),
     [

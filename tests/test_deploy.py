@@ -305,6 +305,7 @@ def mosquitto_with_acl(tmp_path: Path):
     proc.wait(10)
 
 
+@pytest.mark.slow
 def test_shipped_mosquitto_speaks_tls_to_the_lan(mosquitto_with_acl, tmp_path: Path) -> None:
     # Given mosquitto with the shipped configuration: plain MQTT on loopback, TLS for the LAN
     broker = mosquitto_with_acl
@@ -384,6 +385,7 @@ EXPECTED_ACL = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("broker_fixture", ["mosquitto_with_acl", "amqtt_with_acl"])
 def test_shipped_broker_config_enforces_the_acl(
     broker_fixture: str, request: pytest.FixtureRequest, service_factory, speech: Path
@@ -454,6 +456,7 @@ def _make_ca(d: Path) -> dict[str, Path]:
     return {"ca": d / "ca.crt", "cert": d / "server.crt", "key": d / "server.key", "other": d / "other.crt"}
 
 
+@pytest.mark.slow
 def test_tls_with_a_test_ca(tmp_path: Path, service_factory, speech: Path) -> None:
     need(shutil.which("mosquitto") is not None, "mosquitto not installed")
     pki = _make_ca(tmp_path)
@@ -501,6 +504,7 @@ def test_tls_with_a_test_ca(tmp_path: Path, service_factory, speech: Path) -> No
         proc.wait(10)
 
 
+@pytest.mark.slow
 def test_doctor_reports_each_check(mosquitto, tmp_path: Path, speech: Path) -> None:
     env = {
         **os.environ,

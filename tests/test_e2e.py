@@ -74,6 +74,7 @@ def test_transcribe_jfk_seen_by_subscribers(broker, service_factory, speech: Pat
     late.close()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("model_installed")
 def test_batch_of_librivox_clips(broker, service_factory, speech: Path) -> None:
     svc = service_factory(broker, [speech]).start()
@@ -534,6 +535,7 @@ def _workers_holding_sleepers(
     return svc, watcher, [j["job_id"] for j in resp["data"]["jobs"]]
 
 
+@pytest.mark.slow
 def test_jobs_waiting_behind_a_long_one_in_a_worker_go_back_to_the_queue(
     mosquitto, service_factory, speech: Path
 ) -> None:

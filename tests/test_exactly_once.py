@@ -216,6 +216,7 @@ def test_a_retry_delivered_again_runs_the_job_once_more_only(flaky) -> None:
     assert all(a["status"] == "ok" for a in _responses(watcher, svc, "retry", "r1"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["cancel", "pause", "resume", "purge"])
 def test_other_requests_delivered_again_are_answered_with_their_first_response(flaky, command: str) -> None:
     svc, proxy = flaky

@@ -142,6 +142,7 @@ def test_a_refused_input_names_the_media_roots_and_the_start_names_them_too(
     assert str(svc.data_dir) in line and all(str(r) in line for r in roots), line
 
 
+@pytest.mark.slow
 def test_doctor_checks_the_media_roots_the_running_service_uses(mosquitto, service_factory, tmp_path: Path) -> None:
     # Given a service started as the README starts it: no roots in any configuration, one
     # given with --media-root on its command line
@@ -232,6 +233,7 @@ def _running(watcher, base: str, job_id: str) -> None:
     watcher.wait_json(f"{base}/jobs/{job_id}", lambda m: m["state"] == "running", timeout=60)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("model_installed")
 def test_stopping_with_a_job_running_keeps_its_word(mosquitto, service_factory, long_speech: Path) -> None:
     # Given a service with a 2 s grace period, transcribing 100 s of speech

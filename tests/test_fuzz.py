@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from paho.mqtt.enums import CallbackAPIVersion
@@ -55,6 +56,7 @@ payloads = st.one_of(
 commands = st.one_of(st.sampled_from(COMMANDS), st.sampled_from(["", "x", "submit/extra", "ü", "get/"]))
 
 
+@pytest.mark.slow
 def test_fuzzed_requests_get_exactly_one_response(broker, service_factory, speech: Path) -> None:
     svc = service_factory(broker, [speech]).start()
     # (a command with a second level, "submit/extra", is the request of broker user "extra":

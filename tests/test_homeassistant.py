@@ -24,8 +24,9 @@ from .test_load import figures
 pytestmark = [
     pytest.mark.homeassistant,
     pytest.mark.slow,
-    # one Home Assistant (the harness's configuration folder) for the whole module: one worker
-    pytest.mark.xdist_group("homeassistant"),
+    # one Home Assistant (the harness's configuration folder), started within the harness's own
+    # time limits: alone, after the parallel part of the suite
+    pytest.mark.serial,
     # the harness (a shared tool, not ours) leaves its subprocess pipes to the garbage collector
     pytest.mark.filterwarnings("ignore::ResourceWarning"),
     pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),

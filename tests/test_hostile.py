@@ -124,6 +124,7 @@ def test_reply_topics_a_broker_refuses_are_refused_and_cost_nothing(
     stop_and_longest_turn_ms(svc)
 
 
+@pytest.mark.slow
 def test_a_reply_the_broker_denies_costs_that_copy_only(tmp_path: Path, rig: Callable[..., Rig]) -> None:
     # Given a broker whose ACL denies the service some reply topics, with mosquitto 2.0.11's
     # handling of a denied QoS 1 publish (it ends the connection)
@@ -249,6 +250,7 @@ def store_of_long_jobs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return succeeded_store(tmp_path_factory.mktemp("longjobs") / "edge-queue.db", 5_000, "/srv/media/" + "x" * 3990)
 
 
+@pytest.mark.slow
 def test_a_flood_of_large_responses_keeps_memory_and_turns_bounded(
     shipped_mosquitto: PrivateMosquitto, tmp_path: Path, store_of_long_jobs: Path, rig: Callable[..., Rig]
 ) -> None:
@@ -292,6 +294,7 @@ def test_a_flood_of_large_responses_keeps_memory_and_turns_bounded(
     assert longest < 2000
 
 
+@pytest.mark.slow
 def test_submits_of_rejected_inputs_keep_turns_short(
     shipped_mosquitto: PrivateMosquitto, tmp_path: Path, rig: Callable[..., Rig]
 ) -> None:
@@ -322,6 +325,7 @@ def _slow_subscriber(port: int, topic: str, client_id: str, clean: bool) -> sock
     return sock
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("clean", [True, False], ids=["clean-session", "persistent-session"])
 def test_subscribers_that_never_read_cannot_fill_the_embedded_broker(
     tmp_path: Path, store_of_long_jobs: Path, service_factory, clean: bool

@@ -157,6 +157,7 @@ def test_another_install_announcing_itself_is_reported(tmp_path: Path, service_f
     watcher.close()
 
 
+@pytest.mark.slow
 def test_a_client_id_take_over_is_said_as_such(tmp_path: Path, service_factory, own_broker) -> None:
     # Given a running install with its default client id
     broker = own_broker

@@ -348,6 +348,7 @@ def figures(**kw: Any) -> None:
 # -- bursts ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [10_000, 50_000, 100_000])
 def test_burst_of_submits_from_one_client_is_answered_exactly_once(
     shipped_mosquitto: PrivateMosquitto, tmp_path: Path, n: int, rig: Callable[..., Rig]
@@ -377,6 +378,7 @@ def test_burst_of_submits_from_one_client_is_answered_exactly_once(
     assert longest < WATCHDOG_S * 1000 / 2
 
 
+@pytest.mark.slow
 def test_four_clients_at_once_with_other_requests(
     shipped_mosquitto: PrivateMosquitto, tmp_path: Path, rig: Callable[..., Rig]
 ) -> None:
@@ -422,6 +424,7 @@ def test_four_clients_at_once_with_other_requests(
     assert peak < RSS_BOUND_MB and longest < WATCHDOG_S * 1000 / 2
 
 
+@pytest.mark.slow
 def test_kill_9_during_a_burst_loses_nothing_acknowledged(
     shipped_mosquitto: PrivateMosquitto, tmp_path: Path, rig: Callable[..., Rig]
 ) -> None:
@@ -485,6 +488,7 @@ class PersistentEvents:
         self.client.loop_stop()
 
 
+@pytest.mark.slow
 def test_a_broker_outage_with_a_queue_running_drops_no_event(
     shipped_mosquitto: PrivateMosquitto, tmp_path: Path, rig: Callable[..., Rig]
 ) -> None:
@@ -588,6 +592,7 @@ def _republishes(svc: ServiceProcess) -> int:
     return len(re.findall(r"republished the retained state of 100000 job", svc.log()))
 
 
+@pytest.mark.slow
 def test_restarts_with_100k_stored_jobs(
     shipped_mosquitto: PrivateMosquitto, tmp_path: Path, store_100k: Path, rig: Callable[..., Rig]
 ) -> None:
@@ -635,6 +640,7 @@ def test_restarts_with_100k_stored_jobs(
     assert longest < WATCHDOG_S * 1000 / 2
 
 
+@pytest.mark.slow
 def test_republish_storm_is_coalesced(
     shipped_mosquitto: PrivateMosquitto, tmp_path: Path, store_100k: Path, rig: Callable[..., Rig]
 ) -> None:
@@ -669,6 +675,7 @@ def test_republish_storm_is_coalesced(
 # -- oversized payloads ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("limit_packets", [True, False], ids=["shipped-broker", "broker-without-limit"])
 def test_oversized_payloads_are_refused_without_memory(
     tmp_path: Path, limit_packets: bool, rig: Callable[..., Rig]
@@ -746,6 +753,7 @@ def _until_answered(pub: Publisher, responses: Responses, body: dict[str, Any], 
 LATER = {"kind": "noop", "run_at": "2999-01-01T00:00:00Z"}  # waits: its row stays in the store
 
 
+@pytest.mark.slow
 def test_low_disk_refuses_submits_and_serves_the_rest(
     shipped_mosquitto: PrivateMosquitto, tmp_path: Path, small_disk: Path, rig: Callable[..., Rig]
 ) -> None:
@@ -845,6 +853,7 @@ def submit_batches(pub: Publisher, responses: Responses, prefix: str, count: int
     return txs
 
 
+@pytest.mark.slow
 def test_thirty_batches_of_a_thousand_then_restart(
     shipped_mosquitto: PrivateMosquitto, tmp_path: Path, rig: Callable[..., Rig]
 ) -> None:
@@ -866,6 +875,7 @@ def test_thirty_batches_of_a_thousand_then_restart(
     assert max(first_longest, longest) < WATCHDOG_S * 1000 / 2
 
 
+@pytest.mark.slow
 def test_a_request_rate_under_one_per_second_still_answers(
     shipped_mosquitto: PrivateMosquitto, tmp_path: Path, rig: Callable[..., Rig]
 ) -> None:
@@ -880,6 +890,7 @@ def test_a_request_rate_under_one_per_second_still_answers(
     stop_and_longest_turn_ms(svc)
 
 
+@pytest.mark.slow
 def test_bulk_requests_on_a_big_queue_keep_turns_short(
     shipped_mosquitto: PrivateMosquitto, tmp_path: Path, rig: Callable[..., Rig]
 ) -> None:

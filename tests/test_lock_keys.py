@@ -47,6 +47,7 @@ def _ended(watcher: Any, base: str, job_id: str, state: str = "succeeded", timeo
     watcher.wait_json(f"{base}/jobs/{job_id}", lambda m: m["state"] == state, timeout)
 
 
+@pytest.mark.slow
 def test_reject_names_the_holder(mosquitto, service_factory, tmp_path: Path) -> None:
     svc = service_factory(mosquitto, [tmp_path]).start()
     watcher = svc.watcher("response/#", "jobs/+")
@@ -68,6 +69,7 @@ def test_reject_names_the_holder(mosquitto, service_factory, tmp_path: Path) -> 
     assert svc.request("cancel", {"job_id": holder}, watcher)["status"] == "ok"
 
 
+@pytest.mark.slow
 def test_wait_runs_one_key_in_submit_order_beside_other_keys(mosquitto, service_factory, tmp_path: Path) -> None:
     # Given two workers
     svc = service_factory(mosquitto, [tmp_path], {"EDGE_QUEUE_WORKERS": "2"}).start()
@@ -103,6 +105,7 @@ def test_wait_runs_one_key_in_submit_order_beside_other_keys(mosquitto, service_
     assert b_end is not None and any(s < b_end and (e or 0) > b_start for s, e in spans), (spans, b_start, b_end)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["succeeded", "failed", "cancelled", "crash_loop"])
 def test_the_lock_is_released_however_the_holder_ends(mosquitto, service_factory, tmp_path: Path, how: str) -> None:
     svc = service_factory(mosquitto, [tmp_path], {"EDGE_QUEUE_RETRY__BACKOFF_BASE_S": "0.1"}).start()
@@ -150,6 +153,7 @@ def test_a_kill_keeps_the_lock_with_its_holder(mosquitto, service_factory, tmp_p
     assert waiter_runs[0][0] >= holder_runs[-1][1], (holder_runs, waiter_runs)
 
 
+@pytest.mark.slow
 def test_twenty_clients_at_once_one_holds_the_key(mosquitto, service_factory, tmp_path: Path) -> None:
     svc = service_factory(mosquitto, [tmp_path]).start()
     watcher = svc.watcher("response/#")

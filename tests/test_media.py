@@ -242,6 +242,7 @@ def test_model_allow_list(mosquitto, service_factory, speech: Path) -> None:
     assert resp["error"]["code"] == "invalid_request" and resp["error"]["field"] == "options.model"
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("model_installed")
 def test_chunking_keeps_every_word_of_a_longer_recording(tmp_path: Path, long_speech: Path) -> None:
     from edge_queue.kinds.transcribe import Transcribe

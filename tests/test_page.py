@@ -115,6 +115,7 @@ def test_only_get_and_head(server: PageServer) -> None:
         assert r.status == 405 and r.headers["Allow"] == "GET, HEAD", method
 
 
+@pytest.mark.slow
 def test_slow_connections_cannot_take_every_thread_and_descriptor(server: PageServer) -> None:
     # Given 300 connections that send half a request and then nothing (a slowloris)
     import socket
@@ -460,6 +461,7 @@ def scenario(b: Browser, svc: ServiceProcess, url: str, media: Path, artifacts: 
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 @pytest.mark.usefixtures("model_installed")
 @pytest.mark.parametrize("broker_fixture", ["ws_mosquitto", "amqtt"])
 def test_the_page(
@@ -472,6 +474,8 @@ def test_the_page(
     scenario(browser, svc, url, media, artifacts, "mosquitto" if broker_fixture == "ws_mosquitto" else "amqtt")
 
 
+@pytest.mark.slow
+@pytest.mark.serial
 def test_the_page_asks_for_a_broker_login_and_remembers_it_only_if_asked(
     request: pytest.FixtureRequest, service_factory, browser: Browser, tmp_path: Path
 ) -> None:

@@ -36,6 +36,7 @@ def _events(db: Path, job_id: str) -> list[tuple[str, str | None, str, int]]:
         ).fetchall()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("model_installed")
 def test_kill9_service_during_transcription(mosquitto, service_factory, long_speech: Path) -> None:
     svc = service_factory(mosquitto, [long_speech.parent]).start()
@@ -102,6 +103,7 @@ def test_a_job_that_says_cancelled_unasked_fails_and_the_service_goes_on(broker,
     assert svc.proc.poll() is None
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("model_installed")
 def test_cancel_running_transcription_then_fresh_worker(mosquitto, service_factory, long_speech: Path) -> None:
     svc = service_factory(mosquitto, [long_speech.parent], {"EDGE_QUEUE_WORKERS": "1"}).start()
@@ -161,6 +163,7 @@ def test_timeout_ends_the_attempt_and_retries_with_backoff(broker, service_facto
     }
 
 
+@pytest.mark.slow
 def test_a_stopped_worker_past_its_timeout_does_not_stall_the_service(broker, service_factory, speech: Path) -> None:
     # Given a job whose worker process is stopped (SIGSTOP: SIGTERM stays pending, as for a
     # worker in uninterruptible sleep on a hung network share) when its timeout passes
@@ -187,6 +190,7 @@ def test_a_stopped_worker_past_its_timeout_does_not_stall_the_service(broker, se
             pass
 
 
+@pytest.mark.slow
 def test_a_due_retry_waiting_for_a_busy_worker_does_not_spin_the_loop(mosquitto, service_factory, speech: Path) -> None:
     # Given a job whose retry is due while the only worker runs another, longer job
     import psutil
@@ -300,6 +304,7 @@ def test_graceful_stop_requeues_without_counting(broker, service_factory, speech
     assert final["attempt"] <= 1
 
 
+@pytest.mark.slow
 def test_unknown_retained_jobs_are_cleared_and_retention_purges(broker, service_factory, speech: Path) -> None:
     svc = service_factory(broker, [speech])
     stale = f"{svc.base}/jobs/zzzz0000stale000"
@@ -490,6 +495,7 @@ def test_retained_state_is_back_after_broker_restart(private_mosquitto, service_
     assert time.monotonic() - restarted < 5.5
 
 
+@pytest.mark.slow
 def test_service_deaths_cost_attempts_not_the_job(broker, service_factory, speech: Path) -> None:
     svc = service_factory(broker, [speech]).start()
     watcher = svc.watcher("response/#", "jobs/+", "events")
@@ -548,6 +554,7 @@ def _try_watch(svc):
         return None
 
 
+@pytest.mark.slow
 def test_more_retained_jobs_than_mqtt_message_ids_are_all_republished(
     service_factory, speech: Path, tmp_path: Path
 ) -> None:

@@ -176,6 +176,7 @@ def test_watch_outside_media_roots_is_a_config_error(tmp_path: Path, root: Path)
 # -- the service -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_slowly_written_file_is_one_job_after_its_last_write(
     mosquitto: Any, service_factory: Any, root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -210,6 +211,7 @@ def test_slowly_written_file_is_one_job_after_its_last_write(
     assert _record(svc, target)["size"] == 10 * 64 * 1024
 
 
+@pytest.mark.slow
 def test_file_held_open_waits_for_its_close(
     mosquitto: Any, service_factory: Any, root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -308,6 +310,7 @@ def _folder_watcher(folder: Path, **settings: Any) -> Iterator[Any]:
         wake_w.close()
 
 
+@pytest.mark.slow
 def test_moved_in_and_part_renamed(mosquitto: Any, service_factory: Any, root: Path) -> None:
     inbox = root / "inbox"
     svc = _start(service_factory, mosquitto, root, inbox)
@@ -335,6 +338,7 @@ def test_moved_in_and_part_renamed(mosquitto: Any, service_factory: Any, root: P
     ), "one job per complete file, none for temporary, hidden or text files"
 
 
+@pytest.mark.slow
 def test_fifty_files_dropped_at_once_make_fifty_jobs(mosquitto: Any, service_factory: Any, root: Path) -> None:
     inbox = root / "inbox"
     svc = _start(service_factory, mosquitto, root, inbox)
@@ -357,6 +361,7 @@ def test_fifty_files_dropped_at_once_make_fifty_jobs(mosquitto: Any, service_fac
         )
 
 
+@pytest.mark.slow
 def test_restart_in_the_middle_and_files_added_while_stopped(mosquitto: Any, service_factory: Any, root: Path) -> None:
     inbox = root / "inbox"
     svc = _start(service_factory, mosquitto, root, inbox)
@@ -400,6 +405,7 @@ def _drop_speech_in_a_beside_watch(
     return svc, inbox
 
 
+@pytest.mark.slow
 def test_beside_outputs_make_no_jobs(mosquitto: Any, service_factory: Any, root: Path) -> None:
     svc, inbox = _drop_speech_in_a_beside_watch(
         service_factory, mosquitto, root, "extract_audio", {"format": "wav"}, ["*.flac", "*.wav"]
@@ -417,6 +423,7 @@ def test_beside_outputs_make_no_jobs(mosquitto: Any, service_factory: Any, root:
     assert sorted(_all_inputs(svc)) == [str(inbox / "jfk.flac"), str(inbox / "zz-sentinel.wav")]
 
 
+@pytest.mark.slow
 def test_replaced_file_makes_a_new_job_a_touch_does_not(mosquitto: Any, service_factory: Any, root: Path) -> None:
     inbox = root / "inbox"
     svc = _start(service_factory, mosquitto, root, inbox)
@@ -438,6 +445,7 @@ def test_replaced_file_makes_a_new_job_a_touch_does_not(mosquitto: Any, service_
     assert len(_jobs(svc, path)) == 2
 
 
+@pytest.mark.slow
 def test_folder_removed_and_recreated(mosquitto: Any, service_factory: Any, root: Path) -> None:
     inbox = root / "inbox"
     svc = _start(service_factory, mosquitto, root, inbox)
@@ -519,6 +527,7 @@ def test_transcripts_beside_the_input_make_no_jobs(
     assert sorted(_all_inputs(svc)) == [str(inbox / "jfk.flac"), str(inbox / "zz-sentinel.wav")]
 
 
+@pytest.mark.slow
 def test_polled_folder(mosquitto: Any, service_factory: Any, root: Path) -> None:
     """``mode = "poll"`` (network file systems): files found by watchdog's polling observer,
     a folder that goes away reported, and found again."""
@@ -619,6 +628,7 @@ def test_watch_folders_submit_whatever_roles_senders_have(mosquitto: Any, servic
     assert len(jobs) == 1 and jobs[0]["submitted_by"] is None
 
 
+@pytest.mark.slow
 def test_links_and_names_that_are_not_utf8_are_not_taken(mosquitto: Any, service_factory: Any, root: Path) -> None:
     # Given a watch folder that receives a file whose name is not UTF-8 and a link to another
     # file of the media roots (a hostile upload), besides an ordinary file
