@@ -289,6 +289,20 @@ def test_a_schema_1_store_is_upgraded_keeping_its_events_and_their_ids(tmp_path:
     assert "submitted_by" in store.db.table("jobs").columns_dict
 
 
+def test_migrate_leaves_the_newest_schema_alone_and_refuses_a_newer_one(store: Store) -> None:
+    # Given an open store (the newest schema) with a job
+    created = store.submit([JobSpec("noop", "x", {})], 1.0)[1][0].job
+    # When it is migrated again, nothing changes
+    store.migrate()
+    assert store.get(created["job_id"])["state"] == "queued"
+    assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    # And a schema newer than this edge-queue is refused, not changed
+    store.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    with pytest.raises(RuntimeError, match="is newer than this edge-queue"):
+        store.migrate()
+    assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION + 1
+
+
 def test_a_schema_2_store_gets_the_sender_column_and_keys_stay_per_sender(tmp_path: Path) -> None:
     # Given a schema 2 store (no submitted_by) with a job submitted under an idempotency key
     path = tmp_path / "old.db"
@@ -314,7 +328,7 @@ def test_a_schema_2_store_gets_the_sender_column_and_keys_stay_per_sender(tmp_pa
 
 
 def test_a_groups_plain_submits_are_seen_by_every_statement_after_them(store: Store, tmp_path: Path) -> None:
-    """Plain submits inside a group are written together (Store._submit_deferred); whatever
+    """Plain submits inside a group are written together (Submits.submit_deferred); whatever
     runs after them in the group sees them, their ``queued`` events have the ids they were
     given, and the commit holds them."""
     store.submit([spec("/m/old")], 1.0)  # an event id to count from
@@ -386,7 +400,7 @@ def test_a_claim_of_unwritten_submits_equals_the_claim_of_written_ones(
     claims: list[tuple[str, ...]],
     backlog: bool,
 ) -> None:
-    """An idle service's new job is claimed before its row is written (Store._claim_deferred):
+    """An idle service's new job is claimed before its row is written (Claims.claim_deferred):
     the same jobs in the same order, with the same rows, events and event ids, as the claim of
     the written rows (Store.claim_many); taken only when every waiting job is one of the
     group's unwritten submits."""

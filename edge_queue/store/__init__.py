@@ -41,7 +41,7 @@ from .jobs import Jobs
 from .meta import Meta, backup
 from .requests import RequestRecords
 from .rows import Created, JobSpec, LockHeld
-from .schema import SCHEMA_VERSION, ensure_tables
+from .schema import SCHEMA_VERSION, ensure_tables, migrate
 from .submits import Submits
 from .watched import WatchedFiles
 
@@ -104,6 +104,11 @@ class Store:
 
     def close(self) -> None:
         self.connection.close()
+
+    def migrate(self) -> None:
+        """:func:`.schema.migrate`: create the schema when missing. Raises ``RuntimeError`` for
+        a newer schema. Opening the store has done it already."""
+        migrate(self.connection)
 
     def counts(self) -> dict[str, int]:
         """Number of jobs per state (every state present, zero when none); kept up to date by
