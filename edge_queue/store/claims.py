@@ -96,7 +96,7 @@ class Claims:
 
         ``started=False`` claims jobs for a worker's queue: ``started_at`` stays null until
         :meth:`mark_started_many`, so that a service death before the worker got to them does not
-        count their attempt (:meth:`orphans`)."""
+        count their attempt (:meth:`.Jobs.orphans`)."""
         kinds = list(kinds)
         if not kinds or n < 1:
             return []

@@ -26,7 +26,7 @@ class Meta:
 
     def set_meta(self, key: str, value: int) -> None:
         """Set a number the service keeps in the store (one statement: atomic by itself,
-        so inside :meth:`group` it needs no savepoint of its own)."""
+        so inside :meth:`.Connection.group` it needs no savepoint of its own)."""
         sql = "INSERT INTO store_meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
         if self.c.group_depth:
             self.c.conn.execute(sql, [key, value])

@@ -20,8 +20,9 @@ class RequestRecords:
         is answered with it instead of taking effect twice. ``seq``: how many requests the
         service had received when this one came (the window of :meth:`recall_request`).
 
-        Inside :meth:`group`, the row is written with the group's other deferred rows, before
-        any other statement (:meth:`recall_request` included) and before the commit."""
+        Inside :meth:`.Connection.group`, the row is written with the group's other deferred
+        rows, before any other statement (:meth:`recall_request` included) and before the
+        commit."""
         row = (key, response, reply_to, now, seq)
         if self.c.group_depth == 1:
             self.c.deferred_requests.append(row)

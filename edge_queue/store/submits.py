@@ -113,9 +113,10 @@ class Submits:
 
     def submit_deferred(self, spec: JobSpec, now: float) -> Created:
         """:meth:`submit` of one plain job (no batch, idempotency key or lock key) directly
-        inside :meth:`group`: its rows are kept for :meth:`Connection.write_deferred`, which writes the
-        group's plain submits with one ``executemany`` per table before any other statement
-        runs and before the commit (a savepoint and two inserts per request cost 2x as much).
+        inside :meth:`.Connection.group`: its rows are kept for :meth:`Connection.write_deferred`,
+        which writes the group's plain submits with one ``executemany`` per table before any
+        other statement runs and before the commit (a savepoint and two inserts per request cost
+        2x as much).
 
         Nothing can fail between here and that write but the group's transaction itself, which
         then rolls back whole: the effect is the one of :meth:`submit`. Its ``queued`` event
