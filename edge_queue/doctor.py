@@ -183,12 +183,48 @@ def _model(settings: Settings) -> Iterator[Check]:
         try:
             path = resolve_model(ref)
             started = time.monotonic()
-            load_model(path, cfg.compute_type, cfg.cpu_threads)
+            load_model(path, cfg.compute_type, cfg.cpu_threads, cfg.device)
             yield Check(key, True, f"{path} loads ({cfg.compute_type}, {time.monotonic() - started:.1f} s)")
         except EdgeQueueError as e:
             yield Check(key, False, e.message)
         except Exception as e:  # faster-whisper/CTranslate2 raise plain errors for bad models
             yield Check(key, False, f"{ref or 'bundled model'}: {type(e).__name__}: {e}")
+
+
+def _cuda(settings: Settings) -> Iterator[Check]:
+    """``[transcribe] device = "cuda"``: whether CTranslate2 sees a CUDA device, and why not."""
+    if settings.transcribe.device != "cuda":
+        return
+    try:
+        import ctranslate2
+
+        count = ctranslate2.get_cuda_device_count()
+    except Exception as e:  # a CTranslate2 build or driver that cannot even count
+        yield Check("cuda", False, f"CTranslate2 cannot use CUDA: {type(e).__name__}: {e}")
+        return
+    if count < 1:
+        yield Check(
+            "cuda",
+            False,
+            "transcribe.device is cuda but CTranslate2 sees no CUDA device (no NVIDIA GPU, its driver is not "
+            'loaded, or the CUDA 12 and cuDNN 9 libraries are missing: docs/nodes.md, "GPU nodes")',
+        )
+    else:
+        yield Check("cuda", True, f"{count} CUDA device(s) visible to CTranslate2 {ctranslate2.__version__}")
+
+
+def _path_maps(settings: Settings) -> Iterator[Check]:
+    """A worker node's ``[[path_map]]``: each local folder exists, inside ``media_roots``."""
+    roots = [os.path.realpath(r) for r in settings.media_roots]
+    for i, m in enumerate(settings.path_map):
+        local = os.path.realpath(m.local)
+        inside = any(local == r or local.startswith(r.rstrip("/") + "/") for r in roots)
+        if not os.path.isdir(local):
+            yield Check(f"path_map[{i}]", False, f"{m.local} (for the hub's {m.hub}) is not a folder here")
+        elif not inside:
+            yield Check(f"path_map[{i}]", False, f"{m.local} is not inside media_roots: its jobs would be refused")
+        else:
+            yield Check(f"path_map[{i}]", True, f"the hub's {m.hub} is {m.local} here")
 
 
 def run_checks(settings: Settings, *, model: bool = True) -> Iterator[Check]:
@@ -200,5 +236,7 @@ def run_checks(settings: Settings, *, model: bool = True) -> Iterator[Check]:
     yield from _media_roots(settings, service)
     yield from _watch(settings, service)
     yield from _page(settings)
+    yield from _path_maps(settings)
+    yield from _cuda(settings)
     if model:
         yield from _model(settings)

@@ -27,6 +27,9 @@ class ErrorCode(StrEnum):
     FORBIDDEN = "forbidden"
     INPUT_NOT_FOUND = "input_not_found"
     INPUT_OUTSIDE_MEDIA_ROOTS = "input_outside_media_roots"
+    #: a worker node cannot read the job's input through its path map: the job goes to
+    #: another place, its attempt not counted (docs/nodes.md)
+    INPUT_UNREACHABLE = "input_unreachable"
     UNSUPPORTED_MEDIA = "unsupported_media"
     NO_AUDIO_STREAM = "no_audio_stream"
     TRUNCATED_MEDIA = "truncated_media"

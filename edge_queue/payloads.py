@@ -399,6 +399,9 @@ def job_object(row: dict[str, Any]) -> dict[str, Any]:
         obj["progress"] = round(float(obj["progress"]), 1)
     if obj["eta_s"] is not None:
         obj["eta_s"] = round(float(obj["eta_s"]))
+    # where the attempt runs or ran: a worker node's id, "hub" for the hub's own workers
+    owner = row.get("owner")
+    obj["node"] = None if not owner else owner[5:] if owner.startswith("node:") else "hub"
     return obj
 
 

@@ -59,9 +59,10 @@ class Publisher:
         paused: Callable[[], bool],
         *,
         ha_last: bool,
+        nodes: Callable[[], list[dict[str, Any]]] = list,
     ) -> None:
         self.bridge, self.topics, self.store, self.supervisor = bridge, topics, store, supervisor
-        self.paused = paused
+        self.paused, self.nodes = paused, nodes
         self.ha_enabled = ha_last
         self.pending_progress: dict[str, dict[str, Any]] = {}
         self.last_progress_pub: dict[str, float] = {}
@@ -215,7 +216,8 @@ class Publisher:
         self.bridge.publish(self.topics.batch(batch_id), payloads.encode(payloads.batch_object(batch)), retain=True)
 
     def publish_queue(self, now: float) -> None:
-        """The retained ``<base>/queue`` summary: counts, running jobs, workers, last finished."""
+        """The retained ``<base>/queue`` summary: counts, running jobs, workers, worker nodes,
+        last finished."""
         store = self.store()
         last = store.last_finished()
         pids = self.supervisor.worker_pids()
@@ -233,10 +235,12 @@ class Publisher:
                     "progress": None if j["progress"] is None else round(float(j["progress"]), 1),
                     "eta_s": j["eta_s"],
                     "worker_pid": pids.get(j["job_id"]),
+                    "node": payloads.job_object(j)["node"],
                 }
                 for j in store.running()
             ],
             "workers_alive": self.supervisor.alive(),
+            "nodes": self.nodes(),
             "last_finished": None
             if last is None
             else {k: last[k] for k in ("job_id", "kind", "input", "state", "finished_at")},

@@ -10,11 +10,12 @@ or whose time has not come, is not claimable.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from .config import Settings
 from .logfmt import clip
+from .nodes import HUB, NODE_OWNER, Nodes
 from .store import Store
 from .supervisor import Supervisor, WorkerSlot
 
@@ -34,6 +35,27 @@ def allowed_kinds(
     return [k for k, lim in concurrency.items() if (lim is None or busy.get(k, 0) < lim) and (not fast_only or fast(k))]
 
 
+def preferred(
+    kinds: Iterable[str], place: str, prefer: Mapping[str, list[str]], free: Mapping[str, Collection[str]]
+) -> list[str]:
+    """The kinds of ``kinds`` that ``place`` (a node id, or :data:`~edge_queue.nodes.HUB`) may
+    take now: a kind whose ``prefer`` list ranks above ``place`` another place with a free slot
+    that runs the kind (``free``: place -> the kinds it runs) waits for that place. Places not
+    in a kind's list rank after those in it, equal among themselves (docs/nodes.md,
+    "Scheduling")."""
+
+    def rank(order: list[str], p: str) -> int:
+        return order.index(p) if p in order else len(order)
+
+    out = []
+    for kind in kinds:
+        order = prefer.get(kind) or []
+        mine = rank(order, place)
+        if not any(rank(order, other) < mine and kind in runs for other, runs in free.items() if other != place):
+            out.append(kind)
+    return out
+
+
 class Scheduler:
     """Hands due jobs to the local worker pool.
 
@@ -44,6 +66,7 @@ class Scheduler:
         supervisor: the worker pool.
         owner: the run id the claims are made for (orphans are the jobs of other runs).
         on_assign: called with each job handed out (the service publishes it).
+        nodes: the worker nodes (docs/nodes.md); their free slots are filled after the local ones.
     """
 
     def __init__(
@@ -54,8 +77,11 @@ class Scheduler:
         supervisor: Supervisor,
         owner: str,
         on_assign: Callable[[dict[str, Any]], None],
+        nodes: Nodes,
     ) -> None:
         self.concurrency = {k: settings.kind(k).max_concurrency for k in kinds}
+        self.prefer = {k: settings.kind(k).prefer for k in self.concurrency if settings.kind(k).prefer}
+        self.nodes = nodes
         self.timeouts = {k: settings.kind(k).timeout_s for k in self.concurrency}
         self.outputs = str(settings.outputs_dir)
         self.store, self.supervisor, self.owner, self.on_assign = store, supervisor, owner, on_assign
@@ -65,9 +91,17 @@ class Scheduler:
         store, sup, owner = self.store(), self.supervisor, self.owner
         if not store.waiting():
             return
-        busy = sup.busy_by_kind()
+        busy = sup.busy_by_kind() + self.nodes.busy_by_kind()
+        free = self.nodes.free()
+        places: dict[str, Collection[str]] = {n: self.nodes.kinds(n) for n in free}
+        if sup.idle():
+            places[HUB] = self.concurrency.keys()
+        self.to_nodes(now, free, places, busy)
+        if not store.waiting():
+            return
         for slot in sup.idle():
-            job = store.claim(now, allowed_kinds(self.concurrency, busy, sup.fast, fast_only=False), owner)
+            kinds = allowed_kinds(self.concurrency, busy, sup.fast, fast_only=False)
+            job = store.claim(now, preferred(kinds, HUB, self.prefer, places), owner)
             if job is None:
                 break
             self.assign(slot, job)
@@ -79,16 +113,40 @@ class Scheduler:
             if not store.waiting():
                 return
             # kinds without a concurrency limit: up to the worker's room at once
-            fast = allowed_kinds(self.concurrency, busy, sup.fast, fast_only=True)
+            fast = preferred(allowed_kinds(self.concurrency, busy, sup.fast, fast_only=True), HUB, self.prefer, places)
             jobs = store.claim_many(now, [k for k in fast if k in unlimited], owner, sup.room(slot), started=False)
             for job in jobs:
                 self.assign(slot, job)
-            while sup.room(slot) > 0 and (kinds := allowed_kinds(self.concurrency, busy, sup.fast, fast_only=True)):
+            while sup.room(slot) > 0 and (
+                kinds := preferred(
+                    allowed_kinds(self.concurrency, busy, sup.fast, fast_only=True), HUB, self.prefer, places
+                )
+            ):
                 claimed = store.claim_many(now, kinds, owner, 1, started=False)
                 if not claimed:
                     break
                 job = claimed[0]
                 self.assign(slot, job)
+                busy[job["kind"]] += 1
+
+    def to_nodes(self, now: float, free: dict[str, int], places: Mapping[str, Collection[str]], busy: Any) -> None:
+        """Fill the worker nodes' free slots: one claim per slot, of the kinds each node runs."""
+        store = self.store()
+        for node_id, slots in free.items():
+            skip = self.nodes.excluded_for(node_id)
+            for _ in range(slots):
+                if not store.waiting():
+                    return
+                kinds = allowed_kinds(self.concurrency, busy, lambda _: False, fast_only=False)
+                kinds = preferred([k for k in kinds if k in places[node_id]], node_id, self.prefer, places)
+                job = store.claim(now, kinds, NODE_OWNER + node_id, exclude=skip) if kinds else None
+                if job is None:
+                    break
+                self.nodes.assign(node_id, job, job["timeout_s"] or self.timeouts[job["kind"]])
+                log.info(
+                    "job %s handed to node %s: %s (attempt %d)", job["job_id"], node_id, job["kind"], job["attempt"]
+                )
+                self.on_assign(job)
                 busy[job["kind"]] += 1
 
     def assign(self, slot: WorkerSlot, job: dict[str, Any]) -> None:

@@ -47,6 +47,7 @@ from .instance import claim_base_topic
 from .kinds import registry
 from .lifecycle import backoff_s
 from .limits import DiskGuard, RejectionLog
+from .nodes import Nodes
 from .notify import Notifier
 from .outcomes import Outcomes
 from .page import PageServer, start_page
@@ -131,9 +132,8 @@ class Service:
         self.stop_now = False  # a second SIGTERM/SIGINT: do not wait for running jobs
         self.store: Store | None = None
         self.supervisor = Supervisor(settings)
-        # Requests over max_payload_bytes are answered payload_too_large from their size alone
-        # (the bridge drops their bytes on arrival); the broker sends us nothing larger than
-        # MAX_PACKET_BYTES (MQTT 5 Maximum Packet Size).
+        # Requests over max_payload_bytes are answered payload_too_large from their size alone (the
+        # bridge drops their bytes); the broker sends nothing over MAX_PACKET_BYTES (MQTT 5).
         self.bridge = Bridge(
             settings.mqtt,
             self.topics,
@@ -147,6 +147,7 @@ class Service:
         self._wake_w.setblocking(False)
         self.page: PageServer | None = None  # the queue page ([http]), started by run()
         self.commands = Commands(self)
+        self.nodes = Nodes(settings, self.topics, self.bridge)  # worker nodes: docs/nodes.md
         self.watch_folders = WatchFolders(self)  # [[watch]] (edge_queue/watch.py)
         self.publisher = Publisher(
             self.bridge,
@@ -155,6 +156,7 @@ class Service:
             self.supervisor,
             lambda: self.paused,
             ha_last=settings.homeassistant.discovery,
+            nodes=self.nodes.summary,
         )
         self.republisher = Republisher(self.publisher, clock)
         self.announcer = Announcer(
@@ -166,6 +168,7 @@ class Service:
             self.watch_folders.info,
             lambda: self.page,
             iso(clock()),
+            self.nodes.summary,
         )
         retry = settings.retry
         self.outcomes = Outcomes(
@@ -175,7 +178,7 @@ class Service:
             backoff=lambda attempt: backoff_s(attempt, retry.backoff_base_s, retry.backoff_cap_s, rng),
         )
         self.scheduler = Scheduler(
-            settings, self.kinds, self.job_store, self.supervisor, self.run_id, self.publisher.publish_job
+            settings, self.kinds, self.job_store, self.supervisor, self.run_id, self.publisher.publish_job, self.nodes
         )
         self.retention = Retention(settings, self.job_store, self.publisher)
         self.ghosts = GhostClearing(settings, self.topics, self.bridge, self.job_store, self._wake_w)
@@ -208,6 +211,7 @@ class Service:
             self.bridge.set_client_id(f"edge-queue-{instance_id}-{store.client_id_secret()}")
         claim_base_topic(s.mqtt, self.topics, instance_id, self.bridge.client_id, connect_timeout_s)
         self._boot_changes = requeue_orphans(store, self.run_id, self.clock())
+        self.nodes.adopt(store.on_nodes())  # jobs on worker nodes keep their lease
         self.supervisor.start()
         self.watch_folders.boot()
         # another installation announcing itself (live messages only)
@@ -294,12 +298,15 @@ class Service:
         taken: list[Incoming] = []
         self.dispatcher.not_requests.clear()
         self.dispatcher.turn_work = 0
-        outcomes = self._carried + self.supervisor.poll()
+        outcomes = self._carried + self.supervisor.poll() + self.nodes.poll(self.bridge.connected)
         self._carried = []
         try:
             with self.bridge.held(), store.group():
                 self.dispatcher.take(taken, self.on_connected)
                 self.outcomes.apply_all(outcomes, self.clock())
+                if self.nodes.end_turn():  # a node came, went or changed
+                    self.announcer.publish_info()
+                    self.publisher.queue_dirty = True
                 if not (self.paused or self.stopping or self.bridge.holding or self.bridge.backlog_high()):
                     self.scheduler.schedule(self.clock())
                 self.publisher.flush(self.clock())
@@ -315,12 +322,14 @@ class Service:
             self._turn_failed(e, taken, outcomes)
             return
         self.watch_folders.committed()
+        self.nodes.committed()
         self.supervisor.dispatch()
         self.publisher.publish_states(time.monotonic())
         self.retention.committed()
 
     def _turn_failed(self, e: Exception, taken: list[Incoming], outcomes: list[Outcome]) -> None:
         self.supervisor.unassign()
+        self.nodes.turn_failed()
         self.watch_folders.turn_failed()
         self.publisher.turn_failed()
         self.retention.turn_failed()
@@ -351,6 +360,7 @@ class Service:
         for job in self._boot_changes:
             self.publisher.publish_job(job)
         self._boot_changes.clear()
+        self.nodes.renew_all(time.monotonic())
         self.republisher.start()
         self.ghosts.start()
 
@@ -360,8 +370,7 @@ class Service:
         waits = [cap]
         if (b := self.bridge.wait_s(time.monotonic())) is not None:
             waits.append(b)
-        if (d := self.supervisor.next_deadline()) is not None:
-            waits.append(d)
+        waits += [d for d in (self.supervisor.next_deadline(), self.nodes.wait_s()) if d is not None]
         if (p := self.publisher.wait_s()) is not None:
             waits.append(p)
         if self.republisher.active or self._carried:
@@ -386,7 +395,8 @@ class Service:
         self.publisher.publish_job(job, event)
 
     def cancel_running(self, job_id: str) -> None:
-        self.supervisor.cancel(job_id, self.settings.cancel_grace_s)
+        if not self.nodes.cancel(job_id):
+            self.supervisor.cancel(job_id, self.settings.cancel_grace_s)
 
     def purge(self, job_ids: list[str]) -> list[str]:
         return self.retention.purge(job_ids)
@@ -436,14 +446,6 @@ class Service:
         self.announcer.announce()
         self.republisher.start()
         return True
-
-    def on_outcome(self, outcome: Outcome, now: float) -> None:
-        """One worker outcome (:meth:`Outcomes.apply`)."""
-        self.outcomes.apply(outcome, now)
-
-    def on_outcomes(self, outcomes: list[Outcome], now: float) -> None:
-        """A turn's worker outcomes, in order (:meth:`Outcomes.apply_all`)."""
-        self.outcomes.apply_all(outcomes, now)
 
     # -- stop ---------------------------------------------------------------------------
 

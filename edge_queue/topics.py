@@ -58,6 +58,14 @@ def valid_topic_level(value: str) -> bool:
     return valid_topic_name(value) and "/" not in value
 
 
+_NODE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def valid_node_id(value: str) -> bool:
+    """A worker node id: 1-64 of ``[A-Za-z0-9_.-]`` (a broker user name that is a safe topic level)."""
+    return bool(_NODE_ID.match(value))
+
+
 def valid_id(value: str) -> bool:
     """True for an id edge-queue could have generated: 1-64 characters of ``[a-z0-9]``."""
     return bool(_ID.match(value))
@@ -167,6 +175,34 @@ class Topics:
         ``user``'s own request topic (unknown commands: ``.../response/unknown``)."""
         level = command if command in COMMANDS else UNKNOWN_COMMAND_LEVEL
         return f"{self.user_reply_prefix(user)}response/{level}"
+
+    @property
+    def nodes_prefix(self) -> str:
+        """``<base>/nodes/``: worker nodes' own topics (docs/nodes.md, "Topics")."""
+        return f"{self.base}/nodes/"
+
+    def node(self, node_id: str) -> str:
+        """``<base>/nodes/<node_id>``: the node's retained announcement (and its Last Will)."""
+        return f"{self.base}/nodes/{node_id}"
+
+    def node_up(self, node_id: str) -> str:
+        """``<base>/nodes/<node_id>/up``: what the node sends the hub (heartbeats, outcomes)."""
+        return f"{self.base}/nodes/{node_id}/up"
+
+    def node_down(self, node_id: str) -> str:
+        """``<base>/nodes/<node_id>/down``: what the hub sends the node (hand-outs, cancels, acks)."""
+        return f"{self.base}/nodes/{node_id}/down"
+
+    def parse_node(self, topic: str) -> tuple[str, str] | None:
+        """``(node_id, "")`` for ``<base>/nodes/<id>``, ``(node_id, "up")`` for its ``up`` topic,
+        ``None`` for anything else (``down`` topics are the hub's own)."""
+        prefix = self.nodes_prefix
+        if not topic.startswith(prefix):
+            return None
+        node_id, _, rest = topic[len(prefix) :].partition("/")
+        if not valid_node_id(node_id) or rest not in ("", "up"):
+            return None
+        return node_id, rest
 
     def parse_job(self, topic: str) -> str | None:
         """The job id of ``<base>/jobs/<id>``, or ``None`` for any other topic."""

@@ -235,7 +235,7 @@ def test_backoff_schedule_with_an_injected_clock(tmp_path: Path) -> None:
     for attempt in (1, 2, 3):
         job = svc.store.claim(now[0], ["noop"], svc.run_id)
         assert job is not None and job["attempt"] == attempt
-        svc.on_outcome(
+        svc.outcomes.apply(
             Outcome("failed", job_id, attempt, {"code": "internal_error", "message": "x", "retryable": True}), now[0]
         )
         job = svc.store.get(job_id)
@@ -247,10 +247,10 @@ def test_backoff_schedule_with_an_injected_clock(tmp_path: Path) -> None:
         now[0] += delay
     assert delays == [5.0, 10.0, 12.0]  # base * 2**(n-1), capped
     job = svc.store.claim(now[0], ["noop"], svc.run_id)
-    svc.on_outcome(Outcome("failed", job_id, 4, {"code": "internal_error", "message": "x", "retryable": True}), now[0])
+    svc.outcomes.apply(Outcome("failed", job_id, 4, {"code": "internal_error", "message": "x", "retryable": True}), now[0])
     assert svc.store.get(job_id)["state"] == "failed"
     # a stale outcome (an old attempt) changes nothing
-    svc.on_outcome(Outcome("done", job_id, 2, {"result": {}}), now[0])
+    svc.outcomes.apply(Outcome("done", job_id, 2, {"result": {}}), now[0])
     assert svc.store.get(job_id)["state"] == "failed"
     svc.close()
 
@@ -711,7 +711,7 @@ def test_events_of_one_turns_outcomes_go_out_in_event_id_order(tmp_path: Path) -
     svc.store.transition(ids[0], JobState.CANCELLING, now)  # cancelled while it ran
     sent.clear()
     with svc.store.group():
-        svc.on_outcomes([Outcome("done", job_id, 1, {"result": {}}) for job_id in ids], now)
+        svc.outcomes.apply_all([Outcome("done", job_id, 1, {"result": {}}) for job_id in ids], now)
     events = [json.loads(p) for t, p in sent if t == svc.topics.events]
     assert sorted(e["job"]["job_id"] for e in events) == sorted(ids)
     order = [e["event_id"] for e in events]

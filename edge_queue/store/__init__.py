@@ -265,9 +265,11 @@ class Store:
         """:meth:`.Submits.submitted_with`."""
         return self.submits.submitted_with(idempotency_key, submitted_by)
 
-    def claim(self, now: float, kinds: Iterable[str], owner: str) -> dict[str, Any] | None:
+    def claim(
+        self, now: float, kinds: Iterable[str], owner: str, *, exclude: Sequence[str] = ()
+    ) -> dict[str, Any] | None:
         """:meth:`.Claims.claim`."""
-        return self.claims.claim(now, kinds, owner)
+        return self.claims.claim(now, kinds, owner, exclude=exclude)
 
     def claim_many(
         self, now: float, kinds: Iterable[str], owner: str, n: int, *, started: bool = True
@@ -310,6 +312,10 @@ class Store:
     def orphans(self, owner: str) -> list[str]:
         """:meth:`.Jobs.orphans`."""
         return self.jobs.orphans(owner)
+
+    def on_nodes(self) -> list[dict[str, Any]]:
+        """:meth:`.Jobs.on_nodes`."""
+        return self.jobs.on_nodes()
 
     def delete(self, job_ids: Iterable[str]) -> tuple[list[str], list[str], list[str]]:
         """:meth:`.Jobs.delete`."""

@@ -19,18 +19,21 @@ class Claims:
     def __init__(self, c: Connection) -> None:
         self.c = c
 
-    def claim(self, now: float, kinds: Iterable[str], owner: str) -> dict[str, Any] | None:
+    def claim(
+        self, now: float, kinds: Iterable[str], owner: str, *, exclude: Sequence[str] = ()
+    ) -> dict[str, Any] | None:
         """Move the next due job of one of ``kinds`` to ``running`` and return it, or ``None``.
 
         Order: highest ``priority``, then oldest. Due: ``queued`` with ``run_at`` unset or
         past, or ``retrying`` with ``retry_at`` past. ``attempt`` is incremented; ``owner``
-        (the service's per-start run id) marks whose attempt it is.
+        (the service's per-start run id, or ``node:<id>``) marks whose attempt it is. Jobs in
+        ``exclude`` are passed over (a worker node that could not read their input).
         """
         kinds = list(kinds)
-        job = self.claim_deferred(now, kinds, owner)
+        job = self.claim_deferred(now, kinds, owner)  # new submits: never in ``exclude``
         if job is not None:
             return job
-        jobs = self.claim_many(now, kinds, owner, 1)
+        jobs = self.claim_many(now, kinds, owner, 1, exclude=exclude)
         return jobs[0] if jobs else None
 
     def claim_deferred(self, now: float, kinds: Sequence[str], owner: str) -> dict[str, Any] | None:
@@ -90,7 +93,14 @@ class Claims:
         return claimed
 
     def claim_many(
-        self, now: float, kinds: Iterable[str], owner: str, n: int, *, started: bool = True
+        self,
+        now: float,
+        kinds: Iterable[str],
+        owner: str,
+        n: int,
+        *,
+        started: bool = True,
+        exclude: Sequence[str] = (),
     ) -> list[dict[str, Any]]:
         """:meth:`claim` up to ``n`` jobs at once, in claim order (one query per state).
 
@@ -102,6 +112,7 @@ class Claims:
             return []
         at = iso(now)
         marks = ",".join("?" * len(kinds))
+        skip = f" AND job_id NOT IN ({','.join('?' * len(exclude))})" if exclude else ""
         with self.c.immediate():
             # One query per state that has jobs, each walking the claim index in priority
             # order; the better heads of the two win.
@@ -111,9 +122,9 @@ class Claims:
                 if self.c.counts[state]
                 for h in self.c.conn.execute(
                     f"SELECT job_id, state, priority, created_at FROM jobs INDEXED BY jobs_claim "
-                    f"WHERE state = ? AND kind IN ({marks}) AND {due} AND {LOCK_HEAD} "
+                    f"WHERE state = ? AND kind IN ({marks}) AND {due} AND {LOCK_HEAD}{skip} "
                     "ORDER BY priority DESC, created_at, job_id LIMIT ?",
-                    [state, *kinds, at, n],
+                    [state, *kinds, at, *exclude, n],
                 )
             ]
             heads.sort(key=lambda h: (-h[2], h[3], h[0]))

@@ -203,14 +203,25 @@ class Jobs:
         return row if row is not None else self.get(job_id)
 
     def orphans(self, owner: str) -> list[str]:
-        """Ids of jobs left ``running``/``cancelling`` by another run of the service."""
+        """Ids of jobs left ``running``/``cancelling`` by another run of the service (jobs held
+        by a worker node, ``owner`` ``node:<id>``, are not: their leases go on, :meth:`on_nodes`)."""
         return [
             r[0]
             for r in self.c.conn.execute(
-                "SELECT job_id FROM jobs WHERE state IN ('running','cancelling') AND (owner IS NULL OR owner != ?)",
+                "SELECT job_id FROM jobs WHERE state IN ('running','cancelling') "
+                "AND (owner IS NULL OR (owner != ? AND owner NOT LIKE 'node:%'))",
                 [owner],
             )
         ]
+
+    def on_nodes(self) -> list[dict[str, Any]]:
+        """Jobs ``running``/``cancelling`` on a worker node (``owner`` ``node:<id>``): job_id,
+        attempt, kind, owner (docs/nodes.md, "Leases")."""
+        cur = self.c.conn.execute(
+            "SELECT job_id, attempt, kind, owner FROM jobs WHERE state IN ('running','cancelling') "
+            "AND owner LIKE 'node:%'"
+        )
+        return [dict(zip(("job_id", "attempt", "kind", "owner"), row, strict=True)) for row in cur]
 
     def delete(self, job_ids: Iterable[str]) -> tuple[list[str], list[str], list[str]]:
         """Delete terminal jobs (and their events), and batches left without jobs.
