@@ -61,6 +61,11 @@ class Node:
     kinds: frozenset[str]
     slots: int
     announcement: dict[str, Any]
+    #: jobs its last heartbeat listed that it holds no lease for (it runs them still): they
+    #: take slots until it drops them
+    strays: set[tuple[str, int]] = field(default_factory=set)
+    #: no hand-out until its next heartbeat: it went silent past a lease, or gave a job back
+    hold: bool = False
 
 
 @dataclass(slots=True)
@@ -143,7 +148,7 @@ class Nodes:
                 self.refused.warning("node %s sent a message that is not JSON", node_id)
                 continue
             if level == "":
-                self._announced(node_id, msg)
+                self._announced(node_id, msg, out)
             elif isinstance(msg, dict) and msg.get("op") in UP_OPS:
                 self._up(node_id, msg, out)
             else:
@@ -152,13 +157,15 @@ class Nodes:
         if not connected:
             self.renew_all(now)
         for lease in [lease for lease in self.leases.values() if lease.expires <= now]:
+            if (node := self.nodes.get(lease.node_id)) is not None:
+                node.hold = True  # silent: nothing more for it until it is heard from again
             self._lose(lease, f"node {lease.node_id} did not renew its lease for {self.lease_s:.0f} s", out)
         return out
 
-    def _announced(self, node_id: str, msg: Any) -> None:
+    def _announced(self, node_id: str, msg: Any, out: list[Outcome]) -> None:
         if not isinstance(msg, dict):  # the announcement was cleared: the node was removed
             self.changed = self.nodes.pop(node_id, None) is not None or self.changed
-            self._offline(node_id, "its announcement was cleared")
+            self._offline(node_id, "its announcement was cleared", out)
             return
         online = msg.get("state") == "online"
         kinds = msg.get("kinds")
@@ -171,25 +178,29 @@ class Nodes:
             msg,
         )
         was = self.nodes.get(node_id)
+        if was is not None:
+            node.strays, node.hold = was.strays, was.hold
         self.nodes[node_id] = node
         self.changed = True
         if online and (was is None or not was.online):
             log.info("node %s online: %d slot(s), kinds %s", node_id, node.slots, ", ".join(sorted(node.kinds)))
         if not online:
-            self._offline(node_id, "its Last Will says offline" if msg.get("state") == "offline" else "it went away")
+            self._offline(node_id, "its Last Will or its stop says offline", out)
 
-    def _offline(self, node_id: str, why: str) -> None:
+    def _offline(self, node_id: str, why: str, out: list[Outcome]) -> None:
         held = [lease for lease in self.leases.values() if lease.node_id == node_id]
         if held:
             log.warning("node %s is offline (%s): %d job(s) go back to the queue", node_id, why, len(held))
         for lease in held:
-            lease.expires = 0.0  # lost at the end of this poll
+            self._lose(lease, f"node {node_id} went offline ({why})", out)
 
     def _up(self, node_id: str, msg: dict[str, Any], out: list[Outcome]) -> None:
         op = msg["op"]
         now = self.clock()
+        node = self.nodes.get(node_id)
         if op == "beat":
             held = msg.get("jobs")
+            strays: set[tuple[str, int]] = set()
             for item in held if isinstance(held, list) else []:
                 if not (isinstance(item, list) and len(item) == 2):
                     continue
@@ -199,9 +210,10 @@ class Nodes:
                     lease.expires, lease.confirmed = now + self.lease_s, True
                 elif isinstance(job_id, str) and isinstance(attempt, int):
                     # the node runs a job it no longer holds (it came back after the job was handed on)
-                    self.publish(
-                        self.topics.node_down(node_id), _encode({"op": "cancel", "job_id": job_id, "attempt": attempt})
-                    )
+                    strays.add((job_id, attempt))
+                    self._send(node_id, {"op": "cancel", "job_id": job_id, "attempt": attempt})
+            if node is not None:
+                node.strays, node.hold = strays, False
             return
         job_id, attempt = msg.get("job_id"), msg.get("attempt")
         if not isinstance(job_id, str) or not isinstance(attempt, int):
@@ -211,7 +223,11 @@ class Nodes:
         if lease is None or lease.node_id != node_id or lease.attempt != attempt:
             if op == "progress":
                 return
+            if node is not None:
+                node.strays.discard((job_id, attempt))
+                node.hold = node.hold or op == "unstarted"
             if (job_id, attempt, node_id) not in self.recent:
+                self._remember(job_id, attempt, node_id)
                 log.warning(
                     "node %s: %s of job %s attempt %d refused: its lease is not held (now %s)",
                     node_id,
@@ -235,6 +251,8 @@ class Nodes:
         elif op == "unstarted":
             if msg.get("code") == ErrorCode.INPUT_UNREACHABLE:
                 self._exclude(job_id, node_id)
+            elif node is not None:  # it had no room: no more until its next heartbeat says it has
+                node.hold = True
             reason = f"node {node_id} gave it back: {clip(str(msg.get('message') or 'no reason given'))}"
             out.append(Outcome("unstarted", job_id, attempt, {"reason": reason}))
         else:
@@ -317,8 +335,12 @@ class Nodes:
     def free(self) -> dict[str, int]:
         """node id -> free slots, for online nodes in ``access.nodes`` with any."""
         held = Counter(lease.node_id for lease in self.leases.values())
+        for n in self.nodes.values():
+            held[n.node_id] += len(n.strays)
         return {
-            n.node_id: n.slots - held[n.node_id] for n in self.nodes.values() if n.online and n.slots > held[n.node_id]
+            n.node_id: n.slots - held[n.node_id]
+            for n in self.nodes.values()
+            if n.online and not n.hold and n.slots > held[n.node_id]
         }
 
     def kinds(self, node_id: str) -> frozenset[str]:
@@ -347,9 +369,7 @@ class Nodes:
         lease = self.leases.get(job_id)
         if lease is None:
             return False
-        self.publish(
-            self.topics.node_down(lease.node_id), _encode({"op": "cancel", "job_id": job_id, "attempt": lease.attempt})
-        )
+        self._send(lease.node_id, {"op": "cancel", "job_id": job_id, "attempt": lease.attempt})
         return True
 
     def _send(self, node_id: str, msg: dict[str, Any]) -> None:

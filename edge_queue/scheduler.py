@@ -129,12 +129,18 @@ class Scheduler:
                 self.assign(slot, job)
                 busy[job["kind"]] += 1
 
-    def to_nodes(self, now: float, free: dict[str, int], places: Mapping[str, Collection[str]], busy: Any) -> None:
-        """Fill the worker nodes' free slots: one claim per slot, of the kinds each node runs."""
+    def to_nodes(self, now: float, free: dict[str, int], places: dict[str, Collection[str]], busy: Any) -> None:
+        """Fill the worker nodes' free slots, one claim per slot, of the kinds each node runs;
+        the nodes a ``prefer`` list ranks first claim first. A node done claiming leaves
+        ``places``: what it did not take may go to the places ranked after it."""
+
+        def best_rank(node_id: str) -> int:
+            return min((order.index(node_id) for order in self.prefer.values() if node_id in order), default=99)
+
         store = self.store()
-        for node_id, slots in free.items():
+        for node_id in sorted(free, key=best_rank):
             skip = self.nodes.excluded_for(node_id)
-            for _ in range(slots):
+            for _ in range(free[node_id]):
                 if not store.waiting():
                     return
                 kinds = allowed_kinds(self.concurrency, busy, lambda _: False, fast_only=False)
@@ -148,6 +154,7 @@ class Scheduler:
                 )
                 self.on_assign(job)
                 busy[job["kind"]] += 1
+            del places[node_id]
 
     def assign(self, slot: WorkerSlot, job: dict[str, Any]) -> None:
         """Give a claimed job to ``slot``'s worker (sent after the turn's commit)."""
