@@ -163,13 +163,16 @@ class AccessSettings(_Section):
     nodes: list[str] = []
 
     def role_of(self, user: str | None) -> Role:
-        """The role of a request sent by ``user`` (``None``: the shared request topics)."""
+        """The role of a request sent by ``user`` (``None``: the shared request topics). A
+        worker node's user sends no request (``none``) unless it is also an admin or a user."""
         if user is None:
             return self.shared_role
         if user in self.admins:
             return "admin"
         if user in self.users:
             return "user"
+        if user in self.nodes:
+            return "none"
         return self.default_role
 
 

@@ -23,7 +23,7 @@ from .conftest import ROOT, Broker, free_port, need, port_open, run_doctor, wait
 EDGE_QUEUE_BIN = str(Path(sys.executable).parent / "edge-queue")
 
 
-@pytest.mark.parametrize("unit", ["edge-queue.service", "edge-queue-broker.service"])
+@pytest.mark.parametrize("unit", ["edge-queue.service", "edge-queue-broker.service", "edge-queue-worker.service"])
 def test_systemd_analyze_verify(unit: str, tmp_path: Path) -> None:
     need(shutil.which("systemd-analyze") is not None, "systemd-analyze not installed (apt-get install systemd)")
     text = (ROOT / "systemd" / unit).read_text().replace("/opt/edge-queue/.venv/bin/edge-queue", EDGE_QUEUE_BIN)
@@ -153,7 +153,15 @@ STATE_TOPICS = [
 ]
 #: The users of the shipped broker configurations in tests: the service, Home Assistant, and
 #: two ordinary users (amqtt lists each user by name: "guest" copies "phone").
-USERS = {"edge-queue": "svc-secret", "phone": "phone-secret", "guest": "guest-secret", "homeassistant": "ha-secret"}
+USERS = {
+    "edge-queue": "svc-secret",
+    "phone": "phone-secret",
+    "guest": "guest-secret",
+    "homeassistant": "ha-secret",
+    # worker nodes (docs/nodes.md): n1 is in the hub's access.nodes in tests/test_nodes.py, n2 not
+    "n1": "n1-secret",
+    "n2": "n2-secret",
+}
 
 
 def _passwd(path: Path, users: dict[str, str]) -> None:

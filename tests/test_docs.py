@@ -221,10 +221,14 @@ _TOPIC_METHODS = {
     "reply_prefix": lambda t: [t.reply_prefix()],
     "user_reply_prefix": lambda t: [t.user_reply_prefix("<user>")],
     "user_response": lambda t: [t.user_response("<user>", COMMANDS[0]).rsplit("/", 1)[0] + "/<command>"],
+    "node": lambda t: [t.node("<node_id>")],
+    "node_up": lambda t: [t.node_up("<node_id>")],
+    "node_down": lambda t: [t.node_down("<node_id>")],
     # parsers and validators: no topic of their own
     "parse_request": lambda t: [],
     "parse_job": lambda t: [],
     "parse_batch": lambda t: [],
+    "parse_node": lambda t: [],
     "valid_reply_to": lambda t: [],
 }
 

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from .conftest import EXTRA_KINDS, REFERENCE, ROOT, Broker, ServiceProcess, wait_until, wer
+from .test_deploy import mosquitto_with_acl  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.slow
 
@@ -292,3 +293,101 @@ def test_a_node_that_cannot_see_the_input_gives_the_job_to_another_with_its_atte
         assert "does not exist on this node" in n1.log()
     finally:
         w.close()
+
+
+def test_shipped_acl_gives_nodes_their_own_topics_only(
+    request: pytest.FixtureRequest,
+    service_factory,
+    nodes,
+    tmp_path: Path,
+) -> None:
+    """broker/edge-queue.acl: a node user reads only what is addressed to it and publishes only
+    under its own node topics; an ordinary user cannot take a job, renew a lease or forge an
+    outcome; a broker user not in ``access.nodes`` gets no job; a node user sends no request."""
+    from .test_deploy import USERS, _connect, _service_env
+
+    broker = request.getfixturevalue("mosquitto_with_acl")
+    media = tmp_path / "media"
+    media.mkdir()
+    env = {**_service_env("edge-queue", USERS["edge-queue"]), **hub_env(["n1"])}
+    env["EDGE_QUEUE_HOMEASSISTANT__DISCOVERY"] = "false"
+    hub = service_factory(broker, [media], env)
+    hub.base = "edge-queue"  # the base topic the shipped ACL names
+    hub.env["EDGE_QUEUE_MQTT__BASE_TOPIC"] = "edge-queue"
+    hub.start(wait_online=False)
+    creds = {n: {"EDGE_QUEUE_MQTT__USERNAME": n, "EDGE_QUEUE_MQTT__PASSWORD": USERS[n]} for n in ("n1", "n2")}
+    n1 = nodes(hub, "n1", [media], env=creds["n1"])
+    n2 = nodes(hub, "n2", [media], env=creds["n2"])
+    reason, pair = _connect(broker, "phone", USERS["phone"])
+    assert reason == "Success"
+    phone, box = pair
+    box["subscriptions"] = [
+        "edge-queue/nodes/+",
+        "edge-queue/nodes/n1/down",
+        "edge-queue/nodes/+/up",
+        "edge-queue/jobs/+",
+        "edge-queue/reply/phone/#",
+    ]
+    for topic in box["subscriptions"]:
+        phone.subscribe(topic, 1)
+    try:
+        wait_until(lambda: "not in access.nodes" in hub.log(), 60, "the hub to ignore n2")
+        wait_until(lambda: "node n1 online" in hub.log(), 60, "the hub to see n1")
+        # the ordinary user announces itself as a node with free slots: the hub ignores it
+        phone.publish(
+            "edge-queue/nodes/phone", json.dumps({"v": 1, "state": "online", "kinds": ["noop"], "slots": 4}), 1, True
+        )
+        phone.publish(
+            "edge-queue/request/submit/phone",
+            json.dumps({"kind": "noop", "options": {"sleep_s": 3}, "transaction": "t"}),
+            1,
+        )
+
+        def job_id() -> str | None:
+            for t, p in box.get("messages", []):
+                if t == "edge-queue/reply/phone/response/submit":
+                    return json.loads(p)["data"]["jobs"][0]["job_id"]
+            return None
+
+        jid = wait_until(job_id, 30, "the submit's answer")
+        wait_until(lambda: f"job {jid} started" in n1.log(), 30, "n1 to start the job")
+        # forged heartbeat and outcome for n1's lease, from the ordinary user
+        phone.publish(
+            "edge-queue/nodes/n1/up",
+            json.dumps({"v": 1, "op": "done", "job_id": jid, "attempt": 1, "result": {"forged": True}}),
+            1,
+        )
+        phone.publish("edge-queue/nodes/n1/up", json.dumps({"v": 1, "op": "beat", "jobs": [[jid, 1]]}), 1)
+
+        def ended() -> dict[str, Any] | None:
+            for t, p in box.get("messages", []):
+                if t == f"edge-queue/jobs/{jid}" and p and json.loads(p)["state"] == "succeeded":
+                    return json.loads(p)
+            return None
+
+        job = wait_until(ended, 60, "the job to succeed")
+        assert job["node"] == "n1" and job["result"] != {"forged": True}, job
+        topics = {t for t, _ in box["messages"]}
+        assert "edge-queue/nodes/n1/down" not in topics  # n1's hand-outs are n1's alone
+        assert not any(t.endswith("/up") for t in topics)  # nobody reads a node's reports
+        assert "edge-queue/nodes/n1" in topics  # announcements are readable
+        assert "handed to node n2" not in hub.log() and "handed to node phone" not in hub.log()
+        # a node user may not send requests (role none)
+        reason, npair = _connect(broker, "n1", USERS["n1"])
+        nclient, nbox = npair
+        nclient.subscribe("edge-queue/reply/n1/#", 1)
+        time.sleep(0.2)
+        nclient.publish("edge-queue/request/list/n1", json.dumps({"transaction": "n"}), 1)
+        answer = wait_until(
+            lambda: next((json.loads(p) for t, p in nbox.get("messages", []) if "/response/" in t), None),
+            30,
+            "n1's answer",
+        )
+        assert answer["status"] == "error" and answer["error"]["code"] == "forbidden", answer
+        nclient.disconnect()
+        nclient.loop_stop()
+    finally:
+        phone.publish("edge-queue/nodes/phone", b"", 1, True)
+        phone.disconnect()
+        phone.loop_stop()
+        assert n2.proc is not None

@@ -247,7 +247,9 @@ def test_backoff_schedule_with_an_injected_clock(tmp_path: Path) -> None:
         now[0] += delay
     assert delays == [5.0, 10.0, 12.0]  # base * 2**(n-1), capped
     job = svc.store.claim(now[0], ["noop"], svc.run_id)
-    svc.outcomes.apply(Outcome("failed", job_id, 4, {"code": "internal_error", "message": "x", "retryable": True}), now[0])
+    svc.outcomes.apply(
+        Outcome("failed", job_id, 4, {"code": "internal_error", "message": "x", "retryable": True}), now[0]
+    )
     assert svc.store.get(job_id)["state"] == "failed"
     # a stale outcome (an old attempt) changes nothing
     svc.outcomes.apply(Outcome("done", job_id, 2, {"result": {}}), now[0])
