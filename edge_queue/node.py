@@ -245,10 +245,14 @@ class WorkerNode:
         """The heartbeat: the jobs held (which renews their leases) and the free slots; and
         every outcome the hub has not answered, again."""
         self.next_beat = self.clock() + self.settings.nodes.heartbeat_s
-        held = [[e.msg["job_id"], e.msg["attempt"]] for slot in self.supervisor.slots for e in slot.jobs]
+        held = [list(key) for key in self._held()]
         self._send({"op": "beat", "jobs": held, "free": len(self.supervisor.idle())})
         for msg in self.pending.values():
             self._send(msg)
+
+    def _held(self) -> list[tuple[str, int]]:
+        """(job id, attempt) of every job a worker of this node holds."""
+        return [(e.msg["job_id"], e.msg["attempt"]) for slot in self.supervisor.slots for e in slot.jobs]
 
     def _handle(self, msg: dict[str, Any]) -> None:
         op = msg.get("op")
@@ -271,6 +275,8 @@ class WorkerNode:
 
     def _run(self, msg: dict[str, Any]) -> None:
         job_id, attempt = str(msg.get("job_id")), int(msg.get("attempt") or 0)
+        if (job_id, attempt) in self.pending or (job_id, attempt) in self._held():
+            return  # a copy of a hand-out (QoS 1 redelivery): the job runs or ran here already
         job = {k: msg.get(k) for k in ("job_id", "attempt", "kind", "input", "options")}
         if job["input"]:
             job["input"] = to_local(str(job["input"]), self.entries)

@@ -391,3 +391,103 @@ def test_shipped_acl_gives_nodes_their_own_topics_only(
         phone.disconnect()
         phone.loop_stop()
         assert n2.proc is not None
+
+
+def _started_counts(made: list[NodeProcess], job_ids: list[str]) -> Counter[str]:
+    """How many times the nodes started each job (their logs)."""
+    counts: Counter[str] = Counter()
+    for node in made:
+        for line in node.log().splitlines():
+            for job_id in job_ids:
+                if f"job {job_id} started" in line:
+                    counts[job_id] += 1
+    return counts
+
+
+def test_a_node_behind_a_bridged_mosquitto_runs_jobs_as_a_direct_one(service_factory, nodes, tmp_path: Path) -> None:
+    """docs/nodes.md, "Scaling the broker side": the node connects to a second mosquitto,
+    bridged to the hub's with mosquitto's own ``connection``/``topic`` settings."""
+    from .test_load import PrivateMosquitto
+
+    media = tmp_path / "media"
+    media.mkdir()
+    site_a = PrivateMosquitto(tmp_path / "hub-broker")
+    hub = service_factory(site_a, [media], hub_env(["far"]))
+    base = hub.base
+    bridge = (
+        f"\nconnection edge-queue-hub\naddress 127.0.0.1:{site_a.port}\n"
+        f"topic {base}/nodes/far out 1\ntopic {base}/nodes/far/up out 1\ntopic {base}/nodes/far/down in 1\n"
+    )
+    site_b = PrivateMosquitto(tmp_path / "site-broker", extra=bridge)
+    try:
+        hub.start()
+        w = hub.watcher("#")
+        try:
+            far = nodes(hub, "far", [media], broker=site_b)
+            online(w, hub, ["far"])
+            ids = [submit(hub, w, {"kind": "noop", "options": {"sleep_s": 0.2 + i / 1000}})[0] for i in range(5)]
+            ends = [final(w, hub, job_id) for job_id in ids]
+            assert all(j["state"] == "succeeded" and j["node"] == "far" and j["attempt"] == 1 for j in ends), ends
+            # its Last Will crosses the bridge too
+            assert far.proc is not None
+            far.proc.kill()
+            wait_until(
+                lambda: (
+                    "node far is offline" in hub.log()
+                    or "went offline" in hub.log()
+                    or any(j.get("state") == "offline" for j in w.json_on(f"{base}/nodes/far"))
+                ),
+                90,
+                "the node's Last Will through the bridge",
+            )
+        finally:
+            w.close()
+            hub.stop()
+    finally:
+        site_b.stop()
+        site_a.stop()
+
+
+def test_broker_restart_and_hub_kill_9_while_node_jobs_run_end_every_job_once(
+    service_factory, nodes, tmp_path: Path
+) -> None:
+    """The broker restarted while node jobs run, then the hub killed with -9 and started again:
+    every job ends exactly once, and nothing a node finished runs again."""
+    from .test_load import PrivateMosquitto
+
+    media = tmp_path / "media"
+    media.mkdir()
+    broker = PrivateMosquitto(tmp_path / "broker")
+    try:
+        hub = service_factory(broker, [media], hub_env(["n1", "n2"])).start()
+        made = [nodes(hub, n, [media], workers=2) for n in ("n1", "n2")]
+        w = hub.watcher("#")
+        online(w, hub, ["n1", "n2"])
+        ids = [submit(hub, w, {"kind": "noop", "options": {"sleep_s": 1.5 + i / 1000}})[0] for i in range(12)]
+        wait_until(lambda: sum(f"job {j} started" in n.log() for n in made for j in ids) >= 4, 30, "jobs on nodes")
+        w.close()
+        broker.stop()
+        time.sleep(1.0)  # the broker away while jobs finish on the nodes
+        broker.start()
+        w = hub.watcher("#")
+        wait_until(lambda: sum(f"job {j} done" in n.log() for n in made for j in ids) >= 6, 60, "more jobs done")
+        hub.kill()  # power cut of the hub while the nodes go on
+        time.sleep(1.0)
+        hub.start()
+        ends = [final(w, hub, job_id, timeout=120) for job_id in ids]
+        assert all(j["state"] == "succeeded" for j in ends), [(j["job_id"], j["state"]) for j in ends]
+        assert max(_started_counts(made, ids).values()) == 1, _started_counts(made, ids)  # nothing ran twice
+        w.close()
+        assert hub.stop() == 0
+        # exactly one terminal transition per job in the hub's store
+        import sqlite3
+
+        with sqlite3.connect(hub.db) as db:
+            rows = db.execute(
+                "SELECT job_id, count(*) FROM job_events WHERE to_state IN ('succeeded','failed','cancelled') "
+                "GROUP BY job_id"
+            ).fetchall()
+        assert sorted(rows) == sorted((job_id, 1) for job_id in ids), rows
+    finally:
+        if broker.proc is not None and broker.proc.poll() is None:
+            broker.stop()

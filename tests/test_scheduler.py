@@ -5,17 +5,31 @@ runs in milliseconds."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from edge_queue.config import Settings
+from edge_queue.nodes import Nodes
 from edge_queue.scheduler import Scheduler, allowed_kinds
 from edge_queue.store import JobSpec, Store
 from edge_queue.supervisor import Supervisor
+from edge_queue.topics import Topics
 
 NOW = 1_000_000.0
+
+
+class Wire:
+    """What the node room needs of the bridge: a place for its handler, and publish."""
+
+    def __init__(self) -> None:
+        self.on_node: Any = None
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+
+    def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        self.sent.append((topic, json.loads(payload)))
 
 
 @pytest.mark.parametrize(
@@ -43,7 +57,15 @@ def pool(tmp_path: Path, workers: int, **kinds: Any) -> tuple[Scheduler, Store, 
         slot.process = object()  # a worker that is up, as far as hand-outs go
     assigned: list[dict[str, Any]] = []
     return (
-        Scheduler(settings, ["noop", "probe", "transcribe"], lambda: store, sup, "run1", assigned.append),
+        Scheduler(
+            settings,
+            ["noop", "probe", "transcribe"],
+            lambda: store,
+            sup,
+            "run1",
+            assigned.append,
+            Nodes(settings, Topics("t"), Wire()),  # type: ignore[arg-type]
+        ),
         store,
         sup,
         assigned,

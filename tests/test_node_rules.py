@@ -1,0 +1,230 @@
+"""The rules of worker nodes as plain data, in milliseconds (docs/nodes.md): path maps, the
+preference order of places, and the hub's leases (fencing by attempt, silence, the Last Will,
+copies of outcomes), with a clock the test moves and a real store for the scheduler."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edge_queue.config import Settings
+from edge_queue.nodes import HUB, Nodes
+from edge_queue.pathmap import map_result, to_hub, to_local
+from edge_queue.scheduler import Scheduler, preferred
+from edge_queue.store import JobSpec, Store
+from edge_queue.supervisor import Supervisor
+from edge_queue.topics import Topics
+
+from .test_scheduler import Wire
+
+MAP = [("/srv/media", "/mnt/nas"), ("/srv/media/video", "/mnt/video")]
+
+
+@pytest.mark.parametrize(
+    ("hub", "local"),
+    [
+        ("/srv/media/a.wav", "/mnt/nas/a.wav"),
+        ("/srv/media/video/b.mkv", "/mnt/video/b.mkv"),  # the longest entry wins
+        ("/srv/media2/c.wav", "/srv/media2/c.wav"),  # whole components only
+        ("/srv/media", "/mnt/nas"),
+        ("/elsewhere/d.wav", "/elsewhere/d.wav"),
+    ],
+)
+def test_path_map(hub: str, local: str) -> None:
+    assert to_local(hub, MAP) == local
+    if local.startswith("/mnt"):
+        assert to_hub(local, MAP) == hub
+
+
+def test_result_paths_go_back_in_the_hubs_terms() -> None:
+    result = {"text": "/mnt/nas is a path-like sentence", "outputs": {"txt": "/mnt/nas/a.txt"}, "n": 3}
+    assert map_result(result, MAP) == {
+        "text": "/mnt/nas is a path-like sentence",  # not a path under a mapped folder as a whole
+        "outputs": {"txt": "/srv/media/a.txt"},
+        "n": 3,
+    }
+
+
+@pytest.mark.parametrize(
+    ("place", "free", "expected"),
+    [
+        ("hub", {"gpu": ["transcribe"], "hub": ["transcribe", "probe"]}, ["probe"]),  # the GPU is free: it waits
+        ("hub", {"hub": ["transcribe", "probe"]}, ["transcribe", "probe"]),  # the GPU is busy: the hub takes it
+        # the GPU does not run transcribe: it holds nothing back
+        ("hub", {"gpu": ["probe"], "hub": ["transcribe", "probe"]}, ["transcribe", "probe"]),
+        ("gpu", {"gpu": ["transcribe"], "hub": ["transcribe", "probe"]}, ["transcribe", "probe"]),
+        ("other", {"gpu": ["transcribe"], "other": ["transcribe", "probe"]}, ["probe"]),  # not listed: last
+    ],
+)
+def test_preferred_places(place: str, free: dict[str, list[str]], expected: list[str]) -> None:
+    prefer = {"transcribe": ["gpu", "hub"]}
+    assert preferred(["transcribe", "probe"], place, prefer, free) == expected
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def hub(tmp_path: Path, **settings: Any) -> tuple[Nodes, Wire, Clock]:
+    s = Settings(data_dir=tmp_path, access={"nodes": ["n1", "n2"]}, nodes={"lease_s": 10}, **settings)
+    wire, clock = Wire(), Clock()
+    return Nodes(s, Topics("b"), wire, clock), wire, clock  # type: ignore[arg-type]
+
+
+def say(nodes: Nodes, node_id: str, msg: dict[str, Any] | None, level: str = "up") -> None:
+    topic = f"b/nodes/{node_id}" + ("/up" if level == "up" else "")
+    nodes.on_message(topic, json.dumps(msg).encode() if msg is not None else b"", level != "up")
+
+
+def online(nodes: Nodes, *ids: str, slots: int = 1) -> None:
+    for node_id in ids:
+        say(nodes, node_id, {"state": "online", "kinds": ["noop", "probe"], "slots": slots}, "announce")
+    nodes.poll(True)
+
+
+JOB = {"job_id": "j1", "attempt": 1, "kind": "noop", "input": None, "options": {}}
+
+
+def test_a_hand_out_holds_a_lease_that_heartbeats_renew_and_silence_ends(tmp_path: Path) -> None:
+    nodes, wire, clock = hub(tmp_path)
+    online(nodes, "n1")
+    assert nodes.free() == {"n1": 1}
+    nodes.assign("n1", JOB, 120)
+    assert wire.sent[-1] == ("b/nodes/n1/down", {**JOB, "v": 1, "op": "run", "timeout_s": 120, "lease_s": 10})
+    assert nodes.free() == {}
+    clock.t += 8
+    say(nodes, "n1", {"op": "beat", "jobs": [["j1", 1]]})
+    assert nodes.poll(True) == []
+    clock.t += 8  # 16 s after the hand-out, 8 after the heartbeat: still held
+    assert nodes.poll(True) == []
+    clock.t += 3
+    (lost,) = nodes.poll(True)
+    assert (lost.op, lost.job_id, lost.attempt, lost.data["code"]) == ("lost", "j1", 1, "worker_lost")
+    # silent past its lease: nothing more for it until it is heard from again
+    assert nodes.free() == {}
+    say(nodes, "n1", {"op": "beat", "jobs": []})
+    nodes.poll(True)
+    assert nodes.free() == {"n1": 1}
+
+
+def test_a_hand_out_never_confirmed_goes_back_without_its_attempt(tmp_path: Path) -> None:
+    nodes, _, clock = hub(tmp_path)
+    online(nodes, "n1")
+    nodes.assign("n1", JOB, None)
+    clock.t += 11
+    (out,) = nodes.poll(True)
+    assert out.op == "unstarted"
+
+
+def test_leases_do_not_run_out_while_the_hub_is_away_from_the_broker(tmp_path: Path) -> None:
+    nodes, _, clock = hub(tmp_path)
+    online(nodes, "n1")
+    nodes.assign("n1", JOB, None)
+    clock.t += 60
+    assert nodes.poll(False) == []  # disconnected: leases start again
+    clock.t += 9
+    assert nodes.poll(True) == []
+    clock.t += 2
+    assert [o.op for o in nodes.poll(True)] == ["unstarted"]
+
+
+def test_fencing_by_attempt_and_node(tmp_path: Path) -> None:
+    nodes, wire, clock = hub(tmp_path)
+    online(nodes, "n1", "n2")
+    nodes.assign("n2", {**JOB, "attempt": 2}, None)
+    # n1's outcome of attempt 1 (it came back after the job was handed on): refused, answered ok
+    say(nodes, "n1", {"op": "done", "job_id": "j1", "attempt": 1, "result": {}})
+    # n1 claiming n2's attempt: refused too
+    say(nodes, "n1", {"op": "done", "job_id": "j1", "attempt": 2, "result": {}})
+    assert nodes.poll(True) == []
+    nodes.send_acks()
+    assert [m for t, m in wire.sent if t == "b/nodes/n1/down"] == [
+        {"v": 1, "op": "ok", "job_id": "j1", "attempt": 1},
+        {"v": 1, "op": "ok", "job_id": "j1", "attempt": 2},
+    ]
+    # n2's own outcome is applied once; a copy is only answered
+    say(nodes, "n2", {"op": "done", "job_id": "j1", "attempt": 2, "result": {"x": 1}})
+    say(nodes, "n2", {"op": "done", "job_id": "j1", "attempt": 2, "result": {"x": 1}})
+    (done,) = nodes.poll(True)
+    assert (done.op, done.attempt, done.data) == ("done", 2, {"result": {"x": 1}})
+    nodes.send_acks()
+    assert [m["op"] for t, m in wire.sent if t == "b/nodes/n2/down"][-2:] == ["ok", "ok"]
+
+
+def test_a_node_still_running_a_job_it_lost_has_that_slot_taken_and_is_told_to_stop(tmp_path: Path) -> None:
+    nodes, wire, clock = hub(tmp_path)
+    online(nodes, "n1")
+    say(nodes, "n1", {"op": "beat", "jobs": [["old", 3]]})
+    nodes.poll(True)
+    assert wire.sent[-1] == ("b/nodes/n1/down", {"v": 1, "op": "cancel", "job_id": "old", "attempt": 3})
+    assert nodes.free() == {}  # its one slot still runs the old job
+    say(nodes, "n1", {"op": "lost", "job_id": "old", "attempt": 3, "code": "cancelled", "message": ""})
+    assert nodes.poll(True) == []
+    assert nodes.free() == {"n1": 1}
+
+
+def test_the_last_will_ends_the_nodes_leases_at_once(tmp_path: Path) -> None:
+    nodes, _, _ = hub(tmp_path)
+    online(nodes, "n1")
+    nodes.assign("n1", JOB, None)
+    say(nodes, "n1", {"op": "beat", "jobs": [["j1", 1]]})
+    nodes.poll(True)
+    say(nodes, "n1", {"state": "offline", "kinds": ["noop"], "slots": 1}, "announce")
+    (lost,) = nodes.poll(True)
+    assert lost.op == "lost" and "went offline" in lost.data["message"]
+    assert nodes.free() == {}
+
+
+def test_a_user_not_in_access_nodes_is_ignored(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    nodes, _, _ = hub(tmp_path)
+    say(nodes, "phone", {"state": "online", "kinds": ["noop"], "slots": 4}, "announce")
+    say(nodes, "phone", {"state": "online", "kinds": ["noop"], "slots": 4}, "announce")
+    nodes.poll(True)
+    assert nodes.free() == {} and nodes.summary() == []
+    assert caplog.text.count("node phone is not in access.nodes") == 1
+
+
+def test_input_unreachable_keeps_the_job_from_that_node(tmp_path: Path) -> None:
+    nodes, _, _ = hub(tmp_path)
+    online(nodes, "n1")
+    nodes.assign("n1", JOB, None)
+    say(nodes, "n1", {"op": "unstarted", "job_id": "j1", "attempt": 1, "code": "input_unreachable", "message": "x"})
+    (out,) = nodes.poll(True)
+    assert out.op == "unstarted"
+    assert nodes.excluded_for("n1") == ["j1"] and nodes.excluded_for("n2") == []
+    assert nodes.free() == {"n1": 1}  # it may take other jobs
+
+
+def test_scheduler_fills_node_slots_in_preference_order(tmp_path: Path) -> None:
+    settings = Settings(
+        data_dir=tmp_path,
+        workers=1,
+        access={"nodes": ["n1", "n2"]},
+        kinds={"probe": {"prefer": ["n2", "hub", "n1"]}},
+    )
+    store = Store(tmp_path / "q.db")
+    sup = Supervisor(settings)
+    for slot in sup.slots:
+        slot.process = object()
+    wire = Wire()
+    nodes = Nodes(settings, Topics("b"), wire)  # type: ignore[arg-type]
+    online(nodes, "n1", "n2")
+    assigned: list[dict[str, Any]] = []
+    scheduler = Scheduler(settings, ["noop", "probe"], lambda: store, sup, "run1", assigned.append, nodes)
+    for i in range(4):
+        store.submit([JobSpec("probe", f"p{i}", {})], 1000.0 + i)
+    scheduler.schedule(2000.0)
+    # n2 first, then the hub's one worker; n1 waits while the hub, ranked above it, is free
+    assert {j["input"]: j["owner"] for j in assigned} == {"p0": "node:n2", "p1": "run1"}
+    scheduler.schedule(2001.0)
+    # n2 and the hub are busy now: n1 takes the next one
+    assert {j["input"]: j["owner"] for j in assigned}["p2"] == "node:n1"
+    assert store.counts()["queued"] == 1
+    assert nodes.summary()[0]["running"] == 1 and HUB == "hub"
