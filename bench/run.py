@@ -6,6 +6,7 @@
     .venv/bin/python bench/run.py --quick --with-long   # smoke run plus the 1-hour P4 run
     .venv/bin/python bench/run.py --quick --only P1 --runs 1 --p1-jobs 1000   # small P1 check
     .venv/bin/python bench/run.py --only P1,P2 --baseline f7c331c   # beside an earlier commit
+    .venv/bin/python bench/run.py --only P7       # worker nodes (docs/nodes.md)
 
 Prints a table and writes the figures, the machine and the package versions to
 bench/results/<YYYY-MM-DD>.json (``-quick`` suffix for --quick) and, for a run without
@@ -39,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 from harness import BENCH, ROOT, Figure  # noqa: E402
 
-ALL = ["P1", "P2", "P3", "P4", "P5", "P6"]
+ALL = ["P1", "P2", "P3", "P4", "P5", "P6", "P7"]
 PACKAGES = [
     "edge-queue",
     "paho-mqtt",
@@ -367,6 +368,20 @@ def rows_for(pid: str, res: dict[str, Any]) -> list[dict[str, Any]]:
                 None,
             )
         )
+    elif pid == "P7":
+        local = f.get("noop jobs/s: hub, 2 workers")
+        for key, fig in f.items():
+            ref, ratio = "", ""
+            if key.startswith("noop") and local is not None and fig is not local:
+                ref, ratio = f"hub's own workers {fmt(local)}", f"{fig.median / local.median:.2f}×"
+            elif key.endswith(": node") and (hub := f.get(key.replace(": node", ": hub"))) is not None:
+                ref, ratio = f"on the hub {fmt(hub)}", f"+{fig.median - hub.median:.1f} ms"
+            elif "transcriptions" in key and "+ 1 node" in key:
+                alone = next((v for k2, v in f.items() if "transcriptions" in k2 and "alone" in k2), None)
+                if alone is not None:
+                    ref, ratio = f"hub alone {fmt(alone)}", f"{fig.median / alone.median:.2f}×"
+            what = key if not key.startswith("noop") else f"{res['n']:,} {key}"
+            out.append(row("P7", what, "(informative)", fig, ref, ratio, None))
     return out
 
 
@@ -420,7 +435,7 @@ and times are measured divided by reference (lower is better); for throughput, m
 {(BENCH / "profile.md").read_text() if (BENCH / "profile.md").exists() else ""}
 How each figure is measured is in the docstring of its module in `bench/`:
 `p1_throughput.py`, `p2_latency.py`, `p3_transcribe.py`, `p4_memory.py`, `p5_scale.py`,
-`p6_recovery.py`. Run them with `.venv/bin/python bench/run.py` (`--quick`, `--only P1,P2`,
+`p6_recovery.py`, `p7_nodes.py`. Run them with `.venv/bin/python bench/run.py` (`--quick`, `--only P1,P2`,
 `--with-long`). The profile above comes from `.venv/bin/python bench/profile.py` (py-spy).
 """
     (ROOT / "docs" / "benchmarks.md").write_text(text)
@@ -498,6 +513,10 @@ def main() -> int:
                     import p6_recovery
 
                     results[pid] = p6_recovery.run(runs, log)
+                elif pid == "P7":
+                    import p7_nodes
+
+                    results[pid] = p7_nodes.run(runs, 200 if q else 1000, 4 if q else 8, log)
                 else:
                     raise ValueError(f"unknown target {pid}")
             except Exception as e:  # one broken benchmark must not lose the others' figures

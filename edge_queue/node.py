@@ -114,7 +114,8 @@ class WorkerNode:
                 "slots": self.settings.workers,
                 "device": t.device,
                 "compute_type": t.compute_type,
-                "models": {"transcribe": str(t.model) if t.model else "bundled"},
+                # the default model, then the names a job's "model" option may give
+                "models": {"transcribe": [str(t.model) if t.model else "bundled", *sorted(t.models)]},
             },
             separators=(",", ":"),
         ).encode()
@@ -287,6 +288,12 @@ class WorkerNode:
                     job_id, attempt, {"op": "unstarted", "code": str(ErrorCode.INPUT_UNREACHABLE), "message": why}
                 )
                 return
+        model = (job["options"] or {}).get("model") if isinstance(job["options"], dict) else None
+        if job["kind"] == "transcribe" and model and model not in self.settings.transcribe.models:
+            why = f"this node has no model {model!r} in transcribe.models"
+            log.warning("job %s: %s; given back to the hub", job_id, why)
+            self._finish(job_id, attempt, {"op": "unstarted", "exclude": True, "message": why})
+            return
         if job["kind"] not in self.kinds:
             self._finish(job_id, attempt, {"op": "unstarted", "message": f"this node does not run {job['kind']}"})
             return

@@ -249,7 +249,7 @@ class Nodes:
         if op == "done":
             out.append(Outcome("done", job_id, attempt, {"result": msg.get("result")}))
         elif op == "unstarted":
-            if msg.get("code") == ErrorCode.INPUT_UNREACHABLE:
+            if msg.get("code") == ErrorCode.INPUT_UNREACHABLE or msg.get("exclude") is True:
                 self._exclude(job_id, node_id)
             elif node is not None:  # it had no room: no more until its next heartbeat says it has
                 node.hold = True
@@ -380,7 +380,7 @@ class Nodes:
 
     def summary(self) -> list[dict[str, Any]]:
         """The nodes for ``<base>/info`` and ``<base>/queue``: id, online, host, version, kinds,
-        slots, running (jobs held now), device."""
+        slots, running (jobs held now), device, models."""
         held = Counter(lease.node_id for lease in self.leases.values())
         return [
             {
@@ -392,6 +392,7 @@ class Nodes:
                 "slots": n.slots,
                 "running": held[n.node_id],
                 "device": n.announcement.get("device"),
+                "models": n.announcement.get("models"),
             }
             for n in sorted(self.nodes.values(), key=lambda n: n.node_id)
         ]
