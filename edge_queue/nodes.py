@@ -48,6 +48,9 @@ INBOX_MAX = 10_000
 RECENT_MAX = 10_000
 #: Jobs remembered with the nodes that could not read their input.
 EXCLUDED_MAX = 10_000
+#: Seconds the jobs of a node whose Last Will said ``offline`` stay its own: a broker that
+#: restarts sends every client's Will, and its nodes are back within seconds with their jobs.
+OFFLINE_GRACE_S = 3.0
 #: What a node sends on its ``up`` topic: the operations the hub acts on.
 UP_OPS = frozenset({"beat", "progress", "done", "failed", "lost", "unstarted"})
 
@@ -80,6 +83,7 @@ class Lease:
     expires: float
     confirmed: bool = False
     new: bool = field(default=True)  # handed out in this turn, not committed yet
+    why: str | None = None  # why it runs out early (its node went offline)
 
 
 def node_of(owner: str | None) -> str | None:
@@ -148,7 +152,7 @@ class Nodes:
                 self.refused.warning("node %s sent a message that is not JSON", node_id)
                 continue
             if level == "":
-                self._announced(node_id, msg, out)
+                self._announced(node_id, msg)
             elif isinstance(msg, dict) and msg.get("op") in UP_OPS:
                 self._up(node_id, msg, out)
             else:
@@ -159,13 +163,15 @@ class Nodes:
         for lease in [lease for lease in self.leases.values() if lease.expires <= now]:
             if (node := self.nodes.get(lease.node_id)) is not None:
                 node.hold = True  # silent: nothing more for it until it is heard from again
-            self._lose(lease, f"node {lease.node_id} did not renew its lease for {self.lease_s:.0f} s", out)
+            self._lose(
+                lease, lease.why or f"node {lease.node_id} did not renew its lease for {self.lease_s:.0f} s", out
+            )
         return out
 
-    def _announced(self, node_id: str, msg: Any, out: list[Outcome]) -> None:
+    def _announced(self, node_id: str, msg: Any) -> None:
         if not isinstance(msg, dict):  # the announcement was cleared: the node was removed
             self.changed = self.nodes.pop(node_id, None) is not None or self.changed
-            self._offline(node_id, "its announcement was cleared", out)
+            self._offline(node_id, "its announcement was cleared")
             return
         online = msg.get("state") == "online"
         kinds = msg.get("kinds")
@@ -185,14 +191,21 @@ class Nodes:
         if online and (was is None or not was.online):
             log.info("node %s online: %d slot(s), kinds %s", node_id, node.slots, ", ".join(sorted(node.kinds)))
         if not online:
-            self._offline(node_id, "its Last Will or its stop says offline", out)
+            self._offline(node_id, "its Last Will or its stop says offline")
 
-    def _offline(self, node_id: str, why: str, out: list[Outcome]) -> None:
+    def _offline(self, node_id: str, why: str) -> None:
         held = [lease for lease in self.leases.values() if lease.node_id == node_id]
         if held:
-            log.warning("node %s is offline (%s): %d job(s) go back to the queue", node_id, why, len(held))
+            log.warning(
+                "node %s is offline (%s): its %d job(s) go back to the queue unless it is back within %.0f s",
+                node_id,
+                why,
+                len(held),
+                OFFLINE_GRACE_S,
+            )
+        expires = self.clock() + OFFLINE_GRACE_S
         for lease in held:
-            self._lose(lease, f"node {node_id} went offline ({why})", out)
+            lease.expires, lease.why = min(lease.expires, expires), f"node {node_id} went offline ({why})"
 
     def _up(self, node_id: str, msg: dict[str, Any], out: list[Outcome]) -> None:
         op = msg["op"]
@@ -207,7 +220,7 @@ class Nodes:
                 job_id, attempt = item
                 lease = self.leases.get(job_id) if isinstance(job_id, str) else None
                 if lease is not None and lease.node_id == node_id and lease.attempt == attempt:
-                    lease.expires, lease.confirmed = now + self.lease_s, True
+                    lease.expires, lease.confirmed, lease.why = now + self.lease_s, True, None
                 elif isinstance(job_id, str) and isinstance(attempt, int):
                     # the node runs a job it no longer holds (it came back after the job was handed on)
                     strays.add((job_id, attempt))
@@ -238,7 +251,7 @@ class Nodes:
                 )
             self.acks.append((node_id, {"op": "ok", "job_id": job_id, "attempt": attempt}))
             return
-        lease.expires, lease.confirmed = now + self.lease_s, True
+        lease.expires, lease.confirmed, lease.why = now + self.lease_s, True, None
         if op == "progress":
             data = {k: msg.get(k) for k in ("progress", "stage", "eta_s")}
             out.append(Outcome("progress", job_id, attempt, data))

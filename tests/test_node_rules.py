@@ -170,16 +170,24 @@ def test_a_node_still_running_a_job_it_lost_has_that_slot_taken_and_is_told_to_s
     assert nodes.free() == {"n1": 1}
 
 
-def test_the_last_will_ends_the_nodes_leases_at_once(tmp_path: Path) -> None:
-    nodes, _, _ = hub(tmp_path)
+def test_the_last_will_ends_the_nodes_leases_within_seconds_unless_it_is_back(tmp_path: Path) -> None:
+    nodes, _, clock = hub(tmp_path)
     online(nodes, "n1")
+    nodes.assign("n1", {**JOB, "job_id": "j2"}, None)
     nodes.assign("n1", JOB, None)
-    say(nodes, "n1", {"op": "beat", "jobs": [["j1", 1]]})
+    say(nodes, "n1", {"op": "beat", "jobs": [["j1", 1], ["j2", 1]]})
     nodes.poll(True)
     say(nodes, "n1", {"state": "offline", "kinds": ["noop"], "slots": 1}, "announce")
-    (lost,) = nodes.poll(True)
-    assert lost.op == "lost" and "went offline" in lost.data["message"]
-    assert nodes.free() == {}
+    assert nodes.poll(True) == [] and nodes.free() == {}
+    clock.t += 2  # a broker restart sends every Will: the node is back, with j1 still running
+    say(nodes, "n1", {"state": "online", "kinds": ["noop"], "slots": 2}, "announce")
+    say(nodes, "n1", {"op": "beat", "jobs": [["j1", 1]]})
+    assert nodes.poll(True) == []
+    clock.t += 1.5
+    (lost,) = nodes.poll(True)  # j2, which it no longer holds
+    assert (lost.op, lost.job_id) == ("lost", "j2") and "went offline" in lost.data["message"]
+    clock.t += 8
+    assert nodes.poll(True) == []  # j1's lease was renewed for lease_s
 
 
 def test_a_user_not_in_access_nodes_is_ignored(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
