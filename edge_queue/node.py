@@ -83,7 +83,8 @@ class WorkerNode:
         self.settings, self.clock = settings, clock
         self.node_id = node_id_of(settings)
         self.topics = Topics(settings.mqtt.base_topic)
-        self.kinds = sorted(registry(settings.extra_kinds))
+        self.registry = registry(settings.extra_kinds)
+        self.kinds = sorted(self.registry)
         self.entries: list[Entry] = [(str(m.hub), str(m.local)) for m in settings.path_map]
         self.roots = [Path(os.path.realpath(r)) for r in settings.media_roots]
         self.supervisor = Supervisor(settings)
@@ -279,7 +280,8 @@ class WorkerNode:
         if (job_id, attempt) in self.pending or (job_id, attempt) in self._held():
             return  # a copy of a hand-out (QoS 1 redelivery): the job runs or ran here already
         job = {k: msg.get(k) for k in ("job_id", "attempt", "kind", "input", "options")}
-        if job["input"]:
+        kind = self.registry.get(str(job["kind"]))
+        if job["input"] and kind is not None and kind.needs_input:  # else the input is only a label
             job["input"] = to_local(str(job["input"]), self.entries)
             why = readable_input(job["input"], self.roots)
             if why is not None:

@@ -148,8 +148,20 @@ def test_forty_noop_jobs_spread_over_two_nodes(mosquitto, service_factory, nodes
         for n in ("n1", "n2"):
             nodes(hub, n, [media])
         online(w, hub, ["n1", "n2"])
-        # distinct options: equal ones would be one job (docs/topics.md, duplicates)
-        ids = [submit(hub, w, {"kind": "noop", "options": {"sleep_s": 0.05 + i / 10_000}})[0] for i in range(40)]
+        # distinct options: equal ones would be one job (docs/topics.md, duplicates); half of them
+        # with an input, which a kind without input takes as a label (not a file to look for)
+        ids = [
+            submit(
+                hub,
+                w,
+                {
+                    "kind": "noop",
+                    "options": {"sleep_s": 0.05 + i / 10_000},
+                    **({"input": f"label-{i}"} if i % 2 else {}),
+                },
+            )[0]
+            for i in range(40)
+        ]
         assert len(set(ids)) == 40
         ends = [final(w, hub, job_id) for job_id in ids]
         assert [j["state"] for j in ends] == ["succeeded"] * 40
