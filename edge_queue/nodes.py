@@ -113,6 +113,7 @@ class Nodes:
         self.publish = bridge.publish
         self.allowed = frozenset(settings.access.nodes)
         self.lease_s = settings.nodes.lease_s
+        self.local_workers = settings.workers
         self.topics, self.clock = topics, clock
         self.nodes: dict[str, Node] = {}
         self.leases: dict[str, Lease] = {}
@@ -292,7 +293,16 @@ class Nodes:
             self.recent.popitem(last=False)
 
     def _exclude(self, job_id: str, node_id: str) -> None:
-        self.excluded.setdefault(job_id, set()).add(node_id)
+        nodes = self.excluded.setdefault(job_id, set())
+        nodes.add(node_id)
+        online = {n.node_id for n in self.nodes.values() if n.online}
+        if not self.local_workers and online <= nodes:
+            log.warning(
+                "job %s: no online node can run it (%s) and this hub has no workers: it waits in the queue "
+                'until a node that can is online (docs/nodes.md, "Files")',
+                job_id,
+                ", ".join(sorted(nodes)),
+            )
         self.excluded.move_to_end(job_id)
         while len(self.excluded) > EXCLUDED_MAX:
             self.excluded.popitem(last=False)

@@ -236,3 +236,15 @@ def test_scheduler_fills_node_slots_in_preference_order(tmp_path: Path) -> None:
     assert {j["input"]: j["owner"] for j in assigned}["p2"] == "node:n1"
     assert store.counts()["queued"] == 1
     assert nodes.summary()[0]["running"] == 1 and HUB == "hub"
+
+
+def test_a_job_no_place_can_run_is_said_once_on_a_hub_without_workers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    nodes, _, _ = hub(tmp_path, workers=0)
+    online(nodes, "n1", "n2")
+    for node_id in ("n1", "n2"):
+        nodes.assign(node_id, JOB, None)
+        say(nodes, node_id, {"op": "unstarted", "job_id": "j1", "attempt": 1, "code": "input_unreachable"})
+        nodes.poll(True)
+    assert caplog.text.count("job j1: no online node can run it (n1, n2) and this hub has no workers") == 1
