@@ -38,6 +38,7 @@ from .config import Settings
 from .errors import ErrorCode
 from .inputs import roots_text
 from .kinds import registry
+from .mqtt_client import set_nodelay
 from .pathmap import Entry, map_result, to_local
 from .supervisor import Outcome, Supervisor
 from .topics import Topics
@@ -148,6 +149,7 @@ class WorkerNode:
         if reason.is_failure:
             log.error("broker refused the connection: %s", reason)
             return
+        set_nodelay(client)  # an outcome and the heartbeat after it leave at once (no Nagle wait)
         client.subscribe(self.topics.node_down(self.node_id), qos=1)
         client.publish(self.topics.node(self.node_id), self.announcement("online"), qos=1, retain=True)
         self.inbox.put({"op": "connected"})
