@@ -125,7 +125,12 @@ class Announcer:
                 store.set_meta("discovery_published", 0)
             return
         config = discovery.device_config(
-            self.topics, self.instance_id, socket.gethostname(), package_version(), configuration_url=self.page_url()
+            self.topics,
+            self.instance_id,
+            socket.gethostname(),
+            package_version(),
+            configuration_url=self.page_url(),
+            nodes=list(self.settings.access.nodes),
         )
         self.bridge.publish(topic, payloads.encode(config), retain=True)
         if not store.meta("discovery_published"):

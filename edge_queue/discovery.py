@@ -35,13 +35,21 @@ def last_topic(topics: Topics) -> str:
 
 
 def device_config(
-    topics: Topics, instance_id: str, host: str, version: str, *, configuration_url: str | None = None
+    topics: Topics,
+    instance_id: str,
+    host: str,
+    version: str,
+    *,
+    configuration_url: str | None = None,
+    nodes: list[str] | None = None,
 ) -> dict[str, Any]:
     """The discovery payload: the device, its origin, availability and every entity.
 
     Each entity's ``unique_id`` is ``edge_queue_<instance_id>_<key>``, so two installations
     never share one; the device is named after the host. ``configuration_url`` (the queue
-    page, ``http://nas:8099/``) becomes the device's "Visit" link (``cu``)."""
+    page, ``http://nas:8099/``) becomes the device's "Visit" link (``cu``). Each worker node of
+    ``nodes`` (``access.nodes``) gets a connectivity sensor from its retained announcement and a
+    sensor of the jobs it runs (docs/home-assistant.md, "Worker nodes")."""
     queue = topics.queue
 
     def uid(key: str) -> str:
@@ -172,6 +180,27 @@ def device_config(
             "ic": "mdi:inbox-arrow-down",
         },
     }
+    for node_id in nodes or []:
+        components[f"node_{node_id}"] = {
+            "p": "binary_sensor",
+            "name": f"Node {node_id}",
+            "unique_id": uid(f"node_{node_id}"),
+            "stat_t": topics.node(node_id),
+            "val_tpl": "{{ 'ON' if value_json.state == 'online' else 'OFF' }}",
+            "dev_cla": "connectivity",
+        }
+        components[f"node_{node_id}_running"] = {
+            "p": "sensor",
+            "name": f"Node {node_id} jobs running",
+            "unique_id": uid(f"node_{node_id}_running"),
+            "stat_t": queue,
+            "val_tpl": "{{ value_json.nodes | selectattr('node_id', 'equalto', '"
+            + node_id
+            + "') | map(attribute='running') | list | first | default(0) }}",
+            "unit_of_meas": "jobs",
+            "stat_cla": "measurement",
+            "ic": "mdi:server-network",
+        }
     return {
         "dev": {
             "ids": [f"edge_queue_{instance_id}"],

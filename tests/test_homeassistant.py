@@ -248,3 +248,33 @@ def test_two_installs_are_two_devices(ha, tmp_path: Path) -> None:
     finally:
         for svc in (a, b):
             svc.stop()
+
+
+def test_home_assistant_sees_each_worker_node(ha, tmp_path: Path) -> None:
+    """docs/home-assistant.md, "Worker nodes": a connectivity sensor per node of
+    ``access.nodes`` and the number of jobs it runs, in the real Home Assistant."""
+    from .test_nodes import NodeProcess, hub_env
+
+    h, inst, broker = ha
+    svc = _service(broker, tmp_path, [tmp_path], "hub", "eqn-" + tmp_path.name[-8:].replace("/", ""))
+    svc.env.update(hub_env(["n1"]))
+    svc.start()
+    node = NodeProcess(svc, tmp_path, "n1", [tmp_path]).start()
+    try:
+        iid = _instance_id(svc)
+        online = h.entity_for_unique_id(inst, f"edge_queue_{iid}_node_n1", timeout=30)
+        running = h.entity_for_unique_id(inst, f"edge_queue_{iid}_node_n1_running", timeout=30)
+        assert online is not None and running is not None
+        _wait(h, inst, online, lambda s, a: s == "on", "node n1 online in Home Assistant")
+        _wait(h, inst, running, lambda s, a: s == "0", "node n1 running 0")
+        w = svc.watcher("#")
+        try:
+            svc.request("submit", {"kind": "noop", "options": {"sleep_s": 4}}, w)
+            _wait(h, inst, running, lambda s, a: s == "1", "node n1 running 1")
+        finally:
+            w.close()
+        node.stop()
+        _wait(h, inst, online, lambda s, a: s == "off", "node n1 offline in Home Assistant")
+    finally:
+        node.stop()
+        svc.stop()
