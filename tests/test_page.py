@@ -532,3 +532,42 @@ def test_home_assistant_device_links_to_the_page() -> None:
     config = discovery.device_config(Topics("b"), "abc", "nas", "1", configuration_url="http://nas:8099/")
     assert config["dev"]["cu"] == "http://nas:8099/"  # configuration_url, abbreviated
     assert "cu" not in discovery.device_config(Topics("b"), "abc", "nas", "1")["dev"]
+
+
+@pytest.mark.slow
+@pytest.mark.serial
+def test_the_page_shows_worker_nodes_and_where_a_job_runs(
+    ws_mosquitto: Broker, service_factory, browser: Browser, tmp_path: Path, artifacts: Path
+) -> None:
+    """docs/nodes.md: the queue page lists the worker nodes (online, jobs running) and a job's
+    row says on which node it runs."""
+    from .test_nodes import NodeProcess, hub_env
+
+    media = tmp_path / "media"
+    media.mkdir()
+    port = free_port()
+    env = {
+        "EDGE_QUEUE_HTTP__ENABLED": "true",
+        "EDGE_QUEUE_HTTP__HOST": "127.0.0.1",
+        "EDGE_QUEUE_HTTP__PORT": str(port),
+        "EDGE_QUEUE_HTTP__WEBSOCKET_PORT": str(ws_mosquitto.ws_port),
+        **hub_env(["n1"]),
+    }
+    svc = service_factory(ws_mosquitto, [media], env).start()
+    node = NodeProcess(svc, tmp_path, "n1", [media]).start()
+    try:
+        browser.do("goto", url=f"http://127.0.0.1:{port}/")
+        chip = "document.querySelector('#nodes .node[data-node=n1]')"
+        browser.wait(f"{chip} && {chip}.textContent === 'n1 · 0/1 running' && !document.querySelector('#nodes').hidden")
+        w = svc.watcher("#")
+        try:
+            svc.request("submit", {"kind": "noop", "options": {"sleep_s": 5}}, w)
+        finally:
+            w.close()
+        browser.wait(f"{chip}.textContent === 'n1 · 1/1 running'", timeout=30)
+        browser.wait("[...document.querySelectorAll('#jobs .job .meta')].some((m) => m.textContent.includes('on n1'))")
+        browser.do("screenshot", path=str(artifacts / "nodes.png"))
+        node.stop()
+        browser.wait(f"{chip}.textContent === 'n1 · offline' && {chip}.classList.contains('off')", timeout=30)
+    finally:
+        node.stop()

@@ -263,6 +263,17 @@ function renderQueue() {
   }
   $("paused").hidden = !q.paused;
   $("pause").textContent = q.paused ? "Resume" : "Pause";
+  renderNodes(q.nodes || []);
+}
+
+// Worker nodes (docs/nodes.md): one chip each, online or offline, with the jobs it runs.
+function renderNodes(nodes) {
+  const box = $("nodes");
+  box.replaceChildren(...nodes.map((n) =>
+    el("span", { class: `node ${n.online ? "on" : "off"}`, "data-node": n.node_id,
+                 title: `${n.host || ""} · ${(n.kinds || []).join(", ")}${n.device ? " · " + n.device : ""}` },
+      `${n.node_id} · ${n.online ? `${n.running}/${n.slots} running` : "offline"}`)));
+  box.hidden = nodes.length === 0;
 }
 
 function progressText(job) {
@@ -284,6 +295,7 @@ function progressText(job) {
 
 function metaText(job) {
   const bits = [job.kind];
+  if (job.node && job.node !== "hub") bits.push(`on ${job.node}`);
   if (job.attempt > 1) bits.push(`attempt ${job.attempt}/${job.max_attempts}`);
   bits.push(when(job.finished_at || job.started_at || job.created_at));
   return bits.join(" · ");
