@@ -503,3 +503,37 @@ def test_broker_restart_and_hub_kill_9_while_node_jobs_run_end_every_job_once(
     finally:
         if broker.proc is not None and broker.proc.poll() is None:
             broker.stop()
+
+
+def _cuda_devices() -> int:
+    try:
+        import ctranslate2
+
+        return int(ctranslate2.get_cuda_device_count())
+    except Exception:  # a CPU-only build or no driver
+        return 0
+
+
+@pytest.mark.gpu
+def test_a_gpu_node_transcribes_on_cuda(
+    mosquitto, service_factory, nodes, tmp_path: Path, speech: Path, model_installed: None
+) -> None:
+    """docs/nodes.md, "GPU nodes": ``[transcribe] device = "cuda"`` on a node with an NVIDIA
+    GPU. Machines without one (this project's CI among them) skip it, with the reason."""
+    if _cuda_devices() < 1:
+        pytest.skip("no CUDA device visible to CTranslate2 (no NVIDIA GPU here): the GPU path is not tested")
+    share = tmp_path / "media"
+    share.mkdir()
+    shutil.copy(speech / "jfk.flac", share / "jfk.flac")
+    hub = service_factory(mosquitto, [share], hub_env(["gpu"])).start()
+    w = hub.watcher("#")
+    try:
+        env = {"EDGE_QUEUE_TRANSCRIBE__DEVICE": "cuda", "EDGE_QUEUE_TRANSCRIBE__COMPUTE_TYPE": "float16"}
+        nodes(hub, "gpu", [share], env=env)
+        online(w, hub, ["gpu"])
+        (job_id,) = submit(hub, w, {"kind": "transcribe", "input": str(share / "jfk.flac")})
+        job = final(w, hub, job_id, timeout=180)
+        assert job["state"] == "succeeded" and job["node"] == "gpu", job
+        assert wer(REFERENCE["jfk.flac"], job["result"]["text"]) <= 0.1
+    finally:
+        w.close()
