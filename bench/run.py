@@ -375,7 +375,7 @@ def rows_for(pid: str, res: dict[str, Any]) -> list[dict[str, Any]]:
             if key.startswith("noop") and local is not None and fig is not local:
                 ref, ratio = f"hub's own workers {fmt(local)}", f"{fig.median / local.median:.2f}×"
             elif key.endswith(": node") and (hub := f.get(key.replace(": node", ": hub"))) is not None:
-                ref, ratio = f"on the hub {fmt(hub)}", f"+{fig.median - hub.median:.1f} ms"
+                ref, ratio = f"on the hub {fmt(hub)}", f"{fig.median - hub.median:+.1f} ms"
             elif "transcriptions" in key and "+ 1 node" in key:
                 alone = next((v for k2, v in f.items() if "transcriptions" in k2 and "alone" in k2), None)
                 if alone is not None:
