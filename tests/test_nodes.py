@@ -213,8 +213,21 @@ def test_transcription_on_a_node_through_its_path_map(
         w.close()
 
 
-def _lease_lines(log: str, job_id: str) -> list[str]:
-    return [line for line in log.splitlines() if job_id in line]
+def _timeline(w: Any, base: str, job_id: str, node_id: str, killed_at: float) -> list[str]:
+    """The job's changes and its first node's messages, in seconds from the hand-out."""
+    lines: list[tuple[float, str]] = [(killed_at, f"kill -9 of node {node_id}")]
+    for topic, payload, _, t in list(w.messages):
+        if topic == f"{base}/events" and job_id.encode() in payload:
+            job = json.loads(payload)["job"]
+            lines.append((t, f"{job['state']} attempt {job['attempt']} node {job['node']}"))
+        elif topic == f"{base}/nodes/{node_id}/up" and payload:
+            msg = json.loads(payload)
+            lines.append((t, f"{node_id} {msg['op']} {msg.get('jobs', '')}"))
+        elif topic == f"{base}/nodes/{node_id}" and payload:
+            lines.append((t, f"{node_id} announcement: {json.loads(payload)['state']}"))
+    lines.sort()
+    start = next(t for t, what in lines if what.startswith("running attempt 1"))
+    return [f"{t - start:+7.2f} s  {what}" for t, what in lines if t >= start - 0.01]
 
 
 def test_kill_9_of_a_node_mid_job_hands_the_job_on_within_the_lease(
@@ -245,7 +258,7 @@ def test_kill_9_of_a_node_mid_job_hands_the_job_on_within_the_lease(
         assert took <= LEASE_S + 3 + 4, took
         steps = [(e["state"], e["attempt"], e["node"]) for e in w.job_events(hub.base, job_id)]
         assert ("running", 1, first) in steps and steps[-1] == ("succeeded", 2, job["node"]), steps
-        print("lease timeline:", *_lease_lines(hub.log(), job_id), sep="\n  ")
+        print("lease timeline:", *_timeline(w, hub.base, job_id, first, killed_at), sep="\n  ")
     finally:
         w.close()
 
