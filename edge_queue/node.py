@@ -34,11 +34,12 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from .announce import package_version
+from .broker_probe import detect_protocol
 from .config import Settings
 from .errors import ErrorCode
 from .inputs import roots_text
 from .kinds import registry
-from .mqtt_client import set_nodelay
+from .mqtt_client import configure_client, set_nodelay
 from .pathmap import Entry, map_result, to_local
 from .supervisor import Outcome, Supervisor
 from .topics import Topics
@@ -98,7 +99,7 @@ class WorkerNode:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        self.client = self._make_client()
+        self.client: mqtt.Client | None = None
 
     # -- the broker ---------------------------------------------------------------------
 
@@ -122,22 +123,17 @@ class WorkerNode:
             separators=(",", ":"),
         ).encode()
 
-    def _make_client(self) -> mqtt.Client:
-        s = self.settings.mqtt
+    def _make_client(self, protocol: str) -> mqtt.Client:
+        v5 = protocol == "5"
         client = mqtt.Client(
             CallbackAPIVersion.VERSION2,
             client_id=f"edge-queue-node-{self.node_id}-{uuid.uuid4().hex[:8]}",
-            protocol=mqtt.MQTTv5,
+            protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311,
+            # MQTT 3.1.1 has no session expiry: a clean session, so that a restarted node
+            # leaves none behind (its outcomes are sent again anyway)
+            clean_session=None if v5 else True,
         )
-        if s.username:
-            client.username_pw_set(s.username, s.password.get_secret_value() if s.password else None)
-        if s.tls.enabled:
-            client.tls_set(
-                ca_certs=str(s.tls.ca_file) if s.tls.ca_file else None,
-                certfile=str(s.tls.cert_file) if s.tls.cert_file else None,
-                keyfile=str(s.tls.key_file) if s.tls.key_file else None,
-            )
-            client.tls_insecure_set(s.tls.insecure)
+        configure_client(client, self.settings.mqtt)
         client.will_set(self.topics.node(self.node_id), self.announcement("offline"), qos=1, retain=True)
         client.reconnect_delay_set(1, 30)
         client.on_connect = self._on_connect
@@ -178,7 +174,7 @@ class WorkerNode:
             pass
 
     def _send(self, msg: dict[str, Any], qos: int = 1) -> None:
-        if self.connected:
+        if self.connected and self.client is not None:
             self.client.publish(self.topics.node_up(self.node_id), json.dumps({"v": 1, **msg}).encode(), qos=qos)
 
     # -- the loop -----------------------------------------------------------------------
@@ -193,19 +189,26 @@ class WorkerNode:
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
         s = self.settings
+        protocol: str = s.mqtt.protocol
+        if protocol == "auto":  # amqtt speaks MQTT 3.1.1 only
+            protocol = detect_protocol(s.mqtt, f"edge-queue-node-{self.node_id}", 30.0)
+        self.client = client = self._make_client(protocol)
         self.supervisor.start()
-        props = Properties(PacketTypes.CONNECT)
-        props.SessionExpiryInterval = SESSION_EXPIRY_S
-        # a new session for each start (hand-outs queued for an earlier process are stale), kept
-        # across reconnects of this one
-        self.client.connect_async(
-            s.mqtt.host,
-            s.mqtt.port,
-            keepalive=s.mqtt.keepalive_s,
-            clean_start=mqtt.MQTT_CLEAN_START_FIRST_ONLY,
-            properties=props,
-        )
-        self.client.loop_start()
+        if protocol == "5":
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = SESSION_EXPIRY_S
+            # a new session for each start (hand-outs queued for an earlier process are stale),
+            # kept across reconnects of this one
+            client.connect_async(
+                s.mqtt.host,
+                s.mqtt.port,
+                keepalive=s.mqtt.keepalive_s,
+                clean_start=mqtt.MQTT_CLEAN_START_FIRST_ONLY,
+                properties=props,
+            )
+        else:
+            client.connect_async(s.mqtt.host, s.mqtt.port, keepalive=s.mqtt.keepalive_s)
+        client.loop_start()
         log.info(
             "edge-queue %s worker node %s: %d slot(s), kinds %s, hub at %s:%s (base topic %s); media roots: %s",
             package_version(),
@@ -347,12 +350,14 @@ class WorkerNode:
         end = self.clock() + 10
         while self.pending and self.connected and self.clock() < end:
             self.step(0.5)
-        if self.connected:
-            self.client.publish(
-                self.topics.node(self.node_id), self.announcement("offline"), qos=1, retain=True
-            ).wait_for_publish(5)
-        self.client.disconnect()
-        self.client.loop_stop()
+        client = self.client
+        if client is not None:
+            if self.connected:
+                client.publish(self.topics.node(self.node_id), self.announcement("offline"), 1, True).wait_for_publish(
+                    5
+                )
+            client.disconnect()
+            client.loop_stop()
         log.info("worker node %s stopped", self.node_id)
 
 

@@ -172,6 +172,23 @@ def test_forty_noop_jobs_spread_over_two_nodes(mosquitto, service_factory, nodes
         w.close()
 
 
+def test_nodes_on_the_embedded_amqtt_broker(amqtt, service_factory, nodes, tmp_path: Path) -> None:
+    """``edge-queue up``'s broker speaks MQTT 3.1.1 only: a node finds that out
+    (``mqtt.protocol = "auto"``) and runs jobs there as on mosquitto."""
+    media = tmp_path / "media"
+    media.mkdir()
+    hub = service_factory(amqtt, [media], hub_env(["n1"])).start()
+    w = hub.watcher("#")
+    try:
+        nodes(hub, "n1", [media])
+        online(w, hub, ["n1"])
+        ids = [submit(hub, w, {"kind": "noop", "options": {"sleep_s": 0.1 + i / 1000}})[0] for i in range(5)]
+        ends = [final(w, hub, job_id) for job_id in ids]
+        assert all(j["state"] == "succeeded" and j["node"] == "n1" for j in ends), ends
+    finally:
+        w.close()
+
+
 def test_transcription_on_a_node_through_its_path_map(
     mosquitto, service_factory, nodes, tmp_path: Path, speech: Path, model_installed: None
 ) -> None:
