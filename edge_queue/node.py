@@ -96,6 +96,7 @@ class WorkerNode:
         self.stopping = False
         self.connected = False
         self.next_beat = 0.0
+        self.heartbeat_s = settings.nodes.heartbeat_s
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -251,7 +252,7 @@ class WorkerNode:
     def beat(self) -> None:
         """The heartbeat: the jobs held (which renews their leases) and the free slots; and
         every outcome the hub has not answered, again."""
-        self.next_beat = self.clock() + self.settings.nodes.heartbeat_s
+        self.next_beat = self.clock() + self.heartbeat_s
         held = [list(key) for key in self._held()]
         self._send({"op": "beat", "jobs": held, "free": len(self.supervisor.idle())})
         for msg in self.pending.values():
@@ -282,6 +283,17 @@ class WorkerNode:
 
     def _run(self, msg: dict[str, Any]) -> None:
         job_id, attempt = str(msg.get("job_id")), int(msg.get("attempt") or 0)
+        lease_s = msg.get("lease_s")
+        if isinstance(lease_s, (int, float)) and lease_s > 0 and self.heartbeat_s > lease_s / 3:
+            # three heartbeats per lease, whatever nodes.heartbeat_s says: one lost message
+            # must not cost a job
+            self.heartbeat_s = lease_s / 3
+            log.warning(
+                "nodes.heartbeat_s %.1f s is over a third of the hub's lease (%.1f s): heartbeats every %.1f s",
+                self.settings.nodes.heartbeat_s,
+                lease_s,
+                self.heartbeat_s,
+            )
         if (job_id, attempt) in self.pending or (job_id, attempt) in self._held():
             return  # a copy of a hand-out (QoS 1 redelivery): the job runs or ran here already
         job = {k: msg.get(k) for k in ("job_id", "attempt", "kind", "input", "options")}

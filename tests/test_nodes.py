@@ -567,3 +567,24 @@ def test_a_gpu_node_transcribes_on_cuda(
         assert wer(REFERENCE["jfk.flac"], job["result"]["text"]) <= 0.1
     finally:
         w.close()
+
+
+def test_a_node_beats_three_times_per_lease_whatever_its_heartbeat_setting(
+    mosquitto, service_factory, nodes, tmp_path: Path
+) -> None:
+    """``nodes.heartbeat_s`` over a third of the hub's lease: the node beats three times per
+    lease instead (and says so), so a job longer than the lease keeps it."""
+    media = tmp_path / "media"
+    media.mkdir()
+    hub = service_factory(mosquitto, [media], hub_env(["n1"])).start()
+    w = hub.watcher("#")
+    try:
+        node = nodes(hub, "n1", [media], env={"EDGE_QUEUE_NODES__HEARTBEAT_S": "30"})
+        online(w, hub, ["n1"])
+        # a kind that reports no progress: only heartbeats keep its lease
+        (job_id,) = submit(hub, w, {"kind": "test_hang", "options": {"seconds": 3 * LEASE_S}})
+        job = final(w, hub, job_id, timeout=60)
+        assert job["state"] == "succeeded" and job["attempt"] == 1, job
+        assert "is over a third of the hub's lease" in node.log()
+    finally:
+        w.close()
