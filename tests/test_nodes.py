@@ -588,3 +588,32 @@ def test_a_node_beats_three_times_per_lease_whatever_its_heartbeat_setting(
         assert "is over a third of the hub's lease" in node.log()
     finally:
         w.close()
+
+
+def test_cancel_timeout_and_crash_loop_on_a_node_as_on_the_hub(
+    mosquitto, service_factory, nodes, tmp_path: Path
+) -> None:
+    """A node runs jobs in the same supervised worker processes as the hub: a cancel ends a
+    running job, ``timeout_s`` ends an attempt, a job that kills its worker every time ends
+    ``crash_loop``."""
+    media = tmp_path / "media"
+    media.mkdir()
+    hub = service_factory(mosquitto, [media], hub_env(["n1"], EDGE_QUEUE_CRASH_LOOP_LIMIT="2")).start()
+    w = hub.watcher("#")
+    try:
+        nodes(hub, "n1", [media], workers=3)
+        online(w, hub, ["n1"])
+        (hang,) = submit(hub, w, {"kind": "test_hang", "options": {"seconds": 60}})
+        (slow,) = submit(hub, w, {"kind": "test_hang", "options": {"seconds": 61}, "timeout_s": 1, "max_attempts": 1})
+        (crash,) = submit(hub, w, {"kind": "test_crash"})
+        w.wait_json(f"{hub.base}/jobs/{hang}", lambda j: j["state"] == "running" and j["node"] == "n1")
+        resp = hub.request("cancel", {"job_id": hang}, w)
+        assert resp["status"] == "ok", resp
+        assert final(w, hub, hang, timeout=30)["state"] == "cancelled"
+        timed_out = final(w, hub, slow, timeout=30)
+        assert timed_out["state"] == "failed" and timed_out["error"]["code"] == "timeout", timed_out
+        crashed = final(w, hub, crash, timeout=60)
+        assert crashed["state"] == "failed" and crashed["error"]["code"] == "crash_loop", crashed
+        assert crashed["node"] == "n1" and crashed["attempt"] == 2
+    finally:
+        w.close()
