@@ -7,6 +7,7 @@
     .venv/bin/python bench/run.py --quick --only P1 --runs 1 --p1-jobs 1000   # small P1 check
     .venv/bin/python bench/run.py --only P1,P2 --baseline f7c331c   # beside an earlier commit
     .venv/bin/python bench/run.py --only P7       # worker nodes (docs/nodes.md)
+    .venv/bin/python bench/run.py --only P3L --p3-minutes 10   # long files, batched decoding
 
 Prints a table and writes the figures, the machine and the package versions to
 bench/results/<YYYY-MM-DD>.json (``-quick`` suffix for --quick) and, for a run without
@@ -40,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 from harness import BENCH, ROOT, Figure  # noqa: E402
 
-ALL = ["P1", "P2", "P3", "P4", "P5", "P6", "P7"]
+ALL = ["P1", "P2", "P3", "P3L", "P4", "P5", "P6", "P7"]
 PACKAGES = [
     "edge-queue",
     "paho-mqtt",
@@ -80,6 +81,66 @@ def row(
         "met": met,
         "figure": fig.as_dict() if fig else None,
     }
+
+
+def _p3_long_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """P3's long-file rows: every side's wall, CPU, peak RSS and WER; the targets of batched
+    decoding (CPU and wall at most faster-whisper's best batched setting, peak RSS at most
+    500 MiB, WER at most 0.5 points above the sequential path's) on edge-queue's batched row."""
+    f, out = res["figures"], []
+    for m in res["minutes"]:
+        p = f"{m:g} min: "
+        best = min(("faster-whisper batched 8", "faster-whisper batched 16"), key=lambda s: f[f"{p}{s}: cpu"].median)
+        for side in res["sides"]:
+            wall, cpu, rss, w = (f[f"{p}{side}: {k}"] for k in ("wall", "cpu", "rss", "wer"))
+            ours = side == "edge-queue batched"
+            ref_cpu, ref_wall = f[f"{p}{best}: cpu"], f[f"{p}{best}: wall"]
+            seq_wer = f[f"{p}edge-queue sequential: wer"]
+            out.append(
+                row(
+                    "P3",
+                    f"{m:g}-min file, {side}: CPU s",
+                    f"≤ {best}" if ours else "",
+                    cpu,
+                    f"{best} {fmt(ref_cpu)}" if ours else "",
+                    f"{cpu.median / ref_cpu.median:.2f}×" if ours else "",
+                    cpu.median <= ref_cpu.median if ours else None,
+                )
+            )
+            out.append(
+                row(
+                    "P3",
+                    f"{m:g}-min file, {side}: wall s",
+                    f"≤ {best}" if ours else "",
+                    wall,
+                    f"{best} {fmt(ref_wall)}" if ours else "",
+                    f"{wall.median / ref_wall.median:.2f}×" if ours else "",
+                    wall.median <= ref_wall.median if ours else None,
+                )
+            )
+            out.append(
+                row(
+                    "P3",
+                    f"{m:g}-min file, {side}: peak RSS",
+                    "≤ 500 MiB" if ours else "",
+                    rss,
+                    "",
+                    "",
+                    rss.median <= 500 if ours else None,
+                )
+            )
+            out.append(
+                row(
+                    "P3",
+                    f"{m:g}-min file, {side}: WER",
+                    "≤ sequential + 0.005" if ours else "",
+                    w,
+                    f"edge-queue sequential {seq_wer.median:.3f}" if ours else "",
+                    f"{w.median - seq_wer.median:+.3f}" if ours else "",
+                    w.median <= seq_wer.median + 0.005 if ours else None,
+                )
+            )
+    return out
 
 
 #: 10x the 216 durable no-op jobs/s (single requests) measured before the hot path was rebuilt.
@@ -266,6 +327,8 @@ def rows_for(pid: str, res: dict[str, Any]) -> list[dict[str, Any]]:
             )
         )
         out.append(row("P3", "direct in-process faster-whisper loop", "(floor)", d, "", "", None))
+    elif pid == "P3L":
+        out += _p3_long_rows(res)
     elif pid == "P4":
         if "service idle" in f:
             out.append(
@@ -434,7 +497,7 @@ and times are measured divided by reference (lower is better); for throughput, m
 
 {(BENCH / "profile.md").read_text() if (BENCH / "profile.md").exists() else ""}
 How each figure is measured is in the docstring of its module in `bench/`:
-`p1_throughput.py`, `p2_latency.py`, `p3_transcribe.py`, `p4_memory.py`, `p5_scale.py`,
+`p1_throughput.py`, `p2_latency.py`, `p3_transcribe.py`, `p3_long.py`, `p4_memory.py`, `p5_scale.py`,
 `p6_recovery.py`, `p7_nodes.py`. Run them with `.venv/bin/python bench/run.py` (`--quick`, `--only P1,P2`,
 `--with-long`). The profile above comes from `.venv/bin/python bench/profile.py` (py-spy).
 """
@@ -454,7 +517,14 @@ def main() -> int:
         default=None,
         help="a commit whose service runs beside this tree's in P1 and P2, alternated",
     )
+    ap.add_argument(
+        "--p3-minutes",
+        default="10,60",
+        help="P3L: lengths of the long files in minutes (default 10,60; 10 with --quick)",
+    )
     a = ap.parse_args()
+    if a.quick and a.p3_minutes == "10,60":
+        a.p3_minutes = "10"
     if a.p1_jobs < 100 or a.p1_jobs % 100:
         ap.error("--p1-jobs must be a positive multiple of 100 (P1 submits batches of 100)")
     only = [x.strip().upper() for x in a.only.split(",") if x.strip()]
@@ -492,6 +562,14 @@ def main() -> int:
                     import p3_transcribe
 
                     results[pid] = p3_transcribe.run(runs, 8 if q else 20, log)
+                elif pid == "P3L":
+                    import tempfile
+
+                    import p3_long
+
+                    minutes = [float(x) for x in a.p3_minutes.split(",")]
+                    with tempfile.TemporaryDirectory(prefix="eqbench-long-") as folder:
+                        results[pid] = p3_long.run(runs, minutes, Path(folder), log)
                 elif pid == "P4":
                     import p4_memory
 

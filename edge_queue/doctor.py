@@ -175,7 +175,8 @@ def _page(settings: Settings) -> Iterator[Check]:
 
 
 def _model(settings: Settings) -> Iterator[Check]:
-    from .kinds.transcribe import load_model, resolve_model
+    from .kinds.transcribe import resolve_model
+    from .kinds.whisper import load_model
 
     cfg = settings.transcribe
     refs = {"transcribe.model": cfg.model} | {f"transcribe.models.{k}": v for k, v in cfg.models.items()}

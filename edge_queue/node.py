@@ -297,6 +297,8 @@ class WorkerNode:
         if (job_id, attempt) in self.pending or (job_id, attempt) in self._held():
             return  # a copy of a hand-out (QoS 1 redelivery): the job runs or ran here already
         job = {k: msg.get(k) for k in ("job_id", "attempt", "kind", "input", "options")}
+        if isinstance(msg.get("kept"), list):
+            job["kept"] = msg["kept"]
         kind = self.registry.get(str(job["kind"]))
         if job["input"] and kind is not None and kind.needs_input:  # else the input is only a label
             job["input"] = to_local(str(job["input"]), self.entries)
@@ -334,6 +336,9 @@ class WorkerNode:
                 self._send({"op": "progress", "job_id": o.job_id, "attempt": o.attempt, **o.data}, qos=0)
             return
         if o.op == "started":
+            return
+        if o.op == "chunk":  # kept by the hub for the job's next attempt; a lost one is decoded again
+            self._send({"op": "chunk", "job_id": o.job_id, "attempt": o.attempt, **o.data})
             return
         self.progress_at.pop(o.job_id, None)
         data = dict(o.data)

@@ -52,7 +52,7 @@ EXCLUDED_MAX = 10_000
 #: restarts sends every client's Will, and its nodes are back within seconds with their jobs.
 OFFLINE_GRACE_S = 3.0
 #: What a node sends on its ``up`` topic: the operations the hub acts on.
-UP_OPS = frozenset({"beat", "progress", "done", "failed", "lost", "unstarted"})
+UP_OPS = frozenset({"beat", "progress", "chunk", "done", "failed", "lost", "unstarted"})
 
 
 @dataclass(slots=True)
@@ -235,7 +235,7 @@ class Nodes:
             return
         lease = self.leases.get(job_id)
         if lease is None or lease.node_id != node_id or lease.attempt != attempt:
-            if op == "progress":
+            if op in ("progress", "chunk"):
                 return
             if node is not None:
                 node.strays.discard((job_id, attempt))
@@ -256,6 +256,9 @@ class Nodes:
         if op == "progress":
             data = {k: msg.get(k) for k in ("progress", "stage", "eta_s")}
             out.append(Outcome("progress", job_id, attempt, data))
+            return
+        if op == "chunk":  # a finished chunk, kept for the job's next attempt (Outcomes.keep_chunk)
+            out.append(Outcome("chunk", job_id, attempt, {"index": msg.get("index"), "data": msg.get("data")}))
             return
         del self.leases[job_id]
         self._remember(job_id, attempt, node_id)
@@ -385,6 +388,8 @@ class Nodes:
         )
         msg = {k: job[k] for k in ("job_id", "attempt", "kind", "input", "options")}
         msg.update(op="run", timeout_s=timeout_s, lease_s=self.lease_s)
+        if job.get("kept"):
+            msg["kept"] = job["kept"]
         self._send(node_id, msg)
 
     def cancel(self, job_id: str) -> bool:

@@ -92,6 +92,9 @@ class Outcomes:
         if outcome.op == "progress":
             self.publisher.on_progress(job_id, attempt, data, now)
             return
+        if outcome.op == "chunk":
+            self.keep_chunk(outcome)
+            return
         self.publisher.forget_progress(job_id)
         try:
             job = store.get(job_id)
@@ -116,6 +119,33 @@ class Outcomes:
         if step.level:
             log.log(step.level, "%s", step.note)
         self.publisher.publish_job(job)
+
+    def keep_chunk(self, outcome: Outcome) -> None:
+        """Keep a finished chunk of a running attempt (``data``: ``index``, an int from 0, and
+        ``data``, the kind's JSON object), committed with the turn, before the progress that
+        follows it is published. A chunk of an attempt that is no longer the job's is dropped."""
+        store, index, data = self.store(), outcome.data.get("index"), outcome.data.get("data")
+        if type(index) is not int or index < 0 or not isinstance(data, dict):
+            log.warning("job %s: a kept chunk without an index or data ignored", outcome.job_id)
+            return
+        try:
+            job = store.get(outcome.job_id)
+        except NotFoundError:
+            return
+        if lifecycle.is_stale(job, outcome.attempt):
+            log.info(
+                "job %s: chunk %d of attempt %d not kept (now attempt %d, %s)",
+                outcome.job_id,
+                index,
+                outcome.attempt,
+                job["attempt"],
+                job["state"],
+            )
+            return
+        try:
+            store.keep_chunk(outcome.job_id, outcome.attempt, index, data)
+        except TypeError as e:  # a kind's data that is not JSON: the job goes on, unkept
+            log.warning("job %s: chunk %d not kept: %s", outcome.job_id, index, e)
 
     def graceful_stop(self, job_ids: set[str] | list[str], now: float) -> None:
         """The graceful stop ended the workers of ``job_ids``: each takes the step

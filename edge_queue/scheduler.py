@@ -56,6 +56,13 @@ def preferred(
     return out
 
 
+def with_kept_chunks(store: Store, job: dict[str, Any]) -> dict[str, Any]:
+    """``job`` with ``kept``, the chunks its earlier attempts finished, when it has any (a
+    transcription that resumes: docs/topics.md, "Long jobs resume")."""
+    kept = store.kept_chunks(job["job_id"])  # (no statement for a job without kept chunks)
+    return {**job, "kept": kept} if kept else job
+
+
 class Scheduler:
     """Hands due jobs to the local worker pool.
 
@@ -148,6 +155,7 @@ class Scheduler:
                 job = store.claim(now, kinds, NODE_OWNER + node_id, exclude=skip) if kinds else None
                 if job is None:
                     break
+                job = with_kept_chunks(store, job)
                 self.nodes.assign(node_id, job, job["timeout_s"] or self.timeouts[job["kind"]])
                 log.info(
                     "job %s handed to node %s: %s (attempt %d)", job["job_id"], node_id, job["kind"], job["attempt"]
@@ -159,6 +167,7 @@ class Scheduler:
     def assign(self, slot: WorkerSlot, job: dict[str, Any]) -> None:
         """Give a claimed job to ``slot``'s worker (sent after the turn's commit)."""
         timeout = job["timeout_s"] or self.timeouts[job["kind"]]
+        job = with_kept_chunks(self.store(), job)
         self.supervisor.assign(slot, job, f"{self.outputs}/{job['job_id']}", timeout)
         if log.isEnabledFor(logging.INFO):
             log.info(

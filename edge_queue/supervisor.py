@@ -191,6 +191,8 @@ class Supervisor:
         committed; :meth:`unassign` takes back what was not sent (the commit failed)."""
         msg = {k: job[k] for k in ("job_id", "attempt", "kind", "input", "options")}
         msg["output_dir"] = output_dir
+        if job.get("kept"):  # the chunks earlier attempts finished (Store.kept_chunks)
+            msg["kept"] = job["kept"]
         entry = JobEntry(msg, timeout_s)
         if not slot.jobs:
             entry.started = self.clock()

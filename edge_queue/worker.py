@@ -2,6 +2,7 @@
 
 The worker never touches MQTT or the store. Its parent (``supervisor``) sends
 ``run``, ``cancel`` and ``stop`` messages; the worker answers with ``ready``, ``progress``,
+``chunk`` (a finished chunk of a long job, kept by the service for its next attempt),
 ``done`` and ``failed`` (with the worker's ``rss_mb`` and the attempt's run time ``took_s``) and
 ``log`` messages (plain dicts,
 pickled by ``multiprocessing``).
@@ -14,6 +15,7 @@ This is the one place where exceptions of a job become outcomes: a
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import queue
@@ -24,6 +26,8 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from .config import Settings
 from .errors import EdgeQueueError, ErrorCode, JobCancelled, JobError
@@ -37,6 +41,17 @@ PROGRESS_INTERVAL_S = 0.25
 #: 1,927 and 2,340 with 16, at the same service CPU per job.
 OUTCOME_BATCH = 64
 OUTCOME_BATCH_S = 0.005
+
+
+def as_json(value: Any) -> Any:
+    """``value`` with numpy numbers and arrays made plain JSON values, ready for the store.
+    Raises ``TypeError`` (or ``ValueError``) naming what is not JSON (a set, an object), so that
+    a kind's odd result fails its job here instead of the service's turn."""
+    try:
+        return orjson.loads(orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY))
+    except TypeError:
+        json.dumps(value)  # what orjson refuses and json takes (lone surrogates, huge integers)
+        return value
 
 
 class _PipeLogHandler(logging.Handler):
@@ -64,6 +79,8 @@ class _Context:
         self.settings = worker.settings
         self._last_sent = 0.0
         self._last_stage: str | None = None
+        kept = job.get("kept")
+        self.kept: list[dict[str, Any]] = [c["data"] for c in kept] if isinstance(kept, list) else []
 
     def progress(self, percent: float, stage: str | None = None, eta_s: float | None = None) -> None:
         now = time.monotonic()
@@ -80,6 +97,14 @@ class _Context:
                 "eta_s": eta_s,
             }
         )
+
+    def keep_chunk(self, index: int, data: dict[str, Any]) -> None:
+        try:
+            data = as_json(data)
+        except (TypeError, ValueError) as e:  # not kept: a later attempt decodes this chunk again
+            logging.getLogger("edge_queue.worker").warning("job %s: chunk %d not kept: %s", self.job_id, index, e)
+            return
+        self._worker.send({"op": "chunk", "job_id": self.job_id, "attempt": self.attempt, "index": index, "data": data})
 
     def checkpoint(self) -> None:
         if self._worker.cancel_requested(self.job_id):
@@ -179,6 +204,13 @@ class _Worker:
                 raise JobError(f"{job['input']} no longer exists", code=ErrorCode.INPUT_NOT_FOUND)
             ctx.checkpoint()
             result = kind.run(ctx, job["input"], options)
+            try:
+                result = as_json(result)
+            except (TypeError, ValueError) as e:
+                raise JobError(
+                    f"the {job['kind']} kind returned a result that is not JSON: {e}"[:500],
+                    code=ErrorCode.INTERNAL_ERROR,
+                ) from e
         except EdgeQueueError as e:
             return {**base, "op": "failed", "code": str(e.code), "message": e.message, "retryable": e.retryable}
         except Exception as e:  # any other failure of a kind is ours to report, not to die of

@@ -127,6 +127,36 @@ def long_speech(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_wav(tmp_path_factory.mktemp("long") / "long-speech.wav", np.concatenate(clips * 4))
 
 
+@pytest.fixture(scope="session")
+def long_recording(tmp_path_factory: pytest.TempPathFactory) -> Callable[[float], tuple[Path, str]]:
+    """A factory: ``make(seconds)`` gives a 16 kHz mono WAV of at least that many seconds (the
+    four clips in turn, 0.6 s of silence after each; as bench/p3_long.py builds) and its
+    reference transcript. Files are made once per session."""
+    need((SPEECH / "jfk.flac").is_file(), f"speech recordings not found in {SPEECH}")
+    made: dict[float, tuple[Path, str]] = {}
+    folder = tmp_path_factory.mktemp("recordings")
+
+    def make(seconds: float) -> tuple[Path, str]:
+        if seconds not in made:
+            import numpy as np
+            from faster_whisper import decode_audio
+
+            names = list(REFERENCE)
+            clips = [decode_audio(str(SPEECH / n)) for n in names]
+            gap = np.zeros(int(0.6 * 16000), dtype=np.float32)
+            parts, text, total, i = [], [], 0.0, 0
+            while total < seconds:
+                parts += [clips[i % 4], gap]
+                text.append(REFERENCE[names[i % 4]])
+                total += clips[i % 4].shape[0] / 16000 + 0.6
+                i += 1
+            path = write_wav(folder / f"recording-{int(seconds)}s.wav", np.concatenate(parts))
+            made[seconds] = (path, " ".join(text))
+        return made[seconds]
+
+    return make
+
+
 def write_wav(path: Path, audio: Any) -> Path:
     """16 kHz mono 16-bit WAV from float samples in [-1, 1]."""
     import wave

@@ -59,4 +59,32 @@ class Fail(Kind):
         raise JobError("failing on purpose", code=ErrorCode(options.code))
 
 
-EXTRA_KINDS = '["tests.kinds_for_tests:Crash", "tests.kinds_for_tests:Hang", "tests.kinds_for_tests:Fail"]'
+class OddOptions(KindOptions):
+    #: "numpy": numpy numbers (JSON once converted); "set": a set (never JSON)
+    returns: str = "numpy"
+    #: keep a chunk holding the same value first
+    keep: bool = True
+
+
+class Odd(Kind):
+    """Returns, and keeps as a chunk, values that are not plain JSON."""
+
+    name = "test_odd"
+    Options = OddOptions
+    needs_input = False
+
+    def run(self, ctx: JobContext, input_path: str | None, options: Any) -> dict[str, Any]:
+        import numpy as np
+
+        value: Any = (
+            {"x": np.float64(0.5), "n": np.int64(3), "a": np.arange(3)} if options.returns == "numpy" else {1, 2}
+        )
+        if options.keep:
+            ctx.keep_chunk(0, {"value": value})
+        return {"value": value}
+
+
+EXTRA_KINDS = (
+    '["tests.kinds_for_tests:Crash", "tests.kinds_for_tests:Hang", "tests.kinds_for_tests:Fail", '
+    '"tests.kinds_for_tests:Odd"]'
+)

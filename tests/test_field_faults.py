@@ -313,3 +313,29 @@ def test_info_stays_small_and_the_option_schemas_have_a_request(broker, service_
     schema = resp["data"]["kinds"]["transcribe"]["options"]
     assert schema["type"] == "object" and "language" in schema["properties"]
     assert set(resp["data"]["kinds"]) == set(info["kinds"])
+
+
+def test_a_kind_that_returns_numpy_numbers_or_a_set_fails_its_job_not_the_service(
+    mosquitto, service_factory, tmp_path: Path
+) -> None:
+    # Given a kind whose result and kept chunk hold numpy numbers (JSON once converted), and
+    # one whose result is a set (never JSON): before, the chunk's numpy float ended the service
+    svc = service_factory(mosquitto, [tmp_path]).start()
+    watcher = svc.watcher("response/#", "jobs/+")
+    ids = {}
+    for returns in ("numpy", "set"):
+        resp = svc.request("submit", {"kind": "test_odd", "options": {"returns": returns}, "max_attempts": 1}, watcher)
+        ids[returns] = resp["data"]["jobs"][0]["job_id"]
+    done = {
+        r: watcher.wait_json(f"{svc.base}/jobs/{j}", lambda m: m["state"] in ("succeeded", "failed"), 30)
+        for r, j in ids.items()
+    }
+    # Then the numpy values arrive as plain JSON, the set fails its own job with a clear error
+    assert done["numpy"]["state"] == "succeeded", done["numpy"]
+    assert done["numpy"]["result"] == {"value": {"x": 0.5, "n": 3, "a": [0, 1, 2]}}
+    assert done["set"]["state"] == "failed" and done["set"]["error"]["code"] == "internal_error"
+    assert "not JSON" in done["set"]["error"]["message"], done["set"]["error"]
+    # And the service goes on
+    assert svc.proc is not None and svc.proc.poll() is None
+    later = svc.request("submit", {"kind": "noop"}, watcher)["data"]["jobs"][0]["job_id"]
+    watcher.wait_json(f"{svc.base}/jobs/{later}", lambda m: m["state"] == "succeeded", 30)

@@ -105,6 +105,11 @@ class _Ctx:
     def __init__(self, settings: Settings, output_dir: Path) -> None:
         self.job_id, self.attempt, self.settings, self.output_dir = "t", 1, settings, output_dir
         self.reports: list[tuple[float, str | None]] = []
+        self.kept: list[dict[str, Any]] = []
+        self.chunks: list[tuple[int, dict[str, Any]]] = []
+
+    def keep_chunk(self, index: int, data: dict[str, Any]) -> None:
+        self.chunks.append((index, data))
 
     def progress(self, percent: float, stage: str | None = None, eta_s: float | None = None) -> None:
         self.reports.append((percent, stage))

@@ -42,6 +42,16 @@ class JobContext(Protocol):
     def checkpoint(self) -> None:
         """Raise :class:`~edge_queue.errors.JobCancelled` when a cancel was asked for."""
 
+    #: What earlier attempts of this job kept with :meth:`keep_chunk`, in index order (the
+    #: ``data`` objects; empty on a first attempt or when none were kept).
+    kept: list[dict[str, Any]]
+
+    def keep_chunk(self, index: int, data: dict[str, Any]) -> None:
+        """Have the service keep chunk ``index`` (from 0) of this attempt's work: ``data`` is a
+        JSON object, committed to the store before any later progress of the job is published,
+        and handed to the job's next attempt as :attr:`kept` (docs/topics.md, "Long jobs
+        resume"). Send the chunks in order, each once."""
+
 
 class Kind:
     """A job kind. Subclasses set ``name``, ``Options``, ``needs_input`` and implement ``run``."""

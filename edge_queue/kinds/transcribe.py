@@ -6,7 +6,10 @@ warm against 9.9 s with a process per clip, measured with real speech recordings
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import os
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -17,9 +20,10 @@ from ..errors import ErrorCode, JobError, MediaError, RequestError
 from .audio import chunks, decode_pcm
 from .base import JobContext, Kind, OutputOptions, check_free, output_stem, write_atomic
 from .media import container_duration_s, open_media, require_audio
+from .whisper import decode, load_model
 
-#: Loaded models of this worker process, keyed by (path or name, compute_type, cpu_threads).
-_MODELS: dict[tuple[str, str, int, str], Any] = {}
+log = logging.getLogger(__name__)
+
 
 TEXT_SUMMARY_CHARS = 4000
 #: Whisper's language codes: ``faster_whisper.tokenizer._LANGUAGE_CODES`` (OpenAI Whisper's
@@ -105,16 +109,49 @@ def model_label(setting: str | None, resolved: str) -> str:
     return Path(setting.rstrip("/")).name or setting
 
 
-def load_model(model: str, compute_type: str, cpu_threads: int, device: str = "cpu") -> Any:
-    """A cached ``faster_whisper.WhisperModel`` on ``device`` (``cpu`` or ``cuda``; 0.3-0.5 s
-    the first time on the CPU)."""
-    key = (model, compute_type, cpu_threads, device)
-    if key not in _MODELS:
-        from faster_whisper import WhisperModel
+def input_signature(path: str, cfg: Any, model_ref: str, vad: bool) -> str:
+    """What a kept chunk must match to be taken by a later attempt: the input's size and
+    modification time, and the settings that shape the transcript (model, compute type, chunk
+    length, VAD, batched or not, carried context). 16 hex digits of a SHA-1."""
+    st = os.stat(path)
+    batched = cfg.batch_size > 1 and vad
+    parts = [st.st_size, st.st_mtime_ns, model_ref, cfg.compute_type, cfg.chunk_s, vad, batched, cfg.carry_context]
+    return hashlib.sha1(json.dumps(parts).encode()).hexdigest()[:16]
 
-        _MODELS.clear()  # one model per worker: memory stays bounded
-        _MODELS[key] = WhisperModel(model, device=device, compute_type=compute_type, cpu_threads=cpu_threads)
-    return _MODELS[key]
+
+def resumable(kept: list[dict[str, Any]], signature: str) -> list[dict[str, Any]]:
+    """The kept chunks a new attempt may take: chunks 0, 1, ... in order while each matches
+    ``signature`` and has the fields :meth:`Transcribe.run` reads; none when the input or the
+    settings changed since they were kept."""
+    out = []
+    for item in kept:
+        if not (
+            isinstance(item, dict)
+            and item.get("signature") == signature
+            and isinstance(item.get("segments"), list)
+            and isinstance(item.get("offset_s"), (int, float))
+            and isinstance(item.get("duration_s"), (int, float))
+        ):
+            break
+        out.append(item)
+    return out
+
+
+def resumed_share(resume: list[dict[str, Any]]) -> float:
+    """The share of the recording (0-1) that the kept chunks of ``resume`` cover: the end of the
+    last one over the duration the container declared when it was kept (0 when unknown)."""
+    if not resume:
+        return 0.0
+    last = resume[-1]
+    declared = last.get("declared_s")
+    if not isinstance(declared, (int, float)) or declared <= 0:
+        return 0.0
+    return min((last["offset_s"] + last["duration_s"]) / declared, 1.0)
+
+
+def same_cut(kept: dict[str, Any], offset_s: float, duration_s: float) -> bool:
+    """True when a kept chunk covers the same audio as the chunk cut now (to the sample)."""
+    return abs(kept["offset_s"] - offset_s) < 1e-4 and abs(kept["duration_s"] - duration_s) < 1e-4
 
 
 def _stamp(seconds: float, sep: str) -> str:
@@ -189,48 +226,84 @@ class Transcribe(Kind):
     def run(self, ctx: JobContext, input_path: str | None, options: Any) -> dict[str, Any]:
         assert input_path is not None
         cfg = ctx.settings.transcribe
-        ctx.progress(0, "probing")
+        no_model: JobError | None = None
+        try:
+            model_ref = cfg.models[options.model] if options.model else resolve_model(cfg.model)
+        except JobError as e:  # said after the input's own problems, as before
+            no_model, model_ref = e, ""
+        vad = cfg.vad if options.vad is None else options.vad
+        signature = input_signature(input_path, cfg, model_ref, vad)
+        resume = resumable(getattr(ctx, "kept", []), signature)
+        # what earlier attempts finished counts from the first report on
+        self._done = resumed_share(resume)
+        ctx.progress(100 * self._done, "probing")
         with open_media(input_path) as container:
             require_audio(container)
             declared_s = container_duration_s(container)
-        ctx.progress(0, "loading_model")
-        model_ref = cfg.models[options.model] if options.model else resolve_model(cfg.model)
+        ctx.progress(100 * self._done, "loading_model")
+        if no_model is not None:
+            raise no_model
         model = load_model(model_ref, cfg.compute_type, cfg.cpu_threads, cfg.device)
         ctx.checkpoint()
         started = time.monotonic()
         language, probability = options.language, 1.0 if options.language else 0.0
         prompt = options.initial_prompt
         segments: list[dict[str, Any]] = []
-        decoded_s, n_chunks = 0.0, 0
+        decoded_s, n_chunks, resumed, resumed_s = 0.0, 0, 0, 0.0
         planned: dict[str, Path] = {}
-        ctx.progress(0, "transcribing")
-        for chunk in chunks(decode_pcm(input_path), cfg.chunk_s, search_s=min(10.0, cfg.chunk_s / 4)):
+        ctx.progress(100 * self._done, "transcribing")
+        for index, chunk in enumerate(chunks(decode_pcm(input_path), cfg.chunk_s, search_s=min(10.0, cfg.chunk_s / 4))):
             ctx.checkpoint()
             n_chunks += 1
-            seg_iter, info = model.transcribe(
-                chunk.audio,
-                language=language,
-                task=options.task,
-                beam_size=options.beam_size or cfg.beam_size,
-                vad_filter=cfg.vad if options.vad is None else options.vad,
-                word_timestamps=options.word_timestamps,
-                initial_prompt=prompt,
-            )
-            if language is None:  # detected once, on the first chunk, then kept
-                # (an English-only model detects nothing: faster-whisper gives the integer 1)
-                language, probability = info.language, float(info.language_probability)
+            kept = resume[index] if index < len(resume) else None
+            if kept is not None and not same_cut(kept, chunk.offset_s, chunk.duration_s):
+                resume, kept = resume[:index], None  # cut elsewhere this time: decode from here on
+            if kept is not None:  # finished by an earlier attempt: taken as it was kept
+                chunk_segments = [{**seg, "id": len(segments) + i} for i, seg in enumerate(kept["segments"])]
+                if language is None:
+                    language, probability = kept["language"], float(kept["language_probability"])
+                resumed, resumed_s = resumed + 1, chunk.offset_s + chunk.duration_s
+            else:
+                seg_iter, info = decode(
+                    model,
+                    chunk.audio,
+                    chunk.offset_s,
+                    batch_size=cfg.batch_size,
+                    vad=vad,
+                    words=options.word_timestamps,
+                    language=language,
+                    task=options.task,
+                    beam_size=options.beam_size or cfg.beam_size,
+                    initial_prompt=prompt,
+                )
+                if language is None:  # detected once, on the first chunk, then kept
+                    # (an English-only model detects nothing: faster-whisper gives the integer 1)
+                    language, probability = info.language, float(info.language_probability)
+                chunk_segments = []
+                for seg in seg_iter:
+                    ctx.checkpoint()
+                    chunk_segments.append({"id": len(segments) + len(chunk_segments), **seg})
+                    self._progress(ctx, seg["end"], declared_s, started, resumed_s)
+                # kept before the progress that reports it (the service commits it first)
+                ctx.keep_chunk(
+                    index,
+                    {
+                        "signature": signature,
+                        "declared_s": declared_s,
+                        "offset_s": chunk.offset_s,
+                        "duration_s": chunk.duration_s,
+                        "language": language,
+                        "language_probability": probability,
+                        "segments": chunk_segments,
+                    },
+                )
             if not planned:
                 planned = self._outputs(ctx, input_path, language, options)
                 check_free(list(planned.values()), options.overwrite or options.output == "data_dir")
-            chunk_text = []
-            for seg in seg_iter:
-                ctx.checkpoint()
-                item = self._segment(seg, chunk.offset_s, len(segments), options.word_timestamps)
-                segments.append(item)
-                chunk_text.append(item["text"].strip())
-                self._progress(ctx, chunk.offset_s + seg.end, declared_s, started)
+            segments.extend(chunk_segments)
             decoded_s = chunk.offset_s + chunk.duration_s
-            self._progress(ctx, decoded_s, declared_s, started)
+            self._progress(ctx, decoded_s, declared_s, started, resumed_s)
+            chunk_text = [seg["text"].strip() for seg in chunk_segments]
             if chunk_text and cfg.carry_context:  # the previous text as the next chunk's context
                 prompt = " ".join(filter(None, [options.initial_prompt, " ".join(chunk_text)[-PROMPT_CHARS:]]))
         if n_chunks == 0:
@@ -239,6 +312,10 @@ class Transcribe(Kind):
         if declared_s and decoded_s < 0.9 * declared_s and declared_s - decoded_s > 1.0:
             raise MediaError(
                 f"decoded {decoded_s:.1f} s of a declared {declared_s:.1f} s", code=ErrorCode.TRUNCATED_MEDIA
+            )
+        if resumed:
+            log.info(
+                "resumed after %d kept chunk(s) (%.1f s of audio); decoded %d", resumed, resumed_s, n_chunks - resumed
             )
         elapsed = time.monotonic() - started
         text = " ".join(s["text"].strip() for s in segments if s["text"].strip())
@@ -264,9 +341,11 @@ class Transcribe(Kind):
             "text_truncated": len(text) > TEXT_SUMMARY_CHARS,
             "segments": len(segments),
             "chunks": n_chunks,
+            "chunks_resumed": resumed,
             "outputs": outputs,
             "model": model_name,
-            "realtime_factor": round(elapsed / decoded_s, 4) if decoded_s else None,
+            # processing seconds per audio second of what this attempt decoded
+            "realtime_factor": round(elapsed / (decoded_s - resumed_s), 4) if decoded_s > resumed_s else None,
         }
 
     @staticmethod
@@ -279,30 +358,14 @@ class Transcribe(Kind):
             folder, name = ctx.output_dir, output_stem(input_path, ".json")
         return {fmt: folder / f"{name}.{fmt}" for fmt in options.formats}
 
-    @staticmethod
-    def _segment(seg: Any, offset: float, index: int, words: bool) -> dict[str, Any]:
-        item: dict[str, Any] = {
-            "id": index,
-            "start": round(offset + seg.start, 3),
-            "end": round(offset + seg.end, 3),
-            "text": seg.text,
-        }
-        if words and seg.words:
-            item["words"] = [
-                {
-                    "start": round(offset + w.start, 3),
-                    "end": round(offset + w.end, 3),
-                    "word": w.word,
-                    "probability": round(w.probability, 3),
-                }
-                for w in seg.words
-            ]
-        return item
-
-    def _progress(self, ctx: JobContext, done_s: float, total_s: float | None, started: float) -> None:
+    def _progress(
+        self, ctx: JobContext, done_s: float, total_s: float | None, started: float, resumed_s: float
+    ) -> None:
+        """Progress of the audio done, the resumed part included; the ETA from the pace of what
+        this attempt decoded itself (``resumed_s``: seconds of audio taken from kept chunks)."""
         if not total_s:
             return
         # A segment may end past the cut of its chunk: progress never goes back.
-        done = self._done = max(getattr(self, "_done", 0.0), min(done_s / total_s, 1.0))
-        elapsed = time.monotonic() - started
-        ctx.progress(100 * done, "transcribing", elapsed * (1 - done) / done if done > 0 else None)
+        done = self._done = max(self._done, min(done_s / total_s, 1.0))
+        elapsed, decoded = time.monotonic() - started, done - min(resumed_s / total_s, 1.0)
+        ctx.progress(100 * done, "transcribing", elapsed * (1 - done) / decoded if decoded > 0 else None)

@@ -8,6 +8,7 @@ Every SQL statement of edge-queue lives in this package, split by what it stores
 - :mod:`.submits` and :mod:`.claims`: new jobs, claims, and the hot path's outcomes;
 - :mod:`.events`: the event log; :mod:`.requests`: records of executed requests;
 - :mod:`.batches`, :mod:`.watched`, :mod:`.meta`: batches, watched files, the store's own values;
+- :mod:`.chunks`: the kept chunks of long jobs, from which their next attempt resumes;
 - :mod:`.ids` and :mod:`.rows`: ids, timestamps and the rows as written.
 
 sqlite-utils creates the schema and serves the rest of the reads; the hot path (submit, claim,
@@ -31,8 +32,9 @@ from typing import Any
 
 import sqlite_utils
 
-from ..states import JobState
+from ..states import JobState, is_terminal
 from .batches import Batches
+from .chunks import Chunks
 from .claims import Claims
 from .connection import Connection
 from .events import EventLog
@@ -85,6 +87,7 @@ class Store:
         self.batches = Batches(c)
         self.watched = WatchedFiles(c)
         self.meta_ = Meta(c)
+        self.chunks = Chunks(c)
 
     @property
     def conn(self) -> sqlite3.Connection:
@@ -288,16 +291,22 @@ class Store:
         current: dict[str, Any] | None = None,
         **fields: Any,
     ) -> dict[str, Any]:
-        """:meth:`.Jobs.transition`."""
-        return self.jobs.transition(
+        """:meth:`.Jobs.transition`; a job that ends drops its kept chunks."""
+        job = self.jobs.transition(
             job_id, dst, now, expect_attempt=expect_attempt, detail=detail, current=current, **fields
         )
+        if job_id in self.chunks.held and is_terminal(dst):
+            self.chunks.drop([job_id])
+        return job
 
     def succeed_many(
         self, reports: Sequence[tuple[str, int, Any]], now: float, *, started: Iterable[str] = ()
     ) -> dict[str, dict[str, Any]]:
-        """:meth:`.Claims.succeed_many`."""
-        return self.claims.succeed_many(reports, now, started=started)
+        """:meth:`.Claims.succeed_many`; the jobs drop their kept chunks."""
+        done = self.claims.succeed_many(reports, now, started=started)
+        if self.chunks.held:
+            self.chunks.drop(done)
+        return done
 
     def mark_started_many(self, starts: Sequence[tuple[str, int]], now: float) -> None:
         """:meth:`.Claims.mark_started_many`."""
@@ -318,8 +327,22 @@ class Store:
         return self.jobs.on_nodes()
 
     def delete(self, job_ids: Iterable[str]) -> tuple[list[str], list[str], list[str]]:
-        """:meth:`.Jobs.delete`."""
-        return self.jobs.delete(job_ids)
+        """:meth:`.Jobs.delete` (with the jobs' kept chunks)."""
+        gone, empty, left = self.jobs.delete(job_ids)
+        self.chunks.held.difference_update(gone)
+        return gone, empty, left
+
+    def keep_chunk(self, job_id: str, attempt: int, index: int, data: dict[str, Any]) -> None:
+        """:meth:`.Chunks.keep`."""
+        self.chunks.keep(job_id, attempt, index, data)
+
+    def kept_chunks(self, job_id: str) -> list[dict[str, Any]]:
+        """:meth:`.Chunks.kept`."""
+        return self.chunks.kept(job_id)
+
+    def drop_chunks(self, job_ids: Iterable[str]) -> None:
+        """:meth:`.Chunks.drop`."""
+        self.chunks.drop(job_ids)
 
     def finished_before(
         self, cutoff: float, states: Iterable[str] = ("succeeded", "failed", "cancelled"), limit: int = 10000

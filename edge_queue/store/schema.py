@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from .chunks import create_chunks_table
 from .connection import Connection
 
 log = logging.getLogger(__name__)
@@ -173,3 +174,4 @@ def ensure_tables(c: Connection) -> None:
     if "seq" not in c.db.table("delivered_requests").columns_dict:
         c.conn.execute("ALTER TABLE delivered_requests ADD COLUMN seq INTEGER NOT NULL DEFAULT 0")
     create_watch_table(c)
+    create_chunks_table(c)

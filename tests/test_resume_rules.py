@@ -1,0 +1,133 @@
+"""Kept chunks in a real store, and the rules that decide which a new attempt may take
+(docs/topics.md, "Long jobs resume"): no model, no broker, no process."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from edge_queue.config import Settings
+from edge_queue.kinds.transcribe import input_signature, resumable, same_cut
+from edge_queue.kinds.whisper import cues
+from edge_queue.states import JobState
+from edge_queue.store import JobSpec, Store
+
+
+def _job(store: Store, name: str = "x", now: float = 1000.0) -> str:
+    _, (created,) = store.submit([JobSpec("transcribe", f"/{name}.wav", {})], now)
+    return str(created.job["job_id"])
+
+
+def test_kept_chunks_survive_a_reopen_and_go_when_the_job_ends(tmp_path: Path) -> None:
+    # Given a running job with two kept chunks
+    store = Store(tmp_path / "q.db")
+    job_id = _job(store)
+    job = store.claim(1001.0, ["transcribe"], "run1")
+    assert job is not None
+    store.keep_chunk(job_id, 1, 0, {"segments": [{"text": "a"}]})
+    store.keep_chunk(job_id, 1, 1, {"segments": [{"text": "b"}]})
+    store.keep_chunk(job_id, 1, 1, {"segments": [{"text": "b2"}]})  # the same index again replaces it
+    store.close()
+    # When the store is opened again (a restart), they are there, in order
+    store = Store(tmp_path / "q.db")
+    kept = store.kept_chunks(job_id)
+    assert [(c["index"], c["attempt"], c["data"]["segments"][0]["text"]) for c in kept] == [(0, 1, "a"), (1, 1, "b2")]
+    # And when the job succeeds, they are deleted in the same transaction
+    store.succeed_many([(job_id, 1, {"ok": True})], 1002.0)
+    assert store.kept_chunks(job_id) == []
+    with sqlite3.connect(tmp_path / "q.db") as conn:
+        assert conn.execute("SELECT count(*) FROM job_chunks").fetchone()[0] == 0
+    store.close()
+
+
+def test_a_failed_or_cancelled_job_drops_its_chunks_and_purge_deletes_any_left(tmp_path: Path) -> None:
+    store = Store(tmp_path / "q.db")
+    failed, cancelled = _job(store, "a"), _job(store, "b")
+    for job_id in (failed, cancelled):
+        store.claim(1001.0, ["transcribe"], "run1")
+        store.keep_chunk(job_id, 1, 0, {"segments": []})
+    store.transition(
+        failed, JobState.FAILED, 1002.0, error={"code": "internal_error", "message": "x", "retryable": False}
+    )
+    store.transition(cancelled, JobState.CANCELLING, 1002.0)
+    assert store.kept_chunks(cancelled) != []  # still running its attempt
+    store.transition(cancelled, JobState.CANCELLED, 1003.0)
+    assert store.kept_chunks(failed) == [] and store.kept_chunks(cancelled) == []
+    # a row left behind (written by hand here) goes with the job on delete
+    with sqlite3.connect(tmp_path / "q.db") as conn:
+        conn.execute("INSERT INTO job_chunks VALUES (?, 0, 1, '{}')", [failed])
+    store.close()
+    store = Store(tmp_path / "q.db")
+    assert store.delete([failed])[0] == [failed]
+    with sqlite3.connect(tmp_path / "q.db") as conn:
+        assert conn.execute("SELECT count(*) FROM job_chunks").fetchone()[0] == 0
+    store.close()
+
+
+def test_a_job_that_never_kept_a_chunk_costs_no_statement_when_it_ends(tmp_path: Path) -> None:
+    store = Store(tmp_path / "q.db")
+    job_id = _job(store)
+    store.claim(1001.0, ["transcribe"], "run1")
+    seen: list[str] = []
+    store.conn.set_trace_callback(seen.append)
+    store.succeed_many([(job_id, 1, {})], 1002.0)
+    store.conn.set_trace_callback(None)
+    assert not any("job_chunks" in s for s in seen), seen
+    store.close()
+
+
+def _chunk(signature: str, offset: float, duration: float) -> dict[str, Any]:
+    return {"signature": signature, "offset_s": offset, "duration_s": duration, "segments": [], "language": "en"}
+
+
+def test_a_new_attempt_takes_the_kept_chunks_in_order_while_they_match() -> None:
+    kept = [_chunk("s1", 0, 30), _chunk("s1", 30, 29.5), _chunk("other", 59.5, 30), _chunk("s1", 89.5, 30)]
+    assert resumable(kept, "s1") == kept[:2]  # stops at the first that does not match
+    assert resumable(kept, "s2") == []
+    assert resumable([{"signature": "s1"}], "s1") == []  # a chunk missing fields is not taken
+    assert same_cut(kept[1], 30.0, 29.5) and not same_cut(kept[1], 30.0, 29.4)
+
+
+def test_the_signature_changes_with_the_input_and_the_settings_that_shape_the_transcript(tmp_path: Path) -> None:
+    f = tmp_path / "a.wav"
+    f.write_bytes(b"x" * 100)
+    cfg = Settings(data_dir=tmp_path).transcribe
+    one = input_signature(str(f), cfg, "/m", True)
+    assert input_signature(str(f), cfg, "/m", True) == one
+    assert input_signature(str(f), cfg, "/other-model", True) != one
+    assert input_signature(str(f), cfg, "/m", False) != one  # VAD off
+    assert input_signature(str(f), cfg.model_copy(update={"chunk_s": 60.0}), "/m", True) != one
+    assert input_signature(str(f), cfg.model_copy(update={"batch_size": 1}), "/m", True) != one
+    assert input_signature(str(f), cfg.model_copy(update={"batch_size": 8}), "/m", True) == one  # batched either way
+    f.write_bytes(b"y" * 100)  # same size, new modification time
+    os.utime(f, ns=(1, 1))
+    assert input_signature(str(f), cfg, "/m", True) != one
+
+
+def _w(word: str, start: float, end: float) -> SimpleNamespace:
+    return SimpleNamespace(word=word, start=start, end=end, probability=0.9)
+
+
+def test_a_batched_window_is_cut_into_cues_at_sentences_and_pauses() -> None:
+    words = [
+        _w(" And", 0.0, 0.3),
+        _w(" Mr.", 0.3, 0.6),  # an abbreviation: no cut
+        _w(" John", 0.6, 1.0),
+        _w(" spoke.", 1.0, 1.5),  # a sentence's end: cut
+        _w(' "Yes."', 1.6, 2.0),  # ends in a quote: still a sentence's end
+        _w(" then", 2.0, 2.4),
+        _w(" later", 4.0, 4.5),  # a pause of 1.6 s: cut
+    ]
+    seg = SimpleNamespace(words=words, text="".join(w.word for w in words), start=0.0, end=4.5)
+    got = cues(seg, 100.0, words=True)
+    assert [c["text"] for c in got] == [" And Mr. John spoke.", ' "Yes."', " then", " later"]
+    assert [(c["start"], c["end"]) for c in got] == [(100.0, 101.5), (101.5, 102.0), (102.0, 102.4), (102.4, 104.5)]
+    assert got[0]["words"][1] == {"start": 100.3, "end": 100.6, "word": " Mr.", "probability": 0.9}
+    assert all(type(c["start"]) is float for c in got)
+    # a window without word times stays one segment; an empty one gives none
+    plain = SimpleNamespace(words=None, text=" hello", start=1.0, end=2.0)
+    assert cues(plain, 0.0, words=False) == [{"start": 1.0, "end": 2.0, "text": " hello"}]
+    assert cues(SimpleNamespace(words=None, text=" ", start=1.0, end=2.0), 0.0, words=False) == []
