@@ -236,8 +236,11 @@ def _running(watcher, base: str, job_id: str) -> None:
 @pytest.mark.slow
 @pytest.mark.usefixtures("model_installed")
 def test_stopping_with_a_job_running_keeps_its_word(mosquitto, service_factory, long_speech: Path) -> None:
-    # Given a service with a 2 s grace period, transcribing 100 s of speech
-    svc = service_factory(mosquitto, [long_speech.parent], {"EDGE_QUEUE_CANCEL_GRACE_S": "2"}).start()
+    # Given a service with a 2 s grace period, transcribing 100 s of speech one window after
+    # another (batched, it can end before the signal arrives)
+    svc = service_factory(
+        mosquitto, [long_speech.parent], {"EDGE_QUEUE_CANCEL_GRACE_S": "2", "EDGE_QUEUE_TRANSCRIBE__BATCH_SIZE": "1"}
+    ).start()
     watcher = svc.watcher("response/#", "jobs/+")
     job_id = svc.request("submit", {"input": str(long_speech)}, watcher)["data"]["jobs"][0]["job_id"]
     _running(watcher, svc.base, job_id)

@@ -224,7 +224,7 @@ def test_transcode_and_extract_audio_read_back(mosquitto, service_factory, tmp_p
 
 @pytest.mark.usefixtures("model_installed")
 def test_probe_runs_beside_a_long_transcription(mosquitto, service_factory, long_speech: Path, speech: Path) -> None:
-    svc = service_factory(mosquitto, [long_speech.parent, speech]).start()
+    svc = service_factory(mosquitto, [long_speech.parent, speech], {"EDGE_QUEUE_TRANSCRIBE__BATCH_SIZE": "1"}).start()
     watcher = svc.watcher("response/#", "jobs/+")
     long_id = svc.request("submit", {"input": str(long_speech)}, watcher)["data"]["jobs"][0]["job_id"]
     watcher.wait_json(f"{svc.base}/jobs/{long_id}", lambda m: m["stage"] == "transcribing", timeout=60)

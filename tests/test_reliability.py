@@ -39,7 +39,7 @@ def _events(db: Path, job_id: str) -> list[tuple[str, str | None, str, int]]:
 @pytest.mark.slow
 @pytest.mark.usefixtures("model_installed")
 def test_kill9_service_during_transcription(mosquitto, service_factory, long_speech: Path) -> None:
-    svc = service_factory(mosquitto, [long_speech.parent]).start()
+    svc = service_factory(mosquitto, [long_speech.parent], {"EDGE_QUEUE_TRANSCRIBE__BATCH_SIZE": "1"}).start()
     watcher = svc.watcher("response/#", "jobs/+", "status")
     watcher = svc.watcher("response/#", "jobs/+", "status", "events")
     job_id = svc.request("submit", {"input": str(long_speech)}, watcher)["data"]["jobs"][0]["job_id"]
@@ -106,7 +106,9 @@ def test_a_job_that_says_cancelled_unasked_fails_and_the_service_goes_on(broker,
 @pytest.mark.slow
 @pytest.mark.usefixtures("model_installed")
 def test_cancel_running_transcription_then_fresh_worker(mosquitto, service_factory, long_speech: Path) -> None:
-    svc = service_factory(mosquitto, [long_speech.parent], {"EDGE_QUEUE_WORKERS": "1"}).start()
+    svc = service_factory(
+        mosquitto, [long_speech.parent], {"EDGE_QUEUE_WORKERS": "1", "EDGE_QUEUE_TRANSCRIBE__BATCH_SIZE": "1"}
+    ).start()
     watcher = svc.watcher("response/#", "jobs/+", "queue", "events")
     job_id = svc.request("submit", {"input": str(long_speech)}, watcher)["data"]["jobs"][0]["job_id"]
     topic = f"{svc.base}/jobs/{job_id}"
