@@ -149,7 +149,10 @@ def test_home_assistant_sees_and_drives_edge_queue(ha, tmp_path: Path, speech: P
     media.mkdir()
     shutil.copy(speech / "jfk.flac", media / "jfk.flac")
     shutil.copy(long_speech, media / "long-speech.wav")
-    svc = _service(broker, tmp_path, [media], "data").start()
+    svc = _service(broker, tmp_path, [media], "data")
+    # one window after another: batched, the long transcription could end before it is cancelled
+    svc.env["EDGE_QUEUE_TRANSCRIBE__BATCH_SIZE"] = "1"
+    svc.start()
     try:
         iid = _instance_id(svc)
         # Every entity appears, under one device named after the host
