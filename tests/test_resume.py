@@ -72,11 +72,9 @@ def test_a_transcription_stopped_at_60_percent_resumes_from_its_kept_chunks(
     assert 6 <= kept <= 10, (kept, last)
     # When the service starts again
     watcher = svc.watcher("response/#", "jobs/+")
-    t0 = time.monotonic()
     svc.start()
     topic = f"{svc.base}/jobs/{job_id}"
     done = watcher.wait_json(topic, lambda m: m["state"] in ("succeeded", "failed"), 600)
-    took = time.monotonic() - t0
     # Then the next attempt decoded only the chunks that were not kept
     assert done["state"] == "succeeded", done
     result = done["result"]
@@ -93,8 +91,6 @@ def test_a_transcription_stopped_at_60_percent_resumes_from_its_kept_chunks(
     assert running and min(m["progress"] for m in running) >= 10 * kept - 10, [m["progress"] for m in running]
     # And the kept chunks are gone once the job has ended
     assert _kept(svc.db, job_id) == 0
-    # (the resumed attempt is faster than the whole job: a loose check of the work skipped)
-    assert took < 600
 
 
 def test_an_input_replaced_between_attempts_is_decoded_from_the_start(

