@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable
 
 from . import lifecycle
-from .errors import NotFoundError
+from .errors import ErrorCode, NotFoundError
 from .publisher import Publisher
 from .store import Store
 from .supervisor import Outcome
@@ -37,6 +37,9 @@ class Outcomes:
     ) -> None:
         self.store, self.publisher = store, publisher
         self.crash_loop_limit, self.backoff = crash_loop_limit, backoff
+        #: set by the service once it stops: a worker lost from then on was ended by the stop
+        #: (its job is treated as :meth:`graceful_stop` treats it; no attempt counts)
+        self.stopping = False
 
     def apply_all(self, outcomes: list[Outcome], now: float) -> None:
         """:meth:`apply` for each of a turn's outcomes, in order; each run of successes and
@@ -109,6 +112,13 @@ class Outcomes:
                 job["attempt"],
                 job["state"],
             )
+            return
+        if self.stopping and outcome.op == "lost" and data.get("code") == ErrorCode.WORKER_LOST:
+            stop_step = lifecycle.after_graceful_stop(job)
+            if stop_step is not None:
+                job = store.transition(job_id, stop_step.state, now, detail=stop_step.detail, **stop_step.changes)
+                log.log(stop_step.level, "%s (its worker ended during the stop)", stop_step.note)
+                self.publisher.publish_job(job)
             return
         step = lifecycle.after_report(
             job, outcome.op, data, now, crash_loop_limit=self.crash_loop_limit, backoff=self.backoff

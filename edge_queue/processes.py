@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import signal
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -26,6 +28,26 @@ log = logging.getLogger(__name__)
 KILL_AFTER_S = 2.0
 #: Longest wait before another try to start a worker whose start failed.
 RESPAWN_MAX_S = 5.0
+#: What a terminal sends its whole foreground process group (Ctrl-C, Ctrl-\). They are the
+#: service's to handle (a graceful stop); its children never take them as their own.
+TERMINAL_SIGNALS = frozenset({signal.SIGINT, signal.SIGQUIT})
+
+
+@contextmanager
+def terminal_signals_blocked() -> Iterator[None]:
+    """Block :data:`TERMINAL_SIGNALS` in the calling thread for the ``with`` block.
+
+    A process started meanwhile inherits the block through ``fork`` and ``exec`` (POSIX keeps
+    the signal mask): multiprocessing's forkserver and resource tracker, started with the
+    first worker, hold it for life, from the first instruction (a Ctrl-C while the forkserver
+    was still importing used to kill it, and with it the workers), and so does every worker
+    the forkserver forks. A signal that arrives meanwhile stays pending for the service and is
+    handled when the block ends."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, TERMINAL_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 @dataclass(slots=True)
@@ -133,7 +155,8 @@ class ProcessPool:
             target=worker_module.main, args=(child, self.settings), name=f"edge-queue-worker-{slot.index}", daemon=True
         )
         try:
-            proc.start()
+            with terminal_signals_blocked():
+                proc.start()
         except (OSError, EOFError) as e:
             parent.close()
             child.close()

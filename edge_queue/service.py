@@ -227,7 +227,7 @@ class Service:
         signal during the graceful stop ends the wait for running jobs at once."""
         if self.stopping:
             self.stop_now = True
-        self.stopping = True
+        self.stopping = self.outcomes.stopping = True
         try:
             self._wake_w.send(b"\0")
         except OSError:
@@ -454,7 +454,7 @@ class Service:
         are ended and requeued without counting the attempt
         (:func:`~edge_queue.lifecycle.after_graceful_stop`); ``offline``."""
         store = self.job_store()
-        self.stopping = True
+        self.stopping = self.outcomes.stopping = True
         for slot in self.supervisor.slots:
             if len(slot.jobs) > 1:  # jobs waiting in a worker's queue go back to the queue now
                 self.supervisor.release(slot)

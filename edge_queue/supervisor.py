@@ -60,6 +60,11 @@ class Outcome:
     data: dict[str, Any] = field(default_factory=dict)
 
 
+#: Seconds to wait, after an end of file on a worker's pipe, for the worker's exit: a dead
+#: worker is reported with its exit code, a live one as having closed its pipe.
+EOF_EXIT_WAIT_S = 0.1
+
+
 class Supervisor:
     """A fixed pool of ``settings.workers`` worker processes.
 
@@ -276,8 +281,14 @@ class Supervisor:
                             self._handle(slot, one, out)
                         if slot.conn is not conn:
                             break  # the worker was replaced: its successor is read next turn
-            except (EOFError, OSError):
-                pass
+            except (EOFError, OSError) as e:
+                if slot.conn is conn and slot.process is not None:
+                    slot.process.join(EOF_EXIT_WAIT_S)  # a worker that died closed its pipe too
+                    if slot.process.is_alive():
+                        self._pipe_closed(slot, e, out)
+                    else:
+                        self._lost(slot, out)
+                continue
             proc = slot.process
             if proc is not None and (ready is None or proc.sentinel in ready) and not proc.is_alive():
                 self._lost(slot, out)
@@ -390,6 +401,17 @@ class Supervisor:
             log.warning("worker %d (pid %s) exited with code %s while idle", slot.index, slot.pid, code)
         self.processes.end(slot)
         self.processes.spawn(slot)
+
+    def _pipe_closed(self, slot: WorkerSlot, error: BaseException, out: list[Outcome]) -> None:
+        """The worker's pipe gave an end of file (or an error) while the process may still
+        live: a plug-in kind can close or shut down the worker's file descriptors. The worker
+        can no longer report, so this is one worker death (its job ``lost``, once): the
+        process is ended, its slot refilled, and the pipe is never read again."""
+        if slot.end_reason is None:
+            what = "an end of file" if isinstance(error, EOFError) else f"an error ({error})"
+            slot.end_reason = (str(ErrorCode.WORKER_LOST), f"the worker closed its pipe to the service ({what})")
+        self.processes.end(slot)
+        self._lost(slot, out)
 
     def _deadlines(self, out: list[Outcome]) -> None:
         now = self.clock()

@@ -84,7 +84,43 @@ class Odd(Kind):
         return {"value": value}
 
 
+class HalfCloseOptions(KindOptions):
+    #: seconds to go on running after the pipe was half-closed
+    seconds: float = Field(3, ge=0)
+
+
+class HalfClose(Kind):
+    """Shuts down the sending side of every socket its worker holds (its pipe to the service
+    is a socket pair), then goes on working: the service reads an end of file from a worker
+    that is still alive. A plug-in that tidies file descriptors can do this."""
+
+    name = "test_half_close"
+    Options = HalfCloseOptions
+    needs_input = False
+
+    def run(self, ctx: JobContext, input_path: str | None, options: Any) -> dict[str, Any]:
+        import socket
+        import stat
+
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            try:
+                if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                    continue
+                sock = socket.socket(fileno=os.dup(fd))
+            except OSError:
+                continue
+            try:
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            finally:
+                sock.close()
+        time.sleep(options.seconds)
+        return {"slept": options.seconds}
+
+
 EXTRA_KINDS = (
     '["tests.kinds_for_tests:Crash", "tests.kinds_for_tests:Hang", "tests.kinds_for_tests:Fail", '
-    '"tests.kinds_for_tests:Odd"]'
+    '"tests.kinds_for_tests:Odd", "tests.kinds_for_tests:HalfClose"]'
 )

@@ -4,6 +4,7 @@ docs/topics.md "Error codes")."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import signal
@@ -342,3 +343,117 @@ def test_a_kind_that_returns_numpy_numbers_or_a_set_fails_its_job_not_the_servic
     assert svc.proc is not None and svc.proc.poll() is None
     later = svc.request("submit", {"kind": "noop"}, watcher)["data"]["jobs"][0]["job_id"]
     watcher.wait_json(f"{svc.base}/jobs/{later}", lambda m: m["state"] == "succeeded", 30)
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_worker_that_half_closes_its_pipe_is_one_worker_death_and_the_loop_does_not_spin(
+    mosquitto, service_factory, tmp_path: Path
+) -> None:
+    # Given a kind that shuts down the sending side of its worker's pipe and goes on running
+    # for 4 s (before: the loop read the end of file again on every turn, 54 % of a CPU, and
+    # the job ended crash_loop)
+    svc = service_factory(mosquitto, [tmp_path]).start()
+    watcher = svc.watcher("response/#", "jobs/+")
+    resp = svc.request("submit", {"kind": "test_half_close", "options": {"seconds": 4}, "max_attempts": 2}, watcher)
+    job_id = resp["data"]["jobs"][0]["job_id"]
+    assert svc.proc is not None
+    cpu0, t0 = _cpu_s(svc.proc.pid), time.monotonic()
+    # Then each attempt is one worker death (worker_lost), and the job fails once its two
+    # attempts are spent, not crash_loop
+    end = watcher.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] in ("failed", "succeeded"), 60)
+    assert end["state"] == "failed" and end["error"]["code"] == "worker_lost", end
+    assert end["attempt"] == 2, end
+    assert "closed its pipe" in end["error"]["message"], end
+    # And the service did not spin meanwhile
+    spent, took = _cpu_s(svc.proc.pid) - cpu0, time.monotonic() - t0
+    assert spent < 0.25 * took + 0.5, f"service used {spent:.2f} CPU-s in {took:.1f} s"
+    later = svc.request("submit", {"kind": "noop"}, watcher)["data"]["jobs"][0]["job_id"]
+    watcher.wait_json(f"{svc.base}/jobs/{later}", lambda m: m["state"] == "succeeded", 30)
+    assert svc.log().count("closed its pipe") >= 2
+
+
+def _children(pid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of the direct children of ``pid``."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == pid:
+                out.append((int(entry.name), (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+@pytest.mark.parametrize("moment", ["forkserver starting", "job running"])
+def test_ctrl_c_in_the_terminal_reaches_only_the_service_and_costs_no_job_an_attempt(
+    mosquitto, service_factory, tmp_path: Path, moment: str
+) -> None:
+    # Given a job that becomes due just as a service starts in a terminal (its own session,
+    # as a shell runs it: the terminal's Ctrl-C goes to the whole foreground process group);
+    # before, a Ctrl-C while the workers' forkserver was still importing killed it and the
+    # workers, the job being started lost an attempt, and a KeyboardInterrupt traceback was
+    # logged
+    first = service_factory(mosquitto, [tmp_path]).start()
+    watcher = first.watcher("response/#", "jobs/+")
+    run_at = time.time() + 3
+    due = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(run_at)) + f".{int(run_at % 1 * 1000):03d}Z"
+    resp = first.request("submit", {"kind": "noop", "options": {"sleep_s": 3}, "run_at": due}, watcher)
+    job_id = resp["data"]["jobs"][0]["job_id"]
+    assert first.stop() == 0
+    wait_until(lambda: time.time() > run_at, 10, "the job to be due")
+    svc = service_factory(mosquitto, [tmp_path], {"EDGE_QUEUE_CANCEL_GRACE_S": "0"})
+    svc.data_dir, svc.base, svc.env = first.data_dir, first.base, first.env | {"EDGE_QUEUE_CANCEL_GRACE_S": "0"}
+    svc.prefix = ["setsid"]
+    svc.start(wait_online=False)
+    assert svc.proc is not None
+    pid = svc.proc.pid
+    # When Ctrl-C comes at that moment
+    if moment == "forkserver starting":
+        wait_until(lambda: any("forkserver" in c for _, c in _children(pid)), 30, "the forkserver to start", 0.002)
+    else:
+        watcher.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] == "running", 60)
+    os.killpg(pid, signal.SIGINT)
+    # Then only the service stops, gracefully, and the job keeps all its attempts
+    assert svc.proc.wait(30) == 0, svc.log()
+    log = svc.log()
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log, log
+    assert "worker_lost" not in log, log
+    third = service_factory(mosquitto, [tmp_path])
+    third.data_dir, third.base, third.env = first.data_dir, first.base, first.env
+    third.start()
+    end = watcher.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] in ("succeeded", "failed"), 60)
+    assert end["state"] == "succeeded" and end["attempt"] == 1, end
+
+
+def test_a_worker_that_dies_during_the_graceful_stop_costs_its_job_no_attempt(
+    mosquitto, service_factory, tmp_path: Path
+) -> None:
+    # Given a running job and a graceful stop waiting for it
+    svc = service_factory(mosquitto, [tmp_path], {"EDGE_QUEUE_CANCEL_GRACE_S": "30"}).start()
+    watcher = svc.watcher("response/#", "jobs/+")
+    resp = svc.request("submit", {"kind": "test_hang", "options": {"seconds": 60}}, watcher)
+    job_id = resp["data"]["jobs"][0]["job_id"]
+    watcher.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] == "running", 30)
+    assert svc.proc is not None
+    svc.proc.send_signal(signal.SIGTERM)
+    wait_until(lambda: "stopping: waiting" in svc.log(), 30, "the graceful stop")
+    # When the job's worker dies meanwhile (as a terminal's Ctrl-C did to it)
+    forkserver = next(p for p, c in _children(svc.proc.pid) if "forkserver" in c)
+    workers = [p for p, _ in _children(forkserver)]
+    assert workers
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    # Then the stop ends at once and the job is queued again with its attempt taken back
+    assert svc.proc.wait(30) == 0, svc.log()
+    end = svc.watcher("jobs/+")
+    final = end.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] != "running", 30)
+    assert final["state"] == "queued" and final["attempt"] == 0, final
+    assert "worker_lost" not in svc.log()
