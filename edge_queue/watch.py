@@ -22,7 +22,9 @@ from pydantic import ValidationError
 
 from .config import Settings, watch_problems
 from .errors import ConfigError, ErrorCode, RequestError
+from .lifecycle import IN_ATTEMPT
 from .ports import WatchPort
+from .store import BesideJob
 from .watcher import FolderWatcher, Ready
 
 log = logging.getLogger(__name__)
@@ -32,6 +34,8 @@ PER_TURN = 200
 #: A file refused for a passing reason (``queue_full``, ``disk_full``) is offered again after
 #: this many seconds.
 RETRY_S = 30.0
+#: Seconds before a file named like the output of a running job is looked at again.
+OUTPUT_WAIT_S = 2.0
 
 
 def check_watches(settings: Settings, kinds: dict[str, Any]) -> None:
@@ -128,12 +132,12 @@ class WatchFolders:
             self._retry = [(t, r) for t, r in self._retry if t > now]
         items = due[:PER_TURN] + self.watcher.take(PER_TURN - min(len(due), PER_TURN))
         self._retry.extend((now, r) for r in due[PER_TURN:])
-        beside: dict[str, list[tuple[str, str, float]]] = {}
+        beside: dict[str, list[BesideJob]] = {}
         for item in items:
             self._turn.append(item)
             self._take_on(item, now, beside)
 
-    def _take_on(self, item: Ready, now: float, beside: dict[str, list[tuple[str, str, float]]]) -> None:
+    def _take_on(self, item: Ready, now: float, beside: dict[str, list[BesideJob]]) -> None:
         svc = self.service
         store = svc.job_store()
         w = self.watches[item.index]
@@ -141,10 +145,16 @@ class WatchFolders:
             store.touch_watched(item.path, item.mtime_ns, now)
             log.debug("watch %s: %s touched, content unchanged: no new job", w.path, item.path)
             return
-        if item.same_stem and (job_id := self._own_output(item, beside)) is not None:
-            store.record_watched(item.path, item.size, item.mtime_ns, item.digest, "output", job_id, now)
-            log.info("watch %s: %s is an output of job %s: not submitted", w.path, item.path, job_id)
-            return
+        if item.same_stem:
+            writer, job_id = self._own_output(item, beside)
+            if writer == "wrote":
+                store.record_watched(item.path, item.size, item.mtime_ns, item.digest, "output", job_id, now)
+                log.info("watch %s: %s is an output of job %s: not submitted", w.path, item.path, job_id)
+                return
+            if writer == "writing":
+                self._retry.append((now + OUTPUT_WAIT_S, item))
+                log.debug("watch %s: %s may be an output of running job %s: asking again", w.path, item.path, job_id)
+                return
         key = hashlib.sha256(f"{item.path}\0{item.size}\0{item.mtime_ns}\0{item.digest}".encode()).hexdigest()
         body = {"kind": w.kind, "input": item.path, "options": w.options, "idempotency_key": "watch-" + key[:40]}
         raw = json.dumps(body).encode("utf-8", "surrogateescape")
@@ -163,14 +173,24 @@ class WatchFolders:
         store.record_watched(item.path, item.size, item.mtime_ns, item.digest, f"refused:{code}", None, now)
         log.warning("watch %s: %s refused: %s: %s", w.path, item.path, code, error.get("message", ""))
 
-    def _own_output(self, item: Ready, beside: dict[str, list[tuple[str, str, float]]]) -> str | None:
-        """The job that wrote ``item`` beside its input, or None: a job with ``output:
-        beside`` whose input is in the same folder, whose input's stem followed by a dot
-        starts ``item``'s name, and created before ``item`` was last modified."""
+    def _own_output(self, item: Ready, beside: dict[str, list[BesideJob]]) -> tuple[str | None, str | None]:
+        """Whether edge-queue wrote ``item``: ``("wrote", job_id)`` when a job with ``output:
+        beside`` whose input is in the same folder names it in its result; ``("writing",
+        job_id)`` when such a job, whose input's stem followed by a dot starts ``item``'s name,
+        is running now (it renames its finished outputs into place just before it reports);
+        else ``(None, None)``: a recording named like an output is an input."""
         folder, name = os.path.split(item.path)
         if folder not in beside:
             beside[folder] = self.service.job_store().beside_jobs(folder)
-        for job_id, input_, created in beside[folder]:
-            if input_ != item.path and name.startswith(Path(input_).stem + ".") and item.mtime_ns / 1e9 >= created:
-                return job_id
-        return None
+        running = None
+        for job in beside[folder]:
+            if item.path in job.written:
+                return "wrote", job.job_id
+            if (
+                job.input != item.path
+                and job.state in IN_ATTEMPT
+                and name.startswith(Path(job.input).stem + ".")
+                and item.mtime_ns / 1e9 >= job.created
+            ):
+                running = job.job_id
+        return ("writing", running) if running else (None, None)

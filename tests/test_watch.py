@@ -144,7 +144,9 @@ def test_store_keeps_one_version_per_path(tmp_path: Path) -> None:
     store.submit([JobSpec("extract_audio", "/m/inbox/talk.flac", {"output": "beside"})], 5.0)
     store.submit([JobSpec("extract_audio", "/m/inbox/sub/x.flac", {"output": "beside"})], 5.0)
     store.submit([JobSpec("extract_audio", "/m/inbox/y.flac", {})], 5.0)
-    assert [(i, t) for _, i, t in store.beside_jobs("/m/inbox")] == [("/m/inbox/talk.flac", 5.0)]
+    assert [(j.input, j.created, j.state, j.written) for j in store.beside_jobs("/m/inbox")] == [
+        ("/m/inbox/talk.flac", 5.0, "queued", frozenset())
+    ]
     store.close()
 
 
@@ -421,6 +423,30 @@ def test_beside_outputs_make_no_jobs(mosquitto: Any, service_factory: Any, root:
     # a user's own file with the same stem, older than the job, is an input
     _sentinel(svc, inbox)
     assert sorted(_all_inputs(svc)) == [str(inbox / "jfk.flac"), str(inbox / "zz-sentinel.wav")]
+
+
+@pytest.mark.slow
+def test_later_recordings_named_like_an_output_are_inputs(mosquitto: Any, service_factory: Any, root: Path) -> None:
+    # Given a watch whose extract_audio job wrote jfk.wav beside jfk.flac
+    svc, inbox = _drop_speech_in_a_beside_watch(
+        service_factory, mosquitto, root, "extract_audio", {"format": "wav"}, ["*.flac", "*.wav", "*.mp4"]
+    )
+    job = wait_until(
+        lambda: [j for j in _jobs(svc, inbox / "jfk.flac") if j["state"] in ("succeeded", "failed")], 60, "the job"
+    )[0]
+    assert job["state"] == "succeeded", job
+    record = wait_until(lambda: _record(svc, inbox / "jfk.wav"), 60, "the watch to see the output jfk.wav")
+    assert record["outcome"] == "output", record
+    # When recordings whose names start with the input's stem are dropped later (a camera's
+    # time-stamped files, a second camera, a converted copy): before, each was taken for the
+    # job's output and never became a job, for as long as the job was kept
+    later = ["jfk.2026-12-03T0740.wav", "jfk.cam2.mp4", "jfk.flac.wav"]
+    for name in later:
+        shutil.copy(inbox / "jfk.wav", inbox / name)
+    _sentinel(svc, inbox)
+    # Then each is an input: only what edge-queue wrote is an output
+    assert sorted(_all_inputs(svc)) == sorted(str(inbox / n) for n in ["jfk.flac", *later, "zz-sentinel.wav"])
+    assert _record(svc, inbox / "jfk.wav")["outcome"] == "output"
 
 
 @pytest.mark.slow

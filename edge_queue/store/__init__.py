@@ -45,10 +45,11 @@ from .requests import RequestRecords
 from .rows import Created, JobSpec, LockHeld
 from .schema import SCHEMA_VERSION, ensure_tables, migrate
 from .submits import Submits
-from .watched import WatchedFiles
+from .watched import BesideJob, WatchedFiles
 
 __all__ = [
     "SCHEMA_VERSION",
+    "BesideJob",
     "Created",
     "JobSpec",
     "LockHeld",
@@ -368,6 +369,6 @@ class Store:
         """:meth:`.WatchedFiles.watch_counts`."""
         return self.watched.watch_counts(folder)
 
-    def beside_jobs(self, folder: str) -> list[tuple[str, str, float]]:
+    def beside_jobs(self, folder: str) -> list[BesideJob]:
         """:meth:`.WatchedFiles.beside_jobs`."""
         return self.watched.beside_jobs(folder)

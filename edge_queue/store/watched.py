@@ -4,10 +4,39 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from .connection import Connection
 from .ids import iso, parse_iso
+
+
+class BesideJob(NamedTuple):
+    """A job writing beside its input: ``created`` in Unix seconds, ``state`` its state,
+    ``written`` the paths its result names (empty until it succeeded)."""
+
+    job_id: str
+    input: str
+    created: float
+    state: str
+    written: frozenset[str]
+
+
+def written_paths(result: str | None) -> frozenset[str]:
+    """The paths a job's stored ``result`` (JSON text) says it wrote: ``output`` (one file)
+    and the values of ``outputs`` (one per format)."""
+    try:
+        data = json.loads(result) if result else None
+    except ValueError:
+        return frozenset()
+    if not isinstance(data, dict):
+        return frozenset()
+    paths = [data.get("output")]
+    outputs = data.get("outputs")
+    if isinstance(outputs, dict):
+        paths.extend(outputs.values())
+    return frozenset(p for p in paths if isinstance(p, str))
 
 
 class WatchedFiles:
@@ -57,13 +86,17 @@ class WatchedFiles:
             counts[outcome] = n
         return counts
 
-    def beside_jobs(self, folder: str) -> list[tuple[str, str, float]]:
+    def beside_jobs(self, folder: str) -> list[BesideJob]:
         """Jobs that write their outputs beside an input in ``folder`` (option ``output:
-        beside``): ``(job_id, input, created_at in Unix seconds)``, inputs directly in
-        ``folder`` only."""
+        beside``), inputs directly in ``folder`` only, each with the paths its result says
+        it wrote (``output``, and the values of ``outputs``)."""
         rows = self.c.conn.execute(
-            "SELECT job_id, input, created_at FROM jobs WHERE input >= ? AND input < ? "
+            "SELECT job_id, input, created_at, state, result FROM jobs WHERE input >= ? AND input < ? "
             "AND json_extract(options, '$.output') = 'beside'",
             [folder + "/", folder + "0"],
         )
-        return [(j, i, parse_iso(c)) for j, i, c in rows if "/" not in i[len(folder) + 1 :]]
+        return [
+            BesideJob(j, i, parse_iso(c), s, written_paths(r))
+            for j, i, c, s, r in rows
+            if "/" not in i[len(folder) + 1 :]
+        ]
