@@ -151,7 +151,7 @@ def _watch(settings: Settings, service: dict[str, Any]) -> Iterator[Check]:
         live = published.get(str(p))
         if live is None:
             yield Check(name, True, detail)
-        elif live.get("state") in ("missing", "failed"):
+        elif live.get("state") in ("missing", "outside", "failed"):
             yield Check(name, False, f"{detail}; the service reports it {live.get('state')} since {live.get('since')}")
         else:
             yield Check(name, True, f"{detail}; the service reports it {live.get('state')}")

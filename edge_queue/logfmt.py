@@ -3,8 +3,9 @@
 A transaction, an idempotency key, an option value, a file name or an error message from FFmpeg
 may hold a newline followed by something that looks like a log record of its own. Every record
 is therefore written as one line: control characters (C0, DEL, C1), the Unicode line and
-paragraph separators and lone surrogates in its message are written as Python escapes
-(``\\n``, ``\\x1b``, ``\\u2028``, ``\\udcff``). A traceback, which spans lines by nature, has
+paragraph separators, the bidirectional controls (``\\u202e`` would show a name reversed) and
+lone surrogates in its message are written as Python escapes (``\\n``, ``\\x1b``,
+``\\u2028``, ``\\udcff``). A traceback, which spans lines by nature, has
 every line after the first prefixed with ``  | ``, so no line of it can pass for a record.
 """
 
@@ -13,8 +14,10 @@ from __future__ import annotations
 import logging
 import re
 
-#: What may not appear raw in a log line.
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+#: What may not appear raw in a log line: control characters, line and paragraph separators,
+#: lone surrogates, and the bidirectional controls (U+061C, U+200E/F, U+202A-E, U+2066-9) that
+#: make a line display other than it reads.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
 #: Prefix of the lines after the first of a multi-line record (a traceback).
 CONTINUATION = "  | "
 

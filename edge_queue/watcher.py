@@ -158,7 +158,8 @@ class _State:
     root: str
     mode: str  # "events" or "poll"
     fs_type: str | None
-    state: str = "starting"  # "watching", "missing", or "failed" (watchdog's thread died)
+    #: "watching", "missing", "outside" (it leads elsewhere now) or "failed" (watchdog's thread died)
+    state: str = "starting"
     since: float = field(default_factory=time.time)
     identity: tuple[int, int] | None = None
     observer: Any = None
@@ -335,8 +336,22 @@ class FolderWatcher:
     def _check_presence(self, index: int, s: _State) -> None:
         """Notice a folder that went (removed, share unmounted) or came back, or was replaced
         by another folder of the same name (a new inode: inotify watched the old one)."""
+        if os.path.realpath(s.cfg.path) != s.root:
+            # a symbolic link put in the folder's place (or in a parent's): it may lead out of
+            # the media roots, so nothing there is listed, and its target is not logged
+            if s.state != "outside":
+                self._unschedule(s)
+                self._forget_candidates(index)
+                s.identity = None
+                log.warning(
+                    "watch folder %s now leads elsewhere (a symbolic link was put in its place): not watched "
+                    "until it is the folder it was at start-up again",
+                    s.cfg.path,
+                )
+                self._set_state(s, "outside")
+            return
         try:
-            st = os.stat(s.root)
+            st = os.lstat(s.root)
             identity = (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
         except OSError:
             identity = None
@@ -366,7 +381,7 @@ class FolderWatcher:
             s.next_check = time.monotonic() + 0.5  # gone between the stat and the watch: reported next
             return
         s.identity = identity
-        if was == "missing":
+        if was in ("missing", "outside"):
             log.info("watch folder %s is back; scanning it", s.cfg.path)
         elif was == "watching":
             log.info("watch folder %s was replaced by a new folder; watching and scanning it", s.cfg.path)
@@ -466,6 +481,8 @@ class FolderWatcher:
         """Every file under ``folder`` (sub-folders when recursive) as a candidate: the files
         that arrived while edge-queue was stopped or the folder was away."""
         s = self.states[index]
+        if self._leads_out(s, folder):
+            return
         mono = time.monotonic()
         base_depth = folder.rstrip("/").count("/")
         try:
@@ -480,9 +497,20 @@ class FolderWatcher:
         except OSError as e:
             log.warning("watch folder %s: cannot scan %s: %s", s.cfg.path, folder, e)
 
+    @staticmethod
+    def _leads_out(s: _State, folder: str) -> bool:
+        """``folder`` (a folder of the watch, by name) no longer resolves inside the watch's
+        folder of start-up (a symbolic link put in its place): its check is brought forward,
+        and nothing in it is read or logged."""
+        real = os.path.realpath(folder)
+        if real == s.root or real.startswith(s.root.rstrip("/") + "/"):
+            return False
+        s.next_check = 0.0
+        return True
+
     def _consider(self, index: int, path: str, mono: float, *, event: bool) -> None:
         s = self.states[index]
-        if not self._in_watch(s, path):
+        if not self._in_watch(s, path) or self._leads_out(s, os.path.dirname(path)):
             return
         reason = skip_reason(os.path.basename(path), s.cfg.include, s.cfg.exclude)
         if reason is not None:

@@ -472,6 +472,55 @@ def test_replaced_file_makes_a_new_job_a_touch_does_not(mosquitto: Any, service_
 
 
 @pytest.mark.slow
+def test_a_folder_replaced_by_a_link_out_of_the_roots_is_outside(
+    mosquitto: Any, service_factory: Any, root: Path, tmp_path: Path
+) -> None:
+    # Given a watched folder, and a folder outside the media roots holding a file
+    inbox = root / "inbox"
+    svc = _start(service_factory, mosquitto, root, inbox)
+    watcher = svc.watcher("info")
+    _info_watch(svc, watcher, "watching")
+    secret = tmp_path / "elsewhere"
+    secret.mkdir()
+    (secret / "private-name-outside.wav").write_bytes(os.urandom(4096))
+    # When the watched folder is replaced by a symbolic link to it (before: reported
+    # "watching", and the outside file's name was logged)
+    watcher.messages.clear()
+    os.rename(inbox, root / "inbox-away")
+    inbox.symlink_to(secret)
+    outside = _info_watch(svc, watcher, "outside")
+    # Then it is reported outside; nothing there is listed, logged or submitted
+    assert outside["path"] == str(inbox)
+    wait_until(lambda: f"watch folder {inbox} now leads elsewhere" in svc.log(), 10, "the log line")
+    assert "private-name-outside" not in svc.log() and str(secret) not in svc.log()
+    doctor = run_doctor(svc.env)
+    assert f"FAIL  watch {inbox}" in doctor.stdout and "reports it outside" in doctor.stdout, doctor.stdout
+    # And once the folder is back, it is watched again
+    watcher.messages.clear()
+    inbox.unlink()
+    os.rename(root / "inbox-away", inbox)
+    _info_watch(svc, watcher, "watching")
+    _sentinel(svc, inbox)
+    assert "private-name-outside" not in svc.log()
+    assert str(secret / "private-name-outside.wav") not in _all_inputs(svc)
+
+
+@pytest.mark.slow
+def test_a_file_name_that_reads_backwards_is_escaped_in_every_watch_line(
+    mosquitto: Any, service_factory: Any, root: Path
+) -> None:
+    # Given a watch, when a file whose name holds a right-to-left override is dropped
+    inbox = root / "inbox"
+    svc = _start(service_factory, mosquitto, root, inbox)
+    name = "evil\u202ewav.exe.wav"
+    (inbox / name).write_bytes(os.urandom(4096))
+    wait_until(lambda: _jobs(svc, inbox / name), 30, "its job")
+    # Then the log says where it went with the override escaped, and holds no raw override
+    wait_until(lambda: "evil\\u202ewav.exe.wav -> job" in svc.log(), 10, "the watch's line")
+    assert "\u202e" not in svc.log()
+
+
+@pytest.mark.slow
 def test_folder_removed_and_recreated(mosquitto: Any, service_factory: Any, root: Path) -> None:
     inbox = root / "inbox"
     svc = _start(service_factory, mosquitto, root, inbox)
