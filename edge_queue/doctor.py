@@ -132,7 +132,7 @@ def _watch(settings: Settings, service: dict[str, Any]) -> Iterator[Check]:
     (inotify, or polling on a network file system), and the state the running service
     publishes for it (``watch`` of ``<base>/info``: ``missing`` fails)."""
     from .config import watch_problems
-    from .watcher import file_system_type, is_network_fs
+    from .watch_files import file_system_type, is_network_fs
 
     problems = watch_problems(settings)
     for problem in problems:

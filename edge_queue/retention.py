@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import logging
 import shutil
+import sqlite3
+import time
 from collections.abc import Callable
 
 from .config import Settings
 from .limits import BULK_LIMIT
 from .publisher import Publisher
-from .store import Store
+from .store import WAL_LIMIT_BYTES, Store
 
 log = logging.getLogger(__name__)
 
@@ -21,6 +23,9 @@ RETENTION_INTERVAL_S = 600.0
 #: The record of an executed request is kept this long (seconds): a broker redelivers only
 #: within the service's session, which expires after ``mqtt.session_expiry_s`` (default a day).
 DELIVERED_KEEP_S = 7 * 86400.0
+#: How often, after a commit, the write-ahead log is looked at and truncated when over its
+#: limit (monotonic seconds; a stat of one file when it is not).
+WAL_CHECK_S = 5.0
 
 
 class Retention:
@@ -36,6 +41,8 @@ class Retention:
         self.settings, self.store, self.publisher = settings, store, publisher
         self.next_run = 0.0
         self.turn_purged: list[str] = []  # jobs purged this turn: their folders go after the commit
+        self.next_wal_check = 0.0
+        self.wal_over = False  # the last look found the log over its limit and held by a reader
 
     def purge(self, job_ids: list[str]) -> list[str]:
         """Delete terminal jobs, their output folders under ``data_dir`` (outputs written beside
@@ -76,6 +83,27 @@ class Retention:
             if out_dir.is_dir():
                 shutil.rmtree(out_dir, ignore_errors=True)
         self.turn_purged.clear()
+        now = time.monotonic()
+        if now >= self.next_wal_check:
+            self.next_wal_check = now + WAL_CHECK_S
+            self.keep_wal_small()
+
+    def keep_wal_small(self) -> None:
+        """Truncate the write-ahead log when it grew past its limit (an outside reader held an
+        old snapshot meanwhile): at most :data:`WAL_CHECK_S` after that reader lets go. Said
+        once in the log while a reader holds it."""
+        try:
+            small = self.store().shrink_wal()
+        except (OSError, sqlite3.Error) as e:
+            log.debug("the write-ahead log could not be checkpointed: %s", e)
+            return
+        if not small and not self.wal_over:
+            log.info(
+                "the store's write-ahead log is over %d MiB: another program (a backup, the sqlite3 shell) "
+                "holds a read of the database open; it is truncated once that ends",
+                WAL_LIMIT_BYTES // 2**20,
+            )
+        self.wal_over = not small
 
     def turn_failed(self) -> None:
         """The turn's commit failed: its purges did not happen."""

@@ -10,8 +10,6 @@ store or MQTT: the service's half is :mod:`edge_queue.watch`.
 
 from __future__ import annotations
 
-import fnmatch
-import hashlib
 import logging
 import os
 import socket
@@ -20,12 +18,20 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from .browse import utf8_name
 from .config import WatchSettings
 from .store import iso
+from .watch_files import (
+    FolderStems,
+    file_digest,
+    file_system_type,
+    in_watch,
+    is_network_fs,
+    resolves_inside,
+    skip_reason,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,84 +51,9 @@ MAX_DEPTH = 64
 #: What watchdog logs when the kernel's inotify queue overflowed and events were lost
 #: (``watchdog.observers.inotify_c``): the watch folders in ``events`` mode are scanned again.
 OVERFLOW_LOGGER = "watchdog.observers.inotify_c"
-#: Files up to this size (bytes) are identified by the SHA-256 of their whole content; larger
-#: ones by the SHA-256 of their size and four 1 MiB blocks (start, thirds, end), so that a
-#: recording of gigabytes is not read twice.
-FULL_DIGEST_BYTES = 64 * 2**20
-SAMPLE_BYTES = 2**20
-#: Names that are never inputs: temporary and partial files of copy tools, browsers, office
-#: suites and edge-queue's own atomic writes (``.<name>.<random>.part``).
-TEMP_PATTERNS = ("*.part", "*.partial", "*.tmp", "*.temp", "*.crdownload", "*.download", "*.!qb", ".~*", "~$*")
-#: Suffixes of edge-queue's own outputs (transcripts of ``transcribe``, ``<stem>.web.mp4`` of
-#: ``transcode``): never inputs of a watch, whatever its ``include``. ``extract_audio``'s
-#: ``<stem>.<format>`` beside the input is told apart by the store
-#: (:meth:`edge_queue.watch.WatchFolders._own_output`).
-OUTPUT_SUFFIXES = (".srt", ".vtt", ".txt", ".tsv", ".json", ".web.mp4")
-#: File system types whose changes made on other machines give no inotify events
-#: (``/proc/self/mountinfo``): ``mode = "auto"`` polls them.
-NETWORK_FS = frozenset(
-    {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "afs", "ceph", "glusterfs", "lustre", "davfs", "ncpfs", "fuse.sshfs"}
-)
-NETWORK_FS_PREFIXES = ("fuse.sshfs", "fuse.rclone", "fuse.s3fs", "fuse.gcsfuse", "fuse.glusterfs", "fuse.davfs")
-
-
-def skip_reason(name: str, include: list[str], exclude: list[str]) -> str | None:
-    """Why a file named ``name`` is not an input of a watch with these patterns (``hidden``,
-    ``temporary``, ``output``, ``not included``, ``excluded``), or ``None`` when it is one.
-    Patterns are ``fnmatch`` patterns, matched case-insensitively against the name."""
-    low = name.lower()
-    if low.startswith("."):
-        return "hidden"
-    if any(fnmatch.fnmatchcase(low, p) for p in TEMP_PATTERNS):
-        return "temporary"
-    if low.endswith(OUTPUT_SUFFIXES):
-        return "output"
-    if not any(fnmatch.fnmatchcase(low, p.lower()) for p in include):
-        return "not included"
-    if any(fnmatch.fnmatchcase(low, p.lower()) for p in exclude):
-        return "excluded"
-    return None
-
-
-def file_system_type(path: str) -> str | None:
-    """The type of the file system holding ``path`` (``ext4``, ``nfs4``, ``cifs``...), from the
-    longest mount point of ``/proc/self/mountinfo`` above it; ``None`` when unknown."""
-    best, kind = "", None
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                left, _, right = line.partition(" - ")
-                fields, rest = left.split(), right.split()
-                if len(fields) < 5 or not rest:
-                    continue
-                mount = fields[4].replace("\\040", " ")
-                inside = path == mount or path.startswith(mount.rstrip("/") + "/")
-                if inside and len(mount) >= len(best):
-                    best, kind = mount, rest[0]
-    except OSError:
-        return None
-    return kind
-
-
-def is_network_fs(fs_type: str | None) -> bool:
-    return fs_type is not None and (fs_type in NETWORK_FS or fs_type.startswith(NETWORK_FS_PREFIXES))
-
-
-def file_digest(path: str, size: int) -> str:
-    """The content identity of a file of ``size`` bytes: ``sha256:<hex>`` of the whole file up
-    to :data:`FULL_DIGEST_BYTES`, else ``sampled:<hex>`` of its size and four
-    :data:`SAMPLE_BYTES` blocks. Raises ``OSError`` when the file cannot be read."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        if size <= FULL_DIGEST_BYTES:
-            while chunk := fh.read(2**20):
-                h.update(chunk)
-            return "sha256:" + h.hexdigest()
-        h.update(size.to_bytes(8, "big"))
-        for offset in (0, size // 3, 2 * size // 3, size - SAMPLE_BYTES):
-            fh.seek(offset)
-            h.update(fh.read(SAMPLE_BYTES))
-    return "sampled:" + h.hexdigest()
+#: Seconds after lost inotify events during which a file written and not seen closed is not
+#: waited for as held open (its close may have been lost): it settles by size and time alone.
+LOST_EVENTS_DISTRUST_S = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +96,9 @@ class _State:
     observer: Any = None
     next_check: float = 0.0
     error: str | None = None
+    #: until when (monotonic) inotify's open-for-writing events are not trusted: events were
+    #: lost, a close among them, so files settle by their size and time alone meanwhile
+    distrust_until: float = 0.0
 
 
 class _OverflowHandler(logging.Handler):
@@ -438,21 +372,16 @@ class FolderWatcher:
     def _forget_candidates(self, index: int) -> None:
         self._candidates = {p: c for p, c in self._candidates.items() if c.index != index}
 
-    def _in_watch(self, s: _State, path: str) -> bool:
-        """``path`` is a file the watch covers: directly in its folder, or (recursive) in a
-        sub-folder that is not hidden."""
-        if not path.startswith(s.root.rstrip("/") + "/"):
-            return False
-        rel = path[len(s.root.rstrip("/")) + 1 :].split("/")
-        if len(rel) > 1 and not s.cfg.recursive:
-            return False
-        return not any(part.startswith(".") for part in rel[:-1])
-
     def _on_event(self, index: int, event_type: str, src: str, dest: str) -> None:
         if event_type == "overflow":
             for i, st in enumerate(self.states):
                 if st.state == "watching" and st.mode == "events":
                     log.warning("watch folder %s: inotify events were lost; scanning it", st.cfg.path)
+                    # a lost close would keep a finished file waiting as if still written
+                    st.distrust_until = time.monotonic() + LOST_EVENTS_DISTRUST_S
+                    for held in self._candidates.values():
+                        if held.index == i:
+                            held.writing = False
                     self._scan(i, st.root)
             return
         s = self.states[index]
@@ -467,13 +396,13 @@ class FolderWatcher:
         if not src:
             return
         if os.path.isdir(src):
-            if event_type == "created" and s.cfg.recursive and self._in_watch(s, src + "/x"):
+            if event_type == "created" and s.cfg.recursive and in_watch(s.root, s.cfg.recursive, src + "/x"):
                 self._scan(index, src)  # a folder moved in brings files no event announced
             return
         self._consider(index, src, time.monotonic(), event=True)
         if (c := self._candidates.get(src)) is not None and s.mode == "events":
             if event_type == "modified":
-                c.writing = True
+                c.writing = time.monotonic() >= s.distrust_until
             elif event_type == "closed":
                 c.writing = False
 
@@ -481,7 +410,8 @@ class FolderWatcher:
         """Every file under ``folder`` (sub-folders when recursive) as a candidate: the files
         that arrived while edge-queue was stopped or the folder was away."""
         s = self.states[index]
-        if self._leads_out(s, folder):
+        if not resolves_inside(s.root, folder):
+            s.next_check = 0.0  # a symbolic link put in its place: its check now, nothing read
             return
         mono = time.monotonic()
         base_depth = folder.rstrip("/").count("/")
@@ -497,20 +427,12 @@ class FolderWatcher:
         except OSError as e:
             log.warning("watch folder %s: cannot scan %s: %s", s.cfg.path, folder, e)
 
-    @staticmethod
-    def _leads_out(s: _State, folder: str) -> bool:
-        """``folder`` (a folder of the watch, by name) no longer resolves inside the watch's
-        folder of start-up (a symbolic link put in its place): its check is brought forward,
-        and nothing in it is read or logged."""
-        real = os.path.realpath(folder)
-        if real == s.root or real.startswith(s.root.rstrip("/") + "/"):
-            return False
-        s.next_check = 0.0
-        return True
-
     def _consider(self, index: int, path: str, mono: float, *, event: bool) -> None:
         s = self.states[index]
-        if not self._in_watch(s, path) or self._leads_out(s, os.path.dirname(path)):
+        if not in_watch(s.root, s.cfg.recursive, path):
+            return
+        if not resolves_inside(s.root, os.path.dirname(path)):
+            s.next_check = 0.0  # a symbolic link put in its place: its check now, nothing read
             return
         reason = skip_reason(os.path.basename(path), s.cfg.include, s.cfg.exclude)
         if reason is not None:
@@ -567,6 +489,7 @@ class FolderWatcher:
 
     def _settle(self, mono: float) -> None:
         """Hand over the candidates that stood still for their watch's ``settle_s``."""
+        stems = FolderStems()  # each folder listed once per pass, not once per file
         for path, c in list(self._candidates.items()):
             s = self.states[c.index]
             if mono - c.since < self._settle_s(c):
@@ -595,17 +518,6 @@ class FolderWatcher:
             self.known[path] = (c.size, c.mtime_ns, digest)
             with self._lock:
                 self._ready.append(
-                    Ready(c.index, path, c.size, c.mtime_ns, digest, touched, not touched and _same_stem(path))
+                    Ready(c.index, path, c.size, c.mtime_ns, digest, touched, not touched and stems.shares_stem(path))
                 )
             self._notify()
-
-
-def _same_stem(path: str) -> bool:
-    """Another file in ``path``'s folder has a name that ``path``'s name starts with, up to a
-    dot (``talk.mp4`` beside ``talk.wav``): ``path`` may be an output written beside it."""
-    folder, name = os.path.split(path)
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return False
-    return any(other != name and name.startswith(Path(other).stem + ".") for other in names)

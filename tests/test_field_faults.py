@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import sqlite3
 import stat
 import time
 from pathlib import Path
@@ -457,3 +458,33 @@ def test_a_worker_that_dies_during_the_graceful_stop_costs_its_job_no_attempt(
     final = end.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] != "running", 30)
     assert final["state"] == "queued" and final["attempt"] == 0, final
     assert "worker_lost" not in svc.log()
+
+
+def test_the_write_ahead_log_shrinks_once_an_outside_reader_lets_go(mosquitto, service_factory, tmp_path: Path) -> None:
+    # Given a service, and an outside program holding a read of its store open (a backup, the
+    # sqlite3 shell): SQLite cannot reset the write-ahead log meanwhile, so it grows
+    svc = service_factory(mosquitto, [tmp_path]).start()
+    watcher = svc.watcher("response/#")
+    reader = sqlite3.connect(svc.db, isolation_level=None)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM jobs").fetchone()
+    wal = svc.db.with_name(svc.db.name + "-wal")
+    for i in range(10):
+        resp = svc.request("submit", {"kind": "noop", "inputs": [f"w{i}-{k}" for k in range(1000)]}, watcher, 60)
+        assert resp["status"] == "ok", resp
+    grown = wait_until(lambda: wal.stat().st_size > 12 * 2**20 and wal.stat().st_size, 120, "the log to grow", 0.2)
+
+    def done() -> int:
+        with sqlite3.connect(f"file:{svc.db}?mode=ro", uri=True) as conn:
+            return conn.execute("SELECT count(*) FROM jobs WHERE state = 'succeeded'").fetchone()[0]
+
+    wait_until(lambda: done() == 10_000, 180, "10,000 jobs to succeed", 0.5)
+    wait_until(lambda: "holds a read of the database open" in svc.log(), 30, "the log line")
+    grown = wal.stat().st_size
+    # When the reader lets go
+    reader.execute("COMMIT")
+    reader.close()
+    # Then the log is cut back within seconds, the service idle (before: it stayed at its
+    # largest until the service stopped)
+    wait_until(lambda: wal.stat().st_size <= 8 * 2**20, 20, f"the log ({grown / 2**20:.1f} MiB) to shrink", 0.2)
+    print(f"write-ahead log: {grown / 2**20:.1f} MiB with the reader, {wal.stat().st_size / 2**20:.1f} MiB after")

@@ -36,7 +36,7 @@ from ..states import JobState, is_terminal
 from .batches import Batches
 from .chunks import Chunks
 from .claims import Claims
-from .connection import Connection
+from .connection import WAL_LIMIT_BYTES, Connection
 from .events import EventLog
 from .ids import dedupe_key, ids_after, iso, new_id, parse_iso
 from .jobs import Jobs
@@ -49,6 +49,7 @@ from .watched import BesideJob, WatchedFiles
 
 __all__ = [
     "SCHEMA_VERSION",
+    "WAL_LIMIT_BYTES",
     "BesideJob",
     "Created",
     "JobSpec",
@@ -108,6 +109,10 @@ class Store:
 
     def close(self) -> None:
         self.connection.close()
+
+    def shrink_wal(self) -> bool:
+        """:meth:`.Connection.shrink_wal` (outside a group)."""
+        return self.connection.shrink_wal()
 
     def migrate(self) -> None:
         """:func:`.schema.migrate`: create the schema when missing. Raises ``RuntimeError`` for

@@ -17,6 +17,10 @@ import sqlite_utils
 from ..states import JobState
 from .rows import INSERT_DEFERRED_EVENT, INSERT_JOB, REMEMBER_REQUEST, decode_row
 
+#: The write-ahead log's size once no outside reader holds a snapshot: SQLite's automatic
+#: checkpoint runs at 1,000 pages (4 MiB), and a reset log is cut back to this.
+WAL_LIMIT_BYTES = 8 * 2**20
+
 
 class Connection:
     """One SQLite connection and its transactions. Not thread-safe: the service's main loop
@@ -42,6 +46,10 @@ class Connection:
         # (limits.BULK_LIMIT). No query of the store sorts or groups into a temporary table
         # that grows with its size (every ORDER BY follows an index).
         conn.execute("PRAGMA temp_store=MEMORY")
+        # The write-ahead log is cut back to this size whenever a checkpoint resets it; it
+        # grows past it only while an outside reader (a backup, the sqlite3 shell) holds an
+        # old snapshot, and is truncated once that reader lets go (:meth:`shrink_wal`).
+        conn.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
         #: the sqlite3 connection itself: statements on it do not write the deferred rows first
         self.raw = conn
         self.group_depth = 0
@@ -58,6 +66,30 @@ class Connection:
         self.next_event_id = 0
         #: jobs per state, kept up to date by every write (loaded by the store once its schema is there)
         self.counts: dict[str, int] = {s.value: 0 for s in JobState}
+
+    @property
+    def wal_path(self) -> Path:
+        """The write-ahead log file beside the database."""
+        return self.path.with_name(self.path.name + "-wal")
+
+    def shrink_wal(self) -> bool:
+        """Checkpoint the whole write-ahead log and truncate it to zero bytes, when it is over
+        :data:`WAL_LIMIT_BYTES` (outside a transaction). It never waits: while another
+        connection reads an old snapshot the log cannot be reset, and this returns False
+        (part of it may still be checkpointed). True when the log is at most the limit."""
+        try:
+            if self.wal_path.stat().st_size <= WAL_LIMIT_BYTES:
+                return True
+        except FileNotFoundError:
+            return True
+        self.raw.execute("PRAGMA busy_timeout=0")
+        try:
+            busy, _, _ = self.raw.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.OperationalError:
+            busy = 1
+        finally:
+            self.raw.execute("PRAGMA busy_timeout=5000")
+        return not busy
 
     @property
     def conn(self) -> sqlite3.Connection:
