@@ -74,12 +74,14 @@ class Commands:
         # a reply_to that is there but not a usable string (a number, over 1,024 characters, a
         # lone surrogate) is as invalid as one outside the reply prefix: step 3 for both
         unusable = parsed is not None and parsed.get("reply_to") is not None and reply_to is None
-        if unusable or (reply_to is not None and not svc.topics.valid_reply_to(reply_to, user)):
+        svc.reply_areas.note(user)
+        if unusable or (reply_to is not None and not svc.topics.valid_reply_to(reply_to, user, svc.reply_areas)):
             rejections.warning("request %s rejected: invalid_request (reply_to)", _clip(command, 64))
             prefix = svc.topics.reply_prefix() if user is None else svc.topics.user_reply_prefix(user)
+            outside = "" if user is not None else f", outside the reply area of a user ({prefix}<user>/)"
             return payloads.error(
                 ErrorCode.INVALID_REQUEST,
-                f"reply_to must be a topic name under {prefix}: a string of at most 1024 bytes of UTF-8, "
+                f"reply_to must be a topic name under {prefix}{outside}: a string of at most 1024 bytes of UTF-8, "
                 "without wildcards, control characters or surrogates",
                 transaction,
                 "reply_to",
@@ -168,7 +170,7 @@ class Commands:
                 "(limits.max_batch_inputs): split it",
                 field="inputs",
             )
-        if why := svc.disk_full():
+        if why := svc.disk_full(len(raw_inputs), sum(len(i) for i in raw_inputs if i)):
             raise RequestError(why, code=ErrorCode.DISK_FULL)
         waiting = svc.job_store().waiting()
         if waiting + len(raw_inputs) > limits.max_queued_jobs:

@@ -26,7 +26,7 @@ from .limits import TURN_BYTES, TURN_REQUESTS, TURN_WORK, RequestRate
 from .logfmt import clip
 from .mqtt_client import MAX_PROPERTY_BYTES
 from .store import Store
-from .topics import Topics
+from .topics import ReplyAreas, Topics
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +61,11 @@ class Dispatcher:
         store: Callable[[], Store],
         commands: Commands,
         clock: Callable[[], float],
+        reply_areas: ReplyAreas | None = None,
     ) -> None:
         self.settings, self.topics, self.bridge, self.store = settings, topics, bridge, store
         self.commands, self.clock = commands, clock
+        self.reply_areas = reply_areas
         self.rate = RequestRate(settings.limits.max_requests_per_s)
         self.turn_work = 0  # job changes requests made in this turn (see TURN_WORK)
         self.requests_seen = 0  # QoS 1 requests received, ever (kept in the store each turn)
@@ -255,14 +257,21 @@ class Dispatcher:
         self.bridge.ack(msg)
         if ours_only(response):
             return
-        if msg.response_topic and self.topics.valid_reply_to(msg.response_topic, user):
+        if msg.response_topic and self.topics.valid_reply_to(msg.response_topic, user, self.reply_areas):
             self.bridge.respond(msg.response_topic, body, correlation_data=msg.correlation_data, once=True)
-        if reply_to and self.topics.valid_reply_to(reply_to, user):
+        if reply_to and self.topics.valid_reply_to(reply_to, user, self.reply_areas):
             self.bridge.respond(reply_to, body, once=True)
 
-    def answer_failed_turn(self, taken: list[Incoming], code: ErrorCode, message: str) -> None:
-        """The turn's commit failed: each request it took is answered with the error (a
-        clearing or an echo is only acknowledged)."""
+    def answer_failed_turn(self, taken: list[Incoming], *, disk_full: bool) -> ErrorCode:
+        """The turn's commit failed (``disk_full``: because the disk is full): each request it
+        took is answered with the error (a clearing or an echo is only acknowledged). Returns
+        the error's code."""
+        code = ErrorCode.DISK_FULL if disk_full else ErrorCode.INTERNAL_ERROR
+        message = (
+            "the disk holding the job store is full; free space and retry"
+            if disk_full
+            else "the job store could not be written; see the service log"
+        )
         with self.bridge.held():
             for msg in taken:
                 if id(msg) in self.not_requests:  # a clearing or an echo: no answer (check_and_run)
@@ -270,6 +279,7 @@ class Dispatcher:
                     continue
                 transaction, reply_to = payloads.peek_envelope(msg.payload)
                 self.answer(msg, payloads.error(code, message, transaction), reply_to)
+        return code
 
 
 def ours_only(response: dict[str, Any]) -> bool:

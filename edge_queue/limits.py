@@ -27,6 +27,10 @@ TURN_WORK = 2_000
 TURN_BYTES = 8 * 2**20
 #: How often free disk space is measured for ``limits.min_free_disk_mb`` (seconds).
 DISK_CHECK_INTERVAL_S = 2.0
+#: What one job takes in the store, at most, while it waits and runs (its row, its events and
+#: their indexes, in the database and its write-ahead log), in bytes: measured at about 2 KiB
+#: for a short job (docs/operations.md), counted double.
+STORE_BYTES_PER_JOB = 4096
 #: Rejected requests logged per window at most (:class:`RejectionLog`).
 REJECTIONS_LOGGED, REJECTION_WINDOW_S = 20, 10.0
 
@@ -60,15 +64,21 @@ class RequestRate:
 
 class DiskGuard:
     """``limits.min_free_disk_mb``: new work is refused while the disk holding ``data_dir``
-    has less free space. Free space is measured at most every :data:`DISK_CHECK_INTERVAL_S`."""
+    has less free space, or would have once a submit's jobs are stored. Free space is measured
+    at most every :data:`DISK_CHECK_INTERVAL_S`; what accepted submits will take meanwhile is
+    counted against it (:data:`STORE_BYTES_PER_JOB` per job), so a burst of batches between
+    two measurements cannot take it below the limit."""
 
     def __init__(self, data_dir: Path, min_free_mb: float) -> None:
         self.data_dir, self.min_free_mb = data_dir, min_free_mb
         self.checked = 0.0
         self.free_mb: float | None = None
+        self.holding_starts = False
 
-    def why_full(self) -> str | None:
-        """Why new work is refused for lack of disk space, or None."""
+    def why_full(self, jobs: int = 0, payload_bytes: int = 0) -> str | None:
+        """Why new work is refused for lack of disk space, or None. ``jobs``, ``payload_bytes``:
+        what a submit would store; when it fits, it is counted as spent until the next
+        measurement."""
         limit = self.min_free_mb
         if not limit:
             return None
@@ -80,12 +90,27 @@ class DiskGuard:
             except OSError:
                 self.free_mb = None
                 return None
-        if self.free_mb < limit:
+        need_mb = (jobs * STORE_BYTES_PER_JOB + 2 * payload_bytes) / 2**20
+        if self.free_mb - need_mb < limit:
+            what = f" ({jobs} job(s) take about {need_mb:.1f} MiB)" if jobs > 1 else ""
             return (
-                f"only {self.free_mb:.0f} MiB free in {self.data_dir} "
+                f"only {self.free_mb:.0f} MiB free in {self.data_dir}{what} "
                 f"(limits.min_free_disk_mb is {limit}); free space, or purge old jobs and their outputs"
             )
+        self.free_mb -= need_mb
         return None
+
+    def allows_starts(self) -> bool:
+        """False while free space is below the limit: no new attempt starts (a job writing its
+        outputs would take the disk further down and fail); said once when it begins and once
+        when it ends."""
+        why = self.why_full()
+        if why is not None and not self.holding_starts:
+            log.warning("jobs wait to start: %s", why)
+        elif why is None and self.holding_starts:
+            log.info("free space is above limits.min_free_disk_mb again: jobs start")
+        self.holding_starts = why is not None
+        return why is None
 
 
 class RejectionLog:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import socket
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -68,6 +69,10 @@ def page_config(settings: HttpSettings, base_topic: str, version: str) -> dict[s
     }
 
 
+#: Seconds a client has to send a whole request line and its headers.
+REQUEST_READ_S = 10.0
+
+
 class _Handler(BaseHTTPRequestHandler):
     server_version = "edge-queue"
     sys_version = ""
@@ -75,6 +80,31 @@ class _Handler(BaseHTTPRequestHandler):
     #: holds a thread each only this long.
     timeout = 30
     files: dict[str, tuple[bytes, str, str]] = {}  # set per server: path -> (body, type, etag)
+
+    def handle_one_request(self) -> None:
+        # The request line and headers must arrive within REQUEST_READ_S in all: a client that
+        # sends a header line every few seconds never meets the per-read timeout, and would
+        # otherwise hold its connection (and thread) for ever.
+        timer = threading.Timer(REQUEST_READ_S, self._too_slow)
+        timer.daemon = True
+        self._read_deadline = timer
+        timer.start()
+        try:
+            super().handle_one_request()
+        finally:
+            timer.cancel()
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()  # reads the headers
+        self._read_deadline.cancel()
+        return ok
+
+    def _too_slow(self) -> None:
+        log.debug("page: %s did not send its request within %g s: closed", self.client_address[0], REQUEST_READ_S)
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         self._answer(with_body=True)
@@ -132,6 +162,9 @@ class _Handler(BaseHTTPRequestHandler):
 #: Connections the page serves at once at most; more are closed at once, so that slow or
 #: idle connections (a slowloris) cannot take the service's file descriptors and threads.
 MAX_CONNECTIONS = 64
+#: Connections from one address at once at most (a browser opens about 6): one host's slow
+#: connections cannot take the places of the others.
+MAX_CONNECTIONS_PER_ADDRESS = 8
 
 
 class _BoundedServer(ThreadingHTTPServer):
@@ -143,23 +176,43 @@ class _BoundedServer(ThreadingHTTPServer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._lock = threading.Lock()
+        self._per_address: dict[str, int] = {}
+
+    def _take(self, address: str) -> bool:
+        with self._lock:
+            if self._per_address.get(address, 0) >= MAX_CONNECTIONS_PER_ADDRESS:
+                return False
+            if not self._slots.acquire(blocking=False):
+                return False
+            self._per_address[address] = self._per_address.get(address, 0) + 1
+            return True
+
+    def _give_back(self, address: str) -> None:
+        with self._lock:
+            left = self._per_address.get(address, 1) - 1
+            if left > 0:
+                self._per_address[address] = left
+            else:
+                self._per_address.pop(address, None)
+            self._slots.release()
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            log.debug("page: %d connections already; closed one from %s", MAX_CONNECTIONS, client_address[0])
+        if not self._take(client_address[0]):
+            log.debug("page: too many connections; closed one from %s", client_address[0])
             self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._give_back(client_address[0])
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._give_back(client_address[0])
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # a client that went away mid-answer (BrokenPipeError) is routine: one debug line

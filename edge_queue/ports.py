@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from .config import Settings
 from .store import Store
-from .topics import Topics
+from .topics import ReplyAreas, Topics
 
 
 class QueuePort(Protocol):
@@ -20,6 +20,8 @@ class QueuePort(Protocol):
 
     settings: Settings
     topics: Topics
+    #: the users whose reply areas a request on the shared topics may not answer into
+    reply_areas: ReplyAreas
     #: the kind registry: name -> kind class
     kinds: dict[str, Any]
 
@@ -55,8 +57,9 @@ class QueuePort(Protocol):
         """Start a republish of every retained state; False when one is already under way."""
         ...
 
-    def disk_full(self) -> str | None:
-        """Why new work is refused for lack of disk space, or None."""
+    def disk_full(self, jobs: int = 0, payload_bytes: int = 0) -> str | None:
+        """Why new work is refused for lack of disk space (now, or once ``jobs`` jobs holding
+        ``payload_bytes`` of inputs are stored), or None."""
         ...
 
 

@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -43,6 +44,9 @@ def terminal_signals_blocked() -> Iterator[None]:
     was still importing used to kill it, and with it the workers), and so does every worker
     the forkserver forks. A signal that arrives meanwhile stays pending for the service and is
     handled when the block ends."""
+    # multiprocessing starts its resource tracker first, and unblocks SIGINT and SIGTERM once
+    # that is done (resource_tracker.ensure_running): started here beforehand, it is left alone
+    resource_tracker.ensure_running()
     old = signal.pthread_sigmask(signal.SIG_BLOCK, TERMINAL_SIGNALS)
     try:
         yield

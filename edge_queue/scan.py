@@ -163,6 +163,8 @@ class RetainedScan(threading.Thread):
                 text=True,
                 timeout=MAX_SCAN_S + 30,
                 check=False,
+                # a session of its own: a terminal's Ctrl-C is the service's to handle, not its
+                start_new_session=True,
             )
             lines = proc.stdout.splitlines()
             if lines and lines[-1] == "complete":

@@ -41,12 +41,13 @@ from .bridge import Bridge, Connected, Incoming
 from .commands import Commands
 from .config import Settings
 from .dispatch import Dispatcher
-from .errors import ConfigError, ErrorCode
+from .errors import ConfigError
 from .inputs import roots_text
 from .instance import claim_base_topic
 from .kinds import registry
 from .lifecycle import backoff_s
 from .limits import DiskGuard, RejectionLog
+from .logfmt import TurnLog
 from .nodes import Nodes
 from .notify import Notifier
 from .outcomes import Outcomes
@@ -58,7 +59,7 @@ from .retention import Retention
 from .scheduler import Scheduler
 from .store import Store, iso, new_id
 from .supervisor import Outcome, Supervisor
-from .topics import Topics
+from .topics import MAX_REPLY_AREAS, ReplyAreas, Topics
 from .watch import WatchFolders
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,7 @@ class Service:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self.page: PageServer | None = None  # the queue page ([http]), started by run()
+        self.reply_areas = ReplyAreas([*settings.access.admins, *settings.access.users, *settings.access.nodes])
         self.commands = Commands(self)
         self.nodes = Nodes(settings, self.topics, self.bridge)  # worker nodes: docs/nodes.md
         self.watch_folders = WatchFolders(self)  # [[watch]] (edge_queue/watch.py)
@@ -182,8 +184,10 @@ class Service:
         )
         self.retention = Retention(settings, self.job_store, self.publisher)
         self.ghosts = GhostClearing(settings, self.topics, self.bridge, self.job_store, self._wake_w)
-        self.dispatcher = Dispatcher(settings, self.topics, self.bridge, self.job_store, self.commands, clock)
+        areas = self.reply_areas
+        self.dispatcher = Dispatcher(settings, self.topics, self.bridge, self.job_store, self.commands, clock, areas)
         self.disk = DiskGuard(settings.data_dir, settings.limits.min_free_disk_mb)
+        self.turn_log = TurnLog.attach()  # a turn's lines are logged once it is committed
         self._boot_changes: list[dict[str, Any]] = []  # events owed for changes made before connecting
         self._lock: Any = None
         self._carried: list[Outcome] = []  # outcomes of a turn whose commit failed
@@ -210,6 +214,7 @@ class Service:
         if not self.bridge.client_id:
             self.bridge.set_client_id(f"edge-queue-{instance_id}-{store.client_id_secret()}")
         claim_base_topic(s.mqtt, self.topics, instance_id, self.bridge.client_id, connect_timeout_s)
+        self.reply_areas.note_all(store.submitters(MAX_REPLY_AREAS))
         self._boot_changes = requeue_orphans(store, self.run_id, self.clock())
         self.nodes.adopt(store.on_nodes())  # jobs on worker nodes keep their lease
         self.supervisor.start()
@@ -301,13 +306,16 @@ class Service:
         outcomes = self._carried + self.supervisor.poll() + self.nodes.poll(self.bridge.connected)
         self._carried = []
         try:
-            with self.bridge.held(), store.group():
+            with self.turn_log.held((sqlite3.Error, OSError)), self.bridge.held(), store.group():
                 self.dispatcher.take(taken, self.on_connected)
                 self.outcomes.apply_all(outcomes, self.clock())
                 if self.nodes.end_turn():  # a node came, went or changed
                     self.announcer.publish_info()
                     self.publisher.queue_dirty = True
-                if not (self.paused or self.stopping or self.bridge.holding or self.bridge.backlog_high()):
+                if (
+                    not (self.paused or self.stopping or self.bridge.holding or self.bridge.backlog_high())
+                    and self.disk.allows_starts()
+                ):
                     self.scheduler.schedule(self.clock())
                 self.publisher.flush(self.clock())
                 self.ghosts.step()
@@ -334,8 +342,7 @@ class Service:
         self.publisher.turn_failed()
         self.retention.turn_failed()
         self._carried = [o for o in outcomes if o.op != "progress"]
-        full = disk_full_error(e)
-        code = ErrorCode.DISK_FULL if full else ErrorCode.INTERNAL_ERROR
+        code = self.dispatcher.answer_failed_turn(taken, disk_full=disk_full_error(e))
         self._commit_failures.warning(
             "could not commit to %s: %s; %d request(s) answered %s, the turn's job changes are kept for the next turn",
             self.settings.db_path,
@@ -343,12 +350,6 @@ class Service:
             len(taken),
             code,
         )
-        message = (
-            "the disk holding the job store is full; free space and retry"
-            if full
-            else "the job store could not be written; see the service log"
-        )
-        self.dispatcher.answer_failed_turn(taken, code, message)
 
     def on_connected(self, item: Connected) -> None:
         """(Re)connected: ``online``, ``info``, the changes made before the first connect, and
@@ -401,8 +402,8 @@ class Service:
     def purge(self, job_ids: list[str]) -> list[str]:
         return self.retention.purge(job_ids)
 
-    def disk_full(self) -> str | None:
-        return self.disk.why_full()
+    def disk_full(self, jobs: int = 0, payload_bytes: int = 0) -> str | None:
+        return self.disk.why_full(jobs, payload_bytes)
 
     def info(self) -> dict[str, Any]:
         return self.announcer.info()
@@ -489,6 +490,7 @@ class Service:
         for sock in (self._wake_r, self._wake_w):
             sock.close()
         self.notifier.close()
+        self.turn_log.detach()
         if self.page is not None:
             self.page.stop()
             self.page = None

@@ -8,6 +8,7 @@ client ever becomes a topic level. A request for an unknown command is answered 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 COMMANDS: tuple[str, ...] = (
@@ -69,6 +70,33 @@ def valid_node_id(value: str) -> bool:
 def valid_id(value: str) -> bool:
     """True for an id edge-queue could have generated: 1-64 characters of ``[a-z0-9]``."""
     return bool(_ID.match(value))
+
+
+#: At most this many user names are remembered as owners of a reply area (a broker without
+#: the shipped ACL lets any client make up user levels).
+MAX_REPLY_AREAS = 10_000
+
+
+class ReplyAreas:
+    """The broker users whose reply areas ``<base>/reply/<user>/`` are theirs alone: a request
+    on the shared topics, which carries no user, may not send its answer into one
+    (docs/topics.md, "Where the response goes"). The users named in ``[access]``, those who
+    submitted a kept job, and every user seen on its own request topic since the start, at
+    most :data:`MAX_REPLY_AREAS`."""
+
+    def __init__(self, users: Iterable[str | None] = ()) -> None:
+        self.users: set[str] = set()
+        self.note_all(users)
+
+    def note_all(self, users: Iterable[str | None]) -> None:
+        """:meth:`note` each of ``users``."""
+        for user in users:
+            self.note(user)
+
+    def note(self, user: str | None) -> None:
+        """``user`` has a reply area of its own (``None``: nothing to note)."""
+        if user is not None and user not in self.users and len(self.users) < MAX_REPLY_AREAS:
+            self.users.add(user)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,13 +239,16 @@ class Topics:
             return topic[len(prefix) :]
         return None
 
-    def valid_reply_to(self, topic: str, user: str | None = None) -> bool:
+    def valid_reply_to(self, topic: str, user: str | None = None, areas: ReplyAreas | None = None) -> bool:
         """A topic a response copy may be published on (docs/topics.md, "Where the response
         goes"): a valid topic name (:func:`valid_topic_name`) of at most
         :data:`MAX_REPLY_TOPIC_BYTES` bytes under ``<base>/reply/`` (the only place outside its
-        own topics where the shipped ACLs let edge-queue publish), and for a request of
-        ``user`` under that user's own ``<base>/reply/<user>/``."""
+        own topics where the shipped ACLs let edge-queue publish); for a request of ``user``
+        under that user's own ``<base>/reply/<user>/``; for a request on the shared topics
+        (``user`` None) outside the reply area of every user of ``areas``."""
         if not valid_topic_name(topic) or len(topic.encode("utf-8")) > MAX_REPLY_TOPIC_BYTES:
             return False
         prefix = self.reply_prefix() if user is None else self.user_reply_prefix(user)
-        return topic.startswith(prefix) and len(topic) > len(prefix)
+        if not (topic.startswith(prefix) and len(topic) > len(prefix)):
+            return False
+        return user is not None or areas is None or topic[len(prefix) :].split("/", 1)[0] not in areas.users

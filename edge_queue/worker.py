@@ -223,6 +223,15 @@ class _Worker:
                     "message": f"cannot write {e.filename or 'the output'}: {e.strerror}",
                     "retryable": False,
                 }
+            if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+                # Another attempt can succeed once space is freed: retried after the backoff.
+                return {
+                    **base,
+                    "op": "failed",
+                    "code": str(ErrorCode.DISK_FULL),
+                    "message": f"no space left writing {e.filename or 'the output'}: free space, then it is retried",
+                    "retryable": True,
+                }
             log.exception("job %s: unexpected error", job["job_id"])
             return {
                 **base,

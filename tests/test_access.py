@@ -128,9 +128,20 @@ def test_a_user_acts_on_its_own_jobs_only_and_no_one_can_answer_for_the_service(
     # nor can the guest take over the service's client id
     taken = _take_client_id(broker, "guest")
 
+    # nor can a sender on the shared topics (before: it made edge-queue publish its answer,
+    # with a transaction of its choice, on the phone's private reply topic)
+    planted = ha.request(
+        "get", {"job_id": job_id, "reply_to": "edge-queue/reply/phone/response/get"}, topic="edge-queue/request/get"
+    )
+    assert planted["status"] == "error" and planted["error"]["field"] == "reply_to", planted
+    # while a shared reply topic of its own still gets its copy
+    shared = ha.request("list", {"limit": 1, "reply_to": "edge-queue/reply/ha-script"}, topic="edge-queue/request/list")
+    assert shared["status"] == "ok", shared
+
     # while the phone still sees its own job, queued, and gets every answer (none forged)
     assert phone.request("get", {"job_id": job_id})["data"]["state"] == "queued"
     assert not [p for t, p in phone.seen("edge-queue/reply/phone/") if b"forged" in p]
+    assert not [p for t, p in phone.seen("edge-queue/reply/phone/") if planted["transaction"].encode() in p]
     # and the guest saw nothing of the phone's requests and answers
     assert guest.seen("edge-queue/reply/phone/") == [] and guest.seen("edge-queue/request/") == []
     # an admin (Home Assistant on the shared topic) can cancel it

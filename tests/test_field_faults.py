@@ -421,6 +421,9 @@ def test_ctrl_c_in_the_terminal_reaches_only_the_service_and_costs_no_job_an_att
         wait_until(lambda: any("forkserver" in c for _, c in _children(pid)), 30, "the forkserver to start", 0.002)
     else:
         watcher.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] == "running", 60)
+    forkserver = next(p for p, c in _children(pid) if "forkserver" in c)
+    blocked = int(Path(f"/proc/{forkserver}/status").read_text().split("SigBlk:")[1].split()[0], 16)
+    assert blocked & (1 << (signal.SIGINT - 1)), f"SigBlk {blocked:x}"
     os.killpg(pid, signal.SIGINT)
     # Then only the service stops, gracefully, and the job keeps all its attempts
     assert svc.proc.wait(30) == 0, svc.log()

@@ -29,7 +29,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from .conftest import ROOT, Broker, ServiceProcess, free_port, need, port_open, wait_until
+from .conftest import ROOT, SPEECH, Broker, ServiceProcess, free_port, need, port_open, wait_until
 
 #: WatchdogSec of the watchdog the tests run the service under (the shipped unit says 30).
 WATCHDOG_S = 10.0
@@ -915,3 +915,89 @@ def test_bulk_requests_on_a_big_queue_keep_turns_short(
     assert rounds == {"cancel": 12, "purge": 12}
     assert store_jobs(svc.db) == (0, "ok")
     assert longest < WATCHDOG_S * 1000 / 2
+
+
+@pytest.mark.slow
+def test_a_burst_of_batches_never_takes_free_space_below_the_limit(
+    shipped_mosquitto: PrivateMosquitto, tmp_path: Path, small_disk: Path, rig: Callable[..., Rig]
+) -> None:
+    # Given 14 MiB free and limits.min_free_disk_mb 8; when one client sends 12 batches of
+    # 1,000 jobs at once (before: free space was measured every 2 s, so the whole burst was
+    # accepted and took the disk from 24 to 3.5 MiB)
+    r = rig(shipped_mosquitto, small_disk, {"EDGE_QUEUE_LIMITS__MIN_FREE_DISK_MB": "8"})
+    svc, responses, pub = r.start()
+    _fill(small_disk / "filler", leave_mb=14)
+    txs = [f"burst{i}" for i in range(12)]
+    for tx in txs:
+        pub.request("submit", {**LATER, "inputs": [f"{tx}-{k}" for k in range(1000)], "transaction": tx})
+    wait_until(lambda: responses.answered(txs) == len(txs), 120, "every answer", 0.2)
+    codes = Counter(
+        responses.bodies[t]["status"] if responses.bodies[t]["status"] == "ok" else responses.bodies[t]["error"]["code"]
+        for t in txs
+    )
+    stop_and_longest_turn_ms(svc)
+    free_mb = shutil.disk_usage(small_disk).free / 2**20
+    figures(burst=dict(codes), free_mb_after=round(free_mb, 1))
+    # Then the batches that would cross the limit are refused with disk_full, and the disk
+    # keeps its limit (the store's checkpointed size, after the stop)
+    assert codes["disk_full"] > 0 and codes["ok"] > 0, codes
+    assert free_mb >= 7.5, (free_mb, codes)
+
+
+@pytest.mark.slow
+def test_a_commit_that_fails_on_a_full_disk_logs_the_job_once(
+    shipped_mosquitto: PrivateMosquitto, tmp_path: Path, small_disk: Path, rig: Callable[..., Rig]
+) -> None:
+    # Given a job that ends while the disk holding the store is full (no free-space guard):
+    # before, each new try of the turn logged its success (or its retry, each with another
+    # random delay) again: 719 lines in 40 s
+    r = rig(shipped_mosquitto, small_disk, {"EDGE_QUEUE_LIMITS__MIN_FREE_DISK_MB": "0"})
+    svc, responses, pub = r.start()
+    job = _until_answered(pub, responses, {"kind": "noop", "options": {"sleep_s": 3}}, lambda a: True, "a job")
+    job_id = job["data"]["jobs"][0]["job_id"]
+    wait_until(lambda: f"job {job_id} started" in svc.log(), 30, "the job to start")
+    _fill(small_disk / "filler", leave_mb=0)
+    wait_until(lambda: svc.log().count("could not commit") >= 1, 30, "a failed commit")
+    time.sleep(4)  # the job ended meanwhile; its turn is tried again and again
+    assert svc.log().count(f"job {job_id} succeeded") == 0, svc.log()[-3000:]
+    # When space comes back, the job is logged once, as committed
+    (small_disk / "filler").unlink()
+    wait_until(lambda: f"job {job_id} succeeded" in svc.log(), 30, "the success")
+    stop_and_longest_turn_ms(svc)
+    assert svc.log().count(f"job {job_id} succeeded") == 1
+    assert svc.log().count("could not commit") <= 20  # rate-limited, counted in one line
+
+
+@pytest.mark.slow
+def test_a_job_that_runs_out_of_space_fails_disk_full_and_is_retried(
+    shipped_mosquitto: PrivateMosquitto, tmp_path: Path, small_disk: Path, rig: Callable[..., Rig]
+) -> None:
+    # Given a recording on a full disk (the store on another one), and a job writing beside it
+    need((SPEECH / "jfk.flac").is_file(), f"speech recordings not found in {SPEECH}")
+    media = small_disk / "media"
+    media.mkdir()
+    shutil.copy(SPEECH / "jfk.flac", media / "jfk.flac")
+    (tmp_path / "store").mkdir()
+    r = rig(shipped_mosquitto, tmp_path / "store", {"EDGE_QUEUE_MEDIA_ROOTS": json.dumps([str(media)])})
+    _fill(small_disk / "filler", leave_mb=0)
+    svc, responses, pub = r.start()
+    body = {"kind": "extract_audio", "input": str(media / "jfk.flac"), "options": {"output": "beside", "format": "wav"}}
+    job = _until_answered(pub, responses, body, lambda a: True, "the job")
+    job_id = job["data"]["jobs"][0]["job_id"]
+    conn = sqlite3.connect(svc.db)
+
+    def state() -> tuple[str, str | None]:
+        row = conn.execute("SELECT state, error FROM jobs WHERE job_id = ?", [job_id]).fetchone()
+        return row[0], row[1]
+
+    # Then its attempt fails with disk_full (before: a retryable internal_error), and it waits
+    # for its retry
+    s, error = wait_until(lambda: state()[1] and state(), 60, "the failed attempt")
+    assert json.loads(error)["code"] == "disk_full", error
+    assert s == "retrying", s
+    # And once space is freed, a later attempt succeeds
+    (small_disk / "filler").unlink()
+    wait_until(lambda: state()[0] == "succeeded", 120, "the retry to succeed", 0.5)
+    conn.close()
+    assert (media / "jfk.wav").stat().st_size > 100_000
+    stop_and_longest_turn_ms(svc)

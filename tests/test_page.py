@@ -14,6 +14,7 @@ import json
 import shutil
 import subprocess
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -151,6 +152,53 @@ def test_slow_connections_cannot_take_every_thread_and_descriptor(server: PageSe
             c.close()
     # and once they are gone it serves again
     wait_until(lambda: fetch(server, "/").status == 200, 40, "the page served again")
+
+
+def test_one_host_trickling_headers_costs_only_its_own_connections(server: PageServer) -> None:
+    # Given 64 connections from one host, each sending a header line every 2 s and never
+    # ending its request (before: they held every place of the page from everyone)
+    import socket
+
+    from edge_queue.page import REQUEST_READ_S
+
+    held = []
+    for _ in range(64):
+        c = socket.socket()
+        c.bind(("127.0.0.2", 0))
+        c.settimeout(10)
+        c.connect(("127.0.0.1", server.port))
+        c.sendall(b"GET / HTTP/1.1\r\n")
+        held.append(c)
+    stop = threading.Event()
+
+    def trickle() -> None:
+        while not stop.wait(2):
+            for c in held:
+                try:
+                    c.sendall(b"X-Slow: 1\r\n")
+                except OSError:
+                    pass
+
+    threading.Thread(target=trickle, daemon=True).start()
+    try:
+        # Then another host is served at once
+        t0 = time.monotonic()
+        assert fetch(server, "/").status == 200
+        assert time.monotonic() - t0 < 2
+        # and each slow connection is closed once its request took REQUEST_READ_S, trickle or not
+        first = held[0]
+        first.settimeout(REQUEST_READ_S + 5)
+        t0 = time.monotonic()
+        try:
+            while first.recv(4096):
+                pass
+        except ConnectionResetError:
+            pass
+        assert time.monotonic() - t0 < REQUEST_READ_S + 3
+    finally:
+        stop.set()
+        for c in held:
+            c.close()
 
 
 def test_a_taken_port_costs_the_page_not_the_queue(mosquitto: Broker, service_factory, tmp_path: Path) -> None:

@@ -216,6 +216,10 @@ class Store:
         """:meth:`.Batches.batch_ids`."""
         return self.batches.batch_ids()
 
+    def submitters(self, limit: int) -> list[str]:
+        """:meth:`.Jobs.submitters`."""
+        return self.jobs.submitters(limit)
+
     def waiting_of(self, submitted_by: str | None) -> int:
         """:meth:`.Jobs.waiting_of`."""
         return self.jobs.waiting_of(submitted_by)

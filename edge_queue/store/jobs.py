@@ -71,6 +71,13 @@ class Jobs:
         marks = ",".join("?" * len(job_ids))
         return {r[0] for r in self.c.conn.execute(f"SELECT job_id FROM jobs WHERE job_id IN ({marks})", job_ids)}
 
+    def submitters(self, limit: int) -> list[str]:
+        """The broker users who submitted a kept job (at most ``limit``; one scan of the jobs)."""
+        rows = self.c.conn.execute(
+            "SELECT DISTINCT submitted_by FROM jobs WHERE submitted_by IS NOT NULL LIMIT ?", [limit]
+        )
+        return [r[0] for r in rows]
+
     def waiting_of(self, submitted_by: str | None) -> int:
         """Jobs of one sender waiting to run (``queued`` + ``retrying``)."""
         return int(
