@@ -228,12 +228,51 @@ def _path_maps(settings: Settings) -> Iterator[Check]:
             yield Check(f"path_map[{i}]", True, f"the hub's {m.hub} is {m.local} here")
 
 
+def _old_base_topic(settings: Settings, service: dict[str, Any]) -> Iterator[Check]:
+    """A base topic the store served on before ``mqtt.base_topic`` changed: a warning while
+    the broker still holds its retained ``status`` or ``info``, with the command that clears
+    them; one also when the configuration names another base than the running store's."""
+    from .instance import clear_command, read_status_and_info
+    from .topics import Topics
+
+    db = settings.db_path
+    if not db.exists() or "status" not in service:  # no store yet, or no broker to look at
+        return
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as conn:
+            rows = dict(conn.execute("SELECT key, value FROM store_meta WHERE key LIKE '%base_topic'").fetchall())
+    except sqlite3.Error:
+        return
+    base = settings.mqtt.base_topic
+    served, old = rows.get("base_topic"), rows.get("old_base_topic")
+    if served is not None and served != base:
+        yield Check(
+            "base topic",
+            True,
+            f"the store serves {served}; its retained topics stay: {clear_command(settings.mqtt, served)}",
+            warn=True,
+        )
+        return
+    if old is None or old == base:
+        return
+    try:
+        status, info = read_status_and_info(settings.mqtt, Topics(str(old)), "eq-doctor-" + secrets.token_hex(4))
+    except EdgeQueueError:
+        return
+    if status or info:
+        clear = clear_command(settings.mqtt, str(old))
+        yield Check(
+            "base topic", True, f"the broker still holds retained topics of the old base {old}: {clear}", warn=True
+        )
+
+
 def run_checks(settings: Settings, *, model: bool = True) -> Iterator[Check]:
     """Every check, in order: broker, data dir, disk, database, media roots, watch folders,
     the queue page, model(s)."""
     service: dict[str, Any] = {}
     yield from _broker(settings, service)
     yield from _data_dir(settings)
+    yield from _old_base_topic(settings, service)
     yield from _media_roots(settings, service)
     yield from _watch(settings, service)
     yield from _page(settings)

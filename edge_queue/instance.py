@@ -151,3 +151,32 @@ def claim_base_topic(
         )
         return info
     return None
+
+
+def clear_command(settings: MqttSettings, base: str) -> str:
+    """The ``mosquitto_sub`` command line that clears every retained topic under ``base``."""
+    login = f" -u {settings.username} -P '<password>'" if settings.username else ""
+    return f"mosquitto_sub -h {settings.host} -p {settings.port}{login} -t '{base}/#' --remove-retained -W 3"
+
+
+def note_base_topic(store: Any, settings: MqttSettings, topics: Topics) -> str | None:
+    """Keep the base topic this store serves on (``store_meta``). When it was another one, the
+    broker still holds that base's retained topics (job states, ``status``, ``info``): said
+    once at start, with the command that clears them, and kept as ``old_base_topic`` for
+    ``doctor``. Returns the old base topic, or None."""
+    old = store.meta_text("base_topic")
+    if old == topics.base:
+        return None
+    store.set_meta_text("base_topic", topics.base)
+    if old is None:
+        return None
+    store.set_meta_text("old_base_topic", old)
+    log.warning(
+        "mqtt.base_topic changed from %s to %s: the broker still holds the retained topics of %s/ "
+        "(its job states, status and info); clear them with: %s",
+        old,
+        topics.base,
+        old,
+        clear_command(settings, old),
+    )
+    return old

@@ -43,7 +43,7 @@ from .config import Settings
 from .dispatch import Dispatcher
 from .errors import ConfigError
 from .inputs import roots_text
-from .instance import claim_base_topic
+from .instance import claim_base_topic, note_base_topic
 from .kinds import registry
 from .lifecycle import backoff_s
 from .limits import DiskGuard, RejectionLog
@@ -200,9 +200,8 @@ class Service:
         """Open the store, requeue orphans, start workers, connect. Raises BrokerUnavailable."""
         check_data_dir(self.settings)
         s = self.settings
-        store_was_new = private_store_files(s)
+        self.ghosts.store_was_new = store_was_new = private_store_files(s)
         self._lock = lock_data_dir(s.data_dir)
-        self.ghosts.store_was_new = store_was_new
         self.store = store = Store(s.db_path, s.durability)
         if store_was_new:
             os.chmod(s.db_path, 0o600)  # readable by the service's user only, whatever the umask
@@ -214,6 +213,7 @@ class Service:
         if not self.bridge.client_id:
             self.bridge.set_client_id(f"edge-queue-{instance_id}-{store.client_id_secret()}")
         claim_base_topic(s.mqtt, self.topics, instance_id, self.bridge.client_id, connect_timeout_s)
+        note_base_topic(store, s.mqtt, self.topics)
         self.reply_areas.note_all(store.submitters(MAX_REPLY_AREAS))
         self._boot_changes = requeue_orphans(store, self.run_id, self.clock())
         self.nodes.adopt(store.on_nodes())  # jobs on worker nodes keep their lease

@@ -88,6 +88,7 @@ class Supervisor:
 
     def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
+        self.said_fresh_size = False  # max_worker_rss_mb below a fresh worker's size was said
         self.clock = clock
         self.processes = ProcessPool(settings, clock)
         self.slots = [WorkerSlot(i) for i in range(settings.workers)]
@@ -311,6 +312,7 @@ class Supervisor:
             logging.getLogger(msg["name"]).log(msg["level"], "[worker %d] %s", slot.index, msg["message"])
             return
         if op == "ready":
+            self._fresh_size(msg.get("rss_mb"))
             return
         if op == "released":
             self._released(slot, msg, out)
@@ -401,6 +403,19 @@ class Supervisor:
             log.warning("worker %d (pid %s) exited with code %s while idle", slot.index, slot.pid, code)
         self.processes.end(slot)
         self.processes.spawn(slot)
+
+    def _fresh_size(self, rss_mb: Any) -> None:
+        """A worker just started takes ``rss_mb``: a ``max_worker_rss_mb`` below it would replace
+        the worker after every job (each job paying a worker start); said once."""
+        limit = self.settings.max_worker_rss_mb
+        if limit and isinstance(rss_mb, (int, float)) and rss_mb >= limit and not self.said_fresh_size:
+            self.said_fresh_size = True
+            log.warning(
+                "max_worker_rss_mb is %d MiB, but a worker just started takes %.0f MiB: every job would be "
+                "followed by a new worker; raise it well above that (and above a loaded model's size)",
+                limit,
+                rss_mb,
+            )
 
     def _pipe_closed(self, slot: WorkerSlot, error: BaseException, out: list[Outcome]) -> None:
         """The worker's pipe gave an end of file (or an error) while the process may still

@@ -297,7 +297,7 @@ def main(conn: Connection, settings: Settings) -> None:
     root.handlers[:] = [_PipeLogHandler(worker.send)]
     root.setLevel(settings.log_level)
     threading.Thread(target=worker.read_loop, name="pipe-reader", daemon=True).start()
-    worker.send({"op": "ready", "pid": os.getpid()})
+    worker.send({"op": "ready", "pid": os.getpid(), "rss_mb": round(worker.rss_mb(), 1)})
     while (job := worker.jobs.get()) is not None:
         t0 = time.monotonic()
         outcome = worker.run_one(job)

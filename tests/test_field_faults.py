@@ -491,3 +491,15 @@ def test_the_write_ahead_log_shrinks_once_an_outside_reader_lets_go(mosquitto, s
     # largest until the service stopped)
     wait_until(lambda: wal.stat().st_size <= 8 * 2**20, 20, f"the log ({grown / 2**20:.1f} MiB) to shrink", 0.2)
     print(f"write-ahead log: {grown / 2**20:.1f} MiB with the reader, {wal.stat().st_size / 2**20:.1f} MiB after")
+
+
+def test_a_recycling_limit_below_a_fresh_workers_size_is_said_at_start(
+    mosquitto, service_factory, tmp_path: Path
+) -> None:
+    # Given max_worker_rss_mb below what a worker takes as soon as it starts (before: accepted
+    # silently, and every job paid a worker start)
+    svc = service_factory(mosquitto, [tmp_path], {"EDGE_QUEUE_MAX_WORKER_RSS_MB": "10"}).start()
+    # Then the start says so, once
+    wait_until(lambda: "but a worker just started takes" in svc.log(), 30, "the warning")
+    lines = [li for li in svc.log().splitlines() if "but a worker just started takes" in li]
+    assert len(lines) == 1 and lines[0].startswith("WARNING") and "max_worker_rss_mb is 10 MiB" in lines[0]

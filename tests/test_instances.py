@@ -18,7 +18,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from .conftest import ServiceProcess, wait_until
+from .conftest import ServiceProcess, retained_under, run_doctor, wait_until
 from .test_load import PrivateMosquitto, figures
 
 
@@ -188,3 +188,31 @@ def test_a_client_id_take_over_is_said_as_such(tmp_path: Path, service_factory, 
     watcher = svc.watcher("response/#")
     assert svc.request("list", {"limit": 1}, watcher)["status"] == "ok"
     watcher.close()
+
+
+def test_a_renamed_base_topic_says_how_to_clear_the_old_one_and_doctor_sees_it(
+    mosquitto, service_factory, tmp_path: Path, mosquitto_clients: None
+) -> None:
+    # Given an installation that served on one base topic
+    svc = service_factory(mosquitto, [tmp_path]).start()
+    watcher = svc.watcher("response/#")
+    svc.request("submit", {"kind": "noop"}, watcher)
+    assert svc.stop() == 0
+    old = svc.base
+    # When it starts again with another mqtt.base_topic (before: nothing said the old base's
+    # retained topics stay on the broker)
+    svc.base = old + "new"
+    svc.env["EDGE_QUEUE_MQTT__BASE_TOPIC"] = svc.base
+    svc.start()
+    # Then it says so once, with the command that clears them
+    line = next(li for li in svc.log().splitlines() if "mqtt.base_topic changed" in li)
+    assert line.startswith("WARNING") and f"-t '{old}/#' --remove-retained" in line, line
+    assert f"{old}/status" in retained_under(mosquitto, old)
+    # and doctor sees the old base's retained topics
+    doctor = run_doctor(svc.env)
+    assert "warn  base topic: the broker still holds retained topics of the old base" in doctor.stdout, doctor.stdout
+    # which the command clears, and then doctor has nothing to say of them
+    command = line.split("clear them with: ", 1)[1]
+    subprocess.run(command, shell=True, check=False, timeout=30, capture_output=True)
+    assert retained_under(mosquitto, old) == set()
+    assert "base topic" not in run_doctor(svc.env).stdout

@@ -180,6 +180,14 @@ class Store:
         """:meth:`.Meta.set_meta`."""
         return self.meta_.set_meta(key, value)
 
+    def meta_text(self, key: str) -> str | None:
+        """:meth:`.Meta.meta_text`."""
+        return self.meta_.meta_text(key)
+
+    def set_meta_text(self, key: str, value: str) -> None:
+        """:meth:`.Meta.set_meta_text`."""
+        self.meta_.set_meta_text(key, value)
+
     def instance_id(self) -> str:
         """:meth:`.Meta.instance_id`."""
         return self.meta_.instance_id()

@@ -34,6 +34,20 @@ class Meta:
         with self.c.immediate():
             self.c.conn.execute(sql, [key, value])
 
+    def meta_text(self, key: str) -> str | None:
+        """A text the service keeps in the store (``base_topic``), or None when unset."""
+        row = self.c.conn.execute("SELECT value FROM store_meta WHERE key = ?", [key]).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta_text(self, key: str, value: str) -> None:
+        """Set a text the service keeps in the store (outside a group)."""
+        with self.c.immediate():
+            self.c.conn.execute(
+                "INSERT INTO store_meta (key, value) VALUES (?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                [key, value],
+            )
+
     def instance_id(self) -> str:
         """The installation's id: 12 hex digits made with the store, the same for its whole life
         (restarts, upgrades); a new ``data_dir`` makes a new one (docs/topics.md, ``info``)."""
