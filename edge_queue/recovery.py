@@ -72,6 +72,8 @@ class GhostClearing:
         self.rescan = False  # a connect happened while a read was running: read again after it
         self.ids: list[str] = []  # job ids read, still to check against the store
         self.cleared = 0
+        self.read_once = False
+        self.first_read_of_new_store = False
 
     def start(self) -> None:
         """Read the retained job topics on a connection of the scan's own (:mod:`.scan`)."""
@@ -81,6 +83,11 @@ class GhostClearing:
         self.rescan = False
         self.ids = []
         self.cleared = 0
+        # Only the first read of a store made at this start may find state left by a store
+        # replaced by mistake; a later read that finds unknown jobs found a broker that
+        # restored an older save of its own (a restart of a persistent broker)
+        self.first_read_of_new_store = self.store_was_new and not self.read_once
+        self.read_once = True
         self.scan = RetainedScan(
             self.settings.mqtt, self.topics, self.bridge.client_id, self.bridge.protocol, self.wake
         )
@@ -137,7 +144,7 @@ class GhostClearing:
                 if job_id in known:
                     continue
                 if self.cleared == 0:
-                    if self.store_was_new:
+                    if self.first_read_of_new_store:
                         log.error(
                             "the job store %s was created at this start, but the broker holds job state on %s: "
                             "clearing the retained state of jobs it does not know (if the store was replaced by "
@@ -146,7 +153,10 @@ class GhostClearing:
                             self.topics.all_jobs,
                         )
                     else:
-                        log.warning("clearing the retained state of jobs this store does not know")
+                        log.warning(
+                            "clearing the retained state of jobs this store does not know (a broker that "
+                            "restored an older save, or a purge while it was away)"
+                        )
                 self.cleared += 1
                 log.debug("clearing retained state of unknown job %s", job_id)
                 self.bridge.publish(self.topics.job(job_id), b"", retain=True)
