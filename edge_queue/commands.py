@@ -269,15 +269,16 @@ class Commands:
     def do_list(self, req: payloads.ListRequest) -> dict[str, Any]:
         if req.state is not None and req.state not in {s.value for s in JobState}:
             raise RequestError(f"unknown state {req.state[:32]!r}", field="state")
-        rows = self.service.job_store().list_jobs(
-            state=req.state,
-            kind=req.kind,
-            batch_id=req.batch_id,
-            before=req.before,
-            limit=req.limit,
-            lock_key=req.lock_key,
-            submitted_by=self._mine,
-        )
+        filters: dict[str, Any] = {
+            "state": req.state,
+            "kind": req.kind,
+            "batch_id": req.batch_id,
+            "lock_key": req.lock_key,
+            "submitted_by": self._mine,
+            "input_contains": req.input_contains,
+        }
+        store = self.service.job_store()
+        rows = store.list_jobs(before=req.before, limit=req.limit, **filters)
         jobs: list[dict[str, Any]] = []
         size = 0
         for row in rows:
@@ -287,7 +288,10 @@ class Commands:
                 break  # the page ends here; next_before goes on from the last job listed
             jobs.append(job)
         full = len(jobs) == req.limit or len(jobs) < len(rows)
-        return {"jobs": jobs, "next_before": jobs[-1]["job_id"] if jobs and full else None}
+        data: dict[str, Any] = {"jobs": jobs, "next_before": jobs[-1]["job_id"] if jobs and full else None}
+        if req.count:
+            data["total"] = store.count_jobs(**filters)
+        return data
 
     def do_cancel(self, req: payloads.CancelRequest) -> dict[str, Any]:
         svc, store = self.service, self.service.job_store()
