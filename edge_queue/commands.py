@@ -422,10 +422,17 @@ class Commands:
 
     def do_kinds(self, req: payloads.EmptyRequest) -> dict[str, Any]:
         """Every job kind with the JSON Schema of its options (``<base>/info`` names the
-        options only, so that it stays small)."""
+        options only, so that it stays small) and its ``max_concurrency`` (``None``: no limit
+        of its own)."""
+        settings = self.service.settings
         return {
             "kinds": {
-                name: {"description": k.description, "needs_input": k.needs_input, "options": k.schema()}
+                name: {
+                    "description": k.description,
+                    "needs_input": k.needs_input,
+                    "max_concurrency": settings.kind(name).max_concurrency,
+                    "options": k.schema(),
+                }
                 for name, k in self.service.kinds.items()
             }
         }

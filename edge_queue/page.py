@@ -57,6 +57,20 @@ HEADERS = {
 }
 
 
+def headers(settings: HttpSettings) -> dict[str, str]:
+    """The headers of every answer: :data:`HEADERS`, with the origins of
+    ``http.frame_ancestors`` (and the page's own) allowed to frame the page, and then no
+    ``X-Frame-Options`` (it cannot name an origin; browsers follow ``frame-ancestors``)."""
+    if not settings.frame_ancestors:
+        return dict(HEADERS)
+    out = {k: v for k, v in HEADERS.items() if k != "X-Frame-Options"}
+    allowed = " ".join(["'self'", *settings.frame_ancestors])
+    out["Content-Security-Policy"] = out["Content-Security-Policy"].replace(
+        "frame-ancestors 'none'", f"frame-ancestors {allowed}"
+    )
+    return out
+
+
 def page_config(settings: HttpSettings, base_topic: str, version: str) -> dict[str, Any]:
     """``/config.json``: what the page needs to reach the broker.
 
@@ -78,6 +92,7 @@ class _Handler(BaseHTTPRequestHandler):
     #: holds a thread each only this long.
     timeout = 30
     files: dict[str, tuple[bytes, str, str]] = {}  # set per server: path -> (body, type, etag)
+    headers_out: dict[str, str] = HEADERS  # set per server: :func:`headers`
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         self._answer(with_body=True)
@@ -107,14 +122,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _common(self, etag: str) -> None:
         self.send_header("ETag", etag)
-        for name, value in HEADERS.items():
+        for name, value in self.headers_out.items():
             self.send_header(name, value)
 
     def _plain(self, status: HTTPStatus, body: bytes, with_body: bool) -> None:
         self.send_response(status)
         self.send_header("Content-Type", "text/plain; charset=utf-8")
         self.send_header("Content-Length", str(len(body)))
-        for name, value in HEADERS.items():
+        for name, value in self.headers_out.items():
             self.send_header(name, value)
         self.end_headers()
         if with_body:
@@ -188,7 +203,7 @@ class PageServer:
             files[url] = (body, ctype, _etag(body))
         config = json.dumps(page_config(settings, base_topic, version)).encode()
         files["/config.json"] = (config, "application/json", _etag(config))
-        handler = type("PageHandler", (_Handler,), {"files": files})
+        handler = type("PageHandler", (_Handler,), {"files": files, "headers_out": headers(settings)})
         self.httpd = _BoundedServer((settings.host, settings.port), handler)
         self.port: int = self.httpd.server_address[1]
         self.host = settings.host

@@ -61,7 +61,11 @@ function matches(job) {
     (!f.q || String(job.input || "").toLowerCase().includes(f.q.toLowerCase()));
 }
 
+let typing = null; // a file name being typed, read 250 ms after the last key
+
 function setFilter(change) {
+  // what was typed counts at once when another part of the filter changes
+  if (typing) { clearTimeout(typing); typing = null; change = { q: $("f-q").value.trim(), ...change }; }
   Object.assign(page.view.filter, change);
   const f = page.view.filter;
   $("f-state").value = f.state;
@@ -75,10 +79,9 @@ function setFilter(change) {
 
 $("f-state").addEventListener("change", () => setFilter({ state: $("f-state").value }));
 $("f-kind").addEventListener("change", () => setFilter({ kind: $("f-kind").value }));
-let typing = null;
 $("f-q").addEventListener("input", () => {
   clearTimeout(typing);
-  typing = setTimeout(() => setFilter({ q: $("f-q").value.trim() }), 250);
+  typing = setTimeout(() => { typing = null; setFilter({ q: $("f-q").value.trim() }); }, 250);
 });
 for (const c of document.querySelectorAll(".count")) {
   c.addEventListener("click", () => setFilter({ state: page.view.filter.state === c.dataset.state ? "" : c.dataset.state }));
@@ -169,13 +172,23 @@ function progressText(job) {
     return parts.join(" · ");
   }
   if (job.state === "retrying") return job.retry_at ? `again at ${new Date(job.retry_at).toLocaleTimeString()}` : "waiting";
-  if (job.state === "queued") return "waiting for a worker";
+  if (job.state === "queued") return waitingText(job);
   if (job.state === "failed") return job.error?.code || "failed";
   if (job.state === "succeeded") {
     const r = job.result || {};
     return r.duration_s != null ? `${duration(r.duration_s)} of media` : "done";
   }
   return job.state;
+}
+
+// Why a queued job waits, as far as the page can tell (docs/topics.md, "queued -> running").
+function waitingText(job) {
+  if (page.queue?.paused) return "waiting: the queue is paused";
+  if (job.run_at && new Date(job.run_at) > new Date()) return `waiting until ${new Date(job.run_at).toLocaleTimeString()}`;
+  const limit = page.kinds[job.kind]?.max_concurrency;
+  const running = (page.queue?.running || []).filter((r) => r.kind === job.kind).length;
+  if (limit && running >= limit) return `waiting: ${limit} ${job.kind} at a time`;
+  return "waiting for a worker";
 }
 
 function metaText(job) {

@@ -146,7 +146,8 @@ function renderOptions() {
       // none ticked is the default (for formats: every one), and says so
       input = el("span", { class: "choices", "data-option": name, "data-type": "choices", role: "group", "aria-label": label },
         ...p.items.enum.map((v) => el("label", { class: "check" }, el("input", { type: "checkbox", value: v }), v)),
-        el("span", { class: "muted hint", text: `none ticked: ${Array.isArray(p.default) ? p.default.join(", ") : "the default"}` }));
+        el("span", { class: "muted hint", text: `none ticked: ${!Array.isArray(p.default) ? "the default"
+          : p.default.length === p.items.enum.length ? "all of them" : p.default.join(", ")}` }));
       box.append(el("div", { class: "option", title: hint }, el("span", { text: label }), input));
       continue;
     }

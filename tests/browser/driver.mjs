@@ -15,7 +15,9 @@
 //                                     clicks, saves the download there, answers its suggested name
 //   {"id": 11, "op": "axe"}          runs axe-core (WCAG 2.0-2.2 A and AA) on the page as it is,
 //                                     answers the violations: [{id, impact, help, nodes: [html]}]
-//   {"id": 12, "op": "close"}
+//   {"id": 12, "op": "frames"}       answers [{url, js}] for every frame of the page, with js
+//                                     (an expression, "js" in the command) evaluated in it
+//   {"id": 13, "op": "close"}
 // A failure answers {"id", "ok": false, "error": "..."}. Console errors of the page are
 // written to stderr. Usage: node driver.mjs [/usr/bin/chromium] [width] [height]
 import { createInterface } from "node:readline";
@@ -74,6 +76,11 @@ const ops = {
         nodes: v.nodes.map((n) => n.html.slice(0, 200) + " " + (n.failureSummary || "").slice(0, 300)) })))`);
     return result;
   },
+  frames: async (c) => Promise.all(page.frames().map(async (f) => {
+    let value;
+    try { value = await f.evaluate(c.js); } catch (e) { value = `error: ${e.message}`; }
+    return { url: f.url(), js: value };
+  })),
   close: async () => { await browser.close(); },
 };
 
