@@ -251,3 +251,96 @@ def test_a_dashboard_on_an_allowed_origin_shows_the_page_in_a_frame_and_another_
         for srv in servers:
             srv.shutdown()
             srv.server_close()
+
+
+@pytest.mark.slow
+@pytest.mark.serial
+def test_the_small_things(
+    ws_mosquitto: Broker,  # noqa: F811 (the fixtures imported by name)
+    service_factory,
+    browser: Browser,  # noqa: F811
+    tmp_path: Path,
+    artifacts: Path,  # noqa: F811
+) -> None:
+    """Select all of a 450-file folder, the time left in full, a toast cut at a word, a folder
+    icon that needs no font, what unticked formats mean, why a queued job waits, and the
+    attempts of a job retried by hand."""
+    roots = tmp_path / "media"
+    (roots / "many").mkdir(parents=True)
+    for i in range(450):
+        (roots / "many" / f"clip-{i:03d}.wav").write_bytes(b"x")
+    (roots / "not-audio.wav").write_bytes(b"this is not audio\n" * 100)
+    svc, url = page_service(
+        lambda broker, r, env: service_factory(
+            broker, r, {**env, "EDGE_QUEUE_WORKERS": "2", "EDGE_QUEUE_KINDS__NOOP__MAX_CONCURRENCY": "1"}
+        ),
+        ws_mosquitto,
+        roots,
+        ws_mosquitto.ws_port,
+    )
+    b = browser
+    w = svc.watcher("#")
+    try:
+        # a probe that fails, retried by hand, fails again
+        probe = svc.request("submit", {"kind": "probe", "input": str(roots / "not-audio.wav")}, w)
+        probe_id = probe["data"]["jobs"][0]["job_id"]
+        ended = lambda: [e for e in w.job_events(svc.base, probe_id) if e["state"] == "failed"]  # noqa: E731
+        wait_until(lambda: len(ended()) == 1, 60, "the probe failed")
+        svc.request("retry", {"job_id": probe_id}, w)
+        wait_until(lambda: len(ended()) == 2, 60, "the probe failed again")
+        # two noop jobs with one noop at a time and two workers: the second waits on the limit
+        first = svc.request("submit", {"kind": "noop", "options": {"sleep_s": 60}}, w)["data"]["jobs"][0]["job_id"]
+        w.wait_json(f"{svc.base}/events", lambda e: e["job"]["job_id"] == first and e["job"]["state"] == "running")
+        second = svc.request("submit", {"kind": "noop", "options": {"sleep_s": 1}}, w)["data"]["jobs"][0]["job_id"]
+        b.do("goto", url=url)
+        ptext = "document.querySelector('#jobs .job[data-id=\"{}\"] .ptext').textContent"
+        b.wait(f"{ptext.format(second)} === 'waiting: 1 noop at a time'")
+        svc.request("pause", {}, w)
+        b.wait(f"{ptext.format(second)} === 'waiting: the queue is paused'")
+        # the time left is shown whole on a desktop, also the longest there is
+        b.wait(f"{ptext.format(first)}.includes('left')")
+        fits = (
+            "(() => {{ const p = document.querySelector('#jobs .job[data-id=\"{}\"] .ptext'); {}"
+            "return p.scrollWidth <= p.clientWidth; }})()"
+        )
+        assert b.eval(fits.format(first, ""))
+        assert b.eval(fits.format(first, "p.textContent = '100 % · transcribing · 59 min 59 s left';"))
+        svc.request("cancel", {"job_id": first}, w)
+    finally:
+        w.close()
+    # the detail of the probe says it was retried by hand, and shows the earlier run
+    b.do("click", selector=f"#jobs .job[data-id={json.dumps(probe_id)}] .name")
+    b.wait("document.querySelector('#d-body .history')")
+    attempts = b.eval(
+        "[...document.querySelectorAll('#d-body dt')].find(d => d.textContent === 'Attempts')"
+        ".nextElementSibling.textContent"
+    )
+    assert attempts.startswith("1 of 3 since it was retried by hand (1 time"), attempts
+    assert b.eval("document.querySelectorAll('#d-body .history tr').length") >= 6  # header, 2 runs
+    assert "[object" not in b.eval("document.querySelector('#d-body .history').textContent")
+    b.do("screenshot", path=str(artifacts / "retried-by-hand.png"))
+    b.do("keys", keys=["Escape"])
+    # a toast's text is cut at a word
+    long_text = "ask not what your country can do for you " * 5
+    clipped = b.eval(f"clip({json.dumps(long_text)}, 140)")
+    assert clipped.endswith("…") and len(clipped) <= 141 and long_text.startswith(clipped[:-1] + " "), clipped
+    # Select all files here takes every file of the folder, not only the 200 shown
+    b.do("click", selector="#add")
+    b.wait("document.querySelector('#entries li.dir')")
+    icon = "document.querySelector('#entries li.dir .icon')"
+    # the folder icon is drawn, not a character of a font the system may lack
+    assert b.eval(f"{icon}.textContent") == ""
+    assert b.eval(f"getComputedStyle({icon}).backgroundColor") not in ("rgba(0, 0, 0, 0)", "transparent")
+    b.do("click", selector=f"#entries li.dir[data-path={json.dumps(str(roots))}] button")
+    many = json.dumps(str(roots / "many"))
+    b.wait(f"document.querySelector('#entries li.dir[data-path={many}] button')")
+    b.do("click", selector=f"#entries li.dir[data-path={many}] button")
+    b.wait("document.querySelectorAll('#entries input[type=checkbox]').length === 200")
+    b.do("click", selector="#pick-all")
+    b.wait("document.querySelector('#pick-count').textContent === '450 selected'")
+    # unticked formats say what they mean
+    b.do("select", selector="#kind", value="transcribe")
+    hint = "document.querySelector('#options [data-option=formats] .hint').textContent"
+    assert b.eval(hint) == "none ticked: all of them"
+    b.do("screenshot", path=str(artifacts / "select-all.png"))
+    print(f"screenshots: {artifacts}/retried-by-hand.png, select-all.png")

@@ -23,6 +23,8 @@ const page = {
   view: { ids: [], filter: { state: "", kind: "", q: "" }, total: null, next: null, gen: 0, loaded: false, askedAt: 0 },
   // actions sent and not yet answered, by job id (or "queue"): {label, seq, slow, settle}
   busy: new Map(),
+  // the event log of the jobs whose detail was opened, by job id (detail.js)
+  history: new Map(),
 };
 
 function el(tag, attrs = {}, ...children) {

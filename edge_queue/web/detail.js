@@ -7,14 +7,40 @@ async function showDetail(id, open) {
   let job = page.jobs.get(id);
   if (open && !d.open) d.showModal();
   if (!d.open) return;
-  renderDetail(job, null);
-  if (job && TERMINAL.has(job.state)) {
-    try {
-      job = await ask("get", { job_id: id, segments: true }, () => page.detailId === id && d.open);
-      if (page.detailId === id) renderDetail(job, job.result?.segment_list || null);
-    } catch (e) { /* the summary stays */ }
-  }
+  renderDetail(job, null, page.history.get(id));
+  const alive = () => page.detailId === id && d.open;
+  try {
+    const [full, log] = await Promise.all([
+      job && TERMINAL.has(job.state) ? ask("get", { job_id: id, segments: true }, alive) : null,
+      ask("events", { job_id: id }, alive),
+    ]);
+    page.history.set(id, log.events);
+    if (full) job = full;
+    if (page.detailId === id) renderDetail(job, job?.result?.segment_list || null, log.events);
+  } catch (e) { /* the summary stays */ }
 }
+
+// The job's history from the event log: its runs, and the retries asked by hand (a retry
+// starts the attempts again from 0, so "Attempts 1 of 3" alone would hide the earlier runs).
+function history(events) {
+  const table = el("table", { class: "streams history" }, el("tr", {},
+    ...["when", "state", "attempt", "detail"].map((h) => el("th", { text: h }))));
+  for (const e of events) {
+    table.append(el("tr", {}, ...[when(e.at), e.from_state ? `${e.from_state} → ${e.state}` : e.state,
+      e.attempt || "", detailText(e.detail)].map((v) => el("td", { text: String(v) }))));
+  }
+  return table;
+}
+
+// An event's detail: a text, or an object (an error, a retry by hand: who asked)
+function detailText(d) {
+  if (d == null) return "";
+  if (typeof d !== "object") return String(d);
+  if (d.code || d.message) return [d.code, d.message].filter(Boolean).join(": ");
+  return Object.entries(d).map(([k, v]) => `${k.replace(/_/g, " ")}: ${typeof v === "object" ? JSON.stringify(v) : v}`).join(", ");
+}
+
+const byHand = (events) => (events || []).filter((e) => e.state === "queued" && (e.from_state === "failed" || e.from_state === "cancelled")).length;
 
 $("detail").addEventListener("close", () => { page.detailId = null; });
 
@@ -56,7 +82,7 @@ function downloads(job, segments, truncated) {
   return box;
 }
 
-function renderDetail(job, segments) {
+function renderDetail(job, segments, events) {
   const body = $("d-body");
   body.replaceChildren();
   if (!job) { body.append(el("p", { text: "This job is not known (purged?)." })); return; }
@@ -67,7 +93,9 @@ function renderDetail(job, segments) {
   add("Job", job.job_id);
   add("Input", job.input);
   if (ACTIVE.has(job.state)) add("Progress", progressText(job));
-  add("Attempts", `${job.attempt} of ${job.max_attempts}`);
+  const retried = byHand(events);
+  add("Attempts", `${job.attempt} of ${job.max_attempts}` +
+    (retried ? ` since it was retried by hand (${retried} time${retried === 1 ? "" : "s"}; the earlier runs are in the history)` : ""));
   add("Created", when(job.created_at));
   add("Started", when(job.started_at));
   add("Finished", when(job.finished_at));
@@ -112,6 +140,7 @@ function renderDetail(job, segments) {
     for (const k of ["text", "outputs", "output", "streams", "segment_list", "segment_list_truncated"]) delete rest[k];
     body.append(el("h3", { text: "Result" }), el("pre", { text: JSON.stringify(rest, null, 1) }));
   }
+  if (events?.length) body.append(el("h3", { text: "History" }), history(events));
   renderDetailActions();
 }
 
