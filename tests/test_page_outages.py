@@ -181,6 +181,9 @@ def test_offline_means_offline_and_an_action_sent_before_is_never_called_failed(
         "retrying",
     }
     assert browser.eval(f"{button}.disabled")
+    row = f"document.querySelector('#jobs .job[data-id={json.dumps(job_id)}]')"
+    if browser.eval(f"{row}.dataset.state") == "queued":  # put back by the stop
+        assert browser.eval(f"{row}.querySelector('.ptext').textContent") == "waiting: edge-queue is offline"
     browser.do("click", selector=f"#jobs .job[data-id={json.dumps(job_id)}] .name")
     browser.wait("document.querySelector('#detail').open")
     assert browser.eval("document.querySelector('#d-cancel').disabled")

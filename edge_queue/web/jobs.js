@@ -183,6 +183,7 @@ function progressText(job) {
 
 // Why a queued job waits, as far as the page can tell (docs/topics.md, "queued -> running").
 function waitingText(job) {
+  if (page.online === false) return "waiting: edge-queue is offline";
   if (page.queue?.paused) return "waiting: the queue is paused";
   if (job.run_at && new Date(job.run_at) > new Date()) return `waiting until ${new Date(job.run_at).toLocaleTimeString()}`;
   const limit = page.kinds[job.kind]?.max_concurrency;
