@@ -271,15 +271,16 @@ class Commands:
     def do_list(self, req: payloads.ListRequest) -> dict[str, Any]:
         if req.state is not None and req.state not in {s.value for s in JobState}:
             raise RequestError(f"unknown state {req.state[:32]!r}", field="state")
-        rows = self.service.job_store().list_jobs(
-            state=req.state,
-            kind=req.kind,
-            batch_id=req.batch_id,
-            before=req.before,
-            limit=req.limit,
-            lock_key=req.lock_key,
-            submitted_by=self._mine,
-        )
+        filters: dict[str, Any] = {
+            "state": req.state,
+            "kind": req.kind,
+            "batch_id": req.batch_id,
+            "lock_key": req.lock_key,
+            "submitted_by": self._mine,
+            "input_contains": req.input_contains,
+        }
+        store = self.service.job_store()
+        rows = store.list_jobs(before=req.before, limit=req.limit, **filters)
         jobs: list[dict[str, Any]] = []
         size = 0
         for row in rows:
@@ -289,7 +290,10 @@ class Commands:
                 break  # the page ends here; next_before goes on from the last job listed
             jobs.append(job)
         full = len(jobs) == req.limit or len(jobs) < len(rows)
-        return {"jobs": jobs, "next_before": jobs[-1]["job_id"] if jobs and full else None}
+        data: dict[str, Any] = {"jobs": jobs, "next_before": jobs[-1]["job_id"] if jobs and full else None}
+        if req.count:
+            data["total"] = store.count_jobs(**filters)
+        return data
 
     def do_cancel(self, req: payloads.CancelRequest) -> dict[str, Any]:
         svc, store = self.service, self.service.job_store()
@@ -420,10 +424,17 @@ class Commands:
 
     def do_kinds(self, req: payloads.EmptyRequest) -> dict[str, Any]:
         """Every job kind with the JSON Schema of its options (``<base>/info`` names the
-        options only, so that it stays small)."""
+        options only, so that it stays small) and its ``max_concurrency`` (``None``: no limit
+        of its own)."""
+        settings = self.service.settings
         return {
             "kinds": {
-                name: {"description": k.description, "needs_input": k.needs_input, "options": k.schema()}
+                name: {
+                    "description": k.description,
+                    "needs_input": k.needs_input,
+                    "max_concurrency": settings.kind(name).max_concurrency,
+                    "options": k.schema(),
+                }
                 for name, k in self.service.kinds.items()
             }
         }

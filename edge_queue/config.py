@@ -9,6 +9,7 @@ naming every offending key (pydantic-settings does the validation).
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -220,6 +221,21 @@ class HttpSettings(_Section):
     #: The whole WebSocket URL instead (``wss://nas.example.org:8443/mqtt`` behind a proxy or
     #: with TLS); unset: built from ``websocket_port``.
     websocket_url: str | None = Field(None, pattern=r"^wss?://[^\s]+$", max_length=2048)
+    #: Origins (``scheme://host[:port]``, no path) allowed to show the page in a frame: the
+    #: Home Assistant of a Webpage card or panel (docs/operations.md, "In a Home Assistant
+    #: dashboard"). Empty: no page may frame it (``frame-ancestors 'none'``).
+    frame_ancestors: list[str] = Field([], max_length=16)
+
+    @field_validator("frame_ancestors")
+    @classmethod
+    def _origins(cls, v: list[str]) -> list[str]:
+        for origin in v:
+            if not re.fullmatch(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?", origin):
+                raise ValueError(
+                    f"{origin[:100]!r} is not an origin: scheme, host and port only, "
+                    'like "http://homeassistant.local:8123" (no path, no wildcard, no trailing /)'
+                )
+        return v
 
 
 class TranscribeSettings(_Section):

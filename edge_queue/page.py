@@ -34,6 +34,9 @@ FILES: dict[str, tuple[str, str]] = {
     "/": ("index.html", "text/html; charset=utf-8"),
     "/index.html": ("index.html", "text/html; charset=utf-8"),
     "/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/jobs.js": ("jobs.js", "text/javascript; charset=utf-8"),
+    "/detail.js": ("detail.js", "text/javascript; charset=utf-8"),
+    "/picker.js": ("picker.js", "text/javascript; charset=utf-8"),
     "/style.css": ("style.css", "text/css; charset=utf-8"),
     "/mqtt.min.js": ("mqtt.min.js", "text/javascript; charset=utf-8"),
     "/mqtt.LICENSE.md": ("mqtt.LICENSE.md", "text/markdown; charset=utf-8"),
@@ -53,6 +56,20 @@ HEADERS = {
         "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
     ),
 }
+
+
+def headers(settings: HttpSettings) -> dict[str, str]:
+    """The headers of every answer: :data:`HEADERS`, with the origins of
+    ``http.frame_ancestors`` (and the page's own) allowed to frame the page, and then no
+    ``X-Frame-Options`` (it cannot name an origin; browsers follow ``frame-ancestors``)."""
+    if not settings.frame_ancestors:
+        return dict(HEADERS)
+    out = {k: v for k, v in HEADERS.items() if k != "X-Frame-Options"}
+    allowed = " ".join(["'self'", *settings.frame_ancestors])
+    out["Content-Security-Policy"] = out["Content-Security-Policy"].replace(
+        "frame-ancestors 'none'", f"frame-ancestors {allowed}"
+    )
+    return out
 
 
 def page_config(settings: HttpSettings, base_topic: str, version: str) -> dict[str, Any]:
@@ -80,6 +97,7 @@ class _Handler(BaseHTTPRequestHandler):
     #: holds a thread each only this long.
     timeout = 30
     files: dict[str, tuple[bytes, str, str]] = {}  # set per server: path -> (body, type, etag)
+    headers_out: dict[str, str] = HEADERS  # set per server: :func:`headers`
 
     def handle_one_request(self) -> None:
         # The request line and headers must arrive within REQUEST_READ_S in all: a client that
@@ -134,14 +152,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _common(self, etag: str) -> None:
         self.send_header("ETag", etag)
-        for name, value in HEADERS.items():
+        for name, value in self.headers_out.items():
             self.send_header(name, value)
 
     def _plain(self, status: HTTPStatus, body: bytes, with_body: bool) -> None:
         self.send_response(status)
         self.send_header("Content-Type", "text/plain; charset=utf-8")
         self.send_header("Content-Length", str(len(body)))
-        for name, value in HEADERS.items():
+        for name, value in self.headers_out.items():
             self.send_header(name, value)
         self.end_headers()
         if with_body:
@@ -238,7 +256,7 @@ class PageServer:
             files[url] = (body, ctype, _etag(body))
         config = json.dumps(page_config(settings, base_topic, version)).encode()
         files["/config.json"] = (config, "application/json", _etag(config))
-        handler = type("PageHandler", (_Handler,), {"files": files})
+        handler = type("PageHandler", (_Handler,), {"files": files, "headers_out": headers(settings)})
         self.httpd = _BoundedServer((settings.host, settings.port), handler)
         self.port: int = self.httpd.server_address[1]
         self.host = settings.host

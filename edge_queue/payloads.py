@@ -152,6 +152,10 @@ class ListRequest(_Request):
     limit: int = Field(50, ge=1, le=500)
     before: str | None = Field(None, max_length=64)
     lock_key: str | None = Field(None, min_length=1, max_length=200)
+    #: only jobs whose input path holds this text (ASCII letters in any case)
+    input_contains: str | None = Field(None, min_length=1, max_length=200)
+    #: true: the response also says how many jobs match, on every page (``total``)
+    count: bool = False
 
 
 class EventsRequest(_Request):

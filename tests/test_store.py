@@ -443,3 +443,33 @@ def test_a_claim_of_unwritten_submits_equals_the_claim_of_written_ones(
     claimed = sum(job is not None for job in fast[0])
     updates = [s for s in fast[3] if s.startswith("UPDATE jobs SET state = 'running'")]
     assert len(updates) <= claimed - leading
+
+
+def test_a_listing_finds_any_of_100000_jobs_by_name_and_counts_them(tmp_path: Path) -> None:
+    """docs/topics.md, ``list``: ``input_contains`` and ``count`` find any job of a large store
+    (the queue page's search), fast, with LIKE's wildcards taken as plain characters."""
+    store = Store(tmp_path / "q.db", durability="normal")
+    for b in range(100):
+        names = [f"/media/Rec_{b * 1000 + i:06d}.wav" for i in range(1000)]
+        store.submit([spec(n, kind="probe" if i % 2 else "noop") for i, n in enumerate(names)], 1.0, as_batch=True)
+    store.submit([spec("/media/100%_done.wav")], 2.0)
+    assert store.count_jobs() == 100_001
+    # any one of them, in any case
+    for n in (0, 12_345, 99_999):
+        found = store.list_jobs(input_contains=f"rec_{n:06d}")
+        assert [j["input"] for j in found] == [f"/media/Rec_{n:06d}.wav"]
+        assert store.count_jobs(input_contains=f"REC_{n:06d}") == 1
+    # filters combine, and the count is of every page
+    assert store.count_jobs(input_contains="rec_0123", kind="probe") == 50
+    page = store.list_jobs(input_contains="rec_0123", kind="probe", limit=20)
+    rest = store.list_jobs(input_contains="rec_0123", kind="probe", before=page[-1]["job_id"], limit=100)
+    assert len(page) == 20 and len(rest) == 30 and not {j["job_id"] for j in page} & {j["job_id"] for j in rest}
+    # % and _ are the characters themselves
+    assert [j["input"] for j in store.list_jobs(input_contains="100%_")] == ["/media/100%_done.wav"]
+    assert store.count_jobs(input_contains="%") == 1 and store.count_jobs(input_contains="1_0") == 0
+    import time
+
+    began = time.perf_counter()
+    store.list_jobs(input_contains="rec_054321", limit=100)
+    store.count_jobs(input_contains="rec_054321")
+    assert time.perf_counter() - began < 2.0  # a search of the page answers at once

@@ -74,7 +74,7 @@ class TranscribeOptions(OutputOptions):
     vad: bool | None = Field(None, description="skip silence (default: transcribe.vad, on)")
     word_timestamps: bool = False
     initial_prompt: str | None = Field(None, max_length=2000)
-    formats: list[Literal["txt", "srt", "vtt", "json"]] = Field(default_factory=lambda: list(FORMATS), min_length=1)
+    formats: list[Literal["txt", "srt", "vtt", "json"]] = Field(list(FORMATS), min_length=1)
 
 
 def resolve_model(setting: str | None) -> str:

@@ -152,6 +152,7 @@ class Store:
         limit: int = 50,
         lock_key: str | None = None,
         submitted_by: tuple[str | None] | None = None,
+        input_contains: str | None = None,
     ) -> list[dict[str, Any]]:
         """:meth:`.Jobs.list_jobs`."""
         return self.jobs.list_jobs(
@@ -162,6 +163,27 @@ class Store:
             limit=limit,
             lock_key=lock_key,
             submitted_by=submitted_by,
+            input_contains=input_contains,
+        )
+
+    def count_jobs(
+        self,
+        *,
+        state: str | None = None,
+        kind: str | None = None,
+        batch_id: str | None = None,
+        lock_key: str | None = None,
+        submitted_by: tuple[str | None] | None = None,
+        input_contains: str | None = None,
+    ) -> int:
+        """:meth:`.Jobs.count_jobs`."""
+        return self.jobs.count_jobs(
+            state=state,
+            kind=kind,
+            batch_id=batch_id,
+            lock_key=lock_key,
+            submitted_by=submitted_by,
+            input_contains=input_contains,
         )
 
     def iter_jobs(self) -> Iterator[dict[str, Any]]:

@@ -38,19 +38,13 @@ class Jobs:
         limit: int = 50,
         lock_key: str | None = None,
         submitted_by: tuple[str | None] | None = None,
+        input_contains: str | None = None,
     ) -> list[dict[str, Any]]:
         """Jobs newest first, filtered; ``before`` is a job id to page past (exclusive);
         ``submitted_by=(user,)`` keeps the jobs of that sender only (``(None,)``: of the shared
-        request topics)."""
-        where: list[str] = []
-        args: list[Any] = []
-        if submitted_by is not None:
-            where.append("submitted_by IS ?")
-            args.append(submitted_by[0])
-        for col, val in (("state", state), ("kind", kind), ("batch_id", batch_id), ("lock_key", lock_key)):
-            if val is not None:
-                where.append(f"{col} = ?")
-                args.append(val)
+        request topics); ``input_contains`` keeps the jobs whose input path holds that text
+        (ASCII letters in any case)."""
+        where, args = _filters(state, kind, batch_id, lock_key, submitted_by, input_contains)
         if before is not None:
             where.append("job_id < ?")
             args.append(before)
@@ -60,6 +54,21 @@ class Jobs:
         sql += " ORDER BY job_id DESC LIMIT ?"
         args.append(limit)
         return [decode_row(r) for r in self.c.db.query(sql, args)]
+
+    def count_jobs(
+        self,
+        *,
+        state: str | None = None,
+        kind: str | None = None,
+        batch_id: str | None = None,
+        lock_key: str | None = None,
+        submitted_by: tuple[str | None] | None = None,
+        input_contains: str | None = None,
+    ) -> int:
+        """How many jobs :meth:`list_jobs` finds with these filters, on every page."""
+        where, args = _filters(state, kind, batch_id, lock_key, submitted_by, input_contains)
+        sql = "SELECT count(*) FROM jobs" + (" WHERE " + " AND ".join(where) if where else "")
+        return int(self.c.conn.execute(sql, args).fetchone()[0])
 
     def iter_jobs(self) -> Iterator[dict[str, Any]]:
         """Every job, oldest first (for republish)."""
@@ -280,3 +289,29 @@ class Jobs:
                 [*states, iso(cutoff), limit],
             )
         ]
+
+
+def _filters(
+    state: str | None,
+    kind: str | None,
+    batch_id: str | None,
+    lock_key: str | None,
+    submitted_by: tuple[str | None] | None,
+    input_contains: str | None,
+) -> tuple[list[str], list[Any]]:
+    """The WHERE terms and their arguments of a job listing."""
+    where: list[str] = []
+    args: list[Any] = []
+    if submitted_by is not None:
+        where.append("submitted_by IS ?")
+        args.append(submitted_by[0])
+    for col, val in (("state", state), ("kind", kind), ("batch_id", batch_id), ("lock_key", lock_key)):
+        if val is not None:
+            where.append(f"{col} = ?")
+            args.append(val)
+    if input_contains:
+        # LIKE, with its wildcards escaped: the text is matched as typed
+        where.append("input LIKE ? ESCAPE '\\'")
+        escaped = input_contains.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        args.append(f"%{escaped}%")
+    return where, args

@@ -9,16 +9,28 @@
 //   {"id": 5, "op": "fill" | "select", "selector": "css", "value": "..."}
 //   {"id": 6, "op": "screenshot", "path": "/tmp/x.png"}
 //   {"id": 7, "op": "emulate", "width": 390, "height": 844, "color_scheme": "dark"}
-//   {"id": 7, "op": "close"}
+//   {"id": 8, "op": "press", "selector": "css", "key": "Enter"}   focuses the element, presses the key
+//   {"id": 9, "op": "keys", "keys": ["Tab", "Enter"]}           presses keys where the focus is
+//   {"id": 10, "op": "download", "selector": "css", "path": "/tmp/x"}
+//                                     clicks, saves the download there, answers its suggested name
+//   {"id": 11, "op": "axe"}          runs axe-core (WCAG 2.0-2.2 A and AA) on the page as it is,
+//                                     answers the violations: [{id, impact, help, nodes: [html]}]
+//   {"id": 12, "op": "frames"}       answers [{url, js}] for every frame of the page, with js
+//                                     (an expression, "js" in the command) evaluated in it
+//   {"id": 13, "op": "close"}
 // A failure answers {"id", "ok": false, "error": "..."}. Console errors of the page are
 // written to stderr. Usage: node driver.mjs [/usr/bin/chromium] [width] [height]
 import { createInterface } from "node:readline";
+import { readFileSync } from "node:fs";
+import { createRequire } from "node:module";
 import { chromium } from "playwright-core";
+
+const axeSource = readFileSync(createRequire(import.meta.url).resolve("axe-core/axe.min.js"), "utf8");
 
 const executablePath = process.argv[2] || "/usr/bin/chromium";
 const width = Number(process.argv[3] || 1100), height = Number(process.argv[4] || 800);
 const browser = await chromium.launch({ executablePath, args: ["--no-sandbox"] });
-const context = await browser.newContext({ viewport: { width, height }, colorScheme: process.env.COLOR_SCHEME || "light" });
+const context = await browser.newContext({ acceptDownloads: true, viewport: { width, height }, colorScheme: process.env.COLOR_SCHEME || "light" });
 const page = await context.newPage();
 page.on("console", (m) => { if (m.type() === "error") process.stderr.write(`console: ${m.text()}\n`); });
 page.on("pageerror", (e) => process.stderr.write(`pageerror: ${e.message}\n`));
@@ -47,6 +59,28 @@ const ops = {
     await page.emulateMedia({ colorScheme: c.color_scheme });
   },
   screenshot: async (c) => { await page.screenshot({ path: c.path, fullPage: !!c.full_page }); },
+  press: async (c) => { await page.press(c.selector, c.key, { timeout: c.timeout_ms || 10000 }); },
+  keys: async (c) => { for (const k of c.keys) await page.keyboard.press(k); },
+  download: async (c) => {
+    const [dl] = await Promise.all([page.waitForEvent("download", { timeout: c.timeout_ms || 10000 }), page.click(c.selector)]);
+    await dl.saveAs(c.path);
+    return dl.suggestedFilename();
+  },
+  // axe-core is evaluated through DevTools, like every page.evaluate: the page's Content
+  // Security Policy (script-src 'self') stays as it is for the page's own code
+  axe: async () => {
+    if (!(await page.evaluate("typeof axe !== 'undefined'"))) await page.evaluate(axeSource);
+    const result = await page.evaluate(`axe.run(document, { runOnly: { type: "tag",
+      values: ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa", "best-practice"] } })
+      .then((r) => r.violations.map((v) => ({ id: v.id, impact: v.impact, help: v.help,
+        nodes: v.nodes.map((n) => n.html.slice(0, 200) + " " + (n.failureSummary || "").slice(0, 300)) })))`);
+    return result;
+  },
+  frames: async (c) => Promise.all(page.frames().map(async (f) => {
+    let value;
+    try { value = await f.evaluate(c.js); } catch (e) { value = `error: ${e.message}`; }
+    return { url: f.url(), js: value };
+  })),
   close: async () => { await browser.close(); },
 };
 
