@@ -54,7 +54,7 @@ from .config import MqttSettings
 from .errors import BrokerUnavailable
 from .mqtt_client import FastClient, ack_now, configure_client, set_nodelay
 from .outbox import Ack, Outbox, Pub
-from .takeover import TakeoverRule
+from .takeover import ForeignMessages, TakeoverRule
 from .topics import OFFLINE, Topics
 
 log = logging.getLogger(__name__)
@@ -151,7 +151,7 @@ class Bridge:
         #: payload, retain; None: not subscribed (docs/nodes.md)
         self.on_node: Callable[[str, bytes, bool], None] | None = None
         #: another client connected with our client id: the rule, and how often it happened
-        self.takeovers = TakeoverRule()
+        self.takeovers, self.foreign = TakeoverRule(), ForeignMessages()
         self._connected_at = 0.0
 
     def set_client_id(self, client_id: str) -> None:
@@ -267,6 +267,7 @@ class Bridge:
             self.on_node(msg.topic, bytes(msg.payload), bool(msg.retain))
         parsed = self.topics.parse_request(msg.topic)
         if parsed is None:
+            self.foreign.note(msg.topic, self.topics, self.client_id)
             if msg.qos:
                 client.ack(msg.mid, msg.qos)
             return

@@ -6,7 +6,12 @@ Plain data and a clock passed in: tested without a broker.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
+
+from .topics import Topics
+
+log = logging.getLogger(__name__)
 
 #: MQTT 5 DISCONNECT reason code 0x8E: another connection took our client id (MQTT 5.0, 3.14.2.1).
 SESSION_TAKEN_OVER = 0x8E
@@ -70,3 +75,33 @@ class TakeoverRule:
         )
         self.short.clear()
         return Takeover(delay, why)
+
+
+@dataclass
+class ForeignMessages:
+    """Messages our session received on topics we never subscribed to: the session holds
+    subscriptions of another client that uses our client id (two installations given the
+    same ``mqtt.client_id``), which then takes requests meant for us, and we for it. Such a
+    message is acknowledged (it is not ours to run, and left unacknowledged it would hold one
+    of our Receive Maximum places for good), but never silently: the first one of each base is
+    logged as an ERROR naming the cause (docs/operations.md, "Several boxes on one broker")."""
+
+    bases: set[str] = field(default_factory=set)
+    count: int = 0
+
+    def note(self, topic: str, topics: Topics, client_id: str) -> None:
+        """A message on ``topic`` that is not a request of ours arrived."""
+        if topic.startswith(topics.nodes_prefix) or topic.startswith(topics.base + "/"):
+            return  # ours (a node's message, an echo): not foreign
+        self.count += 1
+        base = topic.split("/request/", 1)[0] if "/request/" in topic else topic.rsplit("/", 1)[0]
+        if base in self.bases or len(self.bases) >= 100:
+            return
+        self.bases.add(base)
+        log.error(
+            "our MQTT session received a message on %s, a topic this edge-queue never subscribed to: another "
+            "client uses our client id %r (two installations with the same mqtt.client_id take each other's "
+            "requests; give each its own, or leave mqtt.client_id unset); not run here",
+            topic[:200],
+            client_id,
+        )

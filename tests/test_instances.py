@@ -18,7 +18,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from .conftest import ServiceProcess, retained_under, run_doctor, wait_until
+from .conftest import ServiceProcess, publish, retained_under, run_doctor, wait_until
 from .test_load import PrivateMosquitto, figures
 
 
@@ -216,3 +216,34 @@ def test_a_renamed_base_topic_says_how_to_clear_the_old_one_and_doctor_sees_it(
     subprocess.run(command, shell=True, check=False, timeout=30, capture_output=True)
     assert retained_under(mosquitto, old) == set()
     assert "base topic" not in run_doctor(svc.env).stdout
+
+
+def test_two_installations_given_one_client_id_say_so_when_they_take_each_others_requests(
+    mosquitto, service_factory, tmp_path: Path
+) -> None:
+    # Given two installations, each on its own base topic, configured with the same client id
+    # (before: each acknowledged the other's requests and dropped them with no log line)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = service_factory(mosquitto, [tmp_path])
+    b = service_factory(mosquitto, [tmp_path])
+    b.data_dir = tmp_path / "b" / "data"
+    b.log_path = tmp_path / "b" / "service.log"
+    a.env["EDGE_QUEUE_MQTT__CLIENT_ID"] = b.env["EDGE_QUEUE_MQTT__CLIENT_ID"] = "shared-" + a.base
+    b.env["EDGE_QUEUE_DATA_DIR"] = str(b.data_dir)
+    a.start()
+    b.start()  # both have subscribed once: the shared session now holds both bases' requests
+    # When requests go to both, a few a second
+    said = "another client uses our client id"
+    sent = iter(range(10**6))
+
+    def send_and_look() -> bool:
+        i = next(sent)
+        target = a if i % 2 else b
+        publish(mosquitto, f"{target.base}/request/submit", json.dumps({"kind": "noop", "transaction": i}))
+        return said in a.log() or said in b.log()
+
+    # Then a line says what is wrong, naming the client id
+    wait_until(send_and_look, 60, "the line about the shared client id", 0.2)
+    line = next(li for li in (a.log() + b.log()).splitlines() if said in li)
+    assert line.startswith("ERROR") and "shared-" + a.base in line, line
