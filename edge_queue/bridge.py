@@ -456,9 +456,10 @@ class Bridge:
         block exits normally (after the store's group commit), drop them on an exception."""
         return self.outbox.held()
 
-    def publish(self, topic: str, payload: bytes | str, *, retain: bool = False) -> None:
-        """Publish at QoS 1, once the enclosing :meth:`held` block has committed."""
-        self.outbox.put(Pub(topic, payload, retain))
+    def publish(self, topic: str, payload: bytes | str, *, retain: bool = False, expiry_s: int = 0) -> None:
+        """Publish at QoS 1 once the enclosing :meth:`held` block has committed (with MQTT 5,
+        the broker drops it ``expiry_s`` seconds later when over 0)."""
+        self.outbox.put(Pub(topic, payload, retain, expiry_properties(expiry_s, self.protocol)))
 
     def respond(self, topic: str, payload: bytes, *, correlation_data: bytes | None = None, once: bool = False) -> None:
         """Publish a response (QoS 1, not retained). ``once``: if the connection ends before
@@ -532,6 +533,16 @@ def subscribe(
         client.subscribe(requests, 1)
         for topic in watched:
             client.subscribe(topic, 0)
+
+
+def expiry_properties(expiry_s: int, protocol: int) -> Properties | None:
+    """PUBLISH properties with a Message Expiry Interval of ``expiry_s`` seconds (None for 0,
+    and under MQTT 3.1.1, which has no properties)."""
+    if expiry_s <= 0 or protocol != mqtt.MQTTv5:
+        return None
+    props = Properties(PacketTypes.PUBLISH)
+    props.MessageExpiryInterval = expiry_s
+    return props
 
 
 def connect_properties(settings: MqttSettings, max_packet_bytes: int | None) -> Properties:

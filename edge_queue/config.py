@@ -64,6 +64,9 @@ class MqttSettings(_Section):
     protocol: Literal["auto", "5", "3.1.1"] = "auto"
     #: MQTT 5 session expiry: how long the broker keeps our subscriptions and QoS 1 backlog.
     session_expiry_s: int = Field(86400, ge=0)
+    #: MQTT 5 Message Expiry of a finished job's retained state: the broker forgets it this
+    #: long after the job ended (the store keeps it for get, list and events); 0: never.
+    finished_expiry_s: int = Field(86400, ge=0)
     tls: TlsSettings = TlsSettings()
 
     @field_validator("base_topic")

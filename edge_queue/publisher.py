@@ -18,7 +18,7 @@ from . import discovery, payloads
 from .bridge import Bridge
 from .errors import NotFoundError
 from .states import JobState, is_terminal
-from .store import Store, iso
+from .store import Store, iso, parse_iso
 from .supervisor import Supervisor
 from .topics import Topics
 
@@ -116,7 +116,7 @@ class Publisher:
         for job_id, (body, terminal) in self.turn_jobs.items():
             if terminal:
                 held.pop(job_id, None)
-                self.bridge.publish(self.topics.job(job_id), body, retain=True)
+                self.bridge.publish(self.topics.job(job_id), body, retain=True, expiry_s=self.finished_expiry_s)
             else:
                 since = held[job_id][1] if job_id in held else mono
                 held[job_id] = (body, since)
@@ -127,6 +127,18 @@ class Publisher:
         for job_id in due:
             body, _ = held.pop(job_id)
             self.bridge.publish(self.topics.job(job_id), body, retain=True)
+
+    @property
+    def finished_expiry_s(self) -> int:
+        """``mqtt.finished_expiry_s``: seconds a finished job's retained state stays."""
+        return self.bridge.settings.finished_expiry_s
+
+    def expiry_left(self, job: dict[str, Any], now: float) -> int | None:
+        """Seconds left of a finished job's retained state at ``now`` (Unix seconds; 0 or less:
+        expired, its topic is cleared), or None for a job not finished or no expiry."""
+        if not self.finished_expiry_s or not is_terminal(job["state"]) or not job.get("finished_at"):
+            return None
+        return int(parse_iso(job["finished_at"]) + self.finished_expiry_s - now)
 
     def turn_failed(self) -> None:
         """The turn's commit failed: nothing it decided is published."""
@@ -282,11 +294,13 @@ class Republisher:
         store = pub.store()
         if phase == "jobs":
             page = store.iter_job_page(cursor, REPUBLISH_PAGE)
+            now = self.clock()
             for job in page:
-                if not pub.unpublished(job["job_id"]):
-                    bridge.publish(
-                        pub.topics.job(job["job_id"]), payloads.encode(payloads.job_object(job)), retain=True
-                    )
+                if pub.unpublished(job["job_id"]):
+                    continue
+                left = pub.expiry_left(job, now)
+                body = payloads.encode(payloads.job_object(job)) if left is None or left > 0 else b""
+                bridge.publish(pub.topics.job(job["job_id"]), body, retain=True, expiry_s=left or 0)
             self.count += len(page)
             self.at = ("jobs", page[-1]["job_id"]) if len(page) == REPUBLISH_PAGE else ("batches", "")
         elif phase == "batches":

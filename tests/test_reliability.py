@@ -15,7 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REFERENCE, Broker, descendants, free_port, need, port_open, publish, wait_until, wer
+from .conftest import (
+    REFERENCE,
+    Broker,
+    descendants,
+    free_port,
+    need,
+    port_open,
+    publish,
+    retained_under,
+    wait_until,
+    wer,
+)
 
 
 def _alive(pid: int) -> bool:
@@ -766,3 +777,31 @@ def test_a_persistent_broker_restoring_an_older_save_is_not_taken_for_a_replaced
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_finished_jobs_retained_state_expires_from_the_broker_and_stays_in_the_store(
+    mosquitto, service_factory, speech: Path
+) -> None:
+    # Given finished jobs' retained states that expire 3 s after the job ended (before: the
+    # broker kept every stored job, and a new subscriber of jobs/+ got all of them: 100,100
+    # messages in 7.7 s with 100,000 stored)
+    svc = service_factory(mosquitto, [speech], {"EDGE_QUEUE_MQTT__FINISHED_EXPIRY_S": "3"}).start()
+    watcher = svc.watcher("response/#", "jobs/+")
+    done = svc.request("submit", {"kind": "noop", "inputs": [f"x{i}" for i in range(20)]}, watcher)["data"]["jobs"]
+    waiting = svc.request("submit", {"kind": "noop", "run_at": "2999-01-01T00:00:00Z"}, watcher)["data"]["jobs"][0]
+    for job in done:
+        watcher.wait_json(f"{svc.base}/jobs/{job['job_id']}", lambda m: m["state"] == "succeeded", 30)
+    assert {f"{svc.base}/jobs/{j['job_id']}" for j in done} <= retained_under(mosquitto, svc.base)
+    # When they have been over for longer than that, then a new subscriber gets only the job
+    # still waiting, and the store still answers for all
+    only_waiting = {f"{svc.base}/jobs/{waiting['job_id']}"}
+    wait_until(
+        lambda: {t for t in retained_under(mosquitto, svc.base) if "/jobs/" in t} == only_waiting, 15, "the expiry"
+    )
+    got = svc.request("get", {"job_id": done[0]["job_id"]}, watcher)
+    assert got["data"]["state"] == "succeeded"
+    # and a republish (as at every reconnect) does not bring them back
+    svc.request("republish", {}, watcher)
+    wait_until(lambda: "republished the retained state of 21 job(s)" in svc.log(), 30, "the republish")
+    retained = {t for t in retained_under(mosquitto, svc.base) if "/jobs/" in t}
+    assert retained == only_waiting, retained
