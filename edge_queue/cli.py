@@ -25,9 +25,32 @@ from .states import JobState
 
 app = typer.Typer(
     add_completion=False,
-    no_args_is_help=True,
+    invoke_without_command=True,
     help="edge-queue: an MQTT-native job queue for media work on home and edge boxes.",
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from .announce import package_version
+
+        typer.echo(f"edge-queue {package_version()}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Without a command: the help, exit code 0."""
+    if ctx.invoked_subcommand is None:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0)
+
+
 config_app = typer.Typer(no_args_is_help=True, help="Check the configuration.")
 app.add_typer(config_app, name="config")
 

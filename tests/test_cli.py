@@ -63,6 +63,17 @@ def test_cli_without_broker_exits_3(tmp_path: Path) -> None:
     assert out.returncode == 3 and "broker" in out.stderr
 
 
+def test_version_and_a_bare_command_show_what_a_user_expects() -> None:
+    # before: --version was "No such option" (exit 2), and edge-queue alone exited 2
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "edge_queue", *args], capture_output=True, text=True, timeout=60)
+
+    version = run("--version")
+    assert version.returncode == 0 and version.stdout.startswith("edge-queue "), version
+    bare = run()
+    assert bare.returncode == 0 and "Commands" in bare.stdout and "submit" in bare.stdout, bare
+
+
 def test_submit_priority_out_of_range_is_bad_usage_before_any_connection(tmp_path: Path) -> None:
     # docs/cli.md: priority -100..100; outside it, exit 2 (bad usage), without asking a broker
     env = {**os.environ, "EDGE_QUEUE_MQTT__PORT": str(free_port())}
