@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import time
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -17,7 +18,7 @@ from .bridge import Bridge
 from .config import Settings
 from .instance import describe
 from .page import PageServer
-from .store import Store
+from .store import Store, iso
 from .topics import ONLINE, Topics
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,34 @@ class Announcer:
         self.bridge.publish(self.topics.status, ONLINE, retain=True)
         self.publish_info()
         self.publish_discovery()
+        self.publish_ha_states()
+
+    def publish_ha_states(self) -> None:
+        """Home Assistant's own retained topics, from the store (with discovery on): every
+        entity has a state at once after a restart of edge-queue, of the broker (a broker
+        without persistence forgets retained messages) or of Home Assistant."""
+        if not self.settings.homeassistant.discovery:
+            return
+        store = self.store()
+        last = store.last_finished()
+        body = discovery.last_payload(last) if last is not None else discovery.NO_LAST
+        self.bridge.publish(discovery.last_topic(self.topics), payloads.encode(body), retain=True)
+        submit = store.meta_text("ha_submit")
+        self.bridge.publish(
+            discovery.submit_topic(self.topics),
+            submit.encode() if submit else payloads.encode(discovery.NO_SUBMIT),
+            retain=True,
+        )
+
+    def submitted(self, request: bytes, response: dict[str, Any]) -> None:
+        """A submit was answered on the shared request topic (Home Assistant's "Submit" text
+        and anyone else's): ``<base>/ha/submit`` (with discovery on), kept in the store for the
+        next start."""
+        if not self.settings.homeassistant.discovery:
+            return
+        body = payloads.encode(discovery.submit_payload(request, response, iso(time.time())))
+        self.store().set_meta_text("ha_submit", body.decode())
+        self.bridge.publish(discovery.submit_topic(self.topics), body, retain=True)
 
     def page_url(self) -> str | None:
         """The page's address for Home Assistant's device link, or ``None`` without a page:

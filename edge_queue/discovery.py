@@ -5,9 +5,11 @@ Device-based discovery (Home Assistant 2024.11 and newer): one retained message 
 (``cmps``); an entity left out of a newer config, or an empty retained config, is removed by
 Home Assistant. States come from the topics edge-queue already publishes (``<base>/queue``,
 ``<base>/status`` for availability, ``<base>/events`` for the event entity,
-``<base>/response/submit``) and from one small retained topic that spares Home Assistant a
-template over the whole job: ``<base>/ha/last`` (the last finished job). Commands are the
-ordinary requests (``pause``, ``cancel``, ``retry``, ``republish``, ``submit``).
+and from small retained topics of their own, sent again at every connect and republish, so
+that every entity has a state within seconds of a restart of edge-queue, the broker or Home
+Assistant: ``<base>/ha/last`` (the last finished job) and ``<base>/ha/submit`` (the last
+submit on the shared topic). Commands are the ordinary requests (``pause``, ``cancel``,
+``retry``, ``republish``, ``submit``).
 
 Sources: https://www.home-assistant.io/integrations/mqtt/#device-discovery-payload and the
 facts measured with a real Home Assistant Core (tests/test_homeassistant.py)
@@ -16,6 +18,7 @@ facts measured with a real Home Assistant Core (tests/test_homeassistant.py)
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +34,13 @@ def config_topic(prefix: str, instance_id: str) -> str:
 
 
 def last_topic(topics: Topics) -> str:
-    return f"{topics.base}/ha/last"
+    """``<base>/ha/last``: the last finished job (retained)."""
+    return topics.ha("last")
+
+
+def submit_topic(topics: Topics) -> str:
+    """``<base>/ha/submit``: the last submit on the shared request topic and its result (retained)."""
+    return topics.ha("submit")
 
 
 def device_config(
@@ -166,6 +175,9 @@ def device_config(
             "name": "Submit",
             "unique_id": uid("submit"),
             "cmd_t": topics.request("submit"),
+            # the last submitted input: a state after any restart, not HA's optimistic "unknown"
+            "stat_t": submit_topic(topics),
+            "val_tpl": "{{ value_json.input }}",
             "max": 255,
             "ic": "mdi:file-upload",
         },
@@ -173,10 +185,11 @@ def device_config(
             "p": "sensor",
             "name": "Last submit",
             "unique_id": uid("submit_result"),
-            "stat_t": topics.response("submit"),
-            "val_tpl": "{{ ('error: ' ~ value_json.error.code ~ ': ' ~ value_json.error.message)[:255] "
-            "if value_json.status == 'error' else ('queued ' ~ (value_json.data.jobs | map(attribute='job_id') "
-            "| join(', ')))[:255] }}",
+            "stat_t": submit_topic(topics),
+            "val_tpl": "{{ value_json.summary }}",
+            "json_attr_t": submit_topic(topics),
+            "json_attr_tpl": "{{ {'job_ids': value_json.job_ids, 'error_code': value_json.error_code, "
+            "'submitted_at': value_json.submitted_at} | tojson }}",
             "ic": "mdi:inbox-arrow-down",
         },
     }
@@ -216,6 +229,44 @@ def device_config(
         "pl_not_avail": OFFLINE,
         "qos": 1,
         "cmps": components,
+    }
+
+
+#: ``<base>/ha/last`` before any job finished, so that "Last result" has a state.
+NO_LAST: dict[str, Any] = {
+    "summary": "none",
+    **dict.fromkeys(
+        ("job_id", "kind", "state", "input", "text", "outputs", "error_code", "error_message", "finished_at")
+    ),
+}
+#: ``<base>/ha/submit`` before any submit.
+NO_SUBMIT: dict[str, Any] = {"summary": "none", "input": "", "job_ids": [], "error_code": None, "submitted_at": None}
+
+
+def submit_payload(request: bytes, response: dict[str, Any], at: str) -> dict[str, Any]:
+    """``<base>/ha/submit`` for a submit on the shared request topic: ``summary`` (``queued <job
+    ids>`` or ``error: <code>: <message>``, cut to 255 characters), ``input`` (what was
+    submitted: the ``input`` of a JSON request or the bare path, cut to 255 characters, the
+    "Submit" text's state), ``job_ids``, ``error_code`` and ``submitted_at`` (``at``, ISO 8601)."""
+    text = request.decode("utf-8", "replace").strip()
+    try:
+        decoded = json.loads(text)
+    except ValueError:
+        decoded = text
+    given = decoded.get("input") if isinstance(decoded, dict) else decoded
+    data = response.get("data") if isinstance(response.get("data"), dict) else {}
+    jobs = [j.get("job_id") for j in (data or {}).get("jobs") or [] if isinstance(j, dict)]
+    error = response.get("error") if isinstance(response.get("error"), dict) else None
+    if response.get("status") == "error" and error is not None:
+        summary = f"error: {error.get('code')}: {error.get('message')}"
+    else:
+        summary = "queued " + ", ".join(str(j) for j in jobs)
+    return {
+        "summary": summary[:STATE_MAX],
+        "input": (given if isinstance(given, str) else "")[:STATE_MAX],
+        "job_ids": jobs,
+        "error_code": error.get("code") if error is not None else None,
+        "submitted_at": at,
     }
 
 
