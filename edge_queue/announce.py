@@ -160,6 +160,7 @@ class Announcer:
             package_version(),
             configuration_url=self.page_url(),
             nodes=list(self.settings.access.nodes),
+            name=ha.name,
         )
         self.bridge.publish(topic, payloads.encode(config), retain=True)
         if not store.meta("discovery_published"):

@@ -43,6 +43,19 @@ def submit_topic(topics: Topics) -> str:
     return topics.ha("submit")
 
 
+#: The base topic a device name leaves out (``mqtt.base_topic``'s default).
+DEFAULT_BASE = "edge-queue"
+
+
+def device_name(configured: str, host: str, base: str) -> str:
+    """The device's name: ``homeassistant.name`` when set, else ``edge-queue <host>``, with the
+    base topic after it when it is not the default: two installations on one host get two
+    names, and so two sets of entity ids (``sensor.edge_queue_nas_garage_jobs_queued``)."""
+    if configured.strip():
+        return configured.strip()
+    return f"edge-queue {host}" + ("" if base == DEFAULT_BASE else f" {base}")
+
+
 def device_config(
     topics: Topics,
     instance_id: str,
@@ -51,11 +64,13 @@ def device_config(
     *,
     configuration_url: str | None = None,
     nodes: list[str] | None = None,
+    name: str = "",
 ) -> dict[str, Any]:
     """The discovery payload: the device, its origin, availability and every entity.
 
     Each entity's ``unique_id`` is ``edge_queue_<instance_id>_<key>``, so two installations
-    never share one; the device is named after the host. ``configuration_url`` (the queue
+    never share one; the device is named by :func:`device_name` (``name``: the configured
+    one). ``configuration_url`` (the queue
     page, ``http://nas:8099/``) becomes the device's "Visit" link (``cu``). Each worker node of
     ``nodes`` (``access.nodes``) gets a connectivity sensor from its retained announcement and a
     sensor of the jobs it runs (docs/home-assistant.md, "Worker nodes")."""
@@ -217,7 +232,7 @@ def device_config(
     return {
         "dev": {
             "ids": [f"edge_queue_{instance_id}"],
-            "name": f"edge-queue {host}",
+            "name": device_name(name, host, topics.base),
             "mf": "edge-queue",
             "mdl": "edge-queue job queue",
             "sw": version,

@@ -9,6 +9,7 @@ a mosquitto of the harness without persistence. Select these tests with ``-m hom
 from __future__ import annotations
 
 import shutil
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -148,17 +149,30 @@ def test_home_assistant_sees_and_drives_edge_queue(ha, tmp_path: Path, speech: P
 
 
 def test_two_installs_are_two_devices(ha, tmp_path: Path) -> None:
+    """Issue 34, item 4: installations on one host are told apart by their device names and
+    entity ids (no ``_2`` suffixes): the base topic follows the host name when it is not the
+    default, and ``homeassistant.name`` names the device outright."""
     h, inst, broker = ha
-    a = service(broker, tmp_path, [tmp_path], "a", "eqa-" + tmp_path.name[-8:].replace("/", "")).start()
-    b = service(broker, tmp_path, [tmp_path], "b", "eqb-" + tmp_path.name[-8:].replace("/", "")).start()
+    host = socket.gethostname()
+    a = service(broker, tmp_path, [tmp_path], "a", "edge-queue").start()
+    b = service(broker, tmp_path, [tmp_path], "b", "eqb-" + tmp_path.name[-8:].replace("/", ""))
+    c = service(broker, tmp_path, [tmp_path], "c", "eqc-" + tmp_path.name[-8:].replace("/", ""))
+    c.env["EDGE_QUEUE_HOMEASSISTANT__NAME"] = "Garage queue"
+    b.start(), c.start()
     try:
-        ea, eb = entities_of(h, inst, instance_id(a)), entities_of(h, inst, instance_id(b))
-        assert not set(ea.values()) & set(eb.values())
-        mine = [x for x in h.entities(inst) if x["entity_id"] in set(ea.values()) | set(eb.values())]
-        assert len({str(x["device_identifiers"]) for x in mine}) == 2
-        assert len({x["unique_id"] for x in mine}) == 2 * len(KEYS)
+        found = [entities_of(h, inst, instance_id(svc)) for svc in (a, b, c)]
+        ids = {eid for e in found for eid in e.values()}
+        assert len(ids) == 3 * len(KEYS), found
+        mine = [x for x in h.entities(inst) if x["entity_id"] in ids]
+        devices = {x["device"] for x in mine}
+        assert devices == {f"edge-queue {host}", f"edge-queue {host} {b.base}", "Garage queue"}, devices
+        assert not [i for i in ids if i.endswith("_2")], sorted(ids)
+        slug = host.lower().replace("-", "_")
+        assert found[0]["queued"] == f"sensor.edge_queue_{slug}_jobs_queued", found[0]
+        assert found[1]["queued"] == f"sensor.edge_queue_{slug}_{b.base.replace('-', '_')}_jobs_queued", found[1]
+        assert found[2]["queued"] == "sensor.garage_queue_jobs_queued", found[2]
     finally:
-        for svc in (a, b):
+        for svc in (a, b, c):
             svc.stop()
 
 
