@@ -161,6 +161,7 @@ class Announcer:
             configuration_url=self.page_url(),
             nodes=list(self.settings.access.nodes),
             name=ha.name,
+            workers=self.settings.workers,
         )
         self.bridge.publish(topic, payloads.encode(config), retain=True)
         if not store.meta("discovery_published"):

@@ -65,12 +65,14 @@ def device_config(
     configuration_url: str | None = None,
     nodes: list[str] | None = None,
     name: str = "",
+    workers: int = 1,
 ) -> dict[str, Any]:
     """The discovery payload: the device, its origin, availability and every entity.
 
     Each entity's ``unique_id`` is ``edge_queue_<instance_id>_<key>``, so two installations
     never share one; the device is named by :func:`device_name` (``name``: the configured
-    one). ``configuration_url`` (the queue
+    one); ``workers`` (the configured number) is what the "Workers" problem sensor expects
+    alive. ``configuration_url`` (the queue
     page, ``http://nas:8099/``) becomes the device's "Visit" link (``cu``). Each worker node of
     ``nodes`` (``access.nodes``) gets a connectivity sensor from its retained announcement and a
     sensor of the jobs it runs (docs/home-assistant.md, "Worker nodes")."""
@@ -208,6 +210,7 @@ def device_config(
             "ic": "mdi:inbox-arrow-down",
         },
     }
+    components.update(diagnostics(topics, uid, workers))
     for node_id in nodes or []:
         components[f"node_{node_id}"] = {
             "p": "binary_sensor",
@@ -282,6 +285,63 @@ def submit_payload(request: bytes, response: dict[str, Any], at: str) -> dict[st
         "job_ids": jobs,
         "error_code": error.get("code") if error is not None else None,
         "submitted_at": at,
+    }
+
+
+def diagnostics(topics: Topics, uid: Any, workers: int) -> dict[str, Any]:
+    """The device's diagnostic entities (entity category ``diagnostic``, as Zigbee2MQTT's and
+    Frigate's devices have): version, start time, worker health, store size and free disk."""
+    queue, info = topics.queue, topics.info
+
+    def diag(key: str, p: str, name: str, stat_t: str, val_tpl: str, **more: Any) -> dict[str, Any]:
+        # (a template that renders None makes the state unknown)
+        base = {"p": p, "name": name, "unique_id": uid(key), "stat_t": stat_t, "val_tpl": val_tpl}
+        return {**base, "ent_cat": "diagnostic", **more}
+
+    return {
+        "version": diag("version", "sensor", "Version", info, "{{ value_json.version }}", ic="mdi:tag"),
+        "started": diag("started", "sensor", "Started", info, "{{ value_json.started_at }}", dev_cla="timestamp"),
+        "workers_alive": diag(
+            "workers_alive",
+            "sensor",
+            "Workers alive",
+            queue,
+            "{{ value_json.workers_alive }}",
+            stat_cla="measurement",
+            ic="mdi:account-hard-hat",
+        ),
+        # on while fewer worker processes are alive than configured (one crashed, or restarts)
+        "workers_problem": diag(
+            "workers_problem",
+            "binary_sensor",
+            "Workers",
+            queue,
+            "{{ 'ON' if value_json.workers_alive < " + str(int(workers)) + " else 'OFF' }}",
+            dev_cla="problem",
+        ),
+        "store_size": diag(
+            "store_size",
+            "sensor",
+            "Store size",
+            queue,
+            "{{ (value_json.store_bytes / 1000000) | round(1) if value_json.store_bytes is number else None }}",
+            dev_cla="data_size",
+            unit_of_meas="MB",
+            stat_cla="measurement",
+            ic="mdi:database",
+        ),
+        "disk_free": diag(
+            "disk_free",
+            "sensor",
+            "Disk free",
+            queue,
+            "{{ (value_json.disk_free_bytes / 1000000000) | round(1) "
+            "if value_json.disk_free_bytes is number else None }}",
+            dev_cla="data_size",
+            unit_of_meas="GB",
+            stat_cla="measurement",
+            ic="mdi:harddisk",
+        ),
     }
 
 

@@ -10,8 +10,10 @@ docs/topics.md, "`<base>/jobs/<job_id>`", "`<base>/events`", "`<base>/queue`",
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from . import discovery, payloads
@@ -36,6 +38,26 @@ COALESCE_S = 0.02
 #: BACKLOG_LOW messages wait for the broker: it proceeds in pieces, between requests.
 REPUBLISH_PAGE = 1_000
 BACKLOG_LOW = 4_000
+
+
+def storage(db_path: Path) -> dict[str, int | None]:
+    """``store_bytes`` (the job store's file and its write-ahead log) and ``disk_free_bytes``
+    (free on the disk holding it, for an unprivileged user), None when unreadable: for
+    ``<base>/queue``, and Home Assistant's diagnostic sensors."""
+    size: int | None = 0
+    for path in (db_path, db_path.with_name(db_path.name + "-wal")):
+        try:
+            size = (size or 0) + path.stat().st_size
+        except FileNotFoundError:
+            pass
+        except OSError:
+            size = None
+            break
+    try:
+        free: int | None = shutil.disk_usage(db_path.parent).free
+    except OSError:
+        free = None
+    return {"store_bytes": size, "disk_free_bytes": free}
 
 
 class Publisher:
@@ -240,6 +262,7 @@ class Publisher:
                 for j in store.running()
             ],
             "workers_alive": self.supervisor.alive(),
+            **storage(store.path),
             "nodes": self.nodes(),
             "last_finished": None
             if last is None

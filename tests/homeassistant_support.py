@@ -32,6 +32,12 @@ KEYS = [
     "republish",
     "submit",
     "submit_result",
+    "version",
+    "started",
+    "workers_alive",
+    "workers_problem",
+    "store_size",
+    "disk_free",
 ]
 
 

@@ -8,6 +8,7 @@ a mosquitto of the harness without persistence. Select these tests with ``-m hom
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import time
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import Broker, port_open, wait_until
+from .conftest import Broker, port_open, publish, wait_until
 from .homeassistant_support import (
     KEYS,
     StateChanges,
@@ -272,5 +273,47 @@ def test_every_entity_has_a_state_within_seconds_of_any_restart(ha, tmp_path: Pa
         assert state_of(h, inst, e["last_result"]) == "noop succeeded: n1"
         assert state_of(h, inst, e["submit_result"]).startswith("queued ")
         assert state_of(h, inst, e["submit"]) == "n1"
+    finally:
+        svc.stop()
+
+
+def test_diagnostic_entities_and_device_classes(ha, tmp_path: Path) -> None:
+    """Issue 34, item 5: the device's diagnostic entities (version, start time, worker health,
+    store size, free disk) with their entity category, device classes and units, as Home
+    Assistant registers them."""
+    from edge_queue.announce import package_version
+
+    h, inst, broker = ha
+    svc = service(broker, tmp_path, [tmp_path], "data", "eqg-" + tmp_path.name[-8:])
+    svc.env["EDGE_QUEUE_WORKERS"] = "1"
+    svc.start()
+    try:
+        e = entities_of(h, inst, instance_id(svc))
+        registry = {x["entity_id"]: x for x in h.ws_call(inst, "config/entity_registry/list")}
+        category = {key: registry[eid].get("entity_category") for key, eid in e.items()}
+        diagnostic = {"version", "started", "workers_alive", "workers_problem", "store_size", "disk_free", "republish"}
+        assert {k for k, c in category.items() if c == "diagnostic"} == diagnostic, category
+        states = {
+            key: wait_state(h, inst, e[key], lambda s, a: s not in NO_STATE, key) for key in diagnostic - {"republish"}
+        }
+        assert states["version"]["state"] == package_version()
+        assert states["started"]["attributes"]["device_class"] == "timestamp"
+        assert states["workers_alive"]["state"] == "1"
+        assert states["workers_problem"]["state"] == "off"
+        assert states["workers_problem"]["attributes"]["device_class"] == "problem"
+        for key, unit in (("store_size", "MB"), ("disk_free", "GB")):
+            a = states[key]["attributes"]
+            assert (a["device_class"], a["unit_of_measurement"]) == ("data_size", unit), (key, a)
+            assert float(states[key]["state"]) > 0, states[key]
+        # A summary with fewer workers alive than configured (a worker that crash-loops and is
+        # not restarted) is a problem; edge-queue's own summary, republished, is none again
+        w = svc.watcher("queue", "response/#")
+        summary = w.wait_json(f"{svc.base}/queue", lambda m: m["workers_alive"] == 1)
+        publish(broker, f"{svc.base}/queue", json.dumps({**summary, "workers_alive": 0}), retain=True)
+        wait_state(h, inst, e["workers_problem"], lambda s, a: s == "on", "a problem")
+        wait_state(h, inst, e["workers_alive"], lambda s, a: s == "0", "0 workers alive")
+        svc.request("republish", {}, w)
+        wait_state(h, inst, e["workers_problem"], lambda s, a: s == "off", "no problem")
+        w.close()
     finally:
         svc.stop()
