@@ -16,6 +16,7 @@ from typing import Any
 from . import discovery, payloads
 from .bridge import Bridge
 from .config import Settings
+from .ha_finished import FinishedJobs
 from .instance import describe
 from .page import PageServer
 from .store import Store, iso
@@ -60,6 +61,7 @@ class Announcer:
         self.settings, self.topics, self.kinds, self.bridge = settings, topics, kinds, bridge
         self.store, self.watch_info, self.page, self.nodes = store, watch_info, page, nodes
         self.started_at = started_at
+        self.finished = FinishedJobs(bridge, topics, store)  # <base>/ha/finished after an absence
         self.instance_id = ""  # the installation's id, from the store (set at boot)
         #: other installations seen announcing themselves on our base topic: id -> their info
         self.conflicts: dict[str, dict[str, Any]] = {}
@@ -168,10 +170,15 @@ class Announcer:
             store.set_meta("discovery_published", 1)
 
     def on_homeassistant_status(self, payload: bytes, retained: bool) -> None:
-        """Home Assistant's birth message (not retained): it has just started; send the config."""
+        """Home Assistant's birth message (not retained): it has just started; send the config,
+        and the jobs that ended while it was offline. Its Last Will (``offline``): keep the
+        event cursor for that (:mod:`.ha_finished`)."""
         if payload.strip() == b"online":
             log.info("Home Assistant came online: sending the discovery config again")
             self.publish_discovery()
+            self.finished.home_assistant(online=True)
+        elif payload.strip() == b"offline" and self.settings.homeassistant.discovery:
+            self.finished.home_assistant(online=False)
 
     def on_foreign_info(self, payload: bytes, retained: bool) -> None:
         """A live ``<base>/info`` from another installation: two services on one base topic.

@@ -4,12 +4,12 @@ Device-based discovery (Home Assistant 2024.11 and newer): one retained message 
 ``<prefix>/device/<instance_id>/config`` describes the device and all its entities
 (``cmps``); an entity left out of a newer config, or an empty retained config, is removed by
 Home Assistant. States come from the topics edge-queue already publishes (``<base>/queue``,
-``<base>/status`` for availability, ``<base>/events`` for the event entity,
-and from small retained topics of their own, sent again at every connect and republish, so
-that every entity has a state within seconds of a restart of edge-queue, the broker or Home
-Assistant: ``<base>/ha/last`` (the last finished job) and ``<base>/ha/submit`` (the last
-submit on the shared topic). Commands are the ordinary requests (``pause``, ``cancel``,
-``retry``, ``republish``, ``submit``).
+``<base>/info``, ``<base>/status`` for availability), and from topics of their own: the
+retained ``<base>/ha/last`` (the last finished job) and ``<base>/ha/submit`` (the last submit
+on the shared topic), sent again at every connect and republish so that every entity has a
+state within seconds of a restart of edge-queue, the broker or Home Assistant, and
+``<base>/ha/finished`` for the event entity (:mod:`.ha_finished`). Commands are the ordinary
+requests (``pause``, ``cancel``, ``retry``, ``republish``, ``submit``).
 
 Sources: https://www.home-assistant.io/integrations/mqtt/#device-discovery-payload and the
 facts measured with a real Home Assistant Core (tests/test_homeassistant.py)
@@ -36,6 +36,11 @@ def config_topic(prefix: str, instance_id: str) -> str:
 def last_topic(topics: Topics) -> str:
     """``<base>/ha/last``: the last finished job (retained)."""
     return topics.ha("last")
+
+
+def finished_topic(topics: Topics) -> str:
+    """``<base>/ha/finished``: one message per finished job, for the event entity (not retained)."""
+    return topics.ha("finished")
 
 
 def submit_topic(topics: Topics) -> str:
@@ -137,15 +142,9 @@ def device_config(
             "p": "event",
             "name": "Job finished",
             "unique_id": uid("job_finished"),
-            # every <base>/events message; the template renders nothing (ignored by Home
-            # Assistant) but for "end", so the entity fires once per finished run
-            "stat_t": topics.events,
-            "val_tpl": (
-                "{% if value_json.type == 'end' %}{{ {'event_type': J.state, 'job_id': J.job_id, 'kind': J.kind, "
-                "'input': J.input, 'error_code': (J.error or {}).get('code'), "
-                "'error_message': (J.error or {}).get('message'), "
-                "'text': ((J.result or {}).get('text') or '')[:1000]} | tojson }}{% endif %}"
-            ).replace("J", "value_json.job"),
+            # <base>/ha/finished: once per finished run, and the runs that ended while Home
+            # Assistant was offline when it is back (edge_queue/ha_finished.py)
+            "stat_t": finished_topic(topics),
             "evt_typ": ["succeeded", "failed", "cancelled"],
             "ic": "mdi:flag-checkered",
         },
@@ -342,6 +341,27 @@ def diagnostics(topics: Topics, uid: Any, workers: int) -> dict[str, Any]:
             stat_cla="measurement",
             ic="mdi:harddisk",
         ),
+    }
+
+
+def finished_payload(job: dict[str, Any], state: str, event_id: int | None, *, late: bool) -> dict[str, Any]:
+    """``<base>/ha/finished`` for a job that reached ``state`` (its ``end`` event ``event_id``):
+    ``event_type`` (the state), ``event_id``, ``job_id``, ``kind``, ``input``, ``error_code``,
+    ``error_message``, ``text`` (a transcript's first 1,000 characters), ``finished_at`` and
+    ``late`` (true when sent again because Home Assistant was offline when the job ended)."""
+    result = job.get("result") if isinstance(job.get("result"), dict) else {}
+    error = job.get("error") if isinstance(job.get("error"), dict) else {}
+    return {
+        "event_type": state,
+        "event_id": event_id,
+        "job_id": job["job_id"],
+        "kind": job["kind"],
+        "input": job.get("input"),
+        "error_code": (error or {}).get("code"),
+        "error_message": (error or {}).get("message"),
+        "text": ((result or {}).get("text") or "")[:1000],
+        "finished_at": job.get("finished_at"),
+        "late": late,
     }
 
 

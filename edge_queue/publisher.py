@@ -19,6 +19,7 @@ from typing import Any
 from . import discovery, payloads
 from .bridge import Bridge
 from .errors import NotFoundError
+from .ha_finished import FinishedJobs
 from .states import JobState, is_terminal
 from .store import Store, iso
 from .supervisor import Supervisor
@@ -86,6 +87,7 @@ class Publisher:
         self.bridge, self.topics, self.store, self.supervisor = bridge, topics, store, supervisor
         self.paused, self.nodes = paused, nodes
         self.ha_enabled = ha_last
+        self.ha_finished = FinishedJobs(bridge, topics, store)
         self.pending_progress: dict[str, dict[str, Any]] = {}
         self.last_progress_pub: dict[str, float] = {}
         self.published_stage: dict[str, str | None] = {}
@@ -123,6 +125,7 @@ class Publisher:
         self.queue_dirty = True
         if terminal and event == "end" and self.ha_enabled:
             self.ha_last = job  # Home Assistant's "last result": once per turn, the turn's last
+            self.ha_finished.ended(job)  # its "Job finished" event: every one
 
     def publish_states(self, mono: float, *, everything: bool = False) -> None:
         """Publish the retained job states committed by the turns so far: a terminal state at

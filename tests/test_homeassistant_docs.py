@@ -200,3 +200,88 @@ def test_the_pages_yaml_works_in_home_assistant_across_restarts(ha, tmp_path: Pa
         w.close()
     finally:
         svc.stop()
+
+
+BLUEPRINT = ROOT / "docs" / "blueprints" / "notify_job_finished.yaml"
+
+
+def test_the_blueprint_notifies_each_finished_job_once_also_after_home_assistant_was_down(ha, tmp_path: Path) -> None:
+    """Issue 34, items 2 and 6: an automation from the repository's blueprint notifies once per
+    finished job, with the transcript or the error; never again for an old job after a restart of
+    edge-queue, the broker or Home Assistant; and, once Home Assistant is back, once for each job
+    that ended while it was down."""
+    h, inst, broker = ha
+    svc = service(broker, tmp_path, [tmp_path], "data", "eqb-" + tmp_path.name[-8:])
+    svc.start()
+    config = Path(inst["config"])
+    w = svc.watcher("response/#", "jobs/+")
+    try:
+        e = entities(h, inst, instance_id(svc), ["job_finished", "queued"])
+        # Given an automation made from the blueprint, as its user makes it
+        (config / "blueprints" / "automation" / "edge-queue").mkdir(parents=True, exist_ok=True)
+        shutil.copy(BLUEPRINT, config / "blueprints" / "automation" / "edge-queue" / BLUEPRINT.name)
+        (config / "automations.yaml").write_text(
+            "- id: edge_queue_blueprint\n"
+            "  alias: edge-queue to my phone\n"
+            "  use_blueprint:\n"
+            f"    path: edge-queue/{BLUEPRINT.name}\n"
+            "    input:\n"
+            f"      job_finished: {e['job_finished']}\n"
+            "      notify_action: notify.mobile_app_my_phone\n"
+        )
+        for name in ("scripts.yaml", "edge_queue_mqtt.yaml"):
+            (config / name).write_text("{}\n")
+        extra = tmp_path / "extra.yaml"
+        extra.write_text(EXTRA_YAML)
+        restart_home_assistant(h, inst, extra)
+        wait_state(h, inst, "automation.edge_queue_to_my_phone", lambda s, a: s == "on", "the automation loaded")
+        wait_state(h, inst, e["job_finished"], lambda s, a: s != "unavailable", "the event entity")
+
+        def run(kind: str, options: dict[str, Any], state: str) -> str:
+            body = {"kind": kind, "options": options, **({"input": "clip.wav"} if kind == "noop" else {})}
+            job_id = svc.request("submit", body, w)["data"]["jobs"][0]["job_id"]
+            w.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] == state)
+            return str(job_id)
+
+        # When a job succeeds and one fails: one notification each, the error in the second
+        run("noop", {}, "succeeded")
+        run("test_fail", {"code": "unsupported_media"}, "failed")
+        wait_until(lambda: len(notifications(h, inst)) >= 2, 30, "two notifications")
+        sent = notifications(h, inst)
+        assert [n["title"] for n in sent] == ["noop succeeded", "test_fail failed"], sent
+        assert sent[1]["message"] == "unsupported_media: failing on purpose", sent
+
+        def quiet(what: str, count: int) -> None:
+            wait_state(h, inst, e["job_finished"], lambda s, a: s not in ("unavailable", "unknown"), what, 90)
+            wait_state(h, inst, e["queued"], lambda s, a: s == "0", what, 90)
+            time.sleep(2)  # a stale notification comes within milliseconds of the state's return
+            assert len(notifications(h, inst)) == count, (what, notifications(h, inst)[count:])
+
+        # When edge-queue and the broker restart: nothing old again
+        assert svc.stop() == 0
+        wait_state(h, inst, e["job_finished"], lambda s, a: s == "unavailable", "unavailable")
+        svc.start()
+        quiet("edge-queue restart", 2)
+        h.broker_stop(broker.port)
+        wait_until(lambda: not port_open("127.0.0.1", broker.port), 20, "the broker to be gone")
+        h.broker_start(broker.port)
+        quiet("broker restart", 2)
+        # When jobs end while Home Assistant is down, and it comes back
+        h.stop(inst)
+        missed = [run("noop", {}, "succeeded"), run("test_fail", {"code": "decode_error"}, "failed")]
+        restart_home_assistant(h, inst, extra)
+        # Then each of them is notified once, marked, and nothing older
+        wait_until(lambda: len(notifications(h, inst)) >= 2, 30, "the missed jobs notified")
+        quiet("Home Assistant restart", 2)
+        sent = notifications(h, inst)
+        assert [n["title"] for n in sent] == [
+            "noop succeeded (while Home Assistant was down)",
+            "test_fail failed (while Home Assistant was down)",
+        ], sent
+        figures(missed_jobs=missed, notified_after_home_assistant_restart=sent)
+        # And a restart of Home Assistant with nothing missed sends nothing
+        restart_home_assistant(h, inst, extra)
+        quiet("Home Assistant restart, nothing missed", 0)
+    finally:
+        w.close()
+        svc.stop()
