@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import time
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -15,9 +16,10 @@ from typing import Any
 from . import discovery, payloads
 from .bridge import Bridge
 from .config import Settings
+from .ha_finished import FinishedJobs
 from .instance import describe
 from .page import PageServer
-from .store import Store
+from .store import Store, iso
 from .topics import ONLINE, Topics
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,7 @@ class Announcer:
         self.settings, self.topics, self.kinds, self.bridge = settings, topics, kinds, bridge
         self.store, self.watch_info, self.page, self.nodes = store, watch_info, page, nodes
         self.started_at = started_at
+        self.finished = FinishedJobs(bridge, topics, store)  # <base>/ha/finished after an absence
         self.instance_id = ""  # the installation's id, from the store (set at boot)
         #: other installations seen announcing themselves on our base topic: id -> their info
         self.conflicts: dict[str, dict[str, Any]] = {}
@@ -100,6 +103,34 @@ class Announcer:
         self.bridge.publish(self.topics.status, ONLINE, retain=True)
         self.publish_info()
         self.publish_discovery()
+        self.publish_ha_states()
+
+    def publish_ha_states(self) -> None:
+        """Home Assistant's own retained topics, from the store (with discovery on): every
+        entity has a state at once after a restart of edge-queue, of the broker (a broker
+        without persistence forgets retained messages) or of Home Assistant."""
+        if not self.settings.homeassistant.discovery:
+            return
+        store = self.store()
+        last = store.last_finished()
+        body = discovery.last_payload(last) if last is not None else discovery.NO_LAST
+        self.bridge.publish(discovery.last_topic(self.topics), payloads.encode(body), retain=True)
+        submit = store.meta_text("ha_submit")
+        self.bridge.publish(
+            discovery.submit_topic(self.topics),
+            submit.encode() if submit else payloads.encode(discovery.NO_SUBMIT),
+            retain=True,
+        )
+
+    def submitted(self, request: bytes, response: dict[str, Any]) -> None:
+        """A submit was answered on the shared request topic (Home Assistant's "Submit" text
+        and anyone else's): ``<base>/ha/submit`` (with discovery on), kept in the store for the
+        next start."""
+        if not self.settings.homeassistant.discovery:
+            return
+        body = payloads.encode(discovery.submit_payload(request, response, iso(time.time())))
+        self.store().set_meta_text("ha_submit", body.decode())
+        self.bridge.publish(discovery.submit_topic(self.topics), body, retain=True)
 
     def page_url(self) -> str | None:
         """The page's address for Home Assistant's device link, or ``None`` without a page:
@@ -131,16 +162,23 @@ class Announcer:
             package_version(),
             configuration_url=self.page_url(),
             nodes=list(self.settings.access.nodes),
+            name=ha.name,
+            workers=self.settings.workers,
         )
         self.bridge.publish(topic, payloads.encode(config), retain=True)
         if not store.meta("discovery_published"):
             store.set_meta("discovery_published", 1)
 
     def on_homeassistant_status(self, payload: bytes, retained: bool) -> None:
-        """Home Assistant's birth message (not retained): it has just started; send the config."""
+        """Home Assistant's birth message (not retained): it has just started; send the config,
+        and the jobs that ended while it was offline. Its Last Will (``offline``): keep the
+        event cursor for that (:mod:`.ha_finished`)."""
         if payload.strip() == b"online":
             log.info("Home Assistant came online: sending the discovery config again")
             self.publish_discovery()
+            self.finished.home_assistant(online=True)
+        elif payload.strip() == b"offline" and self.settings.homeassistant.discovery:
+            self.finished.home_assistant(online=False)
 
     def on_foreign_info(self, payload: bytes, retained: bool) -> None:
         """A live ``<base>/info`` from another installation: two services on one base topic.

@@ -18,49 +18,58 @@ from typing import Annotated, Any
 
 import typer
 
+from .cli_help import PlainCommand, PlainGroup
 from .config import Settings, load_settings
 from .errors import BrokerUnavailable, ConfigError
 from .logfmt import OneLineFormatter
 from .states import JobState
 
 app = typer.Typer(
+    cls=PlainGroup,
     add_completion=False,
-    invoke_without_command=True,
     help="edge-queue: an MQTT-native job queue for media work on home and edge boxes.",
 )
+config_app = typer.Typer(cls=PlainGroup, help="Check the configuration.")
+app.add_typer(config_app, name="config")
 
 
-def _version(value: bool) -> None:
-    if value:
+@app.callback(invoke_without_command=True)
+def _root(
+    ctx: typer.Context,
+    version: Annotated[bool, typer.Option("--version", is_eager=True, help="print the version and exit")] = False,
+) -> None:
+    """edge-queue: an MQTT-native job queue for media work on home and edge boxes."""
+    if version:
         from .announce import package_version
 
         typer.echo(f"edge-queue {package_version()}")
         raise typer.Exit(0)
+    if ctx.invoked_subcommand is None:  # a bare command shows the help, and is no error
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0)
 
 
-@app.callback()
-def _root(
-    ctx: typer.Context,
-    version: Annotated[
-        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
-    ] = False,
-) -> None:
-    """Without a command: the help, exit code 0."""
+@config_app.callback(invoke_without_command=True)
+def _config_root(ctx: typer.Context) -> None:
+    """Check the configuration."""
     if ctx.invoked_subcommand is None:
         typer.echo(ctx.get_help())
         raise typer.Exit(0)
 
 
-config_app = typer.Typer(no_args_is_help=True, help="Check the configuration.")
-app.add_typer(config_app, name="config")
-
 ConfigOpt = Annotated[
     Path | None,
     typer.Option(
-        "--config", "-c", envvar="EDGE_QUEUE_CONFIG", help="TOML file (default /etc/edge-queue/config.toml if present)"
+        "--config",
+        "-c",
+        envvar="EDGE_QUEUE_CONFIG",
+        metavar="FILE",
+        help="TOML file (default /etc/edge-queue/config.toml if present)",
     ),
 ]
-MediaRootOpt = Annotated[list[Path] | None, typer.Option("--media-root", "-m", help="add a media root (repeatable)")]
+MediaRootOpt = Annotated[
+    list[Path] | None, typer.Option("--media-root", "-m", metavar="FOLDER", help="add a media root (repeatable)")
+]
 
 EXIT_FAILED, EXIT_USAGE, EXIT_NO_BROKER, EXIT_OFFLINE, EXIT_TOPIC_IN_USE = 1, 2, 3, 4, 5
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -123,7 +132,7 @@ def _request(settings: Settings, command: str, body: dict[str, Any]) -> dict[str
     return dict(resp["data"])
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def serve(config: ConfigOpt = None, media_root: MediaRootOpt = None) -> None:
     """Run the service against the configured broker (systemd's ExecStart)."""
     from .service import serve as run_service
@@ -146,7 +155,7 @@ def serve(config: ConfigOpt = None, media_root: MediaRootOpt = None) -> None:
         raise typer.Exit(_boot_failure(settings, e)) from e
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def worker(config: ConfigOpt = None, media_root: MediaRootOpt = None) -> None:
     """Run a worker node: take jobs from the hub (the box running serve) over the broker."""
     from .node import run_node
@@ -171,7 +180,7 @@ def _boot_failure(settings: Settings, e: sqlite3.DatabaseError | OSError) -> int
     return EXIT_USAGE
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def broker(config: ConfigOpt = None) -> None:
     """Run the embedded amqtt broker on mqtt.host:mqtt.port until interrupted."""
     import asyncio
@@ -223,7 +232,7 @@ def _websocket_port(settings: Settings) -> int | None:
     return http.websocket_port
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def up(config: ConfigOpt = None, media_root: MediaRootOpt = None) -> None:
     """Start the embedded broker (when configured, or when none answers) and the service."""
     from .embedded_broker import BrokerThread, port_open
@@ -278,7 +287,7 @@ def _parse_options(pairs: list[str] | None) -> dict[str, Any]:
     return options
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def submit(
     files: Annotated[
         list[str] | None,
@@ -286,11 +295,11 @@ def submit(
     ] = None,
     kind: Annotated[str | None, typer.Option("--kind", "-k", help="job kind (default: default_kind)")] = None,
     option: Annotated[
-        list[str] | None, typer.Option("--option", "-o", help="KEY=VALUE kind option (JSON value)")
+        list[str] | None, typer.Option("--option", "-o", metavar="KEY=VALUE", help="a kind option (JSON value)")
     ] = None,
     priority: Annotated[int, typer.Option(min=-100, max=100, help="higher runs first, -100..100")] = 0,
     wait: Annotated[bool, typer.Option("--wait", "-w", help="show progress until every job ends")] = False,
-    timeout: Annotated[float, typer.Option(min=1, help="seconds to wait with --wait")] = 24 * 3600,
+    timeout: Annotated[float, typer.Option(min=1, metavar="SECONDS", help="seconds to wait with --wait")] = 24 * 3600,
     config: ConfigOpt = None,
 ) -> None:
     """Submit FILE... as jobs; with --wait, exit 0 only if every job succeeded."""
@@ -351,6 +360,20 @@ def _shown(text: Any) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+def _label(job: dict[str, Any], paused: bool) -> str:
+    """A job's state as ``submit --wait`` shows it: ``running (transcribing)``, ``queued (the
+    queue is paused: resume it to start)``."""
+    if job["state"] == "running" and job.get("stage"):
+        return f"running ({job['stage']})"
+    if job["state"] in ("queued", "retrying") and paused:
+        return f"{job['state']} (the queue is paused: resume it to start)"
+    return str(job["state"])
+
+
+def _done(job: dict[str, Any]) -> float:
+    return 100.0 if job["state"] == "succeeded" else float(job.get("progress") or 0)
+
+
 def _wait(client: Any, job_ids: list[str], timeout: float) -> bool:
     """Progress bars (rich) until every job is terminal; True when all succeeded."""
     from rich.console import Console
@@ -360,6 +383,7 @@ def _wait(client: Any, job_ids: list[str], timeout: float) -> bool:
     seqs: dict[str, int] = {}
     for job_id in job_ids:
         client.subscribe(client.topics.job(job_id))
+    client.subscribe(client.topics.queue)  # a queued job says so when the queue is paused
     console = Console(stderr=True)
     with Progress(
         TextColumn("{task.fields[job]}"),
@@ -370,13 +394,17 @@ def _wait(client: Any, job_ids: list[str], timeout: float) -> bool:
         console=console,
     ) as bar:
         tasks = {j: bar.add_task("", total=100, job=j, state="…") for j in job_ids}
+        paused = False
         for job_id, job in client.job_updates(timeout):
+            changed = []
             if job is not None and job_id in tasks and job.get("seq", 0) >= seqs.get(job_id, 0):
                 seqs[job_id] = job["seq"]
                 states[job_id] = job
-                label = job["state"] + (f" ({job['stage']})" if job.get("stage") and job["state"] == "running" else "")
-                done = 100 if job["state"] == "succeeded" else job.get("progress") or 0
-                bar.update(tasks[job_id], completed=done, state=label)
+                changed.append(job_id)
+            if client.queue_paused != paused:  # a pause or resume: every waiting job's label
+                paused, changed = client.queue_paused, list(states)
+            for known in changed:
+                bar.update(tasks[known], completed=_done(states[known]), state=_label(states[known], paused))
             if len(states) == len(job_ids) and all(s["state"] in TERMINAL for s in states.values()):
                 break
     all_ok = True
@@ -384,7 +412,8 @@ def _wait(client: Any, job_ids: list[str], timeout: float) -> bool:
         job = states.get(job_id)
         if job is None or job["state"] != "succeeded":
             all_ok = False
-            reason = (job or {}).get("error") or {"code": "timeout", "message": "still not finished"}
+            waiting = "still not finished" + ("; the queue is paused: resume it to start" if paused else "")
+            reason = (job or {}).get("error") or {"code": "timeout", "message": waiting}
             typer.echo(
                 f"{job_id} {job['state'] if job else 'unknown'}: {reason.get('code')}: {_shown(reason.get('message'))}",
                 err=True,
@@ -395,7 +424,7 @@ def _wait(client: Any, job_ids: list[str], timeout: float) -> bool:
     return all_ok
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def jobs(
     state: Annotated[JobState | None, typer.Option(help="only jobs in this state")] = None,
     kind: Annotated[str | None, typer.Option(help="only jobs of this kind")] = None,
@@ -466,20 +495,20 @@ def _short_time(stamp: str) -> str:
     return when.strftime("%m-%d %H:%M")
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def show(job_id: str, config: ConfigOpt = None) -> None:
     """Print one job object as JSON, with its full result."""
     typer.echo(json.dumps(_request(_settings(config), "get", {"job_id": job_id}), indent=2, ensure_ascii=False))
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def cancel(job_id: str, config: ConfigOpt = None) -> None:
     """Cancel a job: at once when queued, at its next checkpoint when running."""
     data = _request(_settings(config), "cancel", {"job_id": job_id})
     typer.echo(json.dumps(data))
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def doctor(
     config: ConfigOpt = None,
     skip_model: Annotated[bool, typer.Option("--skip-model", help="do not load the Whisper model(s)")] = False,
@@ -494,13 +523,18 @@ def doctor(
     settings = _settings(config, media_root)
     logging.getLogger().setLevel(logging.WARNING)
     failed = False
+
+    # coloured marks; click drops the colours when standard output is not a terminal
+    def paint(text: str, colour: str) -> str:
+        return typer.style(text, fg=colour, bold=colour == "red")
+
     for check in run_checks(settings, model=not skip_model):
-        typer.echo(check.line())
+        typer.echo(check.line(paint))
         failed |= not check.ok
     raise typer.Exit(EXIT_FAILED if failed else 0)
 
 
-@app.command()
+@app.command(cls=PlainCommand)
 def backup(dest: Annotated[Path, typer.Argument(help="new file for the copy")], config: ConfigOpt = None) -> None:
     """Copy the job database online (SQLite backup API), safe while the service runs."""
     from .store import Store
@@ -520,7 +554,7 @@ def backup(dest: Annotated[Path, typer.Argument(help="new file for the copy")], 
     typer.echo(f"backed up {settings.db_path} to {dest}")
 
 
-@config_app.command("check")
+@config_app.command("check", cls=PlainCommand)
 def config_check(
     file: Annotated[Path | None, typer.Argument(envvar="EDGE_QUEUE_CONFIG", help="TOML file to check")] = None,
 ) -> None:
@@ -541,4 +575,4 @@ def config_check(
 
 
 def main() -> None:
-    app()
+    app(prog_name="edge-queue")

@@ -70,6 +70,8 @@ class RequestClient:
         self._puback: dict[int, int] = {}  # message id -> PUBACK reason code
         self._puback_seen = threading.Condition()
         self.messages: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
+        #: whether the queue is paused, from <base>/queue (read by job_updates once subscribed)
+        self.queue_paused = False
         self._connected = threading.Event()
         self._refused: str | None = None
         self._extra: list[str] = []  # topics of subscribe(), subscribed again at every connect
@@ -242,12 +244,20 @@ class RequestClient:
         )
 
     def job_updates(self, timeout_s: float) -> Iterator[tuple[str, dict[str, Any] | None]]:
-        """``(job_id, job object or None when cleared)`` for messages on subscribed job topics."""
+        """``(job_id, job object or None when cleared)`` for messages on subscribed job topics;
+        a message on ``<base>/queue`` (when subscribed) sets :attr:`queue_paused`."""
         end = time.monotonic() + timeout_s
         while time.monotonic() < end:
             try:
                 topic, raw = self.messages.get(timeout=0.2)
             except queue.Empty:
+                yield "", None
+                continue
+            if topic == self.topics.queue:  # subscribed by a caller that shows whether it is paused
+                try:
+                    self.queue_paused = bool(json.loads(raw).get("paused"))
+                except (ValueError, AttributeError):
+                    pass
                 yield "", None
                 continue
             job_id = self.topics.parse_job(topic)

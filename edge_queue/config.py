@@ -141,6 +141,9 @@ class HomeAssistantSettings(_Section):
     prefix: str = Field(
         "homeassistant", min_length=1, max_length=64, pattern=r"^[^#+/\x00][^#+\x00]*[^#+/\x00]$|^[^#+/\x00]$"
     )
+    #: The device's name (and so the start of its entity ids); empty: ``edge-queue <host name>``,
+    #: followed by the base topic when it is not the default (two boxes on one host differ).
+    name: str = Field("", max_length=64)
 
 
 #: A role of docs/configuration.md, "[access]": ``admin`` may do everything; ``user`` submits and

@@ -4,10 +4,12 @@ Device-based discovery (Home Assistant 2024.11 and newer): one retained message 
 ``<prefix>/device/<instance_id>/config`` describes the device and all its entities
 (``cmps``); an entity left out of a newer config, or an empty retained config, is removed by
 Home Assistant. States come from the topics edge-queue already publishes (``<base>/queue``,
-``<base>/status`` for availability, ``<base>/events`` for the event entity,
-``<base>/response/submit``) and from one small retained topic that spares Home Assistant a
-template over the whole job: ``<base>/ha/last`` (the last finished job). Commands are the
-ordinary requests (``pause``, ``cancel``, ``retry``, ``republish``, ``submit``).
+``<base>/info``, ``<base>/status`` for availability), and from topics of their own: the
+retained ``<base>/ha/last`` (the last finished job) and ``<base>/ha/submit`` (the last submit
+on the shared topic), sent again at every connect and republish so that every entity has a
+state within seconds of a restart of edge-queue, the broker or Home Assistant, and
+``<base>/ha/finished`` for the event entity (:mod:`.ha_finished`). Commands are the ordinary
+requests (``pause``, ``cancel``, ``retry``, ``republish``, ``submit``).
 
 Sources: https://www.home-assistant.io/integrations/mqtt/#device-discovery-payload and the
 facts measured with a real Home Assistant Core (tests/test_homeassistant.py)
@@ -16,6 +18,7 @@ facts measured with a real Home Assistant Core (tests/test_homeassistant.py)
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +34,31 @@ def config_topic(prefix: str, instance_id: str) -> str:
 
 
 def last_topic(topics: Topics) -> str:
-    return f"{topics.base}/ha/last"
+    """``<base>/ha/last``: the last finished job (retained)."""
+    return topics.ha("last")
+
+
+def finished_topic(topics: Topics) -> str:
+    """``<base>/ha/finished``: one message per finished job, for the event entity (not retained)."""
+    return topics.ha("finished")
+
+
+def submit_topic(topics: Topics) -> str:
+    """``<base>/ha/submit``: the last submit on the shared request topic and its result (retained)."""
+    return topics.ha("submit")
+
+
+#: The base topic a device name leaves out (``mqtt.base_topic``'s default).
+DEFAULT_BASE = "edge-queue"
+
+
+def device_name(configured: str, host: str, base: str) -> str:
+    """The device's name: ``homeassistant.name`` when set, else ``edge-queue <host>``, with the
+    base topic after it when it is not the default: two installations on one host get two
+    names, and so two sets of entity ids (``sensor.edge_queue_nas_garage_jobs_queued``)."""
+    if configured.strip():
+        return configured.strip()
+    return f"edge-queue {host}" + ("" if base == DEFAULT_BASE else f" {base}")
 
 
 def device_config(
@@ -42,11 +69,15 @@ def device_config(
     *,
     configuration_url: str | None = None,
     nodes: list[str] | None = None,
+    name: str = "",
+    workers: int = 1,
 ) -> dict[str, Any]:
     """The discovery payload: the device, its origin, availability and every entity.
 
     Each entity's ``unique_id`` is ``edge_queue_<instance_id>_<key>``, so two installations
-    never share one; the device is named after the host. ``configuration_url`` (the queue
+    never share one; the device is named by :func:`device_name` (``name``: the configured
+    one); ``workers`` (the configured number) is what the "Workers" problem sensor expects
+    alive. ``configuration_url`` (the queue
     page, ``http://nas:8099/``) becomes the device's "Visit" link (``cu``). Each worker node of
     ``nodes`` (``access.nodes``) gets a connectivity sensor from its retained announcement and a
     sensor of the jobs it runs (docs/home-assistant.md, "Worker nodes")."""
@@ -111,15 +142,9 @@ def device_config(
             "p": "event",
             "name": "Job finished",
             "unique_id": uid("job_finished"),
-            # every <base>/events message; the template renders nothing (ignored by Home
-            # Assistant) but for "end", so the entity fires once per finished run
-            "stat_t": topics.events,
-            "val_tpl": (
-                "{% if value_json.type == 'end' %}{{ {'event_type': J.state, 'job_id': J.job_id, 'kind': J.kind, "
-                "'input': J.input, 'error_code': (J.error or {}).get('code'), "
-                "'error_message': (J.error or {}).get('message'), "
-                "'text': ((J.result or {}).get('text') or '')[:1000]} | tojson }}{% endif %}"
-            ).replace("J", "value_json.job"),
+            # <base>/ha/finished: once per finished run, and the runs that ended while Home
+            # Assistant was offline when it is back (edge_queue/ha_finished.py)
+            "stat_t": finished_topic(topics),
             "evt_typ": ["succeeded", "failed", "cancelled"],
             "ic": "mdi:flag-checkered",
         },
@@ -166,6 +191,9 @@ def device_config(
             "name": "Submit",
             "unique_id": uid("submit"),
             "cmd_t": topics.request("submit"),
+            # the last submitted input: a state after any restart, not HA's optimistic "unknown"
+            "stat_t": submit_topic(topics),
+            "val_tpl": "{{ value_json.input }}",
             "max": 255,
             "ic": "mdi:file-upload",
         },
@@ -173,13 +201,15 @@ def device_config(
             "p": "sensor",
             "name": "Last submit",
             "unique_id": uid("submit_result"),
-            "stat_t": topics.response("submit"),
-            "val_tpl": "{{ ('error: ' ~ value_json.error.code ~ ': ' ~ value_json.error.message)[:255] "
-            "if value_json.status == 'error' else ('queued ' ~ (value_json.data.jobs | map(attribute='job_id') "
-            "| join(', ')))[:255] }}",
+            "stat_t": submit_topic(topics),
+            "val_tpl": "{{ value_json.summary }}",
+            "json_attr_t": submit_topic(topics),
+            "json_attr_tpl": "{{ {'job_ids': value_json.job_ids, 'error_code': value_json.error_code, "
+            "'submitted_at': value_json.submitted_at} | tojson }}",
             "ic": "mdi:inbox-arrow-down",
         },
     }
+    components.update(diagnostics(topics, uid, workers))
     for node_id in nodes or []:
         components[f"node_{node_id}"] = {
             "p": "binary_sensor",
@@ -204,7 +234,7 @@ def device_config(
     return {
         "dev": {
             "ids": [f"edge_queue_{instance_id}"],
-            "name": f"edge-queue {host}",
+            "name": device_name(name, host, topics.base),
             "mf": "edge-queue",
             "mdl": "edge-queue job queue",
             "sw": version,
@@ -216,6 +246,122 @@ def device_config(
         "pl_not_avail": OFFLINE,
         "qos": 1,
         "cmps": components,
+    }
+
+
+#: ``<base>/ha/last`` before any job finished, so that "Last result" has a state.
+NO_LAST: dict[str, Any] = {
+    "summary": "none",
+    **dict.fromkeys(
+        ("job_id", "kind", "state", "input", "text", "outputs", "error_code", "error_message", "finished_at")
+    ),
+}
+#: ``<base>/ha/submit`` before any submit.
+NO_SUBMIT: dict[str, Any] = {"summary": "none", "input": "", "job_ids": [], "error_code": None, "submitted_at": None}
+
+
+def submit_payload(request: bytes, response: dict[str, Any], at: str) -> dict[str, Any]:
+    """``<base>/ha/submit`` for a submit on the shared request topic: ``summary`` (``queued <job
+    ids>`` or ``error: <code>: <message>``, cut to 255 characters), ``input`` (what was
+    submitted: the ``input`` of a JSON request or the bare path, cut to 255 characters, the
+    "Submit" text's state), ``job_ids``, ``error_code`` and ``submitted_at`` (``at``, ISO 8601)."""
+    text = request.decode("utf-8", "replace").strip()
+    try:
+        decoded = json.loads(text)
+    except ValueError:
+        decoded = text
+    given = decoded.get("input") if isinstance(decoded, dict) else decoded
+    data = response.get("data") if isinstance(response.get("data"), dict) else {}
+    jobs = [j.get("job_id") for j in (data or {}).get("jobs") or [] if isinstance(j, dict)]
+    error = response.get("error") if isinstance(response.get("error"), dict) else None
+    if response.get("status") == "error" and error is not None:
+        summary = f"error: {error.get('code')}: {error.get('message')}"
+    else:
+        summary = "queued " + ", ".join(str(j) for j in jobs)
+    return {
+        "summary": summary[:STATE_MAX],
+        "input": (given if isinstance(given, str) else "")[:STATE_MAX],
+        "job_ids": jobs,
+        "error_code": error.get("code") if error is not None else None,
+        "submitted_at": at,
+    }
+
+
+def diagnostics(topics: Topics, uid: Any, workers: int) -> dict[str, Any]:
+    """The device's diagnostic entities (entity category ``diagnostic``, as Zigbee2MQTT's and
+    Frigate's devices have): version, start time, worker health, store size and free disk."""
+    queue, info = topics.queue, topics.info
+
+    def diag(key: str, p: str, name: str, stat_t: str, val_tpl: str, **more: Any) -> dict[str, Any]:
+        # (a template that renders None makes the state unknown)
+        base = {"p": p, "name": name, "unique_id": uid(key), "stat_t": stat_t, "val_tpl": val_tpl}
+        return {**base, "ent_cat": "diagnostic", **more}
+
+    return {
+        "version": diag("version", "sensor", "Version", info, "{{ value_json.version }}", ic="mdi:tag"),
+        "started": diag("started", "sensor", "Started", info, "{{ value_json.started_at }}", dev_cla="timestamp"),
+        "workers_alive": diag(
+            "workers_alive",
+            "sensor",
+            "Workers alive",
+            queue,
+            "{{ value_json.workers_alive }}",
+            stat_cla="measurement",
+            ic="mdi:account-hard-hat",
+        ),
+        # on while fewer worker processes are alive than configured (one crashed, or restarts)
+        "workers_problem": diag(
+            "workers_problem",
+            "binary_sensor",
+            "Workers",
+            queue,
+            "{{ 'ON' if value_json.workers_alive < " + str(int(workers)) + " else 'OFF' }}",
+            dev_cla="problem",
+        ),
+        "store_size": diag(
+            "store_size",
+            "sensor",
+            "Store size",
+            queue,
+            "{{ (value_json.store_bytes / 1000000) | round(1) if value_json.store_bytes is number else None }}",
+            dev_cla="data_size",
+            unit_of_meas="MB",
+            stat_cla="measurement",
+            ic="mdi:database",
+        ),
+        "disk_free": diag(
+            "disk_free",
+            "sensor",
+            "Disk free",
+            queue,
+            "{{ (value_json.disk_free_bytes / 1000000000) | round(1) "
+            "if value_json.disk_free_bytes is number else None }}",
+            dev_cla="data_size",
+            unit_of_meas="GB",
+            stat_cla="measurement",
+            ic="mdi:harddisk",
+        ),
+    }
+
+
+def finished_payload(job: dict[str, Any], state: str, event_id: int | None, *, late: bool) -> dict[str, Any]:
+    """``<base>/ha/finished`` for a job that reached ``state`` (its ``end`` event ``event_id``):
+    ``event_type`` (the state), ``event_id``, ``job_id``, ``kind``, ``input``, ``error_code``,
+    ``error_message``, ``text`` (a transcript's first 1,000 characters), ``finished_at`` and
+    ``late`` (true when sent again because Home Assistant was offline when the job ended)."""
+    result = job.get("result") if isinstance(job.get("result"), dict) else {}
+    error = job.get("error") if isinstance(job.get("error"), dict) else {}
+    return {
+        "event_type": state,
+        "event_id": event_id,
+        "job_id": job["job_id"],
+        "kind": job["kind"],
+        "input": job.get("input"),
+        "error_code": (error or {}).get("code"),
+        "error_message": (error or {}).get("message"),
+        "text": ((result or {}).get("text") or "")[:1000],
+        "finished_at": job.get("finished_at"),
+        "late": late,
     }
 
 

@@ -62,10 +62,13 @@ class Dispatcher:
         commands: Commands,
         clock: Callable[[], float],
         reply_areas: ReplyAreas | None = None,
+        on_shared_submit: Callable[[bytes, dict[str, Any]], None] | None = None,
     ) -> None:
         self.settings, self.topics, self.bridge, self.store = settings, topics, bridge, store
         self.commands, self.clock = commands, clock
         self.reply_areas = reply_areas
+        #: told (request payload, response) of every submit answered on the shared topic
+        self.on_shared_submit = on_shared_submit
         self.rate = RequestRate(settings.limits.max_requests_per_s)
         self.turn_work = 0  # job changes requests made in this turn (see TURN_WORK)
         self.requests_seen = 0  # QoS 1 requests received, ever (kept in the store each turn)
@@ -252,6 +255,8 @@ class Dispatcher:
         user = msg.user
         if user is None:
             self.bridge.respond(self.topics.response(msg.command), body)
+            if msg.command == "submit" and self.on_shared_submit is not None:
+                self.on_shared_submit(msg.payload, response)
         else:  # a user's own request topic: the response is for that user only
             self.bridge.respond(self.topics.user_response(user, msg.command), body, once=True)
         self.bridge.ack(msg)

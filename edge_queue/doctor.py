@@ -8,7 +8,7 @@ import secrets
 import shutil
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,8 @@ from .errors import EdgeQueueError
 
 #: Below this much free space in ``data_dir``, the disk check fails (bytes).
 MIN_FREE_BYTES = 1 << 30
+#: The colour of each mark on a terminal.
+MARK_COLOURS = {"ok": "green", "warn": "yellow", "FAIL": "red"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,9 +31,16 @@ class Check:
     detail: str
     warn: bool = False
 
-    def line(self) -> str:
-        mark = "ok  " if self.ok and not self.warn else ("warn" if self.ok else "FAIL")
-        return f"{mark}  {self.name}: {self.detail}"
+    @property
+    def mark(self) -> str:
+        """``ok``, ``warn`` or ``FAIL``."""
+        return "ok" if self.ok and not self.warn else ("warn" if self.ok else "FAIL")
+
+    def line(self, paint: Callable[[str, str], str] | None = None) -> str:
+        """``<mark>  <name>: <detail>``; ``paint(text, colour)`` colours the mark (green,
+        yellow, red) for a terminal."""
+        mark = self.mark if paint is None else paint(self.mark, MARK_COLOURS[self.mark])
+        return f"{mark}{' ' * (6 - len(self.mark))}{self.name}: {self.detail}"
 
 
 def _broker(settings: Settings, service: dict[str, Any]) -> Iterator[Check]:

@@ -10,13 +10,16 @@ docs/topics.md, "`<base>/jobs/<job_id>`", "`<base>/events`", "`<base>/queue`",
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from . import discovery, payloads
 from .bridge import Bridge
 from .errors import NotFoundError
+from .ha_finished import FinishedJobs
 from .states import JobState, is_terminal
 from .store import Store, iso, parse_iso
 from .supervisor import Supervisor
@@ -36,6 +39,26 @@ COALESCE_S = 0.02
 #: BACKLOG_LOW messages wait for the broker: it proceeds in pieces, between requests.
 REPUBLISH_PAGE = 1_000
 BACKLOG_LOW = 4_000
+
+
+def storage(db_path: Path) -> dict[str, int | None]:
+    """``store_bytes`` (the job store's file and its write-ahead log) and ``disk_free_bytes``
+    (free on the disk holding it, for an unprivileged user), None when unreadable: for
+    ``<base>/queue``, and Home Assistant's diagnostic sensors."""
+    size: int | None = 0
+    for path in (db_path, db_path.with_name(db_path.name + "-wal")):
+        try:
+            size = (size or 0) + path.stat().st_size
+        except FileNotFoundError:
+            pass
+        except OSError:
+            size = None
+            break
+    try:
+        free: int | None = shutil.disk_usage(db_path.parent).free
+    except OSError:
+        free = None
+    return {"store_bytes": size, "disk_free_bytes": free}
 
 
 class Publisher:
@@ -64,6 +87,7 @@ class Publisher:
         self.bridge, self.topics, self.store, self.supervisor = bridge, topics, store, supervisor
         self.paused, self.nodes = paused, nodes
         self.ha_enabled = ha_last
+        self.ha_finished = FinishedJobs(bridge, topics, store)
         self.pending_progress: dict[str, dict[str, Any]] = {}
         self.last_progress_pub: dict[str, float] = {}
         self.published_stage: dict[str, str | None] = {}
@@ -101,6 +125,7 @@ class Publisher:
         self.queue_dirty = True
         if terminal and event == "end" and self.ha_enabled:
             self.ha_last = job  # Home Assistant's "last result": once per turn, the turn's last
+            self.ha_finished.ended(job)  # its "Job finished" event: every one
 
     def publish_states(self, mono: float, *, everything: bool = False) -> None:
         """Publish the retained job states committed by the turns so far: a terminal state at
@@ -252,6 +277,7 @@ class Publisher:
                 for j in store.running()
             ],
             "workers_alive": self.supervisor.alive(),
+            **storage(store.path),
             "nodes": self.nodes(),
             "last_finished": None
             if last is None

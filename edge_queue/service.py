@@ -123,8 +123,7 @@ class Service:
         clock: Callable[[], float] = time.time,
         rng: Callable[[], float] = random.random,
     ) -> None:
-        self.settings = settings
-        self.clock = clock
+        self.settings, self.clock = settings, clock
         self.topics = Topics(settings.mqtt.base_topic)
         self.kinds = checked_kinds(settings)
         self.run_id = new_id()
@@ -186,6 +185,7 @@ class Service:
         self.ghosts = GhostClearing(settings, self.topics, self.bridge, self.job_store, self._wake_w)
         areas = self.reply_areas
         self.dispatcher = Dispatcher(settings, self.topics, self.bridge, self.job_store, self.commands, clock, areas)
+        self.dispatcher.on_shared_submit = self.announcer.submitted  # Home Assistant's <base>/ha/submit
         self.disk = DiskGuard(settings.data_dir, settings.limits.min_free_disk_mb)
         self.turn_log = TurnLog.attach()  # a turn's lines are logged once it is committed
         self._boot_changes: list[dict[str, Any]] = []  # events owed for changes made before connecting

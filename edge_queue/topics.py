@@ -128,6 +128,11 @@ class Topics:
     def events(self) -> str:
         return f"{self.base}/events"
 
+    def ha(self, name: str) -> str:
+        """``<base>/ha/<name>``: a retained topic kept for Home Assistant's entities
+        (``last``, ``submit``; docs/home-assistant.md)."""
+        return f"{self.base}/ha/{name}"
+
     @property
     def requests(self) -> str:
         """Subscription filter for every request: ``<base>/request/#``."""

@@ -224,6 +224,7 @@ _TOPIC_METHODS = {
     "node": lambda t: [t.node("<node_id>")],
     "node_up": lambda t: [t.node_up("<node_id>")],
     "node_down": lambda t: [t.node_down("<node_id>")],
+    "ha": lambda t: [t.ha("last"), t.ha("submit"), t.ha("finished")],
     # parsers and validators: no topic of their own
     "parse_request": lambda t: [],
     "parse_job": lambda t: [],

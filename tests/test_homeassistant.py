@@ -8,9 +8,9 @@ a mosquitto of the harness without persistence. Select these tests with ``-m hom
 
 from __future__ import annotations
 
+import json
 import shutil
-import sys
-import threading
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +18,18 @@ from typing import Any
 
 import pytest
 
-from .conftest import ROOT, Broker, ServiceProcess, free_port, need, port_open, wait_until
+from .conftest import Broker, port_open, publish, wait_until
+from .homeassistant_support import (
+    KEYS,
+    StateChanges,
+    home_assistant,
+    instance_id,
+    restart_home_assistant,
+    service,
+    state_of,
+    wait_state,
+)
+from .homeassistant_support import entities as entities_of
 from .test_load import figures
 
 pytestmark = [
@@ -32,114 +43,12 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
 ]
 
-HARNESS = ROOT.parent / "shared" / "tools" / "homeassistant"
-
-#: Every entity edge-queue declares, by the key its unique_id ends with.
-KEYS = [
-    "queued",
-    "running",
-    "retrying",
-    "failed",
-    "current_job",
-    "current_progress",
-    "last_result",
-    "job_finished",
-    "paused",
-    "cancel_current",
-    "retry_failed",
-    "republish",
-    "submit",
-    "submit_result",
-]
-
 
 @pytest.fixture(scope="module")
 def ha() -> Iterator[tuple[Any, dict[str, Any], Broker]]:
     """A real Home Assistant Core with its MQTT integration on a broker of its own."""
-    need((HARNESS / "ha_harness.py").is_file(), f"no Home Assistant harness in {HARNESS}")
-    sys.path.insert(0, str(HARNESS))
-    import ha_harness as h
-
-    need(h.venv_exists(), "Home Assistant is not set up: python3 ../shared/tools/homeassistant/ha_harness.py setup")
-    need(shutil.which("mosquitto") is not None, "mosquitto not installed")
-    port = free_port()
-    h.broker_start(port)
-    inst = h.start(broker_host="127.0.0.1", broker_port=port, fresh=True, http_port=free_port())
-    try:
-        yield h, inst, Broker("127.0.0.1", port, "mosquitto")
-    finally:
-        h.stop(inst)
-        h.broker_stop(port)
-
-
-def _service(broker: Broker, tmp: Path, media: list[Path], name: str, base: str | None = None) -> ServiceProcess:
-    svc = ServiceProcess(broker, tmp, media)
-    svc.env.pop("EDGE_QUEUE_MQTT__CLIENT_ID", None)  # the default: edge-queue-<instance id>-<secret>
-    svc.env["EDGE_QUEUE_HOMEASSISTANT__DISCOVERY"] = "true"
-    svc.data_dir = tmp / name
-    svc.env["EDGE_QUEUE_DATA_DIR"] = str(svc.data_dir)
-    if base is not None:
-        svc.base = base
-        svc.env["EDGE_QUEUE_MQTT__BASE_TOPIC"] = base
-    return svc
-
-
-def _instance_id(svc: ServiceProcess) -> str:
-    w = svc.watcher("info")
-    try:
-        return str(w.wait_json(f"{svc.base}/info", lambda m: True)["instance_id"])
-    finally:
-        w.close()
-
-
-def _entities(h: Any, inst: dict[str, Any], iid: str) -> dict[str, str]:
-    """key -> entity_id of every entity of the installation, waiting for discovery."""
-    found = {}
-    for key in KEYS:
-        eid = h.entity_for_unique_id(inst, f"edge_queue_{iid}_{key}", timeout=30)
-        assert eid is not None, f"no entity with unique_id edge_queue_{iid}_{key}"
-        found[key] = eid
-    return found
-
-
-def _state(h: Any, inst: dict[str, Any], eid: str) -> str:
-    s = h.state(inst, eid)
-    return "" if s is None else str(s["state"])
-
-
-def _wait(h: Any, inst: dict[str, Any], eid: str, pred: Any, what: str, timeout: float = 60) -> dict[str, Any]:
-    return wait_until(
-        lambda: (s := h.state(inst, eid)) is not None and pred(s["state"], s.get("attributes") or {}) and s,
-        timeout,
-        what,
-        interval=0.2,
-    )
-
-
-class StateChanges:
-    """The new states of one entity, as Home Assistant announces them (a WebSocket
-    subscription to ``state_changed``), collected by a thread of its own."""
-
-    def __init__(self, h: Any, inst: dict[str, Any], entity_id: str) -> None:
-        self.entity_id = entity_id
-        self.states: list[dict[str, Any]] = []
-        self.ws = h.WS("127.0.0.1", inst["http_port"], inst["token"])
-        self.ws.call("subscribe_events", event_type="state_changed")
-        self.ws.sock.settimeout(None)
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        try:
-            while True:
-                msg = self.ws.recv()
-                data = (msg.get("event") or {}).get("data") or {}
-                if data.get("entity_id") == self.entity_id and data.get("new_state"):
-                    self.states.append(data["new_state"])
-        except (OSError, ConnectionError, ValueError):
-            pass
-
-    def close(self) -> None:
-        self.ws.close()
+    with home_assistant() as found:
+        yield found
 
 
 @pytest.mark.usefixtures("model_installed")
@@ -149,55 +58,57 @@ def test_home_assistant_sees_and_drives_edge_queue(ha, tmp_path: Path, speech: P
     media.mkdir()
     shutil.copy(speech / "jfk.flac", media / "jfk.flac")
     shutil.copy(long_speech, media / "long-speech.wav")
-    svc = _service(broker, tmp_path, [media], "data")
+    svc = service(broker, tmp_path, [media], "data")
     # one window after another: batched, the long transcription could end before it is cancelled
     svc.env["EDGE_QUEUE_TRANSCRIBE__BATCH_SIZE"] = "1"
     svc.start()
     try:
-        iid = _instance_id(svc)
+        iid = instance_id(svc)
         # Every entity appears, under one device named after the host
-        e = _entities(h, inst, iid)
+        e = entities_of(h, inst, iid)
         all_ = [x for x in h.entities(inst) if str(x["unique_id"]).startswith(f"edge_queue_{iid}_")]
         assert len(all_) == len(KEYS) and len({str(x["device_identifiers"]) for x in all_}) == 1, all_
         assert all_[0]["device"].startswith("edge-queue ")
-        _wait(h, inst, e["queued"], lambda s, a: s == "0", "the entities available, with their states")
-        _wait(h, inst, e["paused"], lambda s, a: s == "off", "the switch available")
+        wait_state(h, inst, e["queued"], lambda s, a: s == "0", "the entities available, with their states")
+        wait_state(h, inst, e["paused"], lambda s, a: s == "off", "the switch available")
         # The paused switch pauses the queue: submits stay queued, and the count shows them
         h.call_service(inst, "switch", "turn_on", {"entity_id": e["paused"]})
-        _wait(h, inst, e["paused"], lambda s, a: s == "on", "the switch on")
+        wait_state(h, inst, e["paused"], lambda s, a: s == "on", "the switch on")
         watcher = svc.watcher("response/#", "jobs/+", "queue")
         watcher.wait_json(f"{svc.base}/queue", lambda q: q["paused"] is True)
         ids = [
             svc.request("submit", {"kind": "noop", "input": f"n{i}"}, watcher)["data"]["jobs"][0]["job_id"]
             for i in range(3)
         ]
-        _wait(h, inst, e["queued"], lambda s, a: s == "3", "3 queued")
+        wait_state(h, inst, e["queued"], lambda s, a: s == "3", "3 queued")
         # A restart of edge-queue keeps it paused, and the switch on
         assert svc.stop() == 0
-        _wait(h, inst, e["queued"], lambda s, a: s == "unavailable", "unavailable while stopped")
-        states = {key: _state(h, inst, eid) for key, eid in e.items()}
+        wait_state(h, inst, e["queued"], lambda s, a: s == "unavailable", "unavailable while stopped")
+        states = {key: state_of(h, inst, eid) for key, eid in e.items()}
         assert set(states.values()) == {"unavailable"}, states
         svc.start()
-        _wait(h, inst, e["paused"], lambda s, a: s == "on", "the switch still on after the restart")
-        assert _state(h, inst, e["queued"]) == "3"
+        wait_state(h, inst, e["paused"], lambda s, a: s == "on", "the switch still on after the restart")
+        assert state_of(h, inst, e["queued"]) == "3"
         # Turning it off resumes: the jobs run, each fires the event entity once
         fires = StateChanges(h, inst, e["job_finished"])
         h.call_service(inst, "switch", "turn_off", {"entity_id": e["paused"]})
         for job_id in ids:
             watcher.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] == "succeeded")
-        _wait(h, inst, e["queued"], lambda s, a: s == "0", "0 queued")
+        wait_state(h, inst, e["queued"], lambda s, a: s == "0", "0 queued")
         wait_until(lambda: len(fires.states) >= 3, 30, "three job-finished events")
         time.sleep(1)  # (a fourth, wrong one would come within this)
         fires.close()
         assert sorted(x["attributes"]["job_id"] for x in fires.states) == sorted(ids), fires.states
         assert {x["attributes"]["event_type"] for x in fires.states} == {"succeeded"}
         # "Submit" with a path queues a transcription; the current job and its progress show
-        before = _state(h, inst, e["submit_result"])
+        before = state_of(h, inst, e["submit_result"])
         h.call_service(inst, "text", "set_value", {"entity_id": e["submit"], "value": str(media / "long-speech.wav")})
-        _wait(h, inst, e["submit_result"], lambda s, a: s.startswith("queued ") and s != before, "the submit's result")
-        long_id = _state(h, inst, e["submit_result"]).split()[1]
-        _wait(h, inst, e["current_job"], lambda s, a: s == "transcribe long-speech.wav", "the current job")
-        _wait(h, inst, e["current_progress"], lambda s, a: s not in ("", "unknown") and float(s) > 0, "progress")
+        wait_state(
+            h, inst, e["submit_result"], lambda s, a: s.startswith("queued ") and s != before, "the submit's result"
+        )
+        long_id = state_of(h, inst, e["submit_result"]).split()[1]
+        wait_state(h, inst, e["current_job"], lambda s, a: s == "transcribe long-speech.wav", "the current job")
+        wait_state(h, inst, e["current_progress"], lambda s, a: s not in ("", "unknown") and float(s) > 0, "progress")
         figures(
             entities_while_transcribing=[
                 (x["entity_id"], x["unique_id"], x["state"])
@@ -210,28 +121,28 @@ def test_home_assistant_sees_and_drives_edge_queue(ha, tmp_path: Path, speech: P
         # "Cancel current job" cancels it
         h.press(inst, e["cancel_current"])
         watcher.wait_json(f"{svc.base}/jobs/{long_id}", lambda m: m["state"] == "cancelled", timeout=60)
-        _wait(h, inst, e["current_job"], lambda s, a: s == "idle", "idle")
+        wait_state(h, inst, e["current_job"], lambda s, a: s == "idle", "idle")
         # A transcription's text becomes the last result (cut to 255 characters), whole in
         # its attributes
         h.call_service(inst, "text", "set_value", {"entity_id": e["submit"], "value": str(media / "jfk.flac")})
-        last = _wait(h, inst, e["last_result"], lambda s, a: "country" in s.lower(), "the transcript", 120)
+        last = wait_state(h, inst, e["last_result"], lambda s, a: "country" in s.lower(), "the transcript", 120)
         assert len(last["state"]) <= 255 and "country" in last["attributes"]["text"].lower()
         assert last["attributes"]["outputs"]["txt"].endswith(".txt")
         # A bad path's error shows on the submit result
         h.call_service(inst, "text", "set_value", {"entity_id": e["submit"], "value": "/etc/passwd"})
-        _wait(h, inst, e["submit_result"], lambda s, a: "input_outside_media_roots" in s, "the error")
+        wait_state(h, inst, e["submit_result"], lambda s, a: "input_outside_media_roots" in s, "the error")
         # After a restart of Home Assistant, the entities come back with their states
-        h.stop(inst)
-        inst2 = h.start(broker_host="127.0.0.1", broker_port=broker.port, http_port=inst["http_port"])
-        inst.update(inst2)
-        _wait(h, inst, e["last_result"], lambda s, a: "country" in s.lower(), "the last result after HA's restart")
-        _wait(h, inst, e["paused"], lambda s, a: s == "off", "the switch after HA's restart")
+        restart_home_assistant(h, inst)
+        wait_state(h, inst, e["last_result"], lambda s, a: "country" in s.lower(), "the last result after HA's restart")
+        wait_state(h, inst, e["paused"], lambda s, a: s == "off", "the switch after HA's restart")
         # After a restart of the broker (no persistence: every retained message lost), too
         h.broker_stop(broker.port)
         wait_until(lambda: not port_open("127.0.0.1", broker.port), 20, "the broker to be gone")
         h.broker_start(broker.port)
-        _wait(h, inst, e["queued"], lambda s, a: s == "0", "the count after the broker's restart", 90)
-        _wait(h, inst, e["last_result"], lambda s, a: "country" in s.lower(), "the result after the broker's restart")
+        wait_state(h, inst, e["queued"], lambda s, a: s == "0", "the count after the broker's restart", 90)
+        wait_state(
+            h, inst, e["last_result"], lambda s, a: "country" in s.lower(), "the result after the broker's restart"
+        )
         watcher.close()
     finally:
         if svc.proc is not None and svc.proc.poll() is None:
@@ -239,17 +150,30 @@ def test_home_assistant_sees_and_drives_edge_queue(ha, tmp_path: Path, speech: P
 
 
 def test_two_installs_are_two_devices(ha, tmp_path: Path) -> None:
+    """Issue 34, item 4: installations on one host are told apart by their device names and
+    entity ids (no ``_2`` suffixes): the base topic follows the host name when it is not the
+    default, and ``homeassistant.name`` names the device outright."""
     h, inst, broker = ha
-    a = _service(broker, tmp_path, [tmp_path], "a", "eqa-" + tmp_path.name[-8:].replace("/", "")).start()
-    b = _service(broker, tmp_path, [tmp_path], "b", "eqb-" + tmp_path.name[-8:].replace("/", "")).start()
+    host = socket.gethostname()
+    a = service(broker, tmp_path, [tmp_path], "a", "edge-queue").start()
+    b = service(broker, tmp_path, [tmp_path], "b", "eqb-" + tmp_path.name[-8:].replace("/", ""))
+    c = service(broker, tmp_path, [tmp_path], "c", "eqc-" + tmp_path.name[-8:].replace("/", ""))
+    c.env["EDGE_QUEUE_HOMEASSISTANT__NAME"] = "Garage queue"
+    b.start(), c.start()
     try:
-        ea, eb = _entities(h, inst, _instance_id(a)), _entities(h, inst, _instance_id(b))
-        assert not set(ea.values()) & set(eb.values())
-        mine = [x for x in h.entities(inst) if x["entity_id"] in set(ea.values()) | set(eb.values())]
-        assert len({str(x["device_identifiers"]) for x in mine}) == 2
-        assert len({x["unique_id"] for x in mine}) == 2 * len(KEYS)
+        found = [entities_of(h, inst, instance_id(svc)) for svc in (a, b, c)]
+        ids = {eid for e in found for eid in e.values()}
+        assert len(ids) == 3 * len(KEYS), found
+        mine = [x for x in h.entities(inst) if x["entity_id"] in ids]
+        devices = {x["device"] for x in mine}
+        assert devices == {f"edge-queue {host}", f"edge-queue {host} {b.base}", "Garage queue"}, devices
+        assert not [i for i in ids if i.endswith("_2")], sorted(ids)
+        slug = host.lower().replace("-", "_")
+        assert found[0]["queued"] == f"sensor.edge_queue_{slug}_jobs_queued", found[0]
+        assert found[1]["queued"] == f"sensor.edge_queue_{slug}_{b.base.replace('-', '_')}_jobs_queued", found[1]
+        assert found[2]["queued"] == "sensor.garage_queue_jobs_queued", found[2]
     finally:
-        for svc in (a, b):
+        for svc in (a, b, c):
             svc.stop()
 
 
@@ -259,25 +183,137 @@ def test_home_assistant_sees_each_worker_node(ha, tmp_path: Path) -> None:
     from .test_nodes import NodeProcess, hub_env
 
     h, inst, broker = ha
-    svc = _service(broker, tmp_path, [tmp_path], "hub", "eqn-" + tmp_path.name[-8:].replace("/", ""))
+    svc = service(broker, tmp_path, [tmp_path], "hub", "eqn-" + tmp_path.name[-8:].replace("/", ""))
     svc.env.update(hub_env(["n1"]))
     svc.start()
     node = NodeProcess(svc, tmp_path, "n1", [tmp_path]).start()
     try:
-        iid = _instance_id(svc)
+        iid = instance_id(svc)
         online = h.entity_for_unique_id(inst, f"edge_queue_{iid}_node_n1", timeout=30)
         running = h.entity_for_unique_id(inst, f"edge_queue_{iid}_node_n1_running", timeout=30)
         assert online is not None and running is not None
-        _wait(h, inst, online, lambda s, a: s == "on", "node n1 online in Home Assistant")
-        _wait(h, inst, running, lambda s, a: s == "0", "node n1 running 0")
+        wait_state(h, inst, online, lambda s, a: s == "on", "node n1 online in Home Assistant")
+        wait_state(h, inst, running, lambda s, a: s == "0", "node n1 running 0")
         w = svc.watcher("#")
         try:
             svc.request("submit", {"kind": "noop", "options": {"sleep_s": 4}}, w)
-            _wait(h, inst, running, lambda s, a: s == "1", "node n1 running 1")
+            wait_state(h, inst, running, lambda s, a: s == "1", "node n1 running 1")
         finally:
             w.close()
         node.stop()
-        _wait(h, inst, online, lambda s, a: s == "off", "node n1 offline in Home Assistant")
+        wait_state(h, inst, online, lambda s, a: s == "off", "node n1 offline in Home Assistant")
     finally:
         node.stop()
+        svc.stop()
+
+
+#: A state that is not one: what no entity may show once edge-queue, the broker and Home
+#: Assistant are up again.
+NO_STATE = ("unknown", "unavailable", "")
+
+
+def settle(h: Any, inst: dict[str, Any], e: dict[str, str], since: float, timeout: float) -> dict[str, float]:
+    """Seconds from ``since`` (monotonic) until each entity of ``e`` first showed a real state;
+    fails with the entities still without one after ``timeout`` seconds."""
+    seen: dict[str, float] = {}
+
+    def all_real() -> bool:
+        now = {s["entity_id"]: str(s["state"]) for s in h.states(inst)}
+        for key, eid in e.items():
+            if key not in seen and now.get(eid, "") not in NO_STATE:
+                seen[key] = round(time.monotonic() - since, 2)
+        return len(seen) == len(e)
+
+    try:
+        wait_until(all_real, timeout, "every entity with a state", interval=0.1)
+    except AssertionError as err:
+        missing = {k: state_of(h, inst, e[k]) for k in e if k not in seen}
+        raise AssertionError(f"{err}: still without a state: {missing}") from None
+    return seen
+
+
+def test_every_entity_has_a_state_within_seconds_of_any_restart(ha, tmp_path: Path) -> None:
+    """Issue 34, item 3: after a restart of edge-queue, of the broker (without persistence: every
+    retained message lost) and of Home Assistant, every entity shows a real state within
+    seconds, not ``unknown``: "Last result", "Last submit" and the "Submit" text included."""
+    h, inst, broker = ha
+    svc = service(broker, tmp_path, [tmp_path], "data", "eqs-" + tmp_path.name[-8:])
+    svc.start()
+    try:
+        e = entities_of(h, inst, instance_id(svc))
+        # Given a submit through the "Submit" text, its job finished, and each button pressed
+        # once (a button's state is the time of its last press, an event's the time it fired)
+        h.call_service(inst, "text", "set_value", {"entity_id": e["submit"], "value": '{"kind":"noop","input":"n1"}'})
+        wait_state(h, inst, e["submit_result"], lambda s, a: s.startswith("queued "), "the submit's result")
+        wait_state(h, inst, e["last_result"], lambda s, a: s == "noop succeeded: n1", "the last result")
+        wait_state(h, inst, e["job_finished"], lambda s, a: s not in NO_STATE, "the job-finished event")
+        for key in ("cancel_current", "retry_failed", "republish"):
+            h.press(inst, e[key])
+            wait_state(h, inst, e[key], lambda s, a: s not in NO_STATE, f"{key} pressed")
+        timeline: dict[str, dict[str, float]] = {"before": settle(h, inst, e, time.monotonic(), 10)}
+        # When edge-queue restarts
+        assert svc.stop() == 0
+        wait_state(h, inst, e["queued"], lambda s, a: s == "unavailable", "unavailable while stopped")
+        t0 = time.monotonic()
+        svc.start()
+        timeline["edge-queue restart"] = settle(h, inst, e, t0, 15)
+        # When the broker restarts, forgetting every retained message
+        h.broker_stop(broker.port)
+        wait_until(lambda: not port_open("127.0.0.1", broker.port), 20, "the broker to be gone")
+        t0 = time.monotonic()
+        h.broker_start(broker.port)
+        wait_state(h, inst, e["queued"], lambda s, a: s == "0", "HA and edge-queue back on the broker", 90)
+        timeline["broker restart"] = settle(h, inst, e, t0, 90)
+        # When Home Assistant restarts (after the broker lost the retained messages)
+        t0 = time.monotonic()
+        restart_home_assistant(h, inst)
+        timeline["home assistant restart (from its start)"] = settle(h, inst, e, t0, 120)
+        figures(ha_restart_timeline_s=timeline)
+        # Then the states are the real ones
+        assert state_of(h, inst, e["last_result"]) == "noop succeeded: n1"
+        assert state_of(h, inst, e["submit_result"]).startswith("queued ")
+        assert state_of(h, inst, e["submit"]) == "n1"
+    finally:
+        svc.stop()
+
+
+def test_diagnostic_entities_and_device_classes(ha, tmp_path: Path) -> None:
+    """Issue 34, item 5: the device's diagnostic entities (version, start time, worker health,
+    store size, free disk) with their entity category, device classes and units, as Home
+    Assistant registers them."""
+    from edge_queue.announce import package_version
+
+    h, inst, broker = ha
+    svc = service(broker, tmp_path, [tmp_path], "data", "eqg-" + tmp_path.name[-8:])
+    svc.env["EDGE_QUEUE_WORKERS"] = "1"
+    svc.start()
+    try:
+        e = entities_of(h, inst, instance_id(svc))
+        registry = {x["entity_id"]: x for x in h.ws_call(inst, "config/entity_registry/list")}
+        category = {key: registry[eid].get("entity_category") for key, eid in e.items()}
+        diagnostic = {"version", "started", "workers_alive", "workers_problem", "store_size", "disk_free", "republish"}
+        assert {k for k, c in category.items() if c == "diagnostic"} == diagnostic, category
+        states = {
+            key: wait_state(h, inst, e[key], lambda s, a: s not in NO_STATE, key) for key in diagnostic - {"republish"}
+        }
+        assert states["version"]["state"] == package_version()
+        assert states["started"]["attributes"]["device_class"] == "timestamp"
+        assert states["workers_alive"]["state"] == "1"
+        assert states["workers_problem"]["state"] == "off"
+        assert states["workers_problem"]["attributes"]["device_class"] == "problem"
+        for key, unit in (("store_size", "MB"), ("disk_free", "GB")):
+            a = states[key]["attributes"]
+            assert (a["device_class"], a["unit_of_measurement"]) == ("data_size", unit), (key, a)
+            assert float(states[key]["state"]) > 0, states[key]
+        # A summary with fewer workers alive than configured (a worker that crash-loops and is
+        # not restarted) is a problem; edge-queue's own summary, republished, is none again
+        w = svc.watcher("queue", "response/#")
+        summary = w.wait_json(f"{svc.base}/queue", lambda m: m["workers_alive"] == 1)
+        publish(broker, f"{svc.base}/queue", json.dumps({**summary, "workers_alive": 0}), retain=True)
+        wait_state(h, inst, e["workers_problem"], lambda s, a: s == "on", "a problem")
+        wait_state(h, inst, e["workers_alive"], lambda s, a: s == "0", "0 workers alive")
+        svc.request("republish", {}, w)
+        wait_state(h, inst, e["workers_problem"], lambda s, a: s == "off", "no problem")
+        w.close()
+    finally:
         svc.stop()

@@ -40,13 +40,14 @@ class Meta:
         return None if row is None else str(row[0])
 
     def set_meta_text(self, key: str, value: str) -> None:
-        """Set a text the service keeps in the store (outside a group)."""
+        """Set a text the service keeps in the store (one statement, like :meth:`set_meta`:
+        inside :meth:`.Connection.group` it joins the group's transaction)."""
+        sql = "INSERT INTO store_meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+        if self.c.group_depth:
+            self.c.conn.execute(sql, [key, value])
+            return
         with self.c.immediate():
-            self.c.conn.execute(
-                "INSERT INTO store_meta (key, value) VALUES (?, ?) "
-                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                [key, value],
-            )
+            self.c.conn.execute(sql, [key, value])
 
     def instance_id(self) -> str:
         """The installation's id: 12 hex digits made with the store, the same for its whole life

@@ -1,0 +1,129 @@
+"""The command line as its user expects it (issue 34, item 15): a version, help for a bare
+command, help that names values instead of showing type tags, a doctor coloured on a terminal,
+and ``submit --wait`` saying when the queue is paused. Real subprocesses."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import typer
+
+from edge_queue import cli
+
+from .conftest import ServiceProcess, publish, wait_until
+
+#: Typer's type tags, which --help must not show.
+TYPE_TAG = re.compile(r"<(bool|str|int|float|path|list\[|int range|float range)")
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "edge_queue", *args],
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def command_paths() -> list[list[str]]:
+    """Every command and group of the command line, as argument lists (``[]`` is the root)."""
+    found: list[list[str]] = []
+
+    def walk(cmd: object, path: list[str]) -> None:
+        found.append(path)
+        for name, sub in (getattr(cmd, "commands", None) or {}).items():
+            walk(sub, [*path, name])
+
+    walk(typer.main.get_command(cli.app), [])
+    return found
+
+
+def test_version_and_a_bare_command_show_what_they_should() -> None:
+    version = run("--version")
+    assert version.returncode == 0 and re.fullmatch(r"edge-queue \S+\n", version.stdout), version
+    for bare in ([], ["config"]):
+        out = run(*bare)
+        assert out.returncode == 0, out
+        assert "Usage: edge-queue" in out.stdout and "Commands" in out.stdout, out.stdout
+
+
+def test_help_names_values_and_shows_no_type_tags() -> None:
+    paths = command_paths()
+    assert len(paths) >= 12, paths
+    for path in paths:
+        out = run(*path, "--help")
+        assert out.returncode == 0, (path, out.stderr)
+        assert not TYPE_TAG.search(out.stdout), (path, out.stdout)
+    submit = run("submit", "--help").stdout
+    for shown in ("--kind", "KIND", "KEY=VALUE", "SECONDS", "FILE"):
+        assert shown in submit, submit
+
+
+def test_doctor_is_coloured_on_a_terminal_only(mosquitto, tmp_path: Path) -> None:
+    svc = ServiceProcess(mosquitto, tmp_path, [tmp_path])  # not started: its status check warns
+    # On a terminal (a pseudo-terminal): every mark coloured
+    primary, secondary = os.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edge_queue", "doctor", "--skip-model"],
+        env=svc.env,
+        stdout=secondary,
+        stderr=subprocess.DEVNULL,
+    )
+    os.close(secondary)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(primary, 65536)
+        except OSError:  # EIO: the other end closed
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(primary)
+    assert proc.wait(timeout=60) in (0, 1)
+    shown = b"".join(chunks).decode()
+    marks = re.findall(r"^(\x1b\[[0-9;\[m\x1b]*)(ok|warn|FAIL)\x1b\[0m ", shown, re.M)
+    assert len(marks) == len(shown.strip().splitlines()), shown
+    assert {m[1] for m in marks} == {"ok", "warn"} and all(m[0].startswith(("\x1b[32m", "\x1b[33m")) for m in marks), (
+        marks
+    )
+    # In a pipe: none
+    piped = subprocess.run(
+        [sys.executable, "-m", "edge_queue", "doctor", "--skip-model"], env=svc.env, capture_output=True, text=True
+    )
+    assert "\x1b" not in piped.stdout and re.search(r"^ok {4}broker: .*\n^warn  service: ", piped.stdout, re.M), (
+        piped.stdout
+    )
+
+
+def test_submit_wait_says_the_queue_is_paused(mosquitto, service_factory, tmp_path: Path) -> None:
+    # Given a paused queue
+    svc = service_factory(mosquitto, [tmp_path]).start()
+    w = svc.watcher("queue")
+    publish(mosquitto, f"{svc.base}/request/pause", '{"paused": true}')
+    w.wait_json(f"{svc.base}/queue", lambda q: q["paused"] is True)
+    w.close()
+    # When a job is submitted and waited on
+    out = subprocess.run(
+        [sys.executable, "-m", "edge_queue", "submit", "-k", "noop", "x", "--wait", "--timeout", "3"],
+        env={**svc.env, "EDGE_QUEUE_LOG_LEVEL": "WARNING", "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    # Then it says why the job does not start, while waiting and at the timeout
+    assert out.returncode == 1, out
+    assert "queued (the queue is paused: resume it to start)" in out.stderr, out.stderr
+    assert out.stderr.rstrip().endswith("still not finished; the queue is paused: resume it to start"), out.stderr
+    wait_until(lambda: svc.stop() == 0, 30, "the service stopped")
+
+
+def test_first_job_says_where_mosquitto_pub_comes_from() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    first_job = readme.split("## First job", 1)[1].split("\n## ", 1)[0]
+    assert "mosquitto_pub" in first_job and "apt-get install mosquitto-clients" in first_job, first_job

@@ -1,0 +1,287 @@
+"""docs/home-assistant.md as its reader uses it, in a real Home Assistant Core: every YAML block
+of the page is loaded as written (the base topic, entity id, job id and path replaced, as the
+page tells its reader to), and the automations, the script and the sensors do what the page
+says, across restarts of edge-queue, the broker and Home Assistant.
+
+``notify.mobile_app_my_phone`` is a notify group of Home Assistant's own
+``persistent_notification``: every notification is one persistent notification, kept until
+Home Assistant stops (so one sent while it starts is seen too).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import ROOT, Broker, port_open, wait_until
+from .homeassistant_support import (
+    entities,
+    home_assistant,
+    instance_id,
+    restart_home_assistant,
+    service,
+    wait_state,
+)
+from .test_load import figures
+
+pytestmark = [
+    pytest.mark.homeassistant,
+    pytest.mark.slow,
+    pytest.mark.serial,
+    pytest.mark.filterwarnings("ignore::ResourceWarning"),
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+]
+
+DOC = ROOT / "docs" / "home-assistant.md"
+#: What the page's examples name, and the reader replaces with their own.
+DOC_BASE, DOC_EVENT, DOC_JOB, DOC_CLIP = (
+    "edge-queue/",
+    "event.edge_queue_nas_job_finished",
+    "0mx1jjxvpdif6c43",
+    "/srv/media/doorbell/latest.mp4",
+)
+#: Home Assistant's configuration for the page's blocks: the files a stock configuration.yaml
+#: includes, and the phone.
+EXTRA_YAML = """\
+automation: !include automations.yaml
+script: !include scripts.yaml
+mqtt: !include edge_queue_mqtt.yaml
+notify:
+  - platform: group
+    name: mobile_app_my_phone
+    services:
+      - action: persistent_notification
+"""
+
+
+def blocks() -> dict[str, str]:
+    """The page's YAML blocks by what they are; a block of another shape fails here (a new
+    example needs its check in this module)."""
+    found: dict[str, str] = {}
+    for block in re.findall(r"```yaml\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S):
+        first = block.splitlines()[0]
+        what = next(
+            (
+                name
+                for name, start in [
+                    ("ui_automation", "alias: "),
+                    ("sensors", "mqtt:"),
+                    ("script", "edge_queue_transcribe_doorbell:"),
+                    ("card", "type: button"),
+                    ("automations", "- id: "),
+                ]
+                if first.startswith(start)
+            ),
+            None,
+        )
+        assert what is not None and what not in found, (
+            f"a YAML block of docs/home-assistant.md this test does not know: {block}"
+        )
+        found[what] = block
+    return found
+
+
+def notifications(h: Any, inst: dict[str, Any]) -> list[dict[str, Any]]:
+    """The persistent notifications of this run of Home Assistant (any other one, such as an
+    invalid configuration's, counts too)."""
+    return list(h.ws_call(inst, "persistent_notification/get"))
+
+
+@pytest.fixture(scope="module")
+def ha() -> Iterator[tuple[Any, dict[str, Any], Broker]]:
+    with home_assistant() as found:
+        yield found
+
+
+@pytest.mark.usefixtures("model_installed")
+def test_the_pages_yaml_works_in_home_assistant_across_restarts(ha, tmp_path: Path, speech: Path) -> None:
+    """Issue 34, items 1 and 7: the page's automations notify once per finished job, never again
+    for an old one when edge-queue, the broker or Home Assistant restarts; a double tap on the
+    script's button makes one job; the job sensor logs no error when its topic is cleared."""
+    h, inst, broker = ha
+    doc = blocks()
+    media = tmp_path / "media"
+    (media / "doorbell").mkdir(parents=True)
+    clip = media / "doorbell" / "latest.flac"
+    shutil.copy(speech / "jfk.flac", clip)
+    svc = service(broker, tmp_path, [media], "data", "eqd-" + tmp_path.name[-8:])
+    svc.start()
+    config = Path(inst["config"])
+    try:
+        e = entities(h, inst, instance_id(svc), ["job_finished", "queued"])
+
+        def ours(text: str, job_id: str = DOC_JOB) -> str:
+            text = text.replace(DOC_BASE, svc.base + "/").replace(DOC_EVENT, e["job_finished"])
+            return text.replace(DOC_JOB, job_id).replace(DOC_CLIP, str(clip))
+
+        # Given the page's blocks where its reader puts them: the UI automation and the
+        # automations.yaml entry, the scripts.yaml entry, the sensors
+        ui = doc["ui_automation"].splitlines()
+        (config / "automations.yaml").write_text(
+            ours("\n".join(["- id: edge_queue_ui", *("  " + x for x in ui)]) + "\n" + doc["automations"])
+        )
+        (config / "scripts.yaml").write_text(ours(doc["script"]))
+        (config / "edge_queue_mqtt.yaml").write_text(ours(doc["sensors"]).removeprefix("mqtt:\n"))
+        extra = tmp_path / "extra.yaml"
+        extra.write_text(EXTRA_YAML)
+        log = config / "home-assistant.log"
+        restart_home_assistant(h, inst, extra)
+        assert "script.edge_queue_transcribe_doorbell" in doc["card"]
+        for eid in (
+            "automation.edge_queue_send_me_the_transcript",
+            "automation.edge_queue_tell_my_phone_when_a_job_ends",
+        ):
+            wait_state(h, inst, eid, lambda s, a: s == "on", f"{eid} loaded")
+        wait_state(h, inst, "sensor.edge_queue_queued", lambda s, a: s == "0", "the page's sensors")
+        wait_state(h, inst, e["job_finished"], lambda s, a: s != "unavailable", "the event entity")
+        w = svc.watcher("response/submit", "jobs/+")
+        # When the dashboard button runs the script twice, 0.4 s apart, across a second boundary
+        wait_until(lambda: 0.75 < time.time() % 1 < 0.85, 2, "a moment before a second boundary", interval=0.005)
+        h.call_service(inst, "script", "turn_on", {"entity_id": "script.edge_queue_transcribe_doorbell"})
+        time.sleep(0.4)  # the double tap itself
+        h.call_service(inst, "script", "turn_on", {"entity_id": "script.edge_queue_transcribe_doorbell"})
+        job_id = wait_until(lambda: w.json_on(f"{svc.base}/response/submit"), 30, "the submit")[0]["data"]["jobs"][0][
+            "job_id"
+        ]
+        w.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] == "succeeded", timeout=120)
+        # Then one job, and each automation notifies once, with the transcript
+        wait_until(lambda: len(notifications(h, inst)) >= 2, 30, "two notifications")
+        wait_state(h, inst, "script.edge_queue_transcribe_doorbell", lambda s, a: s == "off", "the script done")
+        assert len(w.json_on(f"{svc.base}/response/submit")) == 1, w.json_on(f"{svc.base}/response/submit")
+        sent = notifications(h, inst)
+        assert len(sent) == 2 and all("country" in n["message"].lower() for n in sent), sent
+        assert {n["title"] for n in sent} == {"Transcription succeeded", "transcribe succeeded"}, sent
+        # The job sensor, pointed at the job, shows it
+        (config / "edge_queue_mqtt.yaml").write_text(ours(doc["sensors"], job_id).removeprefix("mqtt:\n"))
+        h.call_service(inst, "mqtt", "reload")
+        wait_state(
+            h,
+            inst,
+            "sensor.edge_queue_doorbell_job",
+            lambda s, a: s == "succeeded" and "country" in a["text"].lower(),
+            "job",
+        )
+
+        def restarted(what: str, sent: int = 2) -> None:
+            """The event entity is back with its old event; no notification follows it
+            (``sent``: the notifications of this run of Home Assistant before the restart)."""
+            wait_state(
+                h, inst, e["job_finished"], lambda s, a: s not in ("unavailable", "unknown"), f"back: {what}", 90
+            )
+            wait_state(h, inst, e["queued"], lambda s, a: s == "0", f"edge-queue's states: {what}", 90)
+            time.sleep(2)  # a stale notification comes within milliseconds of the state's return
+            assert len(notifications(h, inst)) == sent, (what, notifications(h, inst)[sent:])
+
+        # When edge-queue restarts
+        assert svc.stop() == 0
+        wait_state(h, inst, e["job_finished"], lambda s, a: s == "unavailable", "unavailable")
+        svc.start()
+        restarted("edge-queue restart")
+        # When the broker restarts
+        h.broker_stop(broker.port)
+        wait_until(lambda: not port_open("127.0.0.1", broker.port), 20, "the broker to be gone")
+        h.broker_start(broker.port)
+        restarted("broker restart")
+        # When Home Assistant restarts
+        restart_home_assistant(h, inst, extra)
+        restarted("Home Assistant restart", 0)
+        # When the job is purged, its topic cleared: the sensor says deleted, without an error
+        svc.request("purge", {"job_id": job_id}, svc.watcher("response/purge"))
+        wait_state(h, inst, "sensor.edge_queue_doorbell_job", lambda s, a: s == "deleted", "deleted")
+        errors = [x for x in log.read_text(errors="replace").splitlines() if " ERROR " in x]
+        figures(home_assistant_errors=errors)
+        assert not [x for x in errors if "value_json" in x or "edge_queue" in x or "template" in x.lower()], errors
+        w.close()
+    finally:
+        svc.stop()
+
+
+BLUEPRINT = ROOT / "docs" / "blueprints" / "notify_job_finished.yaml"
+
+
+def test_the_blueprint_notifies_each_finished_job_once_also_after_home_assistant_was_down(ha, tmp_path: Path) -> None:
+    """Issue 34, items 2 and 6: an automation from the repository's blueprint notifies once per
+    finished job, with the transcript or the error; never again for an old job after a restart of
+    edge-queue, the broker or Home Assistant; and, once Home Assistant is back, once for each job
+    that ended while it was down."""
+    h, inst, broker = ha
+    svc = service(broker, tmp_path, [tmp_path], "data", "eqb-" + tmp_path.name[-8:])
+    svc.start()
+    config = Path(inst["config"])
+    w = svc.watcher("response/#", "jobs/+")
+    try:
+        e = entities(h, inst, instance_id(svc), ["job_finished", "queued"])
+        # Given an automation made from the blueprint, as its user makes it
+        (config / "blueprints" / "automation" / "edge-queue").mkdir(parents=True, exist_ok=True)
+        shutil.copy(BLUEPRINT, config / "blueprints" / "automation" / "edge-queue" / BLUEPRINT.name)
+        (config / "automations.yaml").write_text(
+            "- id: edge_queue_blueprint\n"
+            "  alias: edge-queue to my phone\n"
+            "  use_blueprint:\n"
+            f"    path: edge-queue/{BLUEPRINT.name}\n"
+            "    input:\n"
+            f"      job_finished: {e['job_finished']}\n"
+            "      notify_action: notify.mobile_app_my_phone\n"
+        )
+        for name in ("scripts.yaml", "edge_queue_mqtt.yaml"):
+            (config / name).write_text("{}\n")
+        extra = tmp_path / "extra.yaml"
+        extra.write_text(EXTRA_YAML)
+        restart_home_assistant(h, inst, extra)
+        wait_state(h, inst, "automation.edge_queue_to_my_phone", lambda s, a: s == "on", "the automation loaded")
+        wait_state(h, inst, e["job_finished"], lambda s, a: s != "unavailable", "the event entity")
+
+        def run(kind: str, options: dict[str, Any], state: str) -> str:
+            body = {"kind": kind, "options": options, **({"input": "clip.wav"} if kind == "noop" else {})}
+            job_id = svc.request("submit", body, w)["data"]["jobs"][0]["job_id"]
+            w.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] == state)
+            return str(job_id)
+
+        # When a job succeeds and one fails: one notification each, the error in the second
+        run("noop", {}, "succeeded")
+        run("test_fail", {"code": "unsupported_media"}, "failed")
+        wait_until(lambda: len(notifications(h, inst)) >= 2, 30, "two notifications")
+        sent = notifications(h, inst)
+        assert [n["title"] for n in sent] == ["noop succeeded", "test_fail failed"], sent
+        assert sent[1]["message"] == "unsupported_media: failing on purpose", sent
+
+        def quiet(what: str, count: int) -> None:
+            wait_state(h, inst, e["job_finished"], lambda s, a: s not in ("unavailable", "unknown"), what, 90)
+            wait_state(h, inst, e["queued"], lambda s, a: s == "0", what, 90)
+            time.sleep(2)  # a stale notification comes within milliseconds of the state's return
+            assert len(notifications(h, inst)) == count, (what, notifications(h, inst)[count:])
+
+        # When edge-queue and the broker restart: nothing old again
+        assert svc.stop() == 0
+        wait_state(h, inst, e["job_finished"], lambda s, a: s == "unavailable", "unavailable")
+        svc.start()
+        quiet("edge-queue restart", 2)
+        h.broker_stop(broker.port)
+        wait_until(lambda: not port_open("127.0.0.1", broker.port), 20, "the broker to be gone")
+        h.broker_start(broker.port)
+        quiet("broker restart", 2)
+        # When jobs end while Home Assistant is down, and it comes back
+        h.stop(inst)
+        missed = [run("noop", {}, "succeeded"), run("test_fail", {"code": "decode_error"}, "failed")]
+        restart_home_assistant(h, inst, extra)
+        # Then each of them is notified once, marked, and nothing older
+        wait_until(lambda: len(notifications(h, inst)) >= 2, 30, "the missed jobs notified")
+        quiet("Home Assistant restart", 2)
+        sent = notifications(h, inst)
+        assert [n["title"] for n in sent] == [
+            "noop succeeded (while Home Assistant was down)",
+            "test_fail failed (while Home Assistant was down)",
+        ], sent
+        figures(missed_jobs=missed, notified_after_home_assistant_restart=sent)
+        # And a restart of Home Assistant with nothing missed sends nothing
+        restart_home_assistant(h, inst, extra)
+        quiet("Home Assistant restart, nothing missed", 0)
+    finally:
+        w.close()
+        svc.stop()
