@@ -71,6 +71,25 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def stop_mosquitto(proc: subprocess.Popen[Any], timeout: float = 30.0) -> None:
+    """Stop a mosquitto the tests started, as systemd would: SIGTERM, then wait.
+
+    mosquitto 2.0 opens its listeners before it arms its main loop (``run = 1``), so a SIGTERM
+    that lands between the two, right after the port opens, is lost; it is sent again every
+    second until the broker exits. After ``timeout`` seconds it is killed and the test fails.
+    """
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(min(1.0, max(0.01, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                proc.kill()
+                proc.wait()
+                raise AssertionError(f"mosquitto {proc.pid} did not stop within {timeout:.0f} s of SIGTERM") from None
+
+
 def descendants(pid: int) -> list[int]:
     """Pids of every process under ``pid``: the service's workers are children of its
     forkserver, which is a child of the service."""

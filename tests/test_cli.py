@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REFERENCE, Watcher, free_port, wait_until, wer
+from .conftest import REFERENCE, Watcher, free_port, stop_mosquitto, wait_until, wer
 
 
 def cli(svc, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -306,8 +306,7 @@ def test_serve_waits_behind_a_forwarder_whose_broker_is_not_up_yet(tmp_path: Pat
         assert svc.proc.poll() is None, svc.log()
         assert svc.stop() == 0
     finally:
-        late.terminate()
-        late.wait(10)
+        stop_mosquitto(late)
 
 
 @pytest.mark.slow

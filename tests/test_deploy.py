@@ -18,7 +18,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from .conftest import ROOT, Broker, free_port, need, port_open, run_doctor, wait_until
+from .conftest import ROOT, Broker, free_port, need, port_open, run_doctor, stop_mosquitto, wait_until
 
 EDGE_QUEUE_BIN = str(Path(sys.executable).parent / "edge-queue")
 
@@ -309,8 +309,7 @@ def mosquitto_with_acl(tmp_path: Path):
     broker.tls_port, broker.ca = tls_port, pki["ca"]  # type: ignore[attr-defined]
     broker.ws_port = ws_port
     yield broker
-    proc.terminate()
-    proc.wait(10)
+    stop_mosquitto(proc)
 
 
 @pytest.mark.slow
@@ -508,8 +507,7 @@ def test_tls_with_a_test_ca(tmp_path: Path, service_factory, speech: Path) -> No
         )
         assert out.returncode == 3
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop_mosquitto(proc)
 
 
 @pytest.mark.slow

@@ -29,7 +29,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from .conftest import ROOT, SPEECH, Broker, ServiceProcess, free_port, need, port_open, wait_until
+from .conftest import ROOT, SPEECH, Broker, ServiceProcess, free_port, need, port_open, stop_mosquitto, wait_until
 
 #: WatchdogSec of the watchdog the tests run the service under (the shipped unit says 30).
 WATCHDOG_S = 10.0
@@ -75,8 +75,7 @@ class PrivateMosquitto(Broker):
 
     def stop(self) -> None:
         assert self.proc is not None
-        self.proc.terminate()
-        self.proc.wait(30)
+        stop_mosquitto(self.proc)
 
 
 class Watchdog:

@@ -24,6 +24,7 @@ from .conftest import (
     port_open,
     publish,
     retained_under,
+    stop_mosquitto,
     wait_until,
     wer,
 )
@@ -562,8 +563,7 @@ def test_serve_waits_for_a_broker_that_is_still_starting(service_factory, speech
         watcher.close()
         assert svc.stop() == 0
     finally:
-        late.terminate()
-        late.wait(10)
+        stop_mosquitto(late)
 
 
 def _try_watch(svc):
@@ -606,8 +606,7 @@ def test_more_retained_jobs_than_mqtt_message_ids_are_all_republished(
         watcher.close()
         assert svc.stop() == 0
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop_mosquitto(proc)
 
 
 def test_a_new_store_finding_job_state_on_the_broker_says_so(mosquitto, service_factory, speech: Path) -> None:
@@ -765,8 +764,7 @@ def test_a_persistent_broker_restoring_an_older_save_is_not_taken_for_a_replaced
         # (before: logged as an ERROR telling to restore a backup, as for a replaced store)
         ghost = "0mx1aaaaaaaaaaaa"
         publish(broker, f"{svc.base}/jobs/{ghost}", json.dumps({"job_id": ghost, "state": "succeeded"}), retain=True)
-        proc.terminate()
-        proc.wait(10)
+        stop_mosquitto(proc)
         proc = start_broker()
         # Then its state is cleared with a warning that says what likely happened
         wait_until(lambda: "clearing the retained state of jobs this store does not know" in svc.log(), 60, "the line")
@@ -775,8 +773,7 @@ def test_a_persistent_broker_restoring_an_older_save_is_not_taken_for_a_replaced
         assert "restore a backup" not in svc.log()
         assert svc.stop() == 0
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop_mosquitto(proc)
 
 
 def test_a_finished_jobs_retained_state_expires_from_the_broker_and_stays_in_the_store(
