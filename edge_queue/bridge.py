@@ -47,12 +47,11 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
-from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from .broker_probe import detect_protocol
 from .config import MqttSettings
 from .errors import BrokerUnavailable
-from .mqtt_client import FastClient, ack_now, configure_client, set_nodelay
+from .mqtt_client import FastClient, ack_now, configure_client, set_nodelay, subscribe
 from .outbox import Ack, Outbox, Pub
 from .takeover import ForeignMessages, TakeoverRule
 from .topics import OFFLINE, Topics
@@ -152,6 +151,8 @@ class Bridge:
         self.on_node: Callable[[str, bytes, bool], None] | None = None
         #: another client connected with our client id: the rule, and how often it happened
         self.takeovers, self.foreign = TakeoverRule(), ForeignMessages()
+        #: requests taken off the socket since the start
+        self.requests_received = 0
         self._connected_at = 0.0
 
     def set_client_id(self, client_id: str) -> None:
@@ -204,7 +205,8 @@ class Bridge:
         # requests again on this one, and they are answered then.
         self.outbox.keep_acks_of(self.connection)
         nodes = self.topics.nodes_prefix if self.on_node is not None else None
-        subscribe(client, self.protocol, self.topics.requests, list(self.watch), nodes)
+        requests = self.topics.requests if self.foreign.shared is None else None  # None: leaving a shared id
+        subscribe(client, self.protocol, requests, list(self.watch), nodes)
         session_present = bool(getattr(flags, "session_present", False))
         if session_present:
             # Requests of the old connection not yet acknowledged: the broker sends them again
@@ -242,17 +244,8 @@ class Bridge:
             refused_copy=refused_copy,
         )
         if takeover is not None:
-            # Another client connected with our client id (the broker says so in MQTT 5, or
-            # mosquitto 2.0.11 just closes our connection each time it connects): reconnecting
-            # at once would take the id back and be taken again, a loop that hides who does it.
-            self._reconnect_delay = takeover.delay_s
-            log.error(
-                "the broker closed our connection because another client connected with our client id %r (%s): "
-                "another edge-queue with the same mqtt.client_id, or a client using it; reconnecting in %.0f s",
-                self.client_id,
-                takeover.why,
-                self._reconnect_delay,
-            )
+            # reconnecting at once would take the id back and be taken again, a loop that hides who does it
+            self._reconnect_delay = takeover.say(self.client_id)
         elif not self._closing and was:
             log.warning("disconnected from the broker (%s); reconnecting", reason)
         self._next_reconnect = now + self._reconnect_delay
@@ -267,13 +260,17 @@ class Bridge:
             self.on_node(msg.topic, bytes(msg.payload), bool(msg.retain))
         parsed = self.topics.parse_request(msg.topic)
         if parsed is None:
-            self.foreign.note(msg.topic, self.topics, self.client_id)
-            if msg.qos:
-                client.ack(msg.mid, msg.qos)
+            first = self.foreign.shared is None
+            if not self.foreign.note(msg.topic, self.topics, self.client_id):
+                if msg.qos:
+                    client.ack(msg.mid, msg.qos)
+            elif first:  # another installation's request: left to it; ours stop coming here
+                client.unsubscribe(self.topics.requests)
             return
         command, user = parsed
         dropped = client.dropped_property_bytes if isinstance(client, FastClient) else 0
         item = incoming(msg, command, user, self.connection, self.max_payload_bytes, dropped)
+        self.requests_received += 1
         self.inbox_bytes += len(item.payload)
         self.inbox.append(item)
 
@@ -329,6 +326,7 @@ class Bridge:
         try:
             self._client.reconnect()
         except (OSError, ssl.SSLError) as e:
+            self.takeovers.reconnect_failed()
             log.debug("reconnect to %s:%s failed: %s", self.settings.host, self.settings.port, e)
 
     # -- the loop's side ----------------------------------------------------------------
@@ -502,37 +500,6 @@ class Bridge:
                 self._client.loop_write()
         except (OSError, ValueError):
             pass
-
-
-def subscribe(
-    client: mqtt.Client,
-    protocol: mqtt.MQTTProtocolVersion,
-    requests: str,
-    watched: list[str],
-    nodes: str | None = None,
-) -> None:
-    """Subscribe to the requests (QoS 1) and to the topics followed (QoS 0), not to our own
-    messages (MQTT 5 No Local); with ``nodes`` (``<base>/nodes/``), to the worker nodes'
-    announcements and ``up`` topics (QoS 1, docs/nodes.md)."""
-    if nodes is not None:
-        client.subscribe([(nodes + "+", 1), (nodes + "+/up", 1)])
-    if protocol == mqtt.MQTTv5:
-        # Retain Handling 1: retained requests are sent only for a new subscription, not again
-        # when the session (and its subscription) survived: a retained request published
-        # while we were away arrives once, from the session's queue (MQTT 5.0, 3.8.3.1).
-        opts = SubscribeOptions(
-            qos=1,
-            noLocal=True,
-            retainAsPublished=True,
-            retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB,
-        )
-        client.subscribe(requests, options=opts)
-        for topic in watched:
-            client.subscribe(topic, options=SubscribeOptions(qos=0, noLocal=True))
-    else:
-        client.subscribe(requests, 1)
-        for topic in watched:
-            client.subscribe(topic, 0)
 
 
 def expiry_properties(expiry_s: int, protocol: int) -> Properties | None:

@@ -27,6 +27,7 @@ from paho.mqtt.exception import MalformedPacket
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from .config import MqttSettings
 
@@ -472,3 +473,36 @@ def set_nodelay(client: mqtt.Client) -> None:
             setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass
+
+
+def subscribe(
+    client: mqtt.Client,
+    protocol: mqtt.MQTTProtocolVersion,
+    requests: str | None,
+    watched: list[str],
+    nodes: str | None = None,
+) -> None:
+    """Subscribe to the requests (QoS 1; None: not) and to the topics followed (QoS 0), not to
+    our own messages (MQTT 5 No Local); with ``nodes`` (``<base>/nodes/``), to the worker
+    nodes' announcements and ``up`` topics (QoS 1, docs/nodes.md)."""
+    if nodes is not None:
+        client.subscribe([(nodes + "+", 1), (nodes + "+/up", 1)])
+    if protocol == mqtt.MQTTv5:
+        # Retain Handling 1: retained requests are sent only for a new subscription, not again
+        # when the session (and its subscription) survived: a retained request published
+        # while we were away arrives once, from the session's queue (MQTT 5.0, 3.8.3.1).
+        opts = SubscribeOptions(
+            qos=1,
+            noLocal=True,
+            retainAsPublished=True,
+            retainHandling=SubscribeOptions.RETAIN_SEND_IF_NEW_SUB,
+        )
+        if requests is not None:
+            client.subscribe(requests, options=opts)
+        for topic in watched:
+            client.subscribe(topic, options=SubscribeOptions(qos=0, noLocal=True))
+    else:
+        if requests is not None:
+            client.subscribe(requests, 1)
+        for topic in watched:
+            client.subscribe(topic, 0)

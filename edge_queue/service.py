@@ -59,6 +59,7 @@ from .retention import Retention
 from .scheduler import Scheduler
 from .store import Store, iso, new_id
 from .supervisor import Outcome, Supervisor
+from .takeover import EXIT_SHARED_CLIENT_ID
 from .topics import MAX_REPLY_AREAS, ReplyAreas, Topics
 from .watch import WatchFolders
 
@@ -69,6 +70,9 @@ log = logging.getLogger(__name__)
 MAX_PACKET_BYTES = 16 * 2**20
 #: A loop turn longer than this is logged (the watchdog and the Last Will allow far more).
 SLOW_TURN_S = 1.0
+#: At most this long (seconds) the service still takes its own requests already on their way
+#: once another installation is found to share its client id, before it stops.
+SETTLE_S = 5.0
 
 
 def checked_kinds(settings: Settings) -> dict[str, Any]:
@@ -259,12 +263,14 @@ class Service:
             roots_text(self.settings.media_roots),
         )
         self.notifier.ready(f"serving on {where}, base topic {self.topics.base}")
-        while not self.stopping:
+        while not self.stopping and self.bridge.foreign.shared is None:
             self.step(max_wait_s=min(1.0, (self.notifier.watchdog_s or 2.0) / 4))
             self.notifier.tick()
+        if self.bridge.foreign.shared is not None:
+            settle_own_requests(self)
         self.notifier.stopping()
         self.shutdown()
-        return 0
+        return 0 if self.bridge.foreign.shared is None else EXIT_SHARED_CLIENT_ID
 
     def step(self, max_wait_s: float = 1.0) -> None:
         """One turn of the loop: wait for something (at most ``max_wait_s`` seconds), then act
@@ -368,20 +374,18 @@ class Service:
     def _wait_s(self, cap: float) -> float:
         if self.dispatcher.takeable():
             return 0.0
-        waits = [cap]
-        if (b := self.bridge.wait_s(time.monotonic())) is not None:
-            waits.append(b)
-        waits += [d for d in (self.supervisor.next_deadline(), self.nodes.wait_s()) if d is not None]
-        if (p := self.publisher.wait_s()) is not None:
-            waits.append(p)
-        if self.republisher.active or self._carried:
-            waits.append(0.05)
         now = self.clock()
-        if (due := self.job_store().next_due(after=now)) is not None:
-            waits.append(max(0.0, due - now))
-        if (watch := self.watch_folders.wait_s(self.clock())) is not None:
-            waits.append(watch)
-        return max(0.0, min(waits))
+        due = self.job_store().next_due(after=now)
+        waits = (
+            self.bridge.wait_s(time.monotonic()),
+            self.supervisor.next_deadline(),
+            self.nodes.wait_s(),
+            self.publisher.wait_s(),
+            self.watch_folders.wait_s(now),
+            0.05 if self.republisher.active or self._carried else None,
+            None if due is None else due - now,
+        )
+        return max(0.0, min([cap, *(w for w in waits if w is not None)]))
 
     # -- the ports (edge_queue/ports.py) ------------------------------------------------
 
@@ -498,6 +502,20 @@ class Service:
             self.store.close()
         if self._lock is not None:
             self._lock.close()
+
+
+def settle_own_requests(service: Service) -> None:
+    """Another installation shares our client id (:class:`~edge_queue.takeover.ForeignMessages`):
+    our request topics are unsubscribed; the requests of ours already on their way are taken
+    and answered for up to :data:`SETTLE_S` seconds (until none came for half a second), so the
+    session holds none of ours for the other installation when it takes the session back."""
+    end = time.monotonic() + SETTLE_S
+    quiet_since = time.monotonic()
+    while time.monotonic() < end and not service.stopping and time.monotonic() - quiet_since < 0.5:
+        seen = service.bridge.requests_received
+        service.step(max_wait_s=0.1)
+        if service.bridge.requests_received != seen or service.bridge.inbox:
+            quiet_since = time.monotonic()
 
 
 def disk_full_error(e: BaseException) -> bool:

@@ -21,9 +21,10 @@ TAKEOVER_MIN_S, TAKEOVER_MAX_S = 10.0, 60.0
 TAKEOVER_WINDOW_S = 600.0
 #: A broker that does not say "session taken over" (mosquitto 2.0.11 closes the old connection
 #: without a DISCONNECT): this many connections that it ended within SHORT_CONNECTION_S of their
-#: start, within SHORT_WINDOW_S, are taken for a take-over (two clients with one id take it from
-#: each other every second or two).
-SHORT_CONNECTIONS, SHORT_CONNECTION_S, SHORT_WINDOW_S = 3, 10.0, 120.0
+#: start, within SHORT_WINDOW_S, each followed by a reconnect that succeeded at the first try
+#: (the broker up all along), are taken for a take-over. Two clients with one id take it from
+#: each other every second or two; plain network cuts a minute apart (3 in 2 minutes) are not.
+SHORT_CONNECTIONS, SHORT_CONNECTION_S, SHORT_WINDOW_S = 4, 5.0, 60.0
 
 
 @dataclass
@@ -32,6 +33,17 @@ class Takeover:
 
     delay_s: float
     why: str
+
+    def say(self, client_id: str) -> float:
+        """Log the take-over as one ERROR line; the wait before reconnecting (seconds)."""
+        log.error(
+            "the broker closed our connection because another client connected with our client id %r (%s): "
+            "another edge-queue with the same mqtt.client_id, or a client using it; reconnecting in %.0f s",
+            client_id,
+            self.why,
+            self.delay_s,
+        )
+        return self.delay_s
 
 
 @dataclass
@@ -42,6 +54,11 @@ class TakeoverRule:
     short: list[float] = field(default_factory=list)  # ends of connections that lasted under SHORT_CONNECTION_S
     #: take-overs seen since the start
     count: int = 0
+
+    def reconnect_failed(self) -> None:
+        """A reconnect attempt failed: the broker or the network was down, so the short
+        connections before it were cut, not taken."""
+        self.short.clear()
 
     def after_disconnect(
         self,
@@ -77,31 +94,45 @@ class TakeoverRule:
         return Takeover(delay, why)
 
 
+#: The exit code of ``serve``/``up`` that stopped because another installation shares its client
+#: id (docs/cli.md, "Exit codes"); systemd does not restart on it.
+EXIT_SHARED_CLIENT_ID = 6
+
+
 @dataclass
 class ForeignMessages:
     """Messages our session received on topics we never subscribed to: the session holds
     subscriptions of another client that uses our client id (two installations given the
-    same ``mqtt.client_id``), which then takes requests meant for us, and we for it. Such a
-    message is acknowledged (it is not ours to run, and left unacknowledged it would hold one
-    of our Receive Maximum places for good), but never silently: the first one of each base is
-    logged as an ERROR naming the cause (docs/operations.md, "Several boxes on one broker")."""
+    same ``mqtt.client_id``), which then takes requests meant for us, and we for it.
 
-    bases: set[str] = field(default_factory=set)
+    Another installation's request (``<other base>/request/...``) is never acknowledged: the
+    broker keeps it in the session and sends it again to whichever client holds the session
+    next, its owner once we are gone. The first one makes ``shared``: the service logs one
+    ERROR, stops taking requests and exits with :data:`EXIT_SHARED_CLIENT_ID`
+    (docs/operations.md, "Several boxes on one broker"). Any other foreign message is
+    acknowledged and counted (left unacknowledged it would hold one of our Receive Maximum
+    places for good)."""
+
     count: int = 0
+    #: the first other installation's request topic seen; None: none yet
+    shared: str | None = None
 
-    def note(self, topic: str, topics: Topics, client_id: str) -> None:
-        """A message on ``topic`` that is not a request of ours arrived."""
+    def note(self, topic: str, topics: Topics, client_id: str) -> bool:
+        """A message on ``topic`` outside our request topics arrived. True: it is another
+        installation's request, to be left unacknowledged."""
         if topic.startswith(topics.nodes_prefix) or topic.startswith(topics.base + "/"):
-            return  # ours (a node's message, an echo): not foreign
+            return False  # ours (a node's message, an echo): not foreign
         self.count += 1
-        base = topic.split("/request/", 1)[0] if "/request/" in topic else topic.rsplit("/", 1)[0]
-        if base in self.bases or len(self.bases) >= 100:
-            return
-        self.bases.add(base)
-        log.error(
-            "our MQTT session received a message on %s, a topic this edge-queue never subscribed to: another "
-            "client uses our client id %r (two installations with the same mqtt.client_id take each other's "
-            "requests; give each its own, or leave mqtt.client_id unset); not run here",
-            topic[:200],
-            client_id,
-        )
+        if "/request/" not in topic:
+            return False
+        if self.shared is None:
+            self.shared = topic
+            log.error(
+                "our MQTT session received %s, a request of another installation: it uses our client id %r "
+                "(two installations must not share an mqtt.client_id: give each its own, or leave it unset); "
+                "stopping with exit code %d and leaving its requests to it, unacknowledged",
+                topic[:200],
+                client_id,
+                EXIT_SHARED_CLIENT_ID,
+            )
+        return True

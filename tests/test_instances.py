@@ -218,12 +218,12 @@ def test_a_renamed_base_topic_says_how_to_clear_the_old_one_and_doctor_sees_it(
     assert "base topic" not in run_doctor(svc.env).stdout
 
 
-def test_two_installations_given_one_client_id_say_so_when_they_take_each_others_requests(
+def test_an_installation_given_anothers_client_id_stops_and_leaves_it_every_request(
     mosquitto, service_factory, tmp_path: Path
 ) -> None:
-    # Given two installations, each on its own base topic, configured with the same client id
-    # (before: each acknowledged the other's requests and dropped them with no log line)
-    (tmp_path / "a").mkdir()
+    # Given an installation serving its household, and a second one, on its own base topic,
+    # started with the same client id (before: each acknowledged the other's requests and
+    # dropped them, with no response; then an ERROR line, and still no response)
     (tmp_path / "b").mkdir()
     a = service_factory(mosquitto, [tmp_path])
     b = service_factory(mosquitto, [tmp_path])
@@ -232,18 +232,33 @@ def test_two_installations_given_one_client_id_say_so_when_they_take_each_others
     a.env["EDGE_QUEUE_MQTT__CLIENT_ID"] = b.env["EDGE_QUEUE_MQTT__CLIENT_ID"] = "shared-" + a.base
     b.env["EDGE_QUEUE_DATA_DIR"] = str(b.data_dir)
     a.start()
-    b.start()  # both have subscribed once: the shared session now holds both bases' requests
-    # When requests go to both, a few a second
-    said = "another client uses our client id"
-    sent = iter(range(10**6))
+    answers = a.watcher("response/#")
+    b.start(wait_online=False)
+    # When the household keeps submitting to the first one, a few a second
+    sent: list[str] = []
 
-    def send_and_look() -> bool:
-        i = next(sent)
-        target = a if i % 2 else b
-        publish(mosquitto, f"{target.base}/request/submit", json.dumps({"kind": "noop", "transaction": i}))
-        return said in a.log() or said in b.log()
+    def send_until_b_exits() -> bool:
+        sent.append(f"t{len(sent)}")
+        publish(mosquitto, f"{a.base}/request/submit", json.dumps({"kind": "noop", "transaction": sent[-1]}))
+        return b.proc.poll() is not None
 
-    # Then a line says what is wrong, naming the client id
-    wait_until(send_and_look, 60, "the line about the shared client id", 0.2)
-    line = next(li for li in (a.log() + b.log()).splitlines() if said in li)
-    assert line.startswith("ERROR") and "shared-" + a.base in line, line
+    wait_until(send_until_b_exits, 90, "the second installation to stop", 0.2)
+    # Then the second one stops with the documented exit code and one ERROR line naming the id
+    assert b.proc.wait(30) == 6, b.log()
+    errors = [li for li in b.log().splitlines() if li.startswith("ERROR")]
+    assert len(errors) == 1 and "shared-" + a.base in errors[0] and "exit code 6" in errors[0], b.log()
+    # and every request sent to the first one is answered by it, exactly once: the ones the
+    # second one received were left unacknowledged, and the broker gave them to their owner
+    for extra in range(5):  # and it goes on serving
+        sent.append(f"after{extra}")
+        publish(mosquitto, f"{a.base}/request/submit", json.dumps({"kind": "noop", "transaction": sent[-1]}))
+
+    def answered() -> list[str]:
+        return [m["transaction"] for t, p, *_ in answers.messages if "/response/" in t for m in [json.loads(p)]]
+
+    wait_until(lambda: set(answered()) >= set(sent), 90, "an answer to every request")
+    assert sorted(answered()) == sorted(sent)
+    assert all(json.loads(p)["status"] == "ok" for t, p, *_ in answers.messages if "/response/" in t)
+    answers.close()
+    assert "our MQTT session received" not in a.log()
+    assert a.stop() == 0

@@ -49,3 +49,24 @@ def test_our_own_stop_and_a_refused_copy_explain_the_end() -> None:
         assert ended(rule, float(i), refused_copy=True) is None
     assert ended(rule, 20.0, closing=True, code=SESSION_TAKEN_OVER) is None
     assert ended(rule, 21.0, was_connected=False) is None  # a reconnect that never connected
+
+
+def test_plain_network_cuts_a_minute_apart_are_not_a_takeover() -> None:
+    # three cuts in two minutes, each a few seconds after a reconnect that succeeded at once
+    # (before: a take-over ERROR and a 10-s wait on the third)
+    rule = TakeoverRule()
+    assert [ended(rule, t, lasted=3.0) for t in (0.0, 50.0, 100.0)] == [None, None, None]
+
+
+def test_two_clients_taking_one_id_every_second_or_two_are_a_takeover() -> None:
+    rule = TakeoverRule()
+    ends = [ended(rule, 2.0 * i, lasted=1.0) for i in range(1, SHORT_CONNECTIONS + 1)]
+    assert ends[:-1] == [None] * (SHORT_CONNECTIONS - 1) and ends[-1] is not None
+
+
+def test_a_failed_reconnect_between_short_connections_means_the_network_was_down() -> None:
+    rule = TakeoverRule()
+    for i in range(1, 2 * SHORT_CONNECTIONS):
+        assert ended(rule, 2.0 * i, lasted=1.0) is None
+        if i % (SHORT_CONNECTIONS - 1) == 0:
+            rule.reconnect_failed()
