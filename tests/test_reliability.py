@@ -6,6 +6,7 @@ import json
 import os
 import pwd
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -13,7 +14,9 @@ import time
 import uuid
 from pathlib import Path
 
+import paho.mqtt.client as mqtt
 import pytest
+from paho.mqtt.enums import CallbackAPIVersion
 
 from .conftest import (
     REFERENCE,
@@ -802,3 +805,56 @@ def test_a_finished_jobs_retained_state_expires_from_the_broker_and_stays_in_the
     wait_until(lambda: "republished the retained state of 21 job(s)" in svc.log(), 30, "the republish")
     retained = {t for t in retained_under(mosquitto, svc.base) if "/jobs/" in t}
     assert retained == only_waiting, retained
+
+
+def _park(broker: Broker, client_id: str, topic: str) -> None:
+    """A persistent MQTT 3.1.1 session that subscribes to ``topic`` at QoS 1 and goes away
+    without reading anything (raw packets: no client library acknowledges for it)."""
+
+    def utf8(text: str) -> bytes:
+        return len(text).to_bytes(2, "big") + text.encode()
+
+    def packet(kind: int, body: bytes) -> bytes:
+        assert len(body) < 128
+        return bytes([kind, len(body)]) + body
+
+    with socket.create_connection((broker.host, broker.port), 5) as s:
+        s.sendall(packet(0x10, utf8("MQTT") + bytes([4, 0]) + (60).to_bytes(2, "big") + utf8(client_id)))
+        assert s.recv(4)[:2] == b"\x20\x02"
+        s.sendall(packet(0x82, (1).to_bytes(2, "big") + utf8(topic) + bytes([1])))
+        wait_until(lambda: len(s.recv(1)) == 1, 10, "the SUBACK to be on its way")
+
+
+def test_a_parked_session_holds_no_finished_job_once_its_state_expired(shipped_mosquitto, service_factory) -> None:
+    # Given finished jobs whose retained states expire 3 s after they ended, a job still
+    # waiting, and a session parked on <base>/jobs/+ by a client that never reads (before: a
+    # parked session kept every stored job's state, 10 MiB per session with 50,000 jobs)
+    broker = shipped_mosquitto
+    svc = service_factory(broker, [], {"EDGE_QUEUE_MQTT__FINISHED_EXPIRY_S": "3"}).start()
+    watcher = svc.watcher("response/#", "jobs/+")
+    done = svc.request("submit", {"kind": "noop", "inputs": [f"x{i}" for i in range(50)]}, watcher)["data"]["jobs"]
+    waiting = svc.request("submit", {"kind": "noop", "run_at": "2999-01-01T00:00:00Z"}, watcher)["data"]["jobs"][0]
+    for job in done:
+        watcher.wait_json(f"{svc.base}/jobs/{job['job_id']}", lambda m: m["state"] == "succeeded", 30)
+    watcher.close()
+    parked = "parked-" + uuid.uuid4().hex[:8]
+    _park(broker, parked, f"{svc.base}/jobs/+")
+    # When the states have expired and the parked client comes back to its session
+    only_waiting = {f"{svc.base}/jobs/{waiting['job_id']}"}
+    wait_until(lambda: {t for t in retained_under(broker, svc.base) if "/jobs/" in t} == only_waiting, 15, "the expiry")
+    got: list[str] = []
+    back = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=parked, clean_session=False)
+    back.on_message = lambda c, u, m: got.append(m.topic)
+    back.connect(broker.host, broker.port)
+    back.loop_start()
+    marker = f"{svc.base}/jobs/zz-marker"
+    try:
+        # a message sent after it is back comes after everything its session held
+        wait_until(lambda: back.is_connected(), 10, "the reconnect")
+        publish(broker, marker, "after")
+        wait_until(lambda: marker in got, 30, "the marker")
+    finally:
+        back.disconnect()
+        back.loop_stop()
+    # Then the session held the waiting job's state only: the broker dropped the expired ones
+    assert set(got) - {marker} == only_waiting, sorted(set(got))[:5]
