@@ -67,6 +67,20 @@ def test_equal_active_job_is_deduplicated_until_terminal(store: Store) -> None:
     assert not d.duplicate
 
 
+def test_a_job_back_in_the_queue_is_not_finished(store: Store) -> None:
+    # a cancelled job retried by hand, then claimed and put back by a graceful stop (before: it
+    # kept the cancel's finished_at, and the page's detail showed "Finished" for a queued job)
+    _, (c,) = store.submit([spec()], 1.0)
+    job_id = c.job["job_id"]
+    store.transition(job_id, JobState.CANCELLED, 2.0)
+    assert store.get(job_id)["finished_at"] is not None
+    store.transition(job_id, JobState.QUEUED, 3.0)
+    assert store.get(job_id)["finished_at"] is None
+    store.claim(4.0, ["noop"], "r")
+    store.transition(job_id, JobState.RETRYING, 5.0, retry_at=6.0)
+    assert store.get(job_id)["finished_at"] is None
+
+
 def test_claim_order_priority_then_age_and_kinds(store: Store) -> None:
     _, (old,) = store.submit([spec("/1")], 1.0)
     _, (new,) = store.submit([spec("/2")], 2.0)

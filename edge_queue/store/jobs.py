@@ -188,7 +188,7 @@ class Jobs:
             if is_terminal(dst):
                 values["finished_at"] = at
             elif dst in (JobState.QUEUED, JobState.RETRYING):
-                values["progress"] = 0.0
+                values["progress"], values["finished_at"] = 0.0, None
             elif dst in ACTIVE:
                 values["finished_at"] = None
             for key, val in fields.items():
