@@ -343,3 +343,28 @@ def test_transcribe_hears_the_audio_a_player_plays(mosquitto, service_factory, f
         assert wer(REFERENCE["jfk.flac"], result["text"]) <= 0.2, f"transcript {result['text']!r}"
 
     check_each(files, finals, check)
+
+
+def test_a_picture_alone_is_not_a_video(mosquitto, service_factory, tmp_path: Path) -> None:
+    # Given an mp4 that holds one H.264 frame and nothing else (a photo saved as a video)
+    import av
+
+    media = tmp_path / "media"
+    media.mkdir()
+    photo = media / "photo.mp4"
+    with av.open(str(photo), "w", format="mp4") as out:
+        _encode_video(out, _h264(out), 1)
+    svc = service_factory(mosquitto, [media]).start()
+    watcher = svc.watcher("response/#", "jobs/+")
+    finals = {
+        kind: run_all(svc, watcher, kind, {"photo.mp4": photo}, {})["photo.mp4"] for kind in ("probe", "transcode")
+    }
+    # Then probe calls it a still that no kind reads, and transcode refuses it: no one-frame video
+    probed = finals["probe"]
+    assert probed["state"] == "succeeded", probed
+    assert [s.get("role") for s in probed["result"]["streams"]] == ["still"], probed["result"]["streams"]
+    assert probed["result"].get("video_stream", "missing") is None, probed["result"]
+    assert probed["result"].get("uses") == {"transcribe": [], "extract_audio": [], "transcode": []}, probed["result"]
+    made = finals["transcode"]
+    assert made["state"] == "failed", made.get("result")
+    assert made["error"]["code"] == "unsupported_media" and "still picture" in made["error"]["message"], made["error"]
