@@ -21,7 +21,8 @@ FRAME_S = 0.1
 
 
 def decode_pcm(path: str, *, block_s: float = 10.0, sample_rate: int = SAMPLE_RATE) -> Iterator[Any]:
-    """Yield the first audio stream as 16 kHz mono float32 numpy blocks of about ``block_s`` s.
+    """Yield the audio a player plays (:func:`~.media.require_audio`: the default track) as
+    16 kHz mono float32 numpy blocks of about ``block_s`` s.
 
     Like faster-whisper's ``decode_audio``, an ``InvalidDataError`` in the middle of the
     stream ends decoding quietly (a cut file): compare the decoded length with the container's

@@ -1,4 +1,4 @@
-"""``extract_audio``: decode the first audio stream to wav, flac, opus or mp3 with PyAV."""
+"""``extract_audio``: decode the audio a player plays (the default track) to wav, flac, opus or mp3 with PyAV."""
 
 from __future__ import annotations
 

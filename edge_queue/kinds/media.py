@@ -286,28 +286,43 @@ def encoder_errors(settings: str) -> Iterator[None]:
 
 
 def require_audio(container: Any) -> Any:
-    """The first audio stream. Raises :class:`MediaError` ``no_audio_stream`` when there is none."""
-    if not container.streams.audio:
+    """The audio stream a player plays (:func:`~.streams.best_audio`: the default track, not
+    the first one found). Raises :class:`MediaError` ``no_audio_stream`` when there is none."""
+    from .streams import best_audio
+
+    stream = best_audio(container.streams)
+    if stream is None:
         raise MediaError("the file has no audio stream", code=ErrorCode.NO_AUDIO_STREAM)
-    return container.streams.audio[0]
+    return stream
 
 
 def describe(path: str) -> dict[str, Any]:
     """Container and stream facts: the ``probe`` result.
 
-    Returns ``{"container", "duration_s", "bit_rate", "size_bytes", "streams": [...]}``; each
-    stream has ``index``, ``type``, ``codec``, ``bit_rate``, ``duration_s`` and, for audio,
-    ``sample_rate``/``channels``/``layout``, for video ``width``/``height``/``fps``/``pix_fmt``.
+    Returns ``{"container", "duration_s", "bit_rate", "size_bytes", "streams": [...],
+    "audio_stream", "video_stream", "uses"}``; each stream has ``index``, ``type``, ``role``
+    (:data:`~.streams.ROLES`), ``default``, ``disposition`` (flag names), ``codec``,
+    ``bit_rate``, ``duration_s``, ``language`` and, for audio,
+    ``sample_rate``/``channels``/``layout``, for video ``width``/``height``/``fps``/``pix_fmt``
+    (``fps`` ``None`` for a picture). ``audio_stream`` and ``video_stream`` are the indexes of
+    the streams a player plays, ``uses`` the streams each media kind reads.
     """
+    from .streams import disposition_names, layout
+
     with open_media(path) as c:
         streams = []
         for s in c.streams:
             cc = s.codec_context
+            flags = disposition_names(s)
+            bit_rate = getattr(s, "bit_rate", None)  # data and attachment streams have none
             info: dict[str, Any] = {
                 "index": s.index,
                 "type": s.type,
-                "codec": cc.name if cc is not None else None,
-                "bit_rate": s.bit_rate or (cc.bit_rate if cc is not None else None),
+                "role": s.type,
+                "default": "default" in flags,
+                "disposition": flags,
+                "codec": cc.name if cc is not None else getattr(s, "name", None),
+                "bit_rate": bit_rate or (cc.bit_rate if cc is not None else None),
                 "duration_s": float(s.duration * s.time_base) if s.duration and s.time_base else None,
                 "language": s.metadata.get("language"),
             }
@@ -321,10 +336,15 @@ def describe(path: str) -> dict[str, Any]:
                     width=cc.width, height=cc.height, fps=round(float(rate), 3) if rate else None, pix_fmt=cc.pix_fmt
                 )
             streams.append(info)
-        return {
+        facts = {
             "container": c.format.name,
             "duration_s": container_duration_s(c),
             "bit_rate": c.bit_rate or None,
             "size_bytes": c.size,
-            "streams": streams,
         }
+        seen = layout(c)  # last: it may read the file's packets
+    for info in streams:
+        info["role"] = seen.roles[info["index"]]
+        if info["type"] == "video" and info["role"] != "video":
+            info["fps"] = None  # a picture has no frame rate (FFmpeg guesses its time base)
+    return {**facts, "streams": streams, "audio_stream": seen.audio, "video_stream": seen.video, "uses": seen.uses()}

@@ -11,6 +11,7 @@ from pydantic import Field
 from ..errors import ErrorCode, MediaError
 from .base import JobContext, Kind, OutputOptions, check_free, output_stem, temp_path
 from .media import container_duration_s, encoder_errors, end_of_input, finish_output, open_media, pick_rate
+from .streams import layout as stream_layout
 
 
 class TranscodeOptions(OutputOptions):
@@ -65,7 +66,11 @@ class _VideoClock:
 class Transcode(Kind):
     """Result: ``output``, ``duration_s``, ``width``, ``height``, ``video_codec`` (h264),
     ``audio_codec`` (aac or null), ``size_bytes``. Output ``<stem>.mp4`` (``<stem>.web.mp4``
-    beside the input). Progress follows the timestamp of the decoded frames."""
+    beside the input). Progress follows the timestamp of the decoded frames.
+
+    The streams are those a player plays (:func:`~.streams.layout`): the default audio track,
+    and a video that is not a picture. Cover art, thumbnails and a video track of one frame
+    are left out, so an album track with its cover gives an MP4 of AAC audio only."""
 
     name = "transcode"
     Options = TranscodeOptions
@@ -83,12 +88,18 @@ class Transcode(Kind):
         overwrite = options.overwrite or options.output == "data_dir"
         check_free([target], overwrite)
         tmp = temp_path(target)
+        with open_media(input_path) as first:  # reads packets: the decode opens the file anew
+            seen = stream_layout(first)
         try:
             with open_media(input_path) as inp:
-                v_in = inp.streams.video[0] if inp.streams.video else None
-                a_in = inp.streams.audio[0] if inp.streams.audio else None
+                v_in = None if seen.video is None else inp.streams[seen.video]
+                a_in = None if seen.audio is None else inp.streams[seen.audio]
                 if v_in is None and a_in is None:
-                    raise MediaError("no video or audio stream", code=ErrorCode.UNSUPPORTED_MEDIA)
+                    pictures = any(r in ("cover", "thumbnail", "still") for r in seen.roles)
+                    raise MediaError(
+                        "no video or audio stream" + (" (a still picture is not a video)" if pictures else ""),
+                        code=ErrorCode.UNSUPPORTED_MEDIA,
+                    )
                 declared = container_duration_s(inp)
                 width = height = None
                 settings = []
