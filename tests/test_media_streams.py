@@ -368,3 +368,17 @@ def test_a_picture_alone_is_not_a_video(mosquitto, service_factory, tmp_path: Pa
     made = finals["transcode"]
     assert made["state"] == "failed", made.get("result")
     assert made["error"]["code"] == "unsupported_media" and "still picture" in made["error"]["message"], made["error"]
+
+
+def test_chunks_kept_from_another_audio_track_are_not_resumed(files, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A later attempt resumes kept chunks only when they were decoded from the same audio track:
+    # kept chunks of the first (silent) track, from before the default track was chosen, are
+    # not taken for the default track's transcript
+    from edge_queue.config import Settings
+    from edge_queue.kinds import transcribe
+
+    path, cfg = str(files["two-audio.mkv"]), Settings().transcribe
+    chosen = transcribe.input_signature(path, cfg, "tiny.en", True)
+    assert chosen == transcribe.input_signature(path, cfg, "tiny.en", True)
+    monkeypatch.setattr(transcribe, "best_audio", lambda streams: streams[0])  # the first track
+    assert transcribe.input_signature(path, cfg, "tiny.en", True) != chosen

@@ -20,6 +20,7 @@ from ..errors import ErrorCode, JobError, MediaError, RequestError
 from .audio import chunks, decode_pcm
 from .base import JobContext, Kind, OutputOptions, check_free, output_stem, write_atomic
 from .media import container_duration_s, open_media, require_audio
+from .streams import best_audio
 from .whisper import decode, load_model
 
 log = logging.getLogger(__name__)
@@ -111,11 +112,21 @@ def model_label(setting: str | None, resolved: str) -> str:
 
 def input_signature(path: str, cfg: Any, model_ref: str, vad: bool) -> str:
     """What a kept chunk must match to be taken by a later attempt: the input's size and
-    modification time, and the settings that shape the transcript (model, compute type, chunk
-    length, VAD, batched or not, carried context). 16 hex digits of a SHA-1."""
+    modification time, the audio track transcribed (:func:`~edge_queue.kinds.streams.best_audio`),
+    and the settings that shape the transcript (model, compute type, chunk length, VAD, batched
+    or not, carried context). 16 hex digits of a SHA-1."""
+    import av
+
     st = os.stat(path)
+    try:
+        with av.open(path) as container:
+            chosen = best_audio(container.streams.audio)
+            track = None if chosen is None else chosen.index
+    except (av.FFmpegError, OSError):
+        track = None  # decoding says what is wrong with the file
     batched = cfg.batch_size > 1 and vad
-    parts = [st.st_size, st.st_mtime_ns, model_ref, cfg.compute_type, cfg.chunk_s, vad, batched, cfg.carry_context]
+    parts = [st.st_size, st.st_mtime_ns, track, model_ref, cfg.compute_type, cfg.chunk_s, vad, batched]
+    parts.append(cfg.carry_context)
     return hashlib.sha1(json.dumps(parts).encode()).hexdigest()[:16]
 
 
