@@ -103,9 +103,6 @@ _IDENTITY = ("will_flag", "will_message", "will_topic", "will_qos", "keep_alive"
 #: QoS 1 messages sent to one client and not yet acknowledged, at most; the next ones wait, in
 #: order, for a PUBACK (mosquitto's ``max_inflight_messages``; amqtt 0.12 has no limit).
 INFLIGHT = 1_000
-#: A connected client that has messages awaiting its PUBACK and has acknowledged none for this
-#: long is disconnected (what waits for it is held in edge-queue's process meanwhile).
-ACK_STALL_S = 30.0
 
 
 class _Deliveries:
@@ -132,7 +129,7 @@ def _handler_class() -> type:
     later. MQTT has no such deadline: a message is sent again only when the connection is
     re-established (MQTT 3.1.1 section 4.4). Here a QoS 1 message waits for its PUBACK for as
     long as its connection lasts, at most :data:`INFLIGHT` per connection are unacknowledged,
-    and a client that acknowledges nothing for :data:`ACK_STALL_S` is disconnected
+    and a client that acknowledges none of them for :data:`SLOW_CONSUMER_S` is disconnected
     (:func:`guard_clients`). When the connection ends, the messages still unacknowledged are
     dropped, as amqtt does (docs/operations.md, "Install").
     """
@@ -311,6 +308,18 @@ def _transport(handler: Any) -> Any:
     return getattr(writer, "transport", None)
 
 
+def _stuck(transport: Any, deliveries: _Deliveries | None, now: float) -> bool:
+    """Whether a connected client is taking nothing now: its socket takes no more (amqtt's write
+    buffer for it is above its high-water mark), or its window of :data:`INFLIGHT` messages is
+    full and it acknowledged none of them for :data:`SLOW_CONSUMER_S` (their bytes may all fit
+    in the kernel's socket buffers, while the next messages wait in edge-queue's process)."""
+    if transport.get_write_buffer_size() >= max(transport.get_write_buffer_limits()[1], 1):
+        return True
+    return (
+        deliveries is not None and len(deliveries.waiters) >= INFLIGHT and now - deliveries.acked_at >= SLOW_CONSUMER_S
+    )
+
+
 def forget_finished(tasks: deque[asyncio.Task[Any]]) -> None:
     """Drop the finished deliveries from amqtt's queue of broadcast tasks (``Broker._tasks_queue``),
     logging a failed one as amqtt does.
@@ -333,10 +342,10 @@ def forget_finished(tasks: deque[asyncio.Task[Any]]) -> None:
 
 async def guard_clients(broker: Any, stop: asyncio.Event) -> None:
     """Bound what amqtt 0.12 holds per client, until ``stop`` is set: disconnect a connected
-    client stuck for :data:`SLOW_CONSUMER_S` or that acknowledges none of its QoS 1 messages
-    for :data:`ACK_STALL_S` (its Last Will, if any, is published as for any lost connection),
-    and keep at most :data:`OFFLINE_MESSAGES` messages for a disconnected one; and
-    :func:`forget_finished`. Uses amqtt's session table (``Broker._sessions``: client id -> (session, handler))."""
+    client that took nothing for :data:`SLOW_CONSUMER_S` (:func:`_stuck`; its Last Will, if
+    any, is published as for any lost connection), keep at most :data:`OFFLINE_MESSAGES`
+    messages for a disconnected one, and :func:`forget_finished`. Uses amqtt's session table
+    (``Broker._sessions``: client id -> (session, handler))."""
     stuck_since: dict[str, float] = {}
     while not stop.is_set():
         await asyncio.sleep(CLIENT_CHECK_S)
@@ -345,8 +354,7 @@ async def guard_clients(broker: Any, stop: asyncio.Event) -> None:
         for client_id, (session, handler) in list(broker._sessions.items()):
             transport = _transport(handler)
             if transport is not None and not transport.is_closing():
-                high = transport.get_write_buffer_limits()[1]
-                if transport.get_write_buffer_size() < max(high, 1):
+                if not _stuck(transport, getattr(handler, "edge_deliveries", None), now):
                     stuck_since.pop(client_id, None)
                 elif now - stuck_since.setdefault(client_id, now) >= SLOW_CONSUMER_S:
                     log.warning(
@@ -356,17 +364,6 @@ async def guard_clients(broker: Any, stop: asyncio.Event) -> None:
                         SLOW_CONSUMER_S,
                     )
                     stuck_since.pop(client_id, None)
-                    transport.abort()
-                    continue
-                deliveries = getattr(handler, "edge_deliveries", None)
-                if deliveries is not None and deliveries.waiters and now - deliveries.acked_at >= ACK_STALL_S:
-                    log.warning(
-                        "embedded broker: client %r has acknowledged none of its %d QoS 1 messages for %.0f s: "
-                        "disconnected",
-                        client_id,
-                        len(deliveries.waiters),
-                        ACK_STALL_S,
-                    )
                     transport.abort()
                 continue
             stuck_since.pop(client_id, None)

@@ -1,7 +1,7 @@
 """QoS 1 deliveries of the embedded broker (edge_queue/embedded_broker.py; docs/operations.md,
 "Load and back-pressure"): a message waits for its PUBACK as long as the connection lasts, at
-most ``INFLIGHT`` per client are unacknowledged, a client that acknowledges nothing is
-disconnected, and amqtt's log lines of one kind are throttled. The broker runs in the test's
+most ``INFLIGHT`` per client are unacknowledged, a client that acknowledges none of a full
+window is disconnected, and amqtt's log lines of one kind are throttled. The broker runs in the test's
 process (``BrokerThread``, as ``edge-queue up`` runs it), on a free port.
 """
 
@@ -42,9 +42,8 @@ class SlowAcker:
         self.disconnected = threading.Event()
         self._lock = threading.Lock()
         ready = threading.Event()
-        self.client = mqtt.Client(
-            CallbackAPIVersion.VERSION2, client_id="slow-" + uuid.uuid4().hex[:8], manual_ack=True
-        )
+        self.client_id = "slow-" + uuid.uuid4().hex[:8]
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=self.client_id, manual_ack=True)
         self.client.on_message = self._on_message
         self.client.on_subscribe = lambda *a: ready.set()
         self.client.on_connect = lambda c, *a: c.subscribe(topic, 1)
@@ -136,22 +135,31 @@ def test_at_most_inflight_messages_await_a_clients_puback_and_the_rest_follow_in
         slow.close()
 
 
-def test_a_client_that_acknowledges_nothing_is_disconnected(
+def test_a_client_that_acknowledges_nothing_while_its_window_is_full_is_disconnected(
     port: int, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(embedded_broker, "ACK_STALL_S", 1.0)
+    monkeypatch.setattr(embedded_broker, "INFLIGHT", 3)
     caplog.set_level(logging.WARNING)
-    # Given a subscriber that reads but never acknowledges
+    # Given a subscriber that reads but never acknowledges, whose window is full
     slow = SlowAcker(port, "t/stall")
     try:
-        publish(port, "t/stall", [b"x"])
+        publish(port, "t/stall", [b"x"] * 5)
+        wait_until(lambda: len(slow.got) == 3, 10, "a full window")
         # Then the broker disconnects it, and says why
         assert slow.disconnected.wait(10)
-        wait_until(
-            lambda: any("has acknowledged none of its 1 QoS 1 messages" in r.getMessage() for r in caplog.records),
-            5,
-            "the log line",
-        )
+        assert any(f"'{slow.client_id}' has read nothing for 2 s" in r.getMessage() for r in caplog.records)
+    finally:
+        slow.close()
+
+
+def test_a_client_that_acknowledges_nothing_with_room_in_its_window_stays(port: int) -> None:
+    # Given a subscriber that reads but never acknowledges, with room in its window
+    slow = SlowAcker(port, "t/room")
+    try:
+        publish(port, "t/room", [b"x"] * 5)
+        wait_until(lambda: len(slow.got) == 5, 10, "five messages")
+        # Then it stays connected: what it holds is bounded by the window
+        assert not slow.disconnected.wait(5)
     finally:
         slow.close()
 
