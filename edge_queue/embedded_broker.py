@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import re
 import socket
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,8 @@ AMQTT_PRIVATE: dict[str, str] = {
     "Broker._subscriptions": "u: topic filter -> subscribed sessions",
     "Broker._sessions": "u: client id -> (session, handler), for the per-client bounds",
     "Broker._authenticate": "u: the authentication plug-ins, run again for a stored session",
+    "Broker._tasks_queue": "u: the broadcast tasks, finished ones dropped in any order (forget_finished)",
+    "BrokerProtocolHandler._send_packet": "u: a PUBLISH written to the client (in the QoS 1 flow without deadline)",
 }
 
 
@@ -96,6 +100,99 @@ _DEFERRED_DELETES: contextvars.ContextVar[list[str] | None] = contextvars.Contex
 #: before it authenticates the CONNECT.
 _IDENTITY = ("will_flag", "will_message", "will_topic", "will_qos", "keep_alive", "username", "password")
 
+#: QoS 1 messages sent to one client and not yet acknowledged, at most; the next ones wait, in
+#: order, for a PUBACK (mosquitto's ``max_inflight_messages``; amqtt 0.12 has no limit).
+INFLIGHT = 1_000
+
+
+class _Deliveries:
+    """One connection's QoS 1 messages awaiting a PUBACK: their futures by packet id, the
+    window that bounds them, and when the client last acknowledged one."""
+
+    def __init__(self) -> None:
+        self.window = asyncio.Semaphore(INFLIGHT)
+        self.waiters: dict[int, asyncio.Future[Any]] = {}
+        self.acked_at = time.monotonic()
+        self.closed = False
+
+
+def _handler_class() -> type:
+    """amqtt's broker-side protocol handler, with QoS 1 deliveries that wait for their PUBACK.
+
+    amqtt 0.12.1 waits 5 s for the PUBACK of each QoS 1 message it sends (a literal, in
+    ``ProtocolHandler._handle_qos1_message_flow``), counted from when the PUBLISH was written to
+    the socket: the time the message then spends in socket buffers and in the client's own
+    backlog counts. A client behind by more than 5 s of messages (edge-queue itself, which sends
+    a request's PUBACK after committing it, under a burst of submits) makes it give up on each:
+    a WARNING and an ERROR with a traceback per message, the message dropped from the session
+    (it would not be sent again after a reconnect), and a WARNING for each PUBACK that comes
+    later. MQTT has no such deadline: a message is sent again only when the connection is
+    re-established (MQTT 3.1.1 section 4.4). Here a QoS 1 message waits for its PUBACK for as
+    long as its connection lasts, at most :data:`INFLIGHT` per connection are unacknowledged,
+    and a client that acknowledges none of them for :data:`SLOW_CONSUMER_S` is disconnected
+    (:func:`guard_clients`). When the connection ends, the messages still unacknowledged are
+    dropped, as amqtt does (docs/operations.md, "Install").
+    """
+    from amqtt.mqtt.constants import QOS_1
+    from amqtt.mqtt.protocol.broker_handler import BrokerProtocolHandler
+    from amqtt.session import OutgoingApplicationMessage
+
+    class EdgeQueueHandler(BrokerProtocolHandler):  # type: ignore[misc]
+        edge_deliveries: _Deliveries | None = None  # set at the first QoS 1 message
+
+        def deliveries(self) -> _Deliveries:
+            if self.edge_deliveries is None:
+                self.edge_deliveries = _Deliveries()
+            return self.edge_deliveries
+
+        async def mqtt_publish(
+            self, topic: str, data: bytes | bytearray, qos: int | None, retain: bool, ack_timeout: int | None = None
+        ) -> Any:
+            if qos != QOS_1 or ack_timeout or self.session is None:
+                return await super().mqtt_publish(topic, data, qos, retain, ack_timeout)
+            deliveries = self.deliveries()
+            async with deliveries.window:
+                session = self.session
+                message = OutgoingApplicationMessage(None, topic, QOS_1, data, retain)
+                if deliveries.closed or session is None:  # the connection ended while it waited
+                    return message
+                message.packet_id = session.next_packet_id
+                if not deliveries.waiters:
+                    deliveries.acked_at = time.monotonic()
+                waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+                deliveries.waiters[message.packet_id] = waiter
+                session.inflight_out[message.packet_id] = message
+                try:
+                    message.publish_packet = message.build_publish_packet()
+                    await self._send_packet(message.publish_packet)
+                    message.puback_packet = await waiter
+                finally:
+                    deliveries.waiters.pop(message.packet_id, None)
+                    session.inflight_out.pop(message.packet_id, None)
+            return message
+
+        async def handle_puback(self, puback: Any) -> None:
+            header = puback.variable_header
+            waiter = None
+            if self.edge_deliveries is not None and header is not None:
+                waiter = self.edge_deliveries.waiters.get(header.packet_id)
+            if waiter is None or waiter.done():
+                await super().handle_puback(puback)
+                return
+            self.edge_deliveries.acked_at = time.monotonic()  # type: ignore[union-attr]
+            waiter.set_result(puback)
+
+        async def stop(self) -> None:
+            deliveries = self.edge_deliveries
+            if deliveries is not None:
+                deliveries.closed = True
+                for waiter in deliveries.waiters.values():
+                    if not waiter.done():
+                        waiter.set_result(None)  # unacknowledged: dropped, as amqtt does
+            await super().stop()
+
+    return EdgeQueueHandler
+
 
 def _broker_class() -> type:
     """amqtt's Broker, with two faults of amqtt 0.12.1 fixed.
@@ -117,9 +214,13 @@ def _broker_class() -> type:
     - Messages kept for a disconnected client are sent to it without the retain flag when it
       comes back (amqtt set it, and edge-queue refuses retained requests): MQTT 3.1.1 section
       3.3.1.3, retain is 0 for a message sent because of an established subscription.
+    - QoS 1 messages to a client wait for its PUBACK without a deadline, at most
+      :data:`INFLIGHT` at a time (:func:`_handler_class`).
     """
     from amqtt.broker import Broker
     from amqtt.mqtt.connack import NOT_AUTHORIZED, ConnackPacket
+
+    handler_class = _handler_class()
 
     class EdgeQueueBroker(Broker):  # type: ignore[misc]
         _refused: set[int]
@@ -156,6 +257,8 @@ def _broker_class() -> type:
                 handler, session = await super()._initialize_client_session(reader, writer, *args)
             finally:
                 _DEFERRED_DELETES.reset(token)
+            if type(handler) is handler_class.__base__:
+                handler.__class__ = handler_class  # its QoS 1 deliveries: see _handler_class
             old = saved.get(session.client_id)
             touches = (session.parent == 1 and old is not None) or any(c in self._sessions for c in deferred)
             if touches and not await self._authenticate(session, None):
@@ -205,20 +308,53 @@ def _transport(handler: Any) -> Any:
     return getattr(writer, "transport", None)
 
 
+def _stuck(transport: Any, deliveries: _Deliveries | None, now: float) -> bool:
+    """Whether a connected client is taking nothing now: its socket takes no more (amqtt's write
+    buffer for it is above its high-water mark), or its window of :data:`INFLIGHT` messages is
+    full and it acknowledged none of them for :data:`SLOW_CONSUMER_S` (their bytes may all fit
+    in the kernel's socket buffers, while the next messages wait in edge-queue's process)."""
+    if transport.get_write_buffer_size() >= max(transport.get_write_buffer_limits()[1], 1):
+        return True
+    return (
+        deliveries is not None and len(deliveries.waiters) >= INFLIGHT and now - deliveries.acked_at >= SLOW_CONSUMER_S
+    )
+
+
+def forget_finished(tasks: deque[asyncio.Task[Any]]) -> None:
+    """Drop the finished deliveries from amqtt's queue of broadcast tasks (``Broker._tasks_queue``),
+    logging a failed one as amqtt does.
+
+    amqtt lets go of a finished task only once every task before it has finished, so one
+    delivery waiting for a slow client's PUBACK (edge-queue's own, behind a burst of requests)
+    keeps every message sent to every other client since then in memory: at 50,000 submits,
+    hundreds of MiB."""
+    if not tasks or not any(t.done() for t in tasks):
+        return
+    waiting = [t for t in tasks if not t.done()]
+    for task in tasks:
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            logging.getLogger("amqtt.broker").error(
+                "Task failed and will be skipped: %r", task, exc_info=task.exception()
+            )
+    tasks.clear()
+    tasks.extend(waiting)
+
+
 async def guard_clients(broker: Any, stop: asyncio.Event) -> None:
     """Bound what amqtt 0.12 holds per client, until ``stop`` is set: disconnect a connected
-    client stuck for :data:`SLOW_CONSUMER_S` (its Last Will, if any, is published as for any
-    lost connection), and keep at most :data:`OFFLINE_MESSAGES` messages for a disconnected one.
-    Uses amqtt's session table (``Broker._sessions``: client id -> (session, handler))."""
+    client that took nothing for :data:`SLOW_CONSUMER_S` (:func:`_stuck`; its Last Will, if
+    any, is published as for any lost connection), keep at most :data:`OFFLINE_MESSAGES`
+    messages for a disconnected one, and :func:`forget_finished`. Uses amqtt's session table
+    (``Broker._sessions``: client id -> (session, handler))."""
     stuck_since: dict[str, float] = {}
     while not stop.is_set():
         await asyncio.sleep(CLIENT_CHECK_S)
+        forget_finished(broker._tasks_queue)
         now = time.monotonic()
         for client_id, (session, handler) in list(broker._sessions.items()):
             transport = _transport(handler)
             if transport is not None and not transport.is_closing():
-                high = transport.get_write_buffer_limits()[1]
-                if transport.get_write_buffer_size() < max(high, 1):
+                if not _stuck(transport, getattr(handler, "edge_deliveries", None), now):
                     stuck_since.pop(client_id, None)
                 elif now - stuck_since.setdefault(client_id, now) >= SLOW_CONSUMER_S:
                     log.warning(
@@ -249,10 +385,14 @@ class _RoutineNoise(logging.Filter):
     """Drops log lines of amqtt and websockets about events that are routine for edge-queue:
     the MQTT 5 probe of ``mqtt.protocol = "auto"`` (amqtt speaks 3.1.1 and logs each probe as
     an invalid connection, twice), and a browser closing a WebSocket before its handshake ended
-    (a 30-line traceback). Clients refused for their credentials are still logged."""
+    (a 30-line traceback), a port check that connects and closes. Clients refused for their
+    credentials are still logged."""
 
     ROUTINE = (
         "Invalid connection from",
+        # a TCP connection closed before it sent anything: a port check (edge-queue up, doctor)
+        "No data from",
+        "Failed to initialize client session: No data to decode",
         "Failed to initialize client session: Invalid protocol",
         "opening handshake failed",
     )
@@ -262,14 +402,69 @@ class _RoutineNoise(logging.Filter):
         return not any(message.startswith(r) for r in self.ROUTINE)
 
 
+#: Lines of one kind (same logger, same text but for numbers) that amqtt and websockets may log
+#: at WARNING or above per :data:`BROKER_LOG_WINDOW_S`; the rest are counted, and the count is
+#: logged with the first line of that kind in a later window.
+BROKER_LINES_LOGGED = 5
+BROKER_LOG_WINDOW_S = 60.0
+
+
+class _Throttle(logging.Filter):
+    """At most :data:`BROKER_LINES_LOGGED` lines of each kind per :data:`BROKER_LOG_WINDOW_S`
+    (amqtt logs per message, so one fault under load is thousands of lines): each kind of
+    fault is still seen, with how often it happened."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kinds: dict[tuple[str, str], list[float]] = {}  # kind -> [window start, logged, left out]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        now = time.monotonic()
+        if len(self.kinds) > 1_000:
+            self.kinds.clear()
+        kind = (record.name, re.sub(r"\d+", "#", record.getMessage())[:80])
+        window = self.kinds.setdefault(kind, [now, 0, 0])
+        if now - window[0] >= BROKER_LOG_WINDOW_S:
+            if window[2]:
+                record.msg = (
+                    f"{record.getMessage()} ({window[2]:.0f} more like it not logged in {now - window[0]:.0f} s)"
+                )
+                record.args = None
+            window[:] = [now, 0, 0]
+        if window[1] < BROKER_LINES_LOGGED:
+            window[1] += 1
+            return True
+        window[2] += 1
+        return False
+
+
 _NOISE = _RoutineNoise()
+_THROTTLE = _Throttle()
+
+
+def _quiet_loggers() -> None:
+    """:class:`_RoutineNoise` and :class:`_Throttle` on the logger of every module of amqtt
+    (each logs to ``logging.getLogger(__name__)``, some only once a client connects: made here
+    first, with the filters) and websockets' server. A logger's filters do not see its
+    children's records, hence one logger per module."""
+    import amqtt
+
+    root = Path(amqtt.__file__).parent
+    modules = {".".join(("amqtt", *p.relative_to(root).with_suffix("").parts)) for p in root.rglob("*.py")}
+    names = {m.removesuffix(".__init__") for m in modules} | {"amqtt.broker.plugins", "websockets.server"}
+    for name in names:
+        logger = logging.getLogger(name)
+        for f in (_NOISE, _THROTTLE):
+            if f not in logger.filters:
+                logger.addFilter(f)
 
 
 async def serve(config: dict[str, Any], stop: asyncio.Event, started: threading.Event | None = None) -> None:
     """Run an amqtt broker with ``config`` until ``stop`` is set; ``started`` is set once it
     listens. :func:`guard_clients` runs beside it."""
-    for name in ("amqtt.broker", "websockets.server"):
-        logging.getLogger(name).addFilter(_NOISE)
+    _quiet_loggers()
     broker = _broker_class()(config)
     await broker.start()
     guard = asyncio.create_task(guard_clients(broker, stop))

@@ -30,7 +30,7 @@ LIBRARY_PRIVATE: dict[str, set[str]] = {
     # paho-mqtt's, pinned and listed in PAHO_PRIVATE
     "edge_queue/mqtt_client.py": {"_topic", "_set_as_published", "_sock_recv"},
     # amqtt's, pinned and listed in AMQTT_PRIVATE
-    "edge_queue/embedded_broker.py": {"_sessions"},
+    "edge_queue/embedded_broker.py": {"_sessions", "_tasks_queue"},
     # the logging HOWTO's documented optimization ("Optimization": set logging._srcfile to None)
     "edge_queue/cli.py": {"_srcfile"},
 }
