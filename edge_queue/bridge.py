@@ -151,14 +151,15 @@ class Bridge:
         self.on_node: Callable[[str, bytes, bool], None] | None = None
         #: another client connected with our client id: the rule, and how often it happened
         self.takeovers, self.foreign = TakeoverRule(), ForeignMessages()
-        #: requests taken off the socket since the start
-        self.requests_received = 0
+        self.on_client_id: Callable[[str], None] = lambda _: None  # told the id chosen (`up`'s broker trusts it)
+        self.requests_received = 0  # requests taken off the socket since the start
         self._connected_at = 0.0
 
     def set_client_id(self, client_id: str) -> None:
-        """Use ``client_id`` (before :meth:`connect`)."""
+        """Use ``client_id`` (before :meth:`connect`); :attr:`on_client_id` is told it."""
         self.client_id = client_id
         self._client = self._make_client()
+        self.on_client_id(client_id)
 
     @property
     def protocol_name(self) -> str:

@@ -256,7 +256,12 @@ def up(config: ConfigOpt = None, media_root: MediaRootOpt = None) -> None:
     from .instance import BaseTopicInUse
 
     try:
-        code = Service(settings).run()
+        service = Service(settings)
+        if embedded is not None:  # the broker never takes the service for a client that reads nothing
+            service.bridge.on_client_id = embedded.trust
+            if service.bridge.client_id:  # mqtt.client_id
+                embedded.trust(service.bridge.client_id)
+        code = service.run()
     except BaseTopicInUse as e:
         typer.echo(f"edge-queue: {e.message}", err=True)
         code = EXIT_TOPIC_IN_USE

@@ -15,6 +15,7 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -340,12 +341,16 @@ def forget_finished(tasks: deque[asyncio.Task[Any]]) -> None:
     tasks.extend(waiting)
 
 
-async def guard_clients(broker: Any, stop: asyncio.Event) -> None:
+async def guard_clients(broker: Any, stop: asyncio.Event, trusted: Collection[str] = ()) -> None:
     """Bound what amqtt 0.12 holds per client, until ``stop`` is set: disconnect a connected
     client that took nothing for :data:`SLOW_CONSUMER_S` (:func:`_stuck`; its Last Will, if
     any, is published as for any lost connection), keep at most :data:`OFFLINE_MESSAGES`
     messages for a disconnected one, and :func:`forget_finished`. Uses amqtt's session table
-    (``Broker._sessions``: client id -> (session, handler))."""
+    (``Broker._sessions``: client id -> (session, handler)).
+
+    A client id in ``trusted`` (the service's own, :meth:`BrokerThread.trust`) is never
+    disconnected: it takes its requests as fast as it commits them, and amqtt would drop the
+    unacknowledged ones with its connection."""
     stuck_since: dict[str, float] = {}
     while not stop.is_set():
         await asyncio.sleep(CLIENT_CHECK_S)
@@ -354,7 +359,7 @@ async def guard_clients(broker: Any, stop: asyncio.Event) -> None:
         for client_id, (session, handler) in list(broker._sessions.items()):
             transport = _transport(handler)
             if transport is not None and not transport.is_closing():
-                if not _stuck(transport, getattr(handler, "edge_deliveries", None), now):
+                if client_id in trusted or not _stuck(transport, getattr(handler, "edge_deliveries", None), now):
                     stuck_since.pop(client_id, None)
                 elif now - stuck_since.setdefault(client_id, now) >= SLOW_CONSUMER_S:
                     log.warning(
@@ -461,13 +466,18 @@ def _quiet_loggers() -> None:
                 logger.addFilter(f)
 
 
-async def serve(config: dict[str, Any], stop: asyncio.Event, started: threading.Event | None = None) -> None:
+async def serve(
+    config: dict[str, Any],
+    stop: asyncio.Event,
+    started: threading.Event | None = None,
+    trusted: Collection[str] = (),
+) -> None:
     """Run an amqtt broker with ``config`` until ``stop`` is set; ``started`` is set once it
-    listens. :func:`guard_clients` runs beside it."""
+    listens. :func:`guard_clients` runs beside it, with ``trusted``."""
     _quiet_loggers()
     broker = _broker_class()(config)
     await broker.start()
-    guard = asyncio.create_task(guard_clients(broker, stop))
+    guard = asyncio.create_task(guard_clients(broker, stop, trusted))
     if started is not None:
         started.set()
     for name, listener in config["listeners"].items():
@@ -495,13 +505,20 @@ class BrokerThread:
         self._thread = threading.Thread(target=self._run, name="embedded-broker", daemon=True)
         self._error: BaseException | None = None
         self._started = threading.Event()
+        #: client ids never disconnected as slow consumers (:func:`guard_clients`)
+        self.trusted: set[str] = set()
+
+    def trust(self, client_id: str) -> None:
+        """Never disconnect ``client_id`` as a slow consumer: the service of ``edge-queue up``
+        (its id ends with a secret nobody else knows)."""
+        self.trusted.add(client_id)
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
         self._loop = loop
         self._stop = asyncio.Event()
         try:
-            loop.run_until_complete(serve(self.config, self._stop, self._started))
+            loop.run_until_complete(serve(self.config, self._stop, self._started, self.trusted))
         except BaseException as e:  # reported to start() / logged; the thread must not raise
             self._error = e
             log.exception("embedded broker failed")

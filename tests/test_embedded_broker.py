@@ -184,3 +184,27 @@ def test_amqtt_lines_of_one_kind_are_throttled_and_counted(
     assert broker_records(caplog)[-1].endswith(
         f"({50 - embedded_broker.BROKER_LINES_LOGGED} more like it not logged in 0 s)"
     )
+
+
+def test_the_service_is_never_disconnected_for_a_full_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given the embedded broker of `edge-queue up`, which trusts the service's client id, and the
+    # service behind on its PUBACKs with a full window (a turn that takes longer than 2 s: before,
+    # it was disconnected, and amqtt dropped the requests it had not acknowledged)
+    monkeypatch.setattr(embedded_broker, "INFLIGHT", 3)
+    port = free_port()
+    broker = BrokerThread(broker_config("127.0.0.1", port))
+    broker.start()
+    try:
+        slow = SlowAcker(port, "t/service")
+        broker.trust(slow.client_id)
+        try:
+            publish(port, "t/service", [b"x"] * 5)
+            wait_until(lambda: len(slow.got) == 3, 10, "a full window")
+            # Then it stays connected, and gets the rest once it acknowledges
+            assert not slow.disconnected.wait(5)
+            slow.ack_all()
+            wait_until(lambda: len(slow.got) == 5, 10, "the rest")
+        finally:
+            slow.close()
+    finally:
+        broker.stop()
