@@ -625,3 +625,40 @@ def test_cancel_timeout_and_crash_loop_on_a_node_as_on_the_hub(
         assert crashed["node"] == "n1" and crashed["attempt"] == 2
     finally:
         w.close()
+
+
+def test_a_transcription_whose_node_dies_at_60_percent_resumes_on_another_node(
+    mosquitto, service_factory, nodes, long_recording, model_installed: None
+) -> None:
+    """docs/nodes.md and docs/topics.md, "Long jobs resume": the chunks a node finished are
+    kept by the hub, and the attempt that follows on another node decodes only the rest."""
+    from .test_resume import _kept
+
+    path, reference = long_recording(300)
+    chunked = {"EDGE_QUEUE_TRANSCRIBE__CHUNK_S": "30"}  # 5 minutes: 10 chunks or more
+    hub = service_factory(mosquitto, [path.parent], hub_env(["n1", "n2"])).start()
+    w = hub.watcher("#")
+    try:
+        made = {n: nodes(hub, n, [path.parent], env=chunked) for n in ("n1", "n2")}
+        online(w, hub, ["n1", "n2"])
+        (job_id,) = submit(hub, w, {"kind": "transcribe", "input": str(path)})
+        running = w.wait_json(f"{hub.base}/jobs/{job_id}", lambda j: j["state"] == "running" and j["node"])
+        first = made[running["node"]]
+        # Given a node that finished 6 chunks, kept by the hub, when it is killed (kill -9)
+        wait_until(lambda: _kept(hub.db, job_id) >= 6, 600, "six chunks kept by the hub")
+        assert first.proc is not None
+        first.proc.kill()
+        kept = _kept(hub.db, job_id)
+        # Then the job ends on the other node, at attempt 2, which decoded only the rest
+        job = final(w, hub, job_id, timeout=600)
+        assert job["state"] == "succeeded" and job["attempt"] == 2, job
+        other = next(n for n in made.values() if n is not first)
+        assert job["node"] == other.node_id
+        result = hub.request("get", {"job_id": job_id}, w)["data"]["result"]
+        assert result["chunks"] >= 10 and result["chunks_resumed"] == kept, (result, kept)
+        assert f"resumed after {kept} kept chunk(s)" in other.log()
+        assert wer(reference, result["text"]) < 0.05
+        # and the kept chunks are gone once the job ended
+        assert _kept(hub.db, job_id) == 0
+    finally:
+        w.close()
