@@ -344,3 +344,37 @@ def test_the_small_things(
     assert b.eval(hint) == "none ticked: all of them"
     b.do("screenshot", path=str(artifacts / "select-all.png"))
     print(f"screenshots: {artifacts}/retried-by-hand.png, select-all.png")
+
+
+@pytest.mark.serial
+def test_a_probe_shows_what_each_stream_is(
+    ws_mosquitto: Broker,  # noqa: F811 (the fixtures imported by name)
+    service_factory,
+    browser: Browser,  # noqa: F811
+    media: Path,  # noqa: F811
+    artifacts: Path,  # noqa: F811
+) -> None:
+    from .test_media_streams import make_files
+
+    # Given a probe of an mp3 with cover art (before: the detail listed the cover as a video)
+    files = make_files(media)
+    svc, url = page_service(service_factory, ws_mosquitto, media, ws_mosquitto.ws_port)
+    w = svc.watcher("#")
+    try:
+        job_id = svc.request("submit", {"kind": "probe", "input": str(files["cover.mp3"])}, w)["data"]["jobs"][0]
+        w.wait_json(f"{svc.base}/events", lambda e: e["type"] == "end" and e["job"]["job_id"] == job_id["job_id"])
+    finally:
+        w.close()
+    b = browser
+    b.do("goto", url=url)
+    b.wait(f"{ROWS} === 1 && document.querySelector('#jobs .job[data-state=succeeded]')")
+    # When its detail opens
+    b.do("click", selector="#jobs .job .name")
+    b.wait("document.querySelector('#detail').open && document.querySelector('#d-body table.streams')", 30)
+    # Then the streams say what they are: the audio a kind uses, and the cover
+    rows = b.eval(
+        "[...document.querySelectorAll('#d-body table.streams:not(.history) tr')].slice(1).map(r => r.children[1].textContent)"
+    )
+    assert rows == ["audio, used", "cover"], rows
+    b.do("screenshot", path=str(artifacts / "probe-streams.png"))
+    print(f"screenshot: {artifacts}/probe-streams.png")

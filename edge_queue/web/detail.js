@@ -127,17 +127,21 @@ function renderDetail(job, segments, events) {
     if (Array.isArray(r.streams)) {
       body.append(el("h3", { text: `Streams (${r.container || ""}, ${duration(r.duration_s)})` }));
       const table = el("table", { class: "streams" }, el("tr", {},
-        ...["#", "type", "codec", "details", "language"].map((h) => el("th", { text: h }))));
+        ...["#", "what", "codec", "details", "language"].map((h) => el("th", { text: h }))));
+      // what each stream is (probe's role: a cover is not a video), marked when a kind uses it
+      const used = new Set(Object.values(r.uses || {}).flat());
       for (const st of r.streams) {
         const details = st.type === "audio" ? `${st.sample_rate || "?"} Hz, ${st.channels || "?"} ch`
           : st.type === "video" ? `${st.width}×${st.height} ${st.fps ? st.fps + " fps" : ""}` : "";
-        table.append(el("tr", {}, ...[st.index, st.type, st.codec, details, st.language || ""]
+        const what = (st.role || st.type) + (st.default ? ", default" : "") + (used.has(st.index) ? ", used" : "");
+        table.append(el("tr", {}, ...[st.index, what, st.codec, details, st.language || ""]
           .map((v) => el("td", { text: String(v ?? "") }))));
       }
       body.append(table);
     }
     const rest = { ...r };
     for (const k of ["text", "outputs", "output", "streams", "segment_list", "segment_list_truncated"]) delete rest[k];
+    if (Array.isArray(r.streams)) for (const k of ["uses", "audio_stream", "video_stream"]) delete rest[k];
     body.append(el("h3", { text: "Result" }), el("pre", { text: JSON.stringify(rest, null, 1) }));
   }
   if (events?.length) body.append(el("h3", { text: "History" }), history(events));
