@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import sqlite3
 import time
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
@@ -129,7 +130,10 @@ class Announcer:
         if not self.settings.homeassistant.discovery:
             return
         body = payloads.encode(discovery.submit_payload(request, response, iso(time.time())))
-        self.store().set_meta_text("ha_submit", body.decode())
+        try:  # outside the turn's transaction (its commit may have failed: a full disk)
+            self.store().set_meta_text("ha_submit", body.decode())
+        except (sqlite3.Error, OSError) as e:
+            log.warning("could not keep Home Assistant's last submit for the next start: %s", e)
         self.bridge.publish(discovery.submit_topic(self.topics), body, retain=True)
 
     def page_url(self) -> str | None:

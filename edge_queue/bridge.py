@@ -35,6 +35,7 @@ import logging
 import random
 import select
 import socket
+import sqlite3
 import ssl
 import time
 from collections import deque
@@ -254,7 +255,7 @@ class Bridge:
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
         watcher = self.watch.get(msg.topic)
         if watcher is not None:
-            watcher(bytes(msg.payload), bool(msg.retain))
+            follow(watcher, msg)
             return
         if self.on_node is not None and msg.topic.startswith(self.topics.nodes_prefix):
             # acknowledged at once, below: a node sends again until the hub's "ok" (docs/nodes.md)
@@ -522,6 +523,16 @@ def connect_properties(settings: MqttSettings, max_packet_bytes: int | None) -> 
     if max_packet_bytes:
         props.MaximumPacketSize = max_packet_bytes
     return props
+
+
+def follow(watcher: Callable[[bytes, bool], None], msg: mqtt.MQTTMessage) -> None:
+    """Hand a message of a followed topic (:attr:`Bridge.watch`) to its watcher, outside any
+    turn's transaction. A watcher that cannot write (the disk is full, an I/O error) costs that
+    message, logged, never the service's loop."""
+    try:
+        watcher(bytes(msg.payload), bool(msg.retain))
+    except (sqlite3.Error, OSError) as e:
+        log.error("could not act on the message on %s: %s", msg.topic[:200], e)
 
 
 def incoming(

@@ -29,7 +29,18 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from .conftest import ROOT, SPEECH, Broker, ServiceProcess, free_port, need, port_open, stop_mosquitto, wait_until
+from .conftest import (
+    ROOT,
+    SPEECH,
+    Broker,
+    ServiceProcess,
+    free_port,
+    need,
+    port_open,
+    publish,
+    stop_mosquitto,
+    wait_until,
+)
 
 #: WatchdogSec of the watchdog the tests run the service under (the shipped unit says 30).
 WATCHDOG_S = 10.0
@@ -780,6 +791,33 @@ def test_low_disk_refuses_submits_and_serves_the_rest(
     assert {f"keep{i}" for i in range(20)} <= keys
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     conn.close()
+
+
+def test_a_full_disk_costs_home_assistants_requests_answers_not_the_service(
+    shipped_mosquitto: PrivateMosquitto, small_disk: Path, rig: Callable[..., Rig]
+) -> None:
+    # Given a service with Home Assistant discovery on, on a disk another program fills up
+    # (before: a submit on the shared topic, as Home Assistant's Submit text sends, killed the
+    # service while it stored <base>/ha/submit, and again at every start until space was freed)
+    env = {"EDGE_QUEUE_LIMITS__MIN_FREE_DISK_MB": "0", "EDGE_QUEUE_HOMEASSISTANT__DISCOVERY": "true"}
+    r = rig(shipped_mosquitto, small_disk, env)
+    svc, responses, pub = r.start()
+    _until_answered(pub, responses, LATER, lambda a: a["status"] == "ok", "a job")
+    _fill(small_disk / "filler", leave_mb=0)
+    # When Home Assistant goes away (its Last Will: edge-queue keeps its place in the event
+    # log), comes back, and a submit comes on the shared topic
+    publish(shipped_mosquitto, "homeassistant/status", "offline")
+    publish(shipped_mosquitto, "homeassistant/status", "online")
+    pub.request("submit", {**LATER, "transaction": "ha-full"})
+    wait_until(lambda: responses.count["ha-full"], 30, "the submit's answer")
+    # Then the submit is answered disk_full, and the service keeps serving
+    assert responses.bodies["ha-full"]["error"]["code"] == "disk_full", responses.bodies["ha-full"]
+    pub.request("list", {"limit": 1, "transaction": "ha-list"})
+    wait_until(lambda: responses.count["ha-list"], 30, "the list's answer")
+    assert svc.proc is not None and svc.proc.poll() is None, svc.log()[-3000:]
+    (small_disk / "filler").unlink()
+    _until_answered(pub, responses, LATER, lambda a: a["status"] == "ok", "a submit accepted again")
+    stop_and_longest_turn_ms(svc)
 
 
 def test_a_disk_that_fills_up_costs_answers_not_the_service(
