@@ -193,11 +193,11 @@ def _connect(broker: Broker, user: str | None, password: str | None, protocol: i
     return "Success", (c, result)
 
 
-def _service_env(user: str, password: str) -> dict[str, str]:
+def _service_env(user: str, password: str, base: str = "edge-queue") -> dict[str, str]:
     return {
         "EDGE_QUEUE_MQTT__USERNAME": user,
         "EDGE_QUEUE_MQTT__PASSWORD": password,
-        "EDGE_QUEUE_MQTT__BASE_TOPIC": "edge-queue",
+        "EDGE_QUEUE_MQTT__BASE_TOPIC": base,
         # as shipped: the ACLs must let the service publish its Home Assistant device (mosquitto
         # 2.0.11 closes an MQTT 5 connection on any denied publish)
         "EDGE_QUEUE_HOMEASSISTANT__DISCOVERY": "true",
@@ -205,33 +205,38 @@ def _service_env(user: str, password: str) -> dict[str, str]:
 
 
 def _acl_scenario(
-    broker: Broker, service_factory, speech: Path, service_user: tuple[str, str], client_user: tuple[str, str]
+    broker: Broker,
+    service_factory,
+    speech: Path,
+    service_user: tuple[str, str],
+    client_user: tuple[str, str],
+    base: str = "edge-queue",
 ) -> dict[str, object]:
     """What an anonymous client and a client user can and cannot do; the service works."""
     seen: dict[str, object] = {}
     reason, _ = _connect(broker, None, None)
     seen["anonymous"] = reason
-    svc = service_factory(broker, [speech], _service_env(*service_user))
-    svc.base = "edge-queue"  # the base topic the shipped ACLs name
+    svc = service_factory(broker, [speech], _service_env(*service_user, base))
+    svc.base = base  # a base topic the shipped ACLs name
     svc.start(wait_online=False)
     reason, pair = _connect(broker, *client_user)
     assert reason == "Success", reason
     client, box = pair
     user = client_user[0]
     # what the shipped ACLs let every user read, and its own replies
-    box["subscriptions"] = [*STATE_TOPICS, f"edge-queue/reply/{user}/#"]
+    box["subscriptions"] = [*(t.replace("edge-queue", base, 1) for t in STATE_TOPICS), f"{base}/reply/{user}/#"]
     for topic in box["subscriptions"]:
         client.subscribe(topic, 1)
     wait_until(
-        lambda: any(t == "edge-queue/status" and p == b"online" for t, p in box.get("messages", [])),
+        lambda: any(t == f"{base}/status" and p == b"online" for t, p in box.get("messages", [])),
         60,
         "the client user to read the retained online status",
     )
-    client.publish(f"edge-queue/request/submit/{user}", json.dumps({"kind": "noop", "transaction": "acl"}), qos=1)
+    client.publish(f"{base}/request/submit/{user}", json.dumps({"kind": "noop", "transaction": "acl"}), qos=1)
 
     def resp():
         for t, p in box.get("messages", []):
-            if t == f"edge-queue/reply/{user}/response/submit" and json.loads(p).get("transaction") == "acl":
+            if t == f"{base}/reply/{user}/response/submit" and json.loads(p).get("transaction") == "acl":
                 return json.loads(p)
         return None
 
@@ -239,7 +244,7 @@ def _acl_scenario(
     job_id = response["data"]["jobs"][0]["job_id"]
     wait_until(
         lambda: any(
-            t == f"edge-queue/jobs/{job_id}" and json.loads(p)["state"] == "succeeded"
+            t == f"{base}/jobs/{job_id}" and json.loads(p)["state"] == "succeeded"
             for t, p in box.get("messages", [])
             if p
         ),
@@ -251,8 +256,8 @@ def _acl_scenario(
     reason, forger_pair = _connect(broker, *client_user)
     forger = forger_pair[0]
     for topic, payload in (
-        ("edge-queue/jobs/forged0000000000", b'{"state": "succeeded"}'),
-        ("edge-queue/status", b"offline"),
+        (f"{base}/jobs/forged0000000000", b'{"state": "succeeded"}'),
+        (f"{base}/status", b"offline"),
     ):
         info = forger.publish(topic, payload, qos=1, retain=True)
         try:
@@ -261,14 +266,14 @@ def _acl_scenario(
             pass  # the broker may drop the connection of a client that breaks the ACL
     forger.disconnect()
     forger.loop_stop()
-    client.publish(f"edge-queue/request/list/{user}", json.dumps({"transaction": "after"}), qos=1)
+    client.publish(f"{base}/request/list/{user}", json.dumps({"transaction": "after"}), qos=1)
     wait_until(
-        lambda: any(t == f"edge-queue/reply/{user}/response/list" for t, _ in box.get("messages", [])),
+        lambda: any(t == f"{base}/reply/{user}/response/list" for t, _ in box.get("messages", [])),
         30,
         "a later response",
     )
-    seen["forged job state delivered"] = any(t == "edge-queue/jobs/forged0000000000" for t, _ in box["messages"])
-    seen["forged status delivered"] = any(t == "edge-queue/status" and p == b"offline" for t, p in box["messages"])
+    seen["forged job state delivered"] = any(t == f"{base}/jobs/forged0000000000" for t, _ in box["messages"])
+    seen["forged status delivered"] = any(t == f"{base}/status" and p == b"offline" for t, p in box["messages"])
     seen["service disconnected"] = "disconnected from the broker" in svc.log() or "taken" in svc.log()
     client.disconnect()
     client.loop_stop()
@@ -278,13 +283,23 @@ def _acl_scenario(
 
 @pytest.fixture
 def mosquitto_with_acl(tmp_path: Path):
+    yield from _shipped_mosquitto(tmp_path, "edge-queue.acl")
+
+
+@pytest.fixture
+def mosquitto_with_boxes_acl(tmp_path: Path):
+    yield from _shipped_mosquitto(tmp_path, "edge-queue-boxes.acl")
+
+
+def _shipped_mosquitto(tmp_path: Path, acl: str):
+    """The shipped mosquitto.conf on free ports with the ACL file ``acl`` of broker/."""
     need(
         shutil.which("mosquitto") is not None and shutil.which("mosquitto_passwd") is not None,
         "mosquitto not installed",
     )
     port = free_port()
     _passwd(tmp_path / "passwd", USERS)
-    shutil.copy(ROOT / "broker" / "edge-queue.acl", tmp_path / "acl")
+    shutil.copy(ROOT / "broker" / acl, tmp_path / "acl")
     conf = (ROOT / "broker" / "mosquitto.conf").read_text()
     conf = conf.replace("/etc/mosquitto/edge-queue.passwd", str(tmp_path / "passwd"))
     conf = conf.replace("/etc/mosquitto/edge-queue.acl", str(tmp_path / "acl"))
@@ -402,6 +417,41 @@ def test_shipped_broker_config_enforces_the_acl(
     print(f"{broker.kind} ACL observations:", seen)
     assert seen == EXPECTED_ACL, seen
     assert _connect(broker, "phone", "wrong")[0] == "Not authorized"
+
+
+@pytest.mark.slow
+def test_a_box_with_its_own_base_topic_works_under_the_several_boxes_acl(
+    mosquitto_with_boxes_acl, service_factory, speech: Path
+) -> None:
+    # Given the shipped mosquitto with broker/edge-queue-boxes.acl and a box on its own base
+    # topic, as docs/operations.md ("Several boxes on one broker") says (before: the shipped
+    # ACL named edge-queue/ only, and no user could read or reach edge-queue/garage)
+    seen = _acl_scenario(
+        mosquitto_with_boxes_acl,
+        service_factory,
+        speech,
+        ("edge-queue", "svc-secret"),
+        ("phone", "phone-secret"),
+        base="edge-queue/garage",
+    )
+    # Then a user reads its state, submits on its own request topic and reads the answer, and
+    # cannot forge its state
+    assert seen == EXPECTED_ACL, seen
+
+
+def test_the_several_boxes_acl_is_the_shipped_acl_one_level_down() -> None:
+    # broker/edge-queue-boxes.acl grants what broker/edge-queue.acl grants, for edge-queue/<box>/
+    def rules(name: str) -> list[str]:
+        text = (ROOT / "broker" / name).read_text()
+        return [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+    def one_level_down(line: str) -> str:
+        *words, topic = line.split(" ")
+        if topic.startswith("edge-queue/") and topic != "edge-queue/#":
+            topic = "edge-queue/+/" + topic.removeprefix("edge-queue/")
+        return " ".join([*words, topic])
+
+    assert rules("edge-queue-boxes.acl") == [one_level_down(line) for line in rules("edge-queue.acl")]
 
 
 def _make_ca(d: Path) -> dict[str, Path]:
