@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import ROOT, Broker, port_open, wait_until
+from .conftest import ROOT, Broker, port_open, publish, wait_until
 from .homeassistant_support import (
     entities,
     home_assistant,
@@ -140,20 +140,23 @@ def test_the_pages_yaml_works_in_home_assistant_across_restarts(ha, tmp_path: Pa
             wait_state(h, inst, eid, lambda s, a: s == "on", f"{eid} loaded")
         wait_state(h, inst, "sensor.edge_queue_queued", lambda s, a: s == "0", "the page's sensors")
         wait_state(h, inst, e["job_finished"], lambda s, a: s != "unavailable", "the event entity")
-        w = svc.watcher("response/submit", "jobs/+")
+        w = svc.watcher("reply/homeassistant/response/#", "jobs/+")
+        answer = f"{svc.base}/reply/homeassistant/response/submit"
+        # Home Assistant is a user edge-queue knows (before: then the page's script, on the
+        # shared topic with a reply_to into Home Assistant's reply area, was refused)
+        publish(broker, f"{svc.base}/request/kinds/homeassistant", "{}")
+        wait_until(lambda: w.json_on(f"{svc.base}/reply/homeassistant/response/kinds"), 30, "the kinds answer")
         # When the dashboard button runs the script twice, 0.4 s apart, across a second boundary
         wait_until(lambda: 0.75 < time.time() % 1 < 0.85, 2, "a moment before a second boundary", interval=0.005)
         h.call_service(inst, "script", "turn_on", {"entity_id": "script.edge_queue_transcribe_doorbell"})
         time.sleep(0.4)  # the double tap itself
         h.call_service(inst, "script", "turn_on", {"entity_id": "script.edge_queue_transcribe_doorbell"})
-        job_id = wait_until(lambda: w.json_on(f"{svc.base}/response/submit"), 30, "the submit")[0]["data"]["jobs"][0][
-            "job_id"
-        ]
+        job_id = wait_until(lambda: w.json_on(answer), 30, "the submit")[0]["data"]["jobs"][0]["job_id"]
         w.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] == "succeeded", timeout=120)
         # Then one job, and each automation notifies once, with the transcript
         wait_until(lambda: len(notifications(h, inst)) >= 2, 30, "two notifications")
         wait_state(h, inst, "script.edge_queue_transcribe_doorbell", lambda s, a: s == "off", "the script done")
-        assert len(w.json_on(f"{svc.base}/response/submit")) == 1, w.json_on(f"{svc.base}/response/submit")
+        assert len(w.json_on(answer)) == 1, w.json_on(answer)
         sent = notifications(h, inst)
         assert len(sent) == 2 and all("country" in n["message"].lower() for n in sent), sent
         assert {n["title"] for n in sent} == {"Transcription succeeded", "transcribe succeeded"}, sent
