@@ -168,6 +168,15 @@ def test_offline_means_offline_and_an_action_sent_before_is_never_called_failed(
     browser.wait(f"{button}.textContent === 'Cancel' && !{button}.disabled")
     assert not browser.eval("document.querySelector('.toast[data-state=failed]')")
 
+    # When Pause is pressed while edge-queue does not answer, the button says it is on its way
+    # (before: only greyed out, its label unchanged), and it takes effect once edge-queue runs
+    _hold(svc, held)
+    browser.do("click", selector="#pause")
+    pause = "document.querySelector('#pause')"
+    browser.wait(f"{pause}.textContent === 'Pausing…' && {pause}.disabled")
+    _let_go(svc, held)
+    browser.wait(f"{pause}.textContent === 'Resume' && !document.querySelector('#paused').hidden")
+
     # When edge-queue stops, everything that would send a request is disabled, and the page
     # says why
     assert svc.stop() == 0

@@ -373,7 +373,8 @@ def test_a_probe_shows_what_each_stream_is(
     b.wait("document.querySelector('#detail').open && document.querySelector('#d-body table.streams')", 30)
     # Then the streams say what they are: the audio a kind uses, and the cover
     rows = b.eval(
-        "[...document.querySelectorAll('#d-body table.streams:not(.history) tr')].slice(1).map(r => r.children[1].textContent)"
+        "[...document.querySelectorAll('#d-body table.streams:not(.history) tr')].slice(1)"
+        ".map(r => r.children[1].textContent)"
     )
     assert rows == ["audio, used", "cover"], rows
     b.do("screenshot", path=str(artifacts / "probe-streams.png"))

@@ -129,7 +129,6 @@ function renderQueue() {
     c.querySelector("b").textContent = n == null ? "–" : String(n);
   }
   $("paused").hidden = !q.paused;
-  $("pause").textContent = q.paused ? "Resume" : "Pause";
   settleBusy(null);
   renderNodes(q.nodes || []);
   renderReady();
@@ -150,6 +149,10 @@ function renderReady() {
   const up = canAct();
   $("add").disabled = !up || !Object.keys(page.kinds).length;
   $("pause").disabled = !up || page.busy.has("queue");
+  // a pause or resume sent and not answered yet shows as such, as Retry and Cancel do
+  const queueBusy = page.busy.get("queue");
+  $("pause").textContent = queueBusy ? (queueBusy.paused ? "Resuming…" : "Pausing…")
+    : page.queue?.paused ? "Resume" : "Pause";
   const why = !up ? (page.connected ? "edge-queue is offline" : "not connected to the broker") : "";
   for (const b of [$("add"), $("pause")]) b.title = b.disabled ? why : "";
   for (const id of page.rows.keys()) renderJob(id);
