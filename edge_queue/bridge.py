@@ -210,6 +210,7 @@ class Bridge:
         requests = self.topics.requests if self.foreign.shared is None else None  # None: leaving a shared id
         subscribe(client, self.protocol, requests, list(self.watch), nodes)
         session_present = bool(getattr(flags, "session_present", False))
+        self.foreign.after_connect(session_present, self.client_id)
         if session_present:
             # Requests of the old connection not yet acknowledged: the broker sends them again
             # on this one (same session), so the copies still waiting here are dropped.
@@ -232,8 +233,7 @@ class Bridge:
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
         was = self.connected
         self.connected = False
-        # A copy on a client-named topic sent on this connection explains its end (the broker
-        # refusing it), not another client taking our id
+        # a copy on a client-named topic sent on this connection explains its end (refused)
         refused_copy = self.outbox.copies_sent_on == self.connection
         self.outbox.drop_copies(self._client)
         now = time.monotonic()
@@ -263,10 +263,10 @@ class Bridge:
         parsed = self.topics.parse_request(msg.topic)
         if parsed is None:
             first = self.foreign.shared is None
-            if not self.foreign.note(msg.topic, self.topics, self.client_id):
+            if self.foreign.note(msg.topic, self.topics, self.client_id) != "leave":
                 if msg.qos:
                     client.ack(msg.mid, msg.qos)
-            elif first:  # another installation's request: left to it; ours stop coming here
+            elif first and self.foreign.shared:  # we stop for it: ours stop coming to this session
                 client.unsubscribe(self.topics.requests)
             return
         command, user = parsed

@@ -59,7 +59,7 @@ from .retention import Retention
 from .scheduler import Scheduler
 from .store import Store, iso, new_id
 from .supervisor import Outcome, Supervisor
-from .takeover import EXIT_SHARED_CLIENT_ID
+from .takeover import EXIT_SHARED_CLIENT_ID, SESSION_KEY
 from .topics import MAX_REPLY_AREAS, ReplyAreas, Topics
 from .watch import WatchFolders
 
@@ -71,8 +71,10 @@ MAX_PACKET_BYTES = 16 * 2**20
 #: A loop turn longer than this is logged (the watchdog and the Last Will allow far more).
 SLOW_TURN_S = 1.0
 #: At most this long (seconds) the service still takes its own requests already on their way
-#: once another installation is found to share its client id, before it stops.
-SETTLE_S = 5.0
+#: once another installation is found to share its client id, before it stops: until none
+#: came for SETTLE_QUIET_S while connected (the other installation takes the session from it
+#: every second or two meanwhile).
+SETTLE_S, SETTLE_QUIET_S = 30.0, 3.0
 
 
 def checked_kinds(settings: Settings) -> dict[str, Any]:
@@ -216,6 +218,7 @@ class Service:
             log.warning("the queue is paused (since before this start): no job starts until a resume")
         if not self.bridge.client_id:
             self.bridge.set_client_id(f"edge-queue-{instance_id}-{store.client_id_secret()}")
+        self.bridge.foreign.recorded = store.meta_text(SESSION_KEY)
         claim_base_topic(s.mqtt, self.topics, instance_id, self.bridge.client_id, connect_timeout_s)
         note_base_topic(store, s.mqtt, self.topics)
         self.reply_areas.note_all(store.submitters(MAX_REPLY_AREAS))
@@ -360,9 +363,9 @@ class Service:
     def on_connected(self, item: Connected) -> None:
         """(Re)connected: ``online``, ``info``, the changes made before the first connect, and
         a republish of every job and batch, in pieces (:class:`~edge_queue.publisher.Republisher`)."""
-        if not item.session_present:
-            # A new session: nothing the broker sends on it is a redelivery of an earlier message.
+        if not item.session_present:  # a new session: nothing sent on it is a redelivery
             self.job_store().forget_all_requests()
+        self.bridge.foreign.record(self.job_store())
         self.announcer.announce()
         for job in self._boot_changes:
             self.publisher.publish_job(job)
@@ -442,10 +445,8 @@ class Service:
         self.publisher.publish_queue(self.clock())
 
     def republish(self) -> bool:
-        """Republish ``status``, ``info``, ``queue``, every job and batch from the store, in
-        pieces between requests. Returns False when a republish was already in progress: then
-        that one covers this request too (state that changes meanwhile is published by the
-        change itself)."""
+        """Republish ``status``, ``info``, ``queue``, every job and batch, in pieces between
+        requests. False when one was already in progress: it covers this request too."""
         if self.republisher.active:
             return False
         self.announcer.announce()
@@ -507,14 +508,14 @@ class Service:
 def settle_own_requests(service: Service) -> None:
     """Another installation shares our client id (:class:`~edge_queue.takeover.ForeignMessages`):
     our request topics are unsubscribed; the requests of ours already on their way are taken
-    and answered for up to :data:`SETTLE_S` seconds (until none came for half a second), so the
-    session holds none of ours for the other installation when it takes the session back."""
+    and answered for up to :data:`SETTLE_S` seconds (until none came for :data:`SETTLE_QUIET_S`
+    while connected), so the session holds none of ours for the other installation."""
     end = time.monotonic() + SETTLE_S
     quiet_since = time.monotonic()
-    while time.monotonic() < end and not service.stopping and time.monotonic() - quiet_since < 0.5:
+    while time.monotonic() < end and not service.stopping and time.monotonic() - quiet_since < SETTLE_QUIET_S:
         seen = service.bridge.requests_received
         service.step(max_wait_s=0.1)
-        if service.bridge.requests_received != seen or service.bridge.inbox:
+        if service.bridge.requests_received != seen or service.bridge.inbox or not service.bridge.connected:
             quiet_since = time.monotonic()
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from .topics import Topics
 
@@ -94,6 +95,8 @@ class TakeoverRule:
         return Takeover(delay, why)
 
 
+#: The store's record of the client id whose broker session this installation made.
+SESSION_KEY = "session_client_id"
 #: The exit code of ``serve``/``up`` that stopped because another installation shares its client
 #: id (docs/cli.md, "Exit codes"); systemd does not restart on it.
 EXIT_SHARED_CLIENT_ID = 6
@@ -103,36 +106,90 @@ EXIT_SHARED_CLIENT_ID = 6
 class ForeignMessages:
     """Messages our session received on topics we never subscribed to: the session holds
     subscriptions of another client that uses our client id (two installations given the
-    same ``mqtt.client_id``), which then takes requests meant for us, and we for it.
+    same ``mqtt.client_id``), which then takes requests meant for us, and we for it
+    (docs/operations.md, "Several boxes on one broker").
 
-    Another installation's request (``<other base>/request/...``) is never acknowledged: the
-    broker keeps it in the session and sends it again to whichever client holds the session
-    next, its owner once we are gone. The first one makes ``shared``: the service logs one
-    ERROR, stops taking requests and exits with :data:`EXIT_SHARED_CLIENT_ID`
-    (docs/operations.md, "Several boxes on one broker"). Any other foreign message is
-    acknowledged and counted (left unacknowledged it would hold one of our Receive Maximum
-    places for good)."""
+    Which installation stops is decided once, at the first connect of this run: the
+    *newcomer* found a session it did not make (present, while the store records no session
+    of this client id as its own). Another installation's request is never acknowledged, by
+    either: the broker keeps it in the session and sends it again to whichever client holds
+    the session next, its owner in time. The newcomer, at the first one, makes ``shared``: the
+    service logs one ERROR, takes its own requests still on their way, and exits with
+    :data:`EXIT_SHARED_CLIENT_ID`. The owner of the session never stops for it (so the two
+    never both stop): it logs an ERROR per other base topic, and the other's requests wait
+    unacknowledged for their owner. Any other foreign message is acknowledged and counted."""
 
     count: int = 0
-    #: the first other installation's request topic seen; None: none yet
+    #: the first other installation's request topic seen by the newcomer; None: none yet
     shared: str | None = None
+    #: the client id whose session the store records as this installation's own (set at boot)
+    recorded: str | None = None
+    #: decided at the first connect of this run
+    newcomer: bool = False
+    decided: bool = False
+    #: the client id to record as ours in the store (:meth:`record`), once
+    unrecorded: str | None = None
+    #: the other installations' base topics whose requests reached the session's owner
+    waiting: set[str] = field(default_factory=set)
 
-    def note(self, topic: str, topics: Topics, client_id: str) -> bool:
-        """A message on ``topic`` outside our request topics arrived. True: it is another
-        installation's request, to be left unacknowledged."""
+    def after_connect(self, session_present: bool, client_id: str) -> None:
+        """A CONNACK: at the first one of this run, decide whether we are the newcomer."""
+        if self.decided:
+            return
+        self.decided = True
+        self.newcomer = session_present and self.recorded != client_id
+        if not self.newcomer and self.recorded != client_id:
+            self.unrecorded = client_id
+
+    def record(self, store: Any) -> None:
+        """Keep in ``store`` (a :class:`~edge_queue.store.Store`, inside the turn) that the
+        session of our client id is ours."""
+        if self.unrecorded is not None:
+            store.set_meta_text(SESSION_KEY, self.unrecorded)
+            self.recorded, self.unrecorded = self.unrecorded, None
+
+    def note(self, topic: str, topics: Topics, client_id: str) -> str:
+        """A message on ``topic`` outside our request topics arrived: ``"ours"`` (a node's
+        message, an echo), ``"leave"`` (another installation's request: not acknowledged) or
+        ``"ack"``."""
         if topic.startswith(topics.nodes_prefix) or topic.startswith(topics.base + "/"):
-            return False  # ours (a node's message, an echo): not foreign
+            return "ours"
         self.count += 1
         if "/request/" not in topic:
-            return False
-        if self.shared is None:
-            self.shared = topic
+            return "ack"
+        if self.newcomer:
+            if self.shared is None:
+                self.shared = topic
+                log.error(
+                    "our MQTT session received %s, a request of another installation: it uses our client id %r "
+                    "(two installations must not share an mqtt.client_id: give each its own, or leave it unset); "
+                    "stopping with exit code %d and leaving its requests to it, unacknowledged",
+                    topic[:200],
+                    client_id,
+                    EXIT_SHARED_CLIENT_ID,
+                )
+            return "leave"
+        base = topic.split("/request/", 1)[0]
+        if base not in self.waiting and len(self.waiting) < 100:
+            self.waiting.add(base)
             log.error(
-                "our MQTT session received %s, a request of another installation: it uses our client id %r "
-                "(two installations must not share an mqtt.client_id: give each its own, or leave it unset); "
-                "stopping with exit code %d and leaving its requests to it, unacknowledged",
+                "our MQTT session received %s, a request of another installation: it uses our client id %r, and "
+                "stops (exit code %d) when it sees one of ours; its requests wait in the session for it, not run "
+                "here (two installations must not share an mqtt.client_id: give each its own, or leave it unset)",
                 topic[:200],
                 client_id,
                 EXIT_SHARED_CLIENT_ID,
             )
-        return True
+        return "leave"
+        self.dropped[base] = n = self.dropped.get(base, 0) + 1
+        if n in (1, 10, 100, 1000) or n % 10_000 == 0:
+            log.error(
+                "our MQTT session received %d request(s) of another installation on %s/request/: it uses our client "
+                "id %r, and stops (exit code %d) when it sees one of ours; the ones that reach us are not run "
+                "(two installations must not share an mqtt.client_id: give each its own, or leave it unset)",
+                n,
+                base[:200],
+                client_id,
+                EXIT_SHARED_CLIENT_ID,
+            )
+        return "ack"

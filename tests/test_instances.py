@@ -262,3 +262,35 @@ def test_an_installation_given_anothers_client_id_stops_and_leaves_it_every_requ
     answers.close()
     assert "our MQTT session received" not in a.log()
     assert a.stop() == 0
+
+
+def test_the_owner_of_a_shared_session_never_stops_for_the_others_requests(mosquitto, service_factory) -> None:
+    # Given an installation serving on its own session, into which another client with its id
+    # put a subscription to another base's requests (as a second installation given the same
+    # mqtt.client_id does, leaving its requests behind when it stops: before, the owner took
+    # them for a sign that it was the one to stop, and both stopped)
+    a = service_factory(mosquitto, [])
+    a.env["EDGE_QUEUE_MQTT__CLIENT_ID"] = client_id = "owner-" + a.base
+    a.start()
+    other = a.base + "x"
+    thief = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=False)
+    subscribed: list[int] = []
+    thief.on_subscribe = lambda c, u, mid, codes, p: subscribed.append(mid)
+    thief.on_connect = lambda c, u, f, r, p: c.subscribe(f"{other}/request/#", 1)
+    thief.connect(mosquitto.host, mosquitto.port)
+    thief.loop_start()
+    wait_until(lambda: subscribed, 10, "the other client's subscription")
+    thief.loop_stop()
+    thief.disconnect()
+    # When the other base's request reaches the session, now the owner's again
+    answers = a.watcher("response/#")
+    publish(mosquitto, f"{other}/request/submit", json.dumps({"kind": "noop", "transaction": "theirs"}))
+    said = "a request of another installation"
+    wait_until(lambda: said in a.log(), 60, "the line about the other installation's request")
+    # Then it says so once, and serves on: its own requests are answered
+    lines = [li for li in a.log().splitlines() if said in li]
+    assert len(lines) == 1 and lines[0].startswith("ERROR") and "its requests wait in the session" in lines[0]
+    assert a.request("list", {"limit": 1}, answers)["status"] == "ok"
+    assert a.proc.poll() is None, a.log()[-2000:]
+    answers.close()
+    assert a.stop() == 0
