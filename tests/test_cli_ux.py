@@ -137,11 +137,13 @@ def test_ctrl_c_while_the_command_starts_ends_it_quietly() -> None:
 
     command = str(Path(sys.executable).parent / "edge-queue")
     codes = []
-    for delay in (0.08, 0.12, 0.16, 0.2, 0.25, 0.3):
+    for delay in (0.08, 0.12, 0.16, 0.2, 0.25, 0.3, 0.4, 0.5):
         proc = subprocess.Popen([command, "--version"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(delay)  # the moment of the Ctrl-C itself
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
+        if "init_import_site" in err:
+            continue  # it landed in Python's own start-up, before any of edge-queue runs (a loaded box)
         assert "Traceback" not in err and "KeyboardInterrupt" not in err, (delay, err)
         codes.append(proc.returncode)
     # an interrupted command ends with 130 (or of SIGINT itself: shells report both as 130); some
