@@ -12,7 +12,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from .conftest import ROOT, Broker, ServiceProcess, free_port, need, wait_until
+
+#: The marks of every test file that runs the real Home Assistant.
+HOME_ASSISTANT_MARKS = [
+    pytest.mark.homeassistant,
+    pytest.mark.slow,
+    # one Home Assistant (the harness's configuration folder), started within the harness's own
+    # time limits: alone, after the parallel part of the suite
+    pytest.mark.serial,
+    # the harness (a shared tool, not ours) leaves its subprocess pipes to the garbage collector
+    pytest.mark.filterwarnings("ignore::ResourceWarning"),
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+]
 
 HARNESS = ROOT.parent / "shared" / "tools" / "homeassistant"
 

@@ -20,6 +20,7 @@ import pytest
 
 from .conftest import Broker, port_open, publish, wait_until
 from .homeassistant_support import (
+    HOME_ASSISTANT_MARKS,
     KEYS,
     StateChanges,
     home_assistant,
@@ -32,16 +33,7 @@ from .homeassistant_support import (
 from .homeassistant_support import entities as entities_of
 from .test_load import figures
 
-pytestmark = [
-    pytest.mark.homeassistant,
-    pytest.mark.slow,
-    # one Home Assistant (the harness's configuration folder), started within the harness's own
-    # time limits: alone, after the parallel part of the suite
-    pytest.mark.serial,
-    # the harness (a shared tool, not ours) leaves its subprocess pipes to the garbage collector
-    pytest.mark.filterwarnings("ignore::ResourceWarning"),
-    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
-]
+pytestmark = HOME_ASSISTANT_MARKS
 
 
 @pytest.fixture(scope="module")

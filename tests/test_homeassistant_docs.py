@@ -21,6 +21,7 @@ import pytest
 
 from .conftest import ROOT, Broker, port_open, publish, wait_until
 from .homeassistant_support import (
+    HOME_ASSISTANT_MARKS,
     entities,
     home_assistant,
     instance_id,
@@ -30,13 +31,7 @@ from .homeassistant_support import (
 )
 from .test_load import figures
 
-pytestmark = [
-    pytest.mark.homeassistant,
-    pytest.mark.slow,
-    pytest.mark.serial,
-    pytest.mark.filterwarnings("ignore::ResourceWarning"),
-    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
-]
+pytestmark = HOME_ASSISTANT_MARKS
 
 DOC = ROOT / "docs" / "home-assistant.md"
 #: What the page's examples name, and the reader replaces with their own.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import signal
 import socket
 import sqlite3
@@ -745,30 +744,18 @@ def test_a_persistent_broker_restoring_an_older_save_is_not_taken_for_a_replaced
 ) -> None:
     # Given a service on a new store, against a persistent mosquitto, done with its first read
     # of the retained job topics
-    need(subprocess.run(["which", "mosquitto"], capture_output=True).returncode == 0, "mosquitto not installed")
-    port = free_port()
-    conf = tmp_path / "persistent.conf"
-    conf.write_text(  # "user": mosquitto started as root would drop to a user who cannot write here
-        f"user {pwd.getpwuid(os.geteuid()).pw_name}\nlistener {port} 127.0.0.1\nallow_anonymous true\n"
-        f"persistence true\npersistence_location {tmp_path}/\n"
-    )
+    from .test_load import PrivateMosquitto
 
-    def start_broker() -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(lambda: port_open("127.0.0.1", port), 10, "the broker")
-        return proc
-
-    proc = start_broker()
+    broker = PrivateMosquitto(tmp_path / "broker")
     try:
-        broker = Broker("127.0.0.1", port, "mosquitto", proc)
         svc = service_factory(broker, [speech]).start()
         wait_until(lambda: "retained job and" in svc.log(), 30, "the first read")
         # When the broker restarts and restores a save that holds a job this store never had
         # (before: logged as an ERROR telling to restore a backup, as for a replaced store)
         ghost = "0mx1aaaaaaaaaaaa"
         publish(broker, f"{svc.base}/jobs/{ghost}", json.dumps({"job_id": ghost, "state": "succeeded"}), retain=True)
-        stop_mosquitto(proc)
-        proc = start_broker()
+        broker.stop()
+        broker.start()
         # Then its state is cleared with a warning that says what likely happened
         wait_until(lambda: "clearing the retained state of jobs this store does not know" in svc.log(), 60, "the line")
         line = next(li for li in svc.log().splitlines() if "this store does not know" in li)
@@ -776,7 +763,8 @@ def test_a_persistent_broker_restoring_an_older_save_is_not_taken_for_a_replaced
         assert "restore a backup" not in svc.log()
         assert svc.stop() == 0
     finally:
-        stop_mosquitto(proc)
+        if broker.proc is not None and broker.proc.poll() is None:
+            broker.stop()
 
 
 def test_a_finished_jobs_retained_state_expires_from_the_broker_and_stays_in_the_store(

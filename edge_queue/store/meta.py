@@ -27,12 +27,7 @@ class Meta:
     def set_meta(self, key: str, value: int) -> None:
         """Set a number the service keeps in the store (one statement: atomic by itself,
         so inside :meth:`.Connection.group` it needs no savepoint of its own)."""
-        sql = "INSERT INTO store_meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
-        if self.c.group_depth:
-            self.c.conn.execute(sql, [key, value])
-            return
-        with self.c.immediate():
-            self.c.conn.execute(sql, [key, value])
+        self._upsert(key, value)
 
     def meta_text(self, key: str) -> str | None:
         """A text the service keeps in the store (``base_topic``), or None when unset."""
@@ -42,6 +37,9 @@ class Meta:
     def set_meta_text(self, key: str, value: str) -> None:
         """Set a text the service keeps in the store (one statement, like :meth:`set_meta`:
         inside :meth:`.Connection.group` it joins the group's transaction)."""
+        self._upsert(key, value)
+
+    def _upsert(self, key: str, value: int | str) -> None:
         sql = "INSERT INTO store_meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
         if self.c.group_depth:
             self.c.conn.execute(sql, [key, value])
