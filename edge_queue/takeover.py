@@ -117,9 +117,8 @@ class ForeignMessages:
     service logs one ERROR, takes its own requests still on their way, and exits with
     :data:`EXIT_SHARED_CLIENT_ID`. The owner of the session never stops for it (so the two
     never both stop): it logs an ERROR per other base topic, and the other's requests wait
-    unacknowledged for their owner. Any other foreign message is acknowledged and counted."""
+    unacknowledged for their owner. Any other foreign message is acknowledged."""
 
-    count: int = 0
     #: the first other installation's request topic seen by the newcomer; None: none yet
     shared: str | None = None
     #: the client id whose session the store records as this installation's own (set at boot)
@@ -154,7 +153,6 @@ class ForeignMessages:
         ``"ack"``."""
         if topic.startswith(topics.nodes_prefix) or topic.startswith(topics.base + "/"):
             return "ours"
-        self.count += 1
         if "/request/" not in topic:
             return "ack"
         if self.newcomer:
