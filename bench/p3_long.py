@@ -33,6 +33,7 @@ GAP_S = 0.6
 SIDES: dict[str, tuple[str, list[str]]] = {
     "edge-queue sequential": ("eq", ["batch_size=1"]),
     "edge-queue batched": ("eq", []),
+    "edge-queue batched 4, 120-s chunks": ("eq", ["batch_size=4", "chunk_s=120"]),
     "faster-whisper sequential": ("fw", []),
     "faster-whisper batched 8": ("fw-batched", ["batch_size=8"]),
     "faster-whisper batched 16": ("fw-batched", ["batch_size=16"]),

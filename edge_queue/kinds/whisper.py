@@ -8,13 +8,22 @@ The pipeline is run without timestamp tokens, as faster-whisper runs it by defau
 it dropped the first words of one window in four (a WER of 0.073 against 0.021 without). Its
 segments are then whole windows of up to 30 s; they are cut into cues at the ends of sentences
 and at pauses, from word timestamps (:func:`cues`).
+
+A batched window can end early: the decoder gives its end-of-text token after the first
+sentences, and the rest of the window's speech is lost (22 s of a 10-minute file, seen with
+batches of 6). Speech the batched decoder left out between two windows' words is decoded again
+one window after another (:func:`batched_segments`).
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
 from collections.abc import Iterator
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 #: Loaded models of this worker process, keyed by (path or name, compute_type, cpu_threads, device).
 _MODELS: dict[tuple[str, str, int, str], Any] = {}
@@ -28,6 +37,16 @@ CUE_SOFT_S, CUE_HARD_S = 12.0, 20.0
 #: as the sequential decoder's segments do (they were within 0.3 s of each other, measured).
 CONTIGUOUS_S = 2.0
 SENTENCE_END = (".", "?", "!", "。", "？", "！")
+#: Sample rate of the audio faster-whisper decodes (Hz).
+SAMPLE_RATE = 16_000
+#: A stretch of at least this many seconds between the words of two batched windows (or
+#: before the first, or after the last) is checked for speech the batched decoder left out...
+MISSED_GAP_S = 2.0
+#: ... from this far after the word before it to this far before the word after it (word
+#: times from alignment are about 0.2 s off), and its speech is decoded one window after
+#: another when VAD finds at least :data:`MISSED_SPEECH_MS` of it.
+MISSED_MARGIN_S = 0.3
+MISSED_SPEECH_MS = 500
 
 
 class InfoAsDebug(logging.Filter):
@@ -64,29 +83,87 @@ class OneWindowEncoder:
     for one window only. Measured on 10 minutes of speech, batches of 4: 15.4 CPU-s and 546 MiB
     peak against 17.3 CPU-s and 632 MiB with the batch encoded at once.
 
-    ``BatchedInferencePipeline`` reaches the encoder through its model's public ``encode``
-    (faster-whisper 1.2.1, pinned in pyproject.toml); tests/test_transcribe_batched.py fails
-    when it no longer does."""
+    Word times are aligned one window at a time too (``add_word_timestamps``): aligning a batch
+    of 4 at once held about 130 MiB more at the peak and took more CPU (2.6-3.1 s against
+    1.9-2.2 s for 10 minutes).
+
+    ``BatchedInferencePipeline`` reaches the encoder and the aligner through its model's public
+    ``encode`` and ``add_word_timestamps`` (faster-whisper 1.2.1, pinned in pyproject.toml);
+    tests/test_transcribe_batched.py fails when it no longer does."""
 
     def __init__(self, model: Any) -> None:
         self.model_ = model
         self.windows_encoded = 0
+        self.windows_aligned = 0
+        self.batch_output: Any = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.model_, name)
 
     def encode(self, features: Any) -> Any:
+        """``features``: log-Mel windows, shape (batch, 80, 3000) or (80, 3000). Returns the
+        encoder's output for all of them, shape (batch, 1500, width), as a ``StorageView``."""
         import ctranslate2
         import numpy as np
 
-        if features.ndim == 2 or features.shape[0] == 1:
-            self.windows_encoded += 1
-            return self.model_.encode(features)
+        if features.ndim == 2:
+            features = features[None]
         outputs = []
         for i in range(features.shape[0]):
             outputs.append(np.array(self.model_.encode(features[i : i + 1])))
             self.windows_encoded += 1
-        return ctranslate2.StorageView.from_array(np.ascontiguousarray(np.concatenate(outputs)))
+        self.batch_output = np.ascontiguousarray(np.concatenate(outputs))
+        return ctranslate2.StorageView.from_array(self.batch_output)
+
+    def add_word_timestamps(
+        self,
+        segments: list[list[dict[str, Any]]],
+        tokenizer: Any,
+        encoder_output: Any,
+        num_frames: list[int],
+        prepend_punctuations: str,
+        append_punctuations: str,
+        last_speech_timestamp: float,
+    ) -> float:
+        """``WhisperModel.add_word_timestamps`` for the batch :meth:`encode` encoded last, one
+        window after another (``segments``: per window, its segments; ``num_frames``: per
+        window). Returns the end of the last speech, in seconds, as faster-whisper does."""
+        import ctranslate2
+
+        for i, window in enumerate(segments):
+            if not window:
+                continue
+            last_speech_timestamp = self.model_.add_word_timestamps(
+                [window],
+                tokenizer,
+                ctranslate2.StorageView.from_array(self.batch_output[i : i + 1]),
+                [num_frames[i]],
+                prepend_punctuations,
+                append_punctuations,
+                last_speech_timestamp,
+            )
+            self.windows_aligned += 1
+        return last_speech_timestamp
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to give back
+        return None
+
+
+def release_free_memory() -> None:
+    """Give the pages the heap holds free back to the system (glibc's ``malloc_trim(0)``;
+    a no-op elsewhere). CTranslate2 decodes on threads of its own, and glibc gives each
+    thread's allocations their own arena: without this, what VAD freed on this thread stayed
+    resident while the decoder grew its arena, and the chunk before's decoder buffers while VAD
+    ran. Called before and after each batched chunk's VAD: peak 435-442 MiB against 498-502
+    with batches of 6 on 10 minutes of speech (docs/benchmarks.md, P3)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def decode(
@@ -100,12 +177,70 @@ def decode(
     if batch_size > 1 and vad:  # batches need VAD to find their windows
         from faster_whisper import BatchedInferencePipeline
 
+        release_free_memory()  # the chunk before's decoder buffers, before VAD runs
         it, info = BatchedInferencePipeline(OneWindowEncoder(model)).transcribe(
             audio, batch_size=batch_size, vad_filter=True, without_timestamps=True, word_timestamps=True, **options
         )
-        return (cue for seg in it for cue in cues(seg, offset_s, words)), info
+        release_free_memory()  # VAD's buffers, before the decoder's
+        return batched_segments(model, audio, offset_s, it, words, options), info
     it, info = model.transcribe(audio, vad_filter=vad, word_timestamps=words, **options)
     return (segment(seg, offset_s, words) for seg in it), info
+
+
+def missed_stretch(heard_s: float, next_s: float, duration_s: float) -> tuple[float, float] | None:
+    """Where to look for speech a batched decoder left out before a word: ``heard_s``, the end
+    of the last word decoded (0 before the first), ``next_s``, the start of the next word (or
+    ``duration_s``, the chunk's end), all in seconds of the chunk. ``None`` when the two are
+    less than :data:`MISSED_GAP_S` apart; else the stretch between them, narrowed by
+    :data:`MISSED_MARGIN_S` on the sides that touch a word."""
+    if next_s - heard_s < MISSED_GAP_S:
+        return None
+    start = heard_s + MISSED_MARGIN_S if heard_s > 0 else 0.0
+    end = next_s - MISSED_MARGIN_S if next_s < duration_s else duration_s
+    return start, end
+
+
+def batched_segments(
+    model: Any, audio: Any, offset_s: float, windows: Any, words: bool, options: dict[str, Any]
+) -> Iterator[dict[str, Any]]:
+    """The batched pipeline's windows (``windows``: faster-whisper ``Segment``s with words) as
+    cues (:func:`cues`), in order, with the speech it left out between them
+    (:func:`missed_stretch`) decoded again one window after another."""
+    duration_s, heard_s = len(audio) / SAMPLE_RATE, 0.0
+    for seg in windows:
+        first = seg.words[0].start if seg.words else seg.start
+        yield from decode_missed(model, audio, offset_s, missed_stretch(heard_s, first, duration_s), words, options)
+        yield from cues(seg, offset_s, words)
+        heard_s = max(heard_s, seg.words[-1].end if seg.words else seg.end)
+    yield from decode_missed(model, audio, offset_s, missed_stretch(heard_s, duration_s, duration_s), words, options)
+
+
+def decode_missed(
+    model: Any, audio: Any, offset_s: float, stretch: tuple[float, float] | None, words: bool, options: dict[str, Any]
+) -> Iterator[dict[str, Any]]:
+    """The segments of ``stretch`` (seconds of the chunk ``audio``) decoded one window after
+    another; none when VAD finds less than :data:`MISSED_SPEECH_MS` of speech in it."""
+    if stretch is None:
+        return
+    from faster_whisper.vad import VadOptions
+
+    start, end = stretch
+    piece = audio[int(start * SAMPLE_RATE) : int(end * SAMPLE_RATE)]
+    it, _ = model.transcribe(
+        piece,
+        vad_filter=True,
+        vad_parameters=VadOptions(min_speech_duration_ms=MISSED_SPEECH_MS),
+        word_timestamps=words,
+        **options,
+    )
+    found = [segment(seg, offset_s + start, words) for seg in it]
+    if found:
+        log.info(
+            "the batched decoder left out speech at %.1f-%.1f s; decoded it one window after another",
+            offset_s + start,
+            offset_s + end,
+        )
+    yield from found
 
 
 def segment(seg: Any, offset_s: float, words: bool) -> dict[str, Any]:
