@@ -10,8 +10,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from edge_queue.config import Settings
-from edge_queue.kinds.transcribe import input_signature, resumable, same_cut
-from edge_queue.kinds.whisper import cues
+from edge_queue.kinds.transcribe import chunk_length_s, input_signature, resumable, same_cut
+from edge_queue.kinds.whisper import MISSED_GAP_S, MISSED_MARGIN_S, cues, missed_stretch
 from edge_queue.states import JobState
 from edge_queue.store import JobSpec, Store
 
@@ -101,7 +101,13 @@ def test_the_signature_changes_with_the_input_and_the_settings_that_shape_the_tr
     assert input_signature(str(f), cfg, "/m", False) != one  # VAD off
     assert input_signature(str(f), cfg.model_copy(update={"chunk_s": 60.0}), "/m", True) != one
     assert input_signature(str(f), cfg.model_copy(update={"batch_size": 1}), "/m", True) != one
-    assert input_signature(str(f), cfg.model_copy(update={"batch_size": 8}), "/m", True) == one  # batched either way
+    # batched either way, in chunks of the same length: the same transcript
+    fixed = cfg.model_copy(update={"chunk_s": 180.0})
+    assert input_signature(str(f), fixed.model_copy(update={"batch_size": 8}), "/m", True) == input_signature(
+        str(f), fixed, "/m", True
+    )
+    # without chunk_s, the batch sets the chunk's length (chunk_length_s): cut elsewhere
+    assert input_signature(str(f), cfg.model_copy(update={"batch_size": 8}), "/m", True) != one
     f.write_bytes(b"y" * 100)  # same size, new modification time
     os.utime(f, ns=(1, 1))
     assert input_signature(str(f), cfg, "/m", True) != one
@@ -131,3 +137,25 @@ def test_a_batched_window_is_cut_into_cues_at_sentences_and_pauses() -> None:
     plain = SimpleNamespace(words=None, text=" hello", start=1.0, end=2.0)
     assert cues(plain, 0.0, words=False) == [{"start": 1.0, "end": 2.0, "text": " hello"}]
     assert cues(SimpleNamespace(words=None, text=" ", start=1.0, end=2.0), 0.0, words=False) == []
+
+
+def test_speech_is_looked_for_where_batched_windows_left_a_stretch_without_words() -> None:
+    # A chunk of 100 s: words heard up to 40.0 s, the next window's first word at 62.5 s
+    assert missed_stretch(40.0, 62.5, 100.0) == (40.0 + MISSED_MARGIN_S, 62.5 - MISSED_MARGIN_S)
+    # Before the first word, the stretch starts at the chunk's start
+    assert missed_stretch(0.0, 12.0, 100.0) == (0.0, 12.0 - MISSED_MARGIN_S)
+    # After the last word, it runs to the chunk's end
+    assert missed_stretch(90.0, 100.0, 100.0) == (90.0 + MISSED_MARGIN_S, 100.0)
+    # Words closer than MISSED_GAP_S leave nothing to look at (an ordinary pause)
+    assert missed_stretch(40.0, 40.0 + MISSED_GAP_S - 0.01, 100.0) is None
+    assert missed_stretch(99.0, 100.0, 100.0) is None
+
+
+def test_a_chunk_holds_about_one_batch_unless_chunk_s_is_set() -> None:
+    cfg = Settings(data_dir="/tmp/x").transcribe
+    assert chunk_length_s(cfg, vad=True) == 180.0  # the default 6 windows of 30 s
+    assert chunk_length_s(cfg.model_copy(update={"batch_size": 8}), vad=True) == 240.0
+    assert chunk_length_s(cfg.model_copy(update={"batch_size": 2}), vad=True) == 120.0
+    assert chunk_length_s(cfg.model_copy(update={"batch_size": 1}), vad=True) == 120.0
+    assert chunk_length_s(cfg, vad=False) == 120.0  # no VAD: one window after another
+    assert chunk_length_s(cfg.model_copy(update={"chunk_s": 45.0}), vad=True) == 45.0
