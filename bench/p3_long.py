@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import wave
 from pathlib import Path
 from typing import Any
@@ -33,9 +34,10 @@ GAP_S = 0.6
 SIDES: dict[str, tuple[str, list[str]]] = {
     "edge-queue sequential": ("eq", ["batch_size=1"]),
     "edge-queue batched": ("eq", []),
-    "edge-queue batched 4, 120-s chunks": ("eq", ["batch_size=4", "chunk_s=120"]),
+    "edge-queue batched 6, 180-s chunks": ("eq", ["batch_size=6", "chunk_s=180"]),
     "faster-whisper sequential": ("fw", []),
     "faster-whisper batched 8": ("fw-batched", ["batch_size=8"]),
+    "faster-whisper batched 8, word times": ("fw-batched", ["batch_size=8", "words=1"]),
     "faster-whisper batched 16": ("fw-batched", ["batch_size=16"]),
 }
 
@@ -118,3 +120,48 @@ def run(runs: int, minutes: list[float], folder: Path, log: Any) -> dict[str, An
             figures[f"{m:g} min: {side}: rss"] = Figure(g["rss"], "MiB")
             figures[f"{m:g} min: {side}: wer"] = Figure(g["wer"], "")
     return {"figures": figures, "minutes": minutes, "sides": list(SIDES)}
+
+
+#: P3C: how many threads each of several transcriptions running at once should take.
+CONCURRENT_THREADS = (1, 2)
+
+
+def concurrent(runs: int, seconds: float, folder: Path, log: Any, at_once: int = 2) -> dict[str, Any]:
+    """P3C: ``at_once`` edge-queue transcriptions (the default batched settings) of the same
+    ``seconds``-long file started together, each in a process of its own, with ``cpu_threads``
+    1 and 2, alternated run by run. Figures per ``threads <n>: <measure>``: wall s until the
+    last ends, CPU s of all, the largest peak RSS MiB, and the worst WER."""
+    path, reference = build(seconds, folder)
+    got: dict[int, dict[str, list[float]]] = {
+        t: {"wall": [], "cpu": [], "rss": [], "wer": []} for t in CONCURRENT_THREADS
+    }
+    for r in range(runs):
+        for threads in CONCURRENT_THREADS if r % 2 == 0 else CONCURRENT_THREADS[::-1]:
+            t0 = time.monotonic()
+            procs = [
+                subprocess.Popen(
+                    [sys.executable, CHILD, "eq", str(path), f"cpu_threads={threads}"],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    text=True,
+                )
+                for _ in range(at_once)
+            ]
+            outs = [json.loads(p.communicate(timeout=7200)[0].strip().splitlines()[-1]) for p in procs]
+            wall = time.monotonic() - t0
+            g = got[threads]
+            g["wall"].append(wall)
+            g["cpu"].append(sum(o["cpu_s"] for o in outs))
+            g["rss"].append(max(o["peak_rss_mib"] for o in outs))
+            g["wer"].append(max(wer(reference, o["text"]) for o in outs))
+            log(
+                f"P3C run {r + 1}/{runs}: {at_once} at once, cpu_threads {threads}: wall {wall:.1f} s, "
+                f"CPU {g['cpu'][-1]:.1f} s, peak {g['rss'][-1]:.0f} MiB, WER {g['wer'][-1]:.3f}"
+            )
+    figures = {}
+    for threads, g in got.items():
+        figures[f"threads {threads}: wall"] = Figure(g["wall"], "s")
+        figures[f"threads {threads}: cpu"] = Figure(g["cpu"], "s")
+        figures[f"threads {threads}: rss"] = Figure(g["rss"], "MiB")
+        figures[f"threads {threads}: wer"] = Figure(g["wer"], "")
+    return {"figures": figures, "at_once": at_once, "minutes": seconds / 60}

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 from harness import BENCH, ROOT, Figure  # noqa: E402
 
-ALL = ["P1", "P2", "P3", "P3L", "P4", "P5", "P6", "P7"]
+ALL = ["P1", "P2", "P3", "P3L", "P3C", "P4", "P5", "P6", "P7"]
 PACKAGES = [
     "edge-queue",
     "paho-mqtt",
@@ -96,14 +96,21 @@ def _p3_long_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
             ours = side == "edge-queue batched"
             ref_cpu, ref_wall = f[f"{p}{best}: cpu"], f[f"{p}{best}: wall"]
             seq_wer = f[f"{p}edge-queue sequential: wer"]
+            # like for like: faster-whisper's pipeline asked for the word times subtitles need
+            alike = f.get(f"{p}faster-whisper batched 8, word times: cpu")
             out.append(
                 row(
                     "P3",
                     f"{m:g}-min file, {side}: CPU s",
                     f"≤ {best}" if ours else "",
                     cpu,
-                    f"{best} {fmt(ref_cpu)}" if ours else "",
-                    f"{cpu.median / ref_cpu.median:.2f}×" if ours else "",
+                    f"{best} {fmt(ref_cpu)}" + (f"; with word times {fmt(alike)}" if ours and alike is not None else "")
+                    if ours
+                    else "",
+                    f"{cpu.median / ref_cpu.median:.2f}×"
+                    + (f"; {cpu.median / alike.median:.2f}× with word times" if alike is not None else "")
+                    if ours
+                    else "",
                     cpu.median <= ref_cpu.median if ours else None,
                 )
             )
@@ -329,6 +336,26 @@ def rows_for(pid: str, res: dict[str, Any]) -> list[dict[str, Any]]:
         out.append(row("P3", "direct in-process faster-whisper loop", "(floor)", d, "", "", None))
     elif pid == "P3L":
         out += _p3_long_rows(res)
+    elif pid == "P3C":
+        for t in (1, 2):
+            for k, what in (
+                ("wall", "wall s, until the last ends"),
+                ("cpu", "CPU s, all"),
+                ("rss", "peak RSS, largest"),
+            ):
+                fig = f[f"threads {t}: {k}"]
+                other = f[f"threads {3 - t}: {k}"]
+                out.append(
+                    row(
+                        "P3",
+                        f"{res['at_once']} transcriptions of {res['minutes']:g} min at once, cpu_threads {t}: {what}",
+                        "(informative: chooses cpu_threads)",
+                        fig,
+                        f"cpu_threads {3 - t} {fmt(other)}",
+                        f"{fig.median / other.median:.2f}×",
+                        None,
+                    )
+                )
     elif pid == "P4":
         if "service idle" in f:
             out.append(
@@ -570,6 +597,13 @@ def main() -> int:
                     minutes = [float(x) for x in a.p3_minutes.split(",")]
                     with tempfile.TemporaryDirectory(prefix="eqbench-long-") as folder:
                         results[pid] = p3_long.run(runs, minutes, Path(folder), log)
+                elif pid == "P3C":
+                    import tempfile
+
+                    import p3_long
+
+                    with tempfile.TemporaryDirectory(prefix="eqbench-concurrent-") as folder:
+                        results[pid] = p3_long.concurrent(runs, 300 if q else 600, Path(folder), log)
                 elif pid == "P4":
                     import p4_memory
 

@@ -263,10 +263,10 @@ class TranscribeSettings(_Section):
     #: ``BatchedInferencePipeline``; 1 decodes them one after another (``WhisperModel.transcribe``).
     #: Batching needs VAD: with ``vad`` off a job is decoded one window after another. Measured
     #: on 10 minutes of speech (tiny.en, 2 threads, 2 cores; docs/benchmarks.md, P3).
-    batch_size: int = Field(6, ge=1, le=32)
+    batch_size: int = Field(4, ge=1, le=32)
     #: Long recordings are transcribed in chunks of about this many seconds (bounded memory);
     #: ``None``: :func:`~edge_queue.kinds.transcribe.chunk_length_s` (120 s one window after
-    #: another, about ``batch_size`` windows of 30 s batched).
+    #: another, room for about ``batch_size`` windows of 30 s batched: 120 s for the default 4).
     chunk_s: float | None = Field(None, ge=5, le=1800)
     #: Give each chunk the end of the previous chunk's text as its prompt. Off by default:
     #: with it, Whisper skipped speech that repeats the prompt (25 % of the words of 8 min

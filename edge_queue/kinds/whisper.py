@@ -2,7 +2,7 @@
 one chunk of audio, one 30-s window after another or several windows at once.
 
 Decoding several windows at once (faster-whisper's ``BatchedInferencePipeline``) takes about
-half the CPU of decoding them one after another, at about 55-110 MiB more peak memory per
+two thirds of the CPU of decoding them one after another, at about 30 MiB more peak memory per
 window of a batch (tiny.en, int8, 2 threads, 10 minutes of speech; docs/benchmarks.md, P3).
 The pipeline is run without timestamp tokens, as faster-whisper runs it by default: with them,
 it dropped the first words of one window in four (a WER of 0.073 against 0.021 without). Its
@@ -72,6 +72,7 @@ def load_model(model: str, compute_type: str, cpu_threads: int, device: str = "c
         if not any(isinstance(f, InfoAsDebug) for f in quiet.filters):
             quiet.addFilter(InfoAsDebug())
         _MODELS.clear()  # one model per worker: memory stays bounded
+        limit_arenas()
         _MODELS[key] = WhisperModel(model, device=device, compute_type=compute_type, cpu_threads=cpu_threads)
     return _MODELS[key]
 
@@ -146,24 +147,43 @@ class OneWindowEncoder:
         return last_speech_timestamp
 
 
+#: glibc's ``mallopt`` parameter for the most arenas a process keeps (``M_ARENA_MAX``).
+M_ARENA_MAX = -8
+#: Arenas a worker's heap may use: one for the worker's own thread and one shared by
+#: CTranslate2's and onnxruntime's threads. glibc's default (8 per core) gave each thread an
+#: arena of its own, and memory one thread freed stayed resident beside the next thread's
+#: allocations: a 1-hour file peaked at 513-537 MiB against 464 with 2 arenas (batches of 6).
+WORKER_ARENAS = 2
+
+
 @functools.cache
-def _malloc_trim() -> Any:
+def _libc() -> Any:
     try:
-        return ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to give back
+        libc = ctypes.CDLL(None)
+        libc.malloc_trim, libc.mallopt  # noqa: B018 - glibc's, or nothing
+        return libc
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune
         return None
+
+
+def limit_arenas() -> None:
+    """Keep the worker's heap in :data:`WORKER_ARENAS` glibc arenas (``mallopt(M_ARENA_MAX)``;
+    a no-op elsewhere). Called before the model starts its threads: a thread keeps the arena
+    it first allocated in."""
+    libc = _libc()
+    if libc is not None:
+        libc.mallopt(M_ARENA_MAX, WORKER_ARENAS)
 
 
 def release_free_memory() -> None:
     """Give the pages the heap holds free back to the system (glibc's ``malloc_trim(0)``;
-    a no-op elsewhere). CTranslate2 decodes on threads of its own, and glibc gives each
-    thread's allocations their own arena: without this, what VAD freed on this thread stayed
-    resident while the decoder grew its arena, and the chunk before's decoder buffers while VAD
-    ran. Called before and after each batched chunk's VAD: peak 435-442 MiB against 498-502
-    with batches of 6 on 10 minutes of speech (docs/benchmarks.md, P3)."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
+    a no-op elsewhere). CTranslate2 decodes on threads of its own: without this, what VAD
+    freed on this thread stayed resident while the decoder grew, and the chunk before's decoder
+    buffers while VAD ran. Called before and after each batched chunk's VAD: peak 435-442 MiB
+    against 498-502 with batches of 6 on 10 minutes of speech (docs/benchmarks.md, P3)."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 def decode(
