@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 import traceback
@@ -100,7 +101,7 @@ def _p3_long_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
             alike = f.get(f"{p}faster-whisper batched 8, word times: cpu")
             out.append(
                 row(
-                    "P3",
+                    "P3L",
                     f"{m:g}-min file, {side}: CPU s",
                     f"≤ {best}" if ours else "",
                     cpu,
@@ -116,7 +117,7 @@ def _p3_long_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
             )
             out.append(
                 row(
-                    "P3",
+                    "P3L",
                     f"{m:g}-min file, {side}: wall s",
                     f"≤ {best}" if ours else "",
                     wall,
@@ -127,7 +128,7 @@ def _p3_long_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
             )
             out.append(
                 row(
-                    "P3",
+                    "P3L",
                     f"{m:g}-min file, {side}: peak RSS",
                     "≤ 500 MiB" if ours else "",
                     rss,
@@ -138,7 +139,7 @@ def _p3_long_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
             )
             out.append(
                 row(
-                    "P3",
+                    "P3L",
                     f"{m:g}-min file, {side}: WER",
                     "≤ sequential + 0.005" if ours else "",
                     w,
@@ -249,6 +250,14 @@ def _p1_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def target_of(r: dict[str, Any]) -> str:
+    """The target a stored row belongs to: its id, or ``P3L`` for the long-file rows stored
+    before they carried their own id (as ``P3``)."""
+    if r["id"] == "P3" and re.match(r"\d+-min file, ", r["what"]):
+        return "P3L"
+    return str(r["id"])
+
+
 def rows_for(pid: str, res: dict[str, Any]) -> list[dict[str, Any]]:
     f = res.get("figures", {})
     out = []
@@ -347,7 +356,7 @@ def rows_for(pid: str, res: dict[str, Any]) -> list[dict[str, Any]]:
                 other = f[f"threads {3 - t}: {k}"]
                 out.append(
                     row(
-                        "P3",
+                        "P3C",
                         f"{res['at_once']} transcriptions of {res['minutes']:g} min at once, cpu_threads {t}: {what}",
                         "(informative: chooses cpu_threads)",
                         fig,
@@ -549,7 +558,18 @@ def main() -> int:
         default="10,60",
         help="P3L: lengths of the long files in minutes (default 10,60; 10 with --quick)",
     )
+    ap.add_argument(
+        "--docs-only",
+        action="store_true",
+        help="measure nothing: write docs/benchmarks.md again from the newest results file",
+    )
     a = ap.parse_args()
+    if a.docs_only:
+        newest = sorted((BENCH / "results").glob("????-??-??.json"))[-1]
+        stored = json.loads(newest.read_text())
+        write_docs(stored["rows"], stored, newest)
+        log(f"wrote docs/benchmarks.md from {newest.relative_to(ROOT)}")
+        return 0
     if a.quick and a.p3_minutes == "10,60":
         a.p3_minutes = "10"
     if a.p1_jobs < 100 or a.p1_jobs % 100:
@@ -678,7 +698,7 @@ def main() -> int:
         # An invocation with --only refreshes its targets and keeps the others.
         old = json.loads(previous.read_text())
         done = set(results)
-        doc["rows"] = [r for r in old.get("rows", []) if r["id"] not in done] + rows
+        doc["rows"] = [r for r in old.get("rows", []) if target_of(r) not in done] + rows
         doc["rows"].sort(key=lambda r: ALL.index(r["id"]))
         doc["details"] = {**{k: v for k, v in old.get("details", {}).items() if k not in done}, **extra}
         doc["invocations"] = {

@@ -256,7 +256,10 @@ class TranscribeSettings(_Section):
     #: Models a job may choose with the ``model`` option: name -> folder path or model name.
     models: dict[str, str] = {}
     compute_type: str = "int8"
-    cpu_threads: int = Field(2, ge=1, le=64)
+    #: CPU threads each transcription's model takes; ``None``:
+    #: :func:`~edge_queue.kinds.transcribe.model_threads` (the box's cores shared by the
+    #: transcriptions that may run at once).
+    cpu_threads: int | None = Field(None, ge=1, le=64)
     beam_size: int = Field(5, ge=1, le=20)
     vad: bool = True
     #: Speech windows (up to 30 s, found by VAD) decoded together by faster-whisper's

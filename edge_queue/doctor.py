@@ -184,7 +184,7 @@ def _page(settings: Settings) -> Iterator[Check]:
 
 
 def _model(settings: Settings) -> Iterator[Check]:
-    from .kinds.transcribe import resolve_model
+    from .kinds.transcribe import model_threads, resolve_model
     from .kinds.whisper import load_model
 
     cfg = settings.transcribe
@@ -193,7 +193,7 @@ def _model(settings: Settings) -> Iterator[Check]:
         try:
             path = resolve_model(ref)
             started = time.monotonic()
-            load_model(path, cfg.compute_type, cfg.cpu_threads, cfg.device)
+            load_model(path, cfg.compute_type, model_threads(settings), cfg.device)
             yield Check(key, True, f"{path} loads ({cfg.compute_type}, {time.monotonic() - started:.1f} s)")
         except EdgeQueueError as e:
             yield Check(key, False, e.message)

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from edge_queue.config import Settings
-from edge_queue.kinds.transcribe import chunk_length_s, input_signature, resumable, same_cut
+from edge_queue.kinds.transcribe import chunk_length_s, input_signature, model_threads, resumable, same_cut
 from edge_queue.kinds.whisper import MISSED_GAP_S, MISSED_MARGIN_S, cues, missed_stretch
 from edge_queue.states import JobState
 from edge_queue.store import JobSpec, Store
@@ -160,3 +160,15 @@ def test_a_chunk_holds_about_one_batch_unless_chunk_s_is_set() -> None:
     assert chunk_length_s(cfg.model_copy(update={"batch_size": 1}), vad=True) == 120.0
     assert chunk_length_s(cfg, vad=False) == 120.0  # no VAD: one window after another
     assert chunk_length_s(cfg.model_copy(update={"chunk_s": 45.0}), vad=True) == 45.0
+
+
+def test_the_models_threads_share_the_cores_among_the_transcriptions_that_may_run_at_once() -> None:
+    base = Settings(data_dir="/tmp/x")  # workers 2, transcribe max_concurrency 1
+    assert model_threads(base, cores=2) == 2
+    assert model_threads(base, cores=8) == 8
+    two = Settings(data_dir="/tmp/x", kinds={"transcribe": {"max_concurrency": 2}})
+    assert model_threads(two, cores=2) == 1
+    assert model_threads(two, cores=8) == 4
+    many = Settings(data_dir="/tmp/x", workers=4, kinds={"transcribe": {"max_concurrency": 8}})
+    assert model_threads(many, cores=2) == 1  # never 0
+    assert model_threads(Settings(data_dir="/tmp/x", transcribe={"cpu_threads": 3}), cores=8) == 3

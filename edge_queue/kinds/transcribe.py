@@ -71,6 +71,29 @@ SEQUENTIAL_CHUNK_S = 120.0
 WINDOW_S = 30.0
 
 
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity: systemd's ``CPUAffinity``, a
+    container's cpuset), else the machine's."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def model_threads(settings: Any, cores: int | None = None) -> int:
+    """Threads for a transcription's model (``settings``: the whole :class:`Settings`):
+    ``transcribe.cpu_threads`` when set; else ``cores`` (:func:`usable_cores`) shared by the
+    transcriptions that may run at once on this box (``workers``, at most
+    ``kinds.transcribe.max_concurrency``), at least 1. Measured on 2 cores, two 10-minute
+    transcriptions at once: 1 thread each took 22.1 s and 41.8 CPU-s, 2 threads each 23.8 s
+    and 44.3 CPU-s (docs/benchmarks.md, P3C)."""
+    if settings.transcribe.cpu_threads is not None:
+        return int(settings.transcribe.cpu_threads)
+    workers = max(1, settings.workers)
+    limit = settings.kind("transcribe").max_concurrency
+    at_once = min(workers, limit) if limit else workers
+    return max(1, (cores or usable_cores()) // at_once)
+
+
 def chunk_length_s(cfg: Any, vad: bool) -> float:
     """Seconds of audio per chunk (``cfg``: the ``[transcribe]`` settings): ``chunk_s`` when
     set; else :data:`SEQUENTIAL_CHUNK_S` when windows are decoded one after another, and room
@@ -272,7 +295,7 @@ class Transcribe(Kind):
         ctx.progress(100 * self._done, "loading_model")
         if no_model is not None:
             raise no_model
-        model = load_model(model_ref, cfg.compute_type, cfg.cpu_threads, cfg.device)
+        model = load_model(model_ref, cfg.compute_type, model_threads(ctx.settings), cfg.device)
         ctx.checkpoint()
         started = time.monotonic()
         language, probability = options.language, 1.0 if options.language else 0.0
