@@ -64,7 +64,9 @@ def log(msg: str) -> None:
 
 def fmt(f: Figure) -> str:
     def n(x: float) -> str:
-        return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
+        if abs(x) >= 100:
+            return f"{x:,.0f}"
+        return f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}" if abs(x) >= 0.1 or x == 0 else f"{x:.3f}"
 
     return f"{n(f.median)} [{n(min(f.runs))}-{n(max(f.runs))}] {f.unit}"
 
@@ -567,6 +569,9 @@ def main() -> int:
     if a.docs_only:
         newest = sorted((BENCH / "results").glob("????-??-??.json"))[-1]
         stored = json.loads(newest.read_text())
+        for r in stored["rows"]:  # formatted again, as this version formats them
+            if r.get("figure"):
+                r["measured"] = fmt(Figure(r["figure"]["runs"], r["figure"]["unit"]))
         write_docs(stored["rows"], stored, newest)
         log(f"wrote docs/benchmarks.md from {newest.relative_to(ROOT)}")
         return 0
