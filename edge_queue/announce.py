@@ -192,7 +192,7 @@ class Announcer:
             return
         try:
             info = json.loads(payload)
-        except ValueError:
+        except (ValueError, RecursionError):
             return
         if not isinstance(info, dict):
             return

@@ -131,7 +131,7 @@ class RequestClient:
             try:
                 body = json.loads(msg.payload)
                 key = json.dumps(body.get("transaction"))
-            except (ValueError, AttributeError):
+            except (ValueError, AttributeError, RecursionError):
                 return
             if key in self._replies:
                 self._replies[key].put(body)
@@ -256,13 +256,17 @@ class RequestClient:
             if topic == self.topics.queue:  # subscribed by a caller that shows whether it is paused
                 try:
                     self.queue_paused = bool(json.loads(raw).get("paused"))
-                except (ValueError, AttributeError):
+                except (ValueError, AttributeError, RecursionError):
                     pass
                 yield "", None
                 continue
             job_id = self.topics.parse_job(topic)
             if job_id:
-                yield job_id, json.loads(raw) if raw else None
+                try:
+                    state = json.loads(raw) if raw else None
+                except (ValueError, RecursionError):  # not a job state edge-queue wrote: skipped
+                    continue
+                yield job_id, state
 
     def close(self) -> None:
         self._client.disconnect()

@@ -268,7 +268,7 @@ def submit_payload(request: bytes, response: dict[str, Any], at: str) -> dict[st
     text = request.decode("utf-8", "replace").strip()
     try:
         decoded = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         decoded = text
     given = decoded.get("input") if isinstance(decoded, dict) else decoded
     data = response.get("data") if isinstance(response.get("data"), dict) else {}

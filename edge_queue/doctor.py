@@ -71,7 +71,7 @@ def _broker(settings: Settings, service: dict[str, Any]) -> Iterator[Check]:
         if topic == client.topics.info:
             try:
                 info = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if isinstance(info, dict):
                 service["info"] = info

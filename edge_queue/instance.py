@@ -106,7 +106,7 @@ def read_status_and_info(settings: MqttSettings, topics: Topics, client_id: str)
     status = found.get(topics.status, b"").decode(errors="replace") or None
     try:
         info = json.loads(found.get(topics.info, b"{}"))
-    except ValueError:
+    except (ValueError, RecursionError):
         info = {}
     return status, info if isinstance(info, dict) else {}
 

@@ -161,7 +161,7 @@ class WorkerNode:
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
         try:
             obj = json.loads(msg.payload)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested too deep to read
             log.warning("a message on %s that is not JSON was ignored", msg.topic)
             return
         if isinstance(obj, dict):

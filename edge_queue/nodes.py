@@ -149,7 +149,7 @@ class Nodes:
                 continue
             try:
                 msg = json.loads(payload) if payload else None
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested too deep to read
                 self.refused.warning("node %s sent a message that is not JSON", node_id)
                 continue
             if level == "":

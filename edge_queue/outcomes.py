@@ -154,7 +154,7 @@ class Outcomes:
             return
         try:
             store.keep_chunk(outcome.job_id, outcome.attempt, index, data)
-        except TypeError as e:  # a kind's data that is not JSON: the job goes on, unkept
+        except (TypeError, ValueError) as e:  # not JSON, or too large: the job goes on, unkept
             log.warning("job %s: chunk %d not kept: %s", outcome.job_id, index, e)
 
     def graceful_stop(self, job_ids: set[str] | list[str], now: float) -> None:

@@ -248,3 +248,44 @@ def test_a_job_no_place_can_run_is_said_once_on_a_hub_without_workers(
         say(nodes, node_id, {"op": "unstarted", "job_id": "j1", "attempt": 1, "code": "input_unreachable"})
         nodes.poll(True)
     assert caplog.text.count("job j1: no online node can run it (n1, n2) and this hub has no workers") == 1
+
+
+def test_a_listed_node_sending_json_nested_too_deep_to_read_is_refused_not_fatal(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a node account's announcement and up messages of 3,001 bytes: 1,500 nested arrays
+    # (before, the hub died at once with RecursionError, and again at every start while the
+    # announcement stayed retained)
+    nodes, _, _ = hub(tmp_path)
+    online(nodes, "n1")
+    deep = b"[" * 1500 + b"]" * 1500
+    nodes.on_message("b/nodes/n2", deep, True)
+    nodes.on_message("b/nodes/n1/up", deep, False)
+    # Then each is refused as not JSON, and the hub goes on with the nodes it knows
+    assert nodes.poll(True) == []
+    assert caplog.text.count("sent a message that is not JSON") == 2
+    assert nodes.free() == {"n1": 1}
+
+
+def test_a_node_given_json_nested_too_deep_to_read_on_its_down_topic_ignores_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a worker node and a message of 1,500 nested arrays on its down topic (before, the
+    # RecursionError ended paho's network thread: the node stayed alive, never reconnected,
+    # and was handed a job it could not hear of)
+    from types import SimpleNamespace
+
+    from edge_queue.node import WorkerNode
+
+    node = WorkerNode(Settings(data_dir=tmp_path, workers=1, nodes={"node_id": "n1"}))
+    try:
+        deep = SimpleNamespace(topic="edge-queue/nodes/n1/down", payload=b"[" * 1500 + b"]" * 1500)
+        node._on_message(None, None, deep)  # type: ignore[arg-type]
+        # Then it is ignored as not JSON, and the next message is read as usual
+        assert "that is not JSON was ignored" in caplog.text
+        ok = SimpleNamespace(topic=deep.topic, payload=b'{"op": "ok"}')
+        node._on_message(None, None, ok)  # type: ignore[arg-type]
+        assert node.inbox.get_nowait() == {"op": "ok"}
+    finally:
+        node._wake_r.close()
+        node._wake_w.close()

@@ -9,6 +9,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from edge_queue.config import Settings
 from edge_queue.kinds.transcribe import chunk_length_s, input_signature, model_threads, resumable, same_cut
 from edge_queue.kinds.whisper import MISSED_GAP_S, MISSED_MARGIN_S, cues, missed_stretch
@@ -80,7 +82,14 @@ def test_a_job_that_never_kept_a_chunk_costs_no_statement_when_it_ends(tmp_path:
 
 
 def _chunk(signature: str, offset: float, duration: float) -> dict[str, Any]:
-    return {"signature": signature, "offset_s": offset, "duration_s": duration, "segments": [], "language": "en"}
+    return {
+        "signature": signature,
+        "offset_s": offset,
+        "duration_s": duration,
+        "segments": [{"id": 0, "start": offset, "end": offset + 1.5, "text": " Hello."}],
+        "language": "en",
+        "language_probability": 1.0,
+    }
 
 
 def test_a_new_attempt_takes_the_kept_chunks_in_order_while_they_match() -> None:
@@ -172,3 +181,42 @@ def test_the_models_threads_share_the_cores_among_the_transcriptions_that_may_ru
     many = Settings(data_dir="/tmp/x", workers=4, kinds={"transcribe": {"max_concurrency": 8}})
     assert model_threads(many, cores=2) == 1  # never 0
     assert model_threads(Settings(data_dir="/tmp/x", transcribe={"cpu_threads": 3}), cores=8) == 3
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"segments": [{"start": 0.0, "end": 1.0, "text": " a"}, 7]},  # not a segment
+        {"segments": [{"id": 0, "text": "x"}]},  # no times
+        {"segments": [{"start": "1", "end": 2.0, "text": "x"}]},  # a time that is not a number
+        {"segments": [{"start": True, "end": 2.0, "text": "x"}]},
+        {"segments": [{"start": 0.0, "end": 1.0, "text": None}]},
+        {"segments": [{"start": 0.0, "end": 1.0, "text": "x", "words": "w"}]},
+        {"language_probability": "high"},
+        {"language": 5},
+        {"offset_s": None},
+    ],
+)
+def test_a_kept_chunk_a_later_attempt_could_not_read_is_decoded_again(bad: dict[str, Any]) -> None:
+    # Given kept chunks of which the second was sent by a node with the right signature and
+    # fields a later attempt cannot read (before: the attempts failed with internal_error,
+    # TypeError or KeyError, until the job failed)
+    kept = [_chunk("s1", 0, 30), {**_chunk("s1", 30, 30), **bad}, _chunk("s1", 60, 30)]
+    # Then the new attempt takes the chunks before it and decodes from there
+    assert resumable(kept, "s1") == kept[:1]
+
+
+def test_a_chunk_index_or_size_out_of_bounds_is_refused_and_writes_nothing(tmp_path: Path) -> None:
+    from edge_queue.store.chunks import MAX_CHUNK_BYTES, MAX_CHUNK_INDEX
+
+    store = Store(tmp_path / "q.db")
+    job = {"job_id": _job(store)}
+    # before: an index of 10**40 raised OverflowError from SQLite, which ended the hub
+    for index in (10**40, -1, MAX_CHUNK_INDEX + 1):
+        with pytest.raises(ValueError):
+            store.keep_chunk(job["job_id"], 1, index, {"x": 1})
+    with pytest.raises(ValueError):
+        store.keep_chunk(job["job_id"], 1, 0, {"x": "y" * (MAX_CHUNK_BYTES + 1)})
+    assert store.kept_chunks(job["job_id"]) == []
+    store.keep_chunk(job["job_id"], 1, MAX_CHUNK_INDEX, {"x": 1})
+    assert [c["index"] for c in store.kept_chunks(job["job_id"])] == [MAX_CHUNK_INDEX]

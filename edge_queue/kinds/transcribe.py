@@ -181,12 +181,31 @@ def resumable(kept: list[dict[str, Any]], signature: str) -> list[dict[str, Any]
             isinstance(item, dict)
             and item.get("signature") == signature
             and isinstance(item.get("segments"), list)
-            and isinstance(item.get("offset_s"), (int, float))
-            and isinstance(item.get("duration_s"), (int, float))
+            and _number(item.get("offset_s"))
+            and _number(item.get("duration_s"))
+            and isinstance(item.get("language"), (str, type(None)))
+            and _number(item.get("language_probability"))
+            and all(_kept_segment(seg) for seg in item["segments"])
         ):
             break
         out.append(item)
     return out
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _kept_segment(seg: Any) -> bool:
+    """A segment as :meth:`Transcribe.run` keeps it: ``start`` and ``end`` numbers, ``text`` a
+    string, and ``words``, when there, a list."""
+    return (
+        isinstance(seg, dict)
+        and _number(seg.get("start"))
+        and _number(seg.get("end"))
+        and isinstance(seg.get("text"), str)
+        and isinstance(seg.get("words", []), list)
+    )
 
 
 def resumed_share(resume: list[dict[str, Any]]) -> float:

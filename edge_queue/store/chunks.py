@@ -15,6 +15,11 @@ import orjson
 
 from .connection import Connection
 
+#: Highest chunk index kept: 100,000 chunks of the shortest 5 s are 139 hours of audio.
+MAX_CHUNK_INDEX = 100_000
+#: Largest chunk kept, as JSON: a 30-minute chunk with word times is about 0.6 MB.
+MAX_CHUNK_BYTES = 4 * 1024 * 1024
+
 
 def create_chunks_table(c: Connection) -> None:
     """``job_chunks``: one row per kept chunk: the attempt that made it, its index from 0 and
@@ -36,8 +41,14 @@ class Chunks:
     def keep(self, job_id: str, attempt: int, index: int, data: dict[str, Any]) -> None:
         """Keep chunk ``index`` of ``job_id`` (replacing a row of the same index). One
         statement: atomic by itself, and part of the group commit when one is open. Raises
-        ``TypeError`` (nothing written) for data that is not JSON."""
+        ``TypeError`` (nothing written) for data that is not JSON, ``ValueError`` for an index
+        outside 0..:data:`MAX_CHUNK_INDEX` or data over :data:`MAX_CHUNK_BYTES`."""
+        if not 0 <= index <= MAX_CHUNK_INDEX:
+            shown = index if abs(index) < 10**12 else "out of range"
+            raise ValueError(f"chunk index {shown} is not 0-{MAX_CHUNK_INDEX}")
         raw = orjson.dumps(data)
+        if len(raw) > MAX_CHUNK_BYTES:
+            raise ValueError(f"chunk {index} holds {len(raw):,} bytes, over {MAX_CHUNK_BYTES:,}")
         sql = (
             "INSERT INTO job_chunks (job_id, idx, attempt, data) VALUES (?, ?, ?, ?) "
             "ON CONFLICT (job_id, idx) DO UPDATE SET attempt = excluded.attempt, data = excluded.data"
