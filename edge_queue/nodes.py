@@ -52,6 +52,24 @@ EXCLUDED_MAX = 10_000
 #: restarts sends every client's Will, and its nodes are back within seconds with their jobs.
 OFFLINE_GRACE_S = 3.0
 #: What a node sends on its ``up`` topic: the operations the hub acts on.
+#: The kept chunks a ``run`` message carries, as JSON: half of mosquitto's shipped
+#: ``max_packet_size`` (16 MiB). A hand-out over it was refused by the broker, which closed the
+#: hub's connection at every try and took the hub offline.
+KEPT_BUDGET_BYTES = 8 * 1024 * 1024
+
+
+def kept_within(kept: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
+    """The first of ``kept`` (a job's kept chunks in index order) whose JSON adds up to at
+    most ``budget`` bytes: a new attempt resumes after them and decodes the rest again."""
+    out, used = [], 0
+    for item in kept:
+        used += len(json.dumps(item, separators=(",", ":")))
+        if used > budget:
+            break
+        out.append(item)
+    return out
+
+
 UP_OPS = frozenset({"beat", "progress", "chunk", "done", "failed", "lost", "unstarted"})
 
 
@@ -389,7 +407,7 @@ class Nodes:
         msg = {k: job[k] for k in ("job_id", "attempt", "kind", "input", "options")}
         msg.update(op="run", timeout_s=timeout_s, lease_s=self.lease_s)
         if job.get("kept"):
-            msg["kept"] = job["kept"]
+            msg["kept"] = kept_within(job["kept"], KEPT_BUDGET_BYTES)
         self._send(node_id, msg)
 
     def cancel(self, job_id: str) -> bool:

@@ -289,3 +289,19 @@ def test_a_node_given_json_nested_too_deep_to_read_on_its_down_topic_ignores_it(
     finally:
         node._wake_r.close()
         node._wake_w.close()
+
+
+def test_a_hand_out_carries_only_the_kept_chunks_that_fit_under_the_brokers_packet_limit(tmp_path: Path) -> None:
+    # Given a job with three kept chunks of 5 MiB each (before, the run message carried all
+    # 15 MiB and more: over mosquitto's max_packet_size, the broker closed the hub's connection
+    # at every try and the hub stayed offline)
+    from edge_queue.nodes import KEPT_BUDGET_BYTES
+
+    nodes, wire, _ = hub(tmp_path)
+    online(nodes, "n1")
+    big = [{"index": i, "attempt": 1, "data": {"text": "x" * (5 * 1024 * 1024)}} for i in range(3)]
+    nodes.assign("n1", {**JOB, "kept": big}, None)
+    # Then the hand-out carries the first chunk only: the node resumes after it, decodes the rest
+    sent = wire.sent[-1][1]
+    assert [c["index"] for c in sent["kept"]] == [0]
+    assert len(json.dumps(sent)) < KEPT_BUDGET_BYTES + 1024
