@@ -139,15 +139,15 @@ def test_cancel_during_a_batched_chunk_ends_within_the_grace_period(mosquitto, s
 def test_a_worker_transcribing_20_minutes_stays_under_its_memory_bound(
     mosquitto, service_factory, long_recording
 ) -> None:
-    # Given a 20-minute recording and the default settings (chunks of 180 s, batches of 6)
+    # Given a 20-minute recording and the default settings (chunks of 120 s, batches of 4)
     path, _ = long_recording(1200)
     svc = service_factory(mosquitto, [path.parent], {"EDGE_QUEUE_WORKERS": "1"}).start()
     watcher = svc.watcher("response/#", "jobs/+")
     job_id = svc.request("submit", {"input": str(path)}, watcher)["data"]["jobs"][0]["job_id"]
     done = watcher.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] in ("succeeded", "failed"), 900)
     assert done["state"] == "succeeded", done
-    # Then the worker's peak resident memory (VmHWM, from /proc) stays under the 500 MiB that
-    # docs/configuration.md gives for the default batch_size (measured 435-465 MiB on 10 minutes)
+    # Then the worker's peak resident memory (VmHWM, from /proc) stays under the 500 MiB
+    # target of docs/benchmarks.md, P3L (measured 375-385 MiB on 10 minutes, 389 on 1 hour)
     peaks = []
     for pid in descendants(svc.proc.pid):
         try:

@@ -82,7 +82,7 @@ def test_speech_a_batched_window_left_out_is_decoded_again(tmp_path: Path, long_
 
 def test_batched_and_sequential_give_the_same_words_and_close_segment_times(tmp_path: Path, long_recording) -> None:
     # Given 10 minutes of real speech, transcribed one window after another and with the
-    # default batches (6 windows, chunks of 180 s)
+    # default batches (4 windows, chunks of 120 s)
     path, reference = long_recording(600)
     seq, seq_segments = _run(tmp_path, path, "seq", batch_size=1)
     bat, bat_segments = _run(tmp_path, path, "bat")

@@ -98,7 +98,7 @@ def chunk_length_s(cfg: Any, vad: bool) -> float:
     """Seconds of audio per chunk (``cfg``: the ``[transcribe]`` settings): ``chunk_s`` when
     set; else :data:`SEQUENTIAL_CHUNK_S` when windows are decoded one after another, and room
     for about ``batch_size`` windows when they are batched, so that a chunk is about one batch
-    (180 s for the default 6)."""
+    (120 s for the default 4, 180 s for 6)."""
     if cfg.chunk_s is not None:
         return float(cfg.chunk_s)
     if cfg.batch_size > 1 and vad:

@@ -152,7 +152,7 @@ M_ARENA_MAX = -8
 #: Arenas a worker's heap may use: one for the worker's own thread and one shared by
 #: CTranslate2's and onnxruntime's threads. glibc's default (8 per core) gave each thread an
 #: arena of its own, and memory one thread freed stayed resident beside the next thread's
-#: allocations: a 1-hour file peaked at 513-537 MiB against 464 with 2 arenas (batches of 6).
+#: allocations: a 1-hour file peaked at 513-528 MiB against 464 with 2 arenas (batches of 6).
 WORKER_ARENAS = 2
 
 
