@@ -7,6 +7,7 @@ with a reason locally and fails under ``CI=true``.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -36,6 +37,15 @@ MEDIA = ROOT.parent / "shared" / "media"
 SPEECH = MEDIA / "speech"
 CI = os.environ.get("CI") == "true"
 SYSTEM_MQTT = ("127.0.0.1", 1883)
+
+
+@pytest.fixture(autouse=True)
+def collected_at_the_end() -> Iterator[None]:
+    """Runs the garbage collector after each test, so that a socket or file a test left
+    unclosed is reported (ResourceWarning, an error here) at that test's end, and not in
+    whichever later test of the same worker next collects (faster-whisper's decode_audio does)."""
+    yield
+    gc.collect()
 
 
 def need(condition: bool, reason: str) -> None:
@@ -211,9 +221,15 @@ class Watcher:
         self.client.on_message = self._on_message
         self.client.on_subscribe = lambda *a: self._subscribed.set()
         self.client.on_connect = lambda c, *a: c.subscribe([(t, 1) for t in topics])
-        self.client.connect(host, port)
-        self.client.loop_start()
-        assert self._subscribed.wait(10), "watcher could not subscribe"
+        try:
+            self.client.connect(host, port)
+            self.client.loop_start()
+            assert self._subscribed.wait(10), "watcher could not subscribe"
+        except BaseException:
+            # a watcher that could not subscribe (a broker still starting) leaves no running
+            # client behind: its socket would be reported unclosed in a later test
+            self.close()
+            raise
 
     def _on_message(self, client: Any, userdata: Any, msg: mqtt.MQTTMessage) -> None:
         with self._lock:
