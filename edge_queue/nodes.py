@@ -33,6 +33,7 @@ from .config import Settings
 from .errors import ErrorCode
 from .limits import RejectionLog
 from .logfmt import clip
+from .store.chunks import MAX_CHUNK_BYTES
 from .supervisor import Outcome
 from .topics import Topics
 
@@ -42,8 +43,19 @@ log = logging.getLogger(__name__)
 NODE_OWNER = "node:"
 #: The name of the hub's own workers in ``[kinds.<name>] prefer`` and in a job's ``node``.
 HUB = "hub"
-#: Node messages waiting for the next turn at most; more are dropped (their nodes send again).
+#: Node messages waiting for the next turn at most; more are dropped (their nodes send again
+#: until the hub answers ``ok``; a dropped ``chunk`` is decoded again on resume).
 INBOX_MAX = 10_000
+#: ... and their bytes. One listed node sending 1 MB messages as fast as the broker took them
+#: held 846 MB in the hub and made a submit wait 14.7 s for its answer before these bounds.
+INBOX_BYTES_MAX = 64 * 1024 * 1024
+#: What one node may have waiting, of :data:`INBOX_MAX` and :data:`INBOX_BYTES_MAX`: a node
+#: that floods the hub is dropped from, and the others are still read.
+NODE_INBOX_MAX = 1_000
+NODE_INBOX_BYTES_MAX = 16 * 1024 * 1024
+#: The largest node message read: a kept chunk (``MAX_CHUNK_BYTES`` of JSON, store/chunks.py)
+#: in its envelope. A larger one is dropped unread.
+MESSAGE_MAX_BYTES = MAX_CHUNK_BYTES + 64 * 1024
 #: (job, attempt, node) of outcomes applied lately: a copy of one is answered ``ok`` quietly.
 RECENT_MAX = 10_000
 #: Jobs remembered with the nodes that could not read their input.
@@ -135,7 +147,10 @@ class Nodes:
         self.topics, self.clock = topics, clock
         self.nodes: dict[str, Node] = {}
         self.leases: dict[str, Lease] = {}
-        self.inbox: list[tuple[str, bytes, bool]] = []
+        self.inbox: list[tuple[str, str, bytes]] = []  # (node id, topic level, payload)
+        self.inbox_bytes = 0
+        self.waiting: Counter[str] = Counter()  # messages of each node in the inbox
+        self.waiting_bytes: Counter[str] = Counter()
         self.acks: list[tuple[str, dict[str, Any]]] = []
         self.recent: OrderedDict[tuple[str, int, str], None] = OrderedDict()
         self.excluded: OrderedDict[str, set[str]] = OrderedDict()
@@ -146,25 +161,44 @@ class Nodes:
     # -- from the broker ----------------------------------------------------------------
 
     def on_message(self, topic: str, payload: bytes, retain: bool) -> None:
-        """A message on a node topic (called by the bridge on the loop's thread)."""
-        if len(self.inbox) < INBOX_MAX:
-            self.inbox.append((topic, payload, retain))
+        """A message on a node topic (called by the bridge on the loop's thread). Kept for the
+        next :meth:`poll` within the bounds above (:data:`MESSAGE_MAX_BYTES` a message,
+        :data:`NODE_INBOX_MAX` and :data:`NODE_INBOX_BYTES_MAX` a node, :data:`INBOX_MAX` and
+        :data:`INBOX_BYTES_MAX` in all); dropped, with a rate-limited warning, over them."""
+        parsed = self.topics.parse_node(topic)
+        if parsed is None:
+            return
+        node_id, level = parsed
+        if node_id not in self.allowed:
+            if node_id not in self._told and len(self._told) < 1000:
+                self._told.add(node_id)
+                log.warning("node %s is not in access.nodes: its messages are ignored", clip(node_id))
+            return
+        size = len(payload)
+        if size > MESSAGE_MAX_BYTES:
+            self.refused.warning("node %s sent %d bytes, over %d: dropped unread", node_id, size, MESSAGE_MAX_BYTES)
+            return
+        if (
+            self.waiting[node_id] >= NODE_INBOX_MAX
+            or self.waiting_bytes[node_id] + size > NODE_INBOX_BYTES_MAX
+            or len(self.inbox) >= INBOX_MAX
+            or self.inbox_bytes + size > INBOX_BYTES_MAX
+        ):
+            self.refused.warning("node %s sends faster than the hub reads: a message dropped", node_id)
+            return
+        self.inbox.append((node_id, level, payload))
+        self.inbox_bytes += size
+        self.waiting[node_id] += 1
+        self.waiting_bytes[node_id] += size
 
     def poll(self, connected: bool) -> list[Outcome]:
         """The outcomes of what nodes sent since the last call, then of leases that ran out
         (none while the hub is not ``connected`` to the broker: then they start again)."""
         out: list[Outcome] = []
-        inbox, self.inbox = self.inbox, []
-        for topic, payload, _ in inbox:
-            parsed = self.topics.parse_node(topic)
-            if parsed is None:
-                continue
-            node_id, level = parsed
-            if node_id not in self.allowed:
-                if node_id not in self._told and len(self._told) < 1000:
-                    self._told.add(node_id)
-                    log.warning("node %s is not in access.nodes: its messages are ignored", clip(node_id))
-                continue
+        inbox, self.inbox, self.inbox_bytes = self.inbox, [], 0
+        self.waiting.clear()
+        self.waiting_bytes.clear()
+        for node_id, level, payload in inbox:
             try:
                 msg = json.loads(payload) if payload else None
             except (ValueError, RecursionError):  # RecursionError: nested too deep to read

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from . import lifecycle
 from .errors import ErrorCode, NotFoundError
+from .limits import RejectionLog
 from .publisher import Publisher
 from .store import Store
 from .supervisor import Outcome
@@ -40,6 +41,7 @@ class Outcomes:
         #: set by the service once it stops: a worker lost from then on was ended by the stop
         #: (its job is treated as :meth:`graceful_stop` treats it; no attempt counts)
         self.stopping = False
+        self.unkept = RejectionLog("chunk(s) not kept", logging.WARNING, log)
 
     def apply_all(self, outcomes: list[Outcome], now: float) -> None:
         """:meth:`apply` for each of a turn's outcomes, in order; each run of successes and
@@ -155,7 +157,7 @@ class Outcomes:
         try:
             store.keep_chunk(outcome.job_id, outcome.attempt, index, data)
         except (TypeError, ValueError) as e:  # not JSON, or too large: the job goes on, unkept
-            log.warning("job %s: chunk %d not kept: %s", outcome.job_id, index, e)
+            self.unkept.warning("job %s: chunk %d not kept: %s", outcome.job_id, index, e)
 
     def graceful_stop(self, job_ids: set[str] | list[str], now: float) -> None:
         """The graceful stop ended the workers of ``job_ids``: each takes the step

@@ -305,3 +305,30 @@ def test_a_hand_out_carries_only_the_kept_chunks_that_fit_under_the_brokers_pack
     sent = wire.sent[-1][1]
     assert [c["index"] for c in sent["kept"]] == [0]
     assert len(json.dumps(sent)) < KEPT_BUDGET_BYTES + 1024
+
+
+def test_a_node_flooding_the_hub_is_dropped_from_and_the_others_are_still_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a listed node sending 1 MB messages faster than the hub's turns read them (before:
+    # all were held, 846 MB in the hub, and a submit waited 14.7 s for its answer), and one
+    # message over the largest a node sends
+    from edge_queue.nodes import MESSAGE_MAX_BYTES, NODE_INBOX_BYTES_MAX
+
+    nodes, _, _ = hub(tmp_path)
+    online(nodes, "n1", "n2")
+    nodes.assign("n2", JOB, None)
+    filler = json.dumps({"op": "progress", "job_id": "j1", "attempt": 1, "pad": "x" * 1_000_000}).encode()
+    nodes.on_message("b/nodes/n1/up", b"[" + b" " * MESSAGE_MAX_BYTES + b"]", False)
+    for _ in range(200):
+        nodes.on_message("b/nodes/n1/up", filler, False)
+    # When the other node ends its job in the same turn
+    say(nodes, "n2", {"op": "done", "job_id": "j1", "attempt": 1, "result": {"ok": True}})
+    # Then the flood holds at most its node's share, the other node's outcome is read
+    assert nodes.inbox_bytes <= NODE_INBOX_BYTES_MAX + 1_000
+    assert [(o.op, o.job_id) for o in nodes.poll(True)] == [("done", "j1")]
+    assert "node n1 sends faster than the hub reads" in caplog.text
+    assert f"over {MESSAGE_MAX_BYTES}: dropped unread" in caplog.text
+    # and the next turn reads n1 again
+    say(nodes, "n1", {"op": "beat", "jobs": []})
+    assert nodes.inbox and nodes.poll(True) == []

@@ -220,3 +220,30 @@ def test_a_chunk_index_or_size_out_of_bounds_is_refused_and_writes_nothing(tmp_p
     assert store.kept_chunks(job["job_id"]) == []
     store.keep_chunk(job["job_id"], 1, MAX_CHUNK_INDEX, {"x": 1})
     assert [c["index"] for c in store.kept_chunks(job["job_id"])] == [MAX_CHUNK_INDEX]
+
+
+def test_a_job_keeps_at_most_its_total_of_chunk_bytes_and_a_replaced_chunk_counts_once(tmp_path: Path) -> None:
+    # Given a job whose node sends chunks of nearly 4 MiB at every index (before: every one was
+    # kept, up to 100,001 of them: 400 GiB on the hub's disk)
+    from edge_queue.store.chunks import MAX_CHUNK_BYTES, MAX_JOB_CHUNK_BYTES
+
+    store = Store(tmp_path / "q.db")
+    job_id = _job(store)
+    big = {"x": "y" * (MAX_CHUNK_BYTES - 100)}
+    fits = MAX_JOB_CHUNK_BYTES // MAX_CHUNK_BYTES  # 16
+    for index in range(fits):
+        store.keep_chunk(job_id, 1, index, big)
+    # Then the next one is refused and nothing of it is written
+    with pytest.raises(ValueError, match="kept chunks would hold"):
+        store.keep_chunk(job_id, 1, fits, big)
+    assert len(store.kept_chunks(job_id)) == fits
+    # and one sent again at a kept index replaces it, counted once
+    store.keep_chunk(job_id, 1, 0, {**big, "again": True})
+    assert store.kept_chunks(job_id)[0]["data"]["again"] is True
+    # and another job is not held back by this one's chunks
+    other = _job(store, "y")
+    store.keep_chunk(other, 1, 0, big)
+    with sqlite3.connect(tmp_path / "q.db") as conn:
+        (total,) = conn.execute("SELECT sum(length(data)) FROM job_chunks WHERE job_id = ?", [job_id]).fetchone()
+    assert total <= MAX_JOB_CHUNK_BYTES
+    store.close()

@@ -19,6 +19,10 @@ from .connection import Connection
 MAX_CHUNK_INDEX = 100_000
 #: Largest chunk kept, as JSON: a 30-minute chunk with word times is about 0.6 MB.
 MAX_CHUNK_BYTES = 4 * 1024 * 1024
+#: Most bytes of kept chunks one job holds, as JSON: 1 hour of speech in 120-s chunks with word
+#: times is about 1.2 MB, so this is over 50 hours. A node holding a job's lease cannot fill the
+#: hub's disk with chunks of it: over this, a chunk is not kept (it is decoded again on resume).
+MAX_JOB_CHUNK_BYTES = 64 * 1024 * 1024
 
 
 def create_chunks_table(c: Connection) -> None:
@@ -42,13 +46,22 @@ class Chunks:
         """Keep chunk ``index`` of ``job_id`` (replacing a row of the same index). One
         statement: atomic by itself, and part of the group commit when one is open. Raises
         ``TypeError`` (nothing written) for data that is not JSON, ``ValueError`` for an index
-        outside 0..:data:`MAX_CHUNK_INDEX` or data over :data:`MAX_CHUNK_BYTES`."""
+        outside 0..:data:`MAX_CHUNK_INDEX`, data over :data:`MAX_CHUNK_BYTES`, or a job's chunks
+        over :data:`MAX_JOB_CHUNK_BYTES` in all."""
         if not 0 <= index <= MAX_CHUNK_INDEX:
             shown = index if abs(index) < 10**12 else "out of range"
             raise ValueError(f"chunk index {shown} is not 0-{MAX_CHUNK_INDEX}")
         raw = orjson.dumps(data)
         if len(raw) > MAX_CHUNK_BYTES:
             raise ValueError(f"chunk {index} holds {len(raw):,} bytes, over {MAX_CHUNK_BYTES:,}")
+        if job_id in self.held:
+            (others,) = self.c.conn.execute(
+                "SELECT coalesce(sum(length(data)), 0) FROM job_chunks WHERE job_id = ? AND idx != ?", [job_id, index]
+            ).fetchone()
+            if others + len(raw) > MAX_JOB_CHUNK_BYTES:
+                raise ValueError(
+                    f"the job's kept chunks would hold {others + len(raw):,} bytes, over {MAX_JOB_CHUNK_BYTES:,}"
+                )
         sql = (
             "INSERT INTO job_chunks (job_id, idx, attempt, data) VALUES (?, ?, ?, ?) "
             "ON CONFLICT (job_id, idx) DO UPDATE SET attempt = excluded.attempt, data = excluded.data"
