@@ -6,7 +6,7 @@
   process); growth = after 200 / after 1 - 1;
 - long (once per invocation): a 1-hour 16 kHz mono WAV made of the real clips and silence,
   transcribed by edge-queue (peak = the worker's VmHWM, polled), and by faster-whisper alone,
-  unchunked, in a separate process (ru_maxrss).
+  unchunked, in a separate process (its VmHWM).
 """
 
 from __future__ import annotations
