@@ -35,6 +35,7 @@ SIDES: dict[str, tuple[str, list[str]]] = {
     "edge-queue sequential": ("eq", ["batch_size=1"]),
     "edge-queue batched": ("eq", []),
     "edge-queue batched 6, 180-s chunks": ("eq", ["batch_size=6", "chunk_s=180"]),
+    "edge-queue batched, 2 chunks at once": ("eq", ["chunks_at_once=2", "cpu_threads=1"]),
     "faster-whisper sequential": ("fw", []),
     "faster-whisper batched 8": ("fw-batched", ["batch_size=8"]),
     "faster-whisper batched 8, word times": ("fw-batched", ["batch_size=8", "words=1"]),

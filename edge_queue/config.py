@@ -271,6 +271,12 @@ class TranscribeSettings(_Section):
     #: ``None``: :func:`~edge_queue.kinds.transcribe.chunk_length_s` (120 s one window after
     #: another, room for about ``batch_size`` windows of 30 s batched: 120 s for the default 4).
     chunk_s: float | None = Field(None, ge=5, le=1800)
+    #: Chunks of one recording decoded at once, each on a model replica of its own threads
+    #: (faster-whisper's ``num_workers``). 2 on 2 cores, 1 thread each: about 10 % less CPU and
+    #: 20 % less wall time than 1 chunk on 2 threads, at about 500-515 MiB peak against 365-380
+    #: (tiny.en, batches of 4; docs/configuration.md). With ``carry_context`` chunks follow
+    #: each other.
+    chunks_at_once: int = Field(1, ge=1, le=4)
     #: Give each chunk the end of the previous chunk's text as its prompt. Off by default:
     #: with it, Whisper skipped speech that repeats the prompt (25 % of the words of 8 min
     #: of repeated LibriVox clips, measured); without it chunked and whole-file runs matched.

@@ -105,3 +105,61 @@ def test_batched_and_sequential_give_the_same_words_and_close_segment_times(tmp_
     near = sum(1 for s in seq_segments if min(abs(s["start"] - b) for b in starts) <= 0.5)
     assert near >= 0.5 * len(seq_segments), (near, len(seq_segments))
     assert bat["chunks"] == seq["chunks"] and bat["chunks_resumed"] == 0
+
+
+def test_two_chunks_at_once_give_the_same_segments_in_order(tmp_path: Path, long_recording) -> None:
+    # Given 5 minutes of real speech (3 chunks of 120 s), transcribed one chunk at a time and
+    # two chunks at once, each on a replica of the model with a thread of its own
+    from edge_queue.kinds import whisper
+
+    path, _ = long_recording(300)
+    one, one_segments = _run(tmp_path, path, "one")
+    calls: list[int] = []
+    real = whisper.OneWindowEncoder.encode
+
+    def encode(self: Any, features: Any) -> Any:  # the decoding threads alive during each batch
+        import threading
+
+        calls.append(sum(t.name.startswith("decode") for t in threading.enumerate()))
+        return real(self, features)
+
+    whisper.OneWindowEncoder.encode = encode  # type: ignore[method-assign]
+    try:
+        two, two_segments = _run(tmp_path, path, "two", chunks_at_once=2)
+    finally:
+        whisper.OneWindowEncoder.encode = real  # type: ignore[method-assign]
+    # Then the chunks were decoded on two threads
+    assert calls and max(calls) == 2, calls
+    # and the transcript is the same, segment for segment, in the recording's order
+    assert [(s["start"], s["end"], s["text"]) for s in two_segments] == [
+        (s["start"], s["end"], s["text"]) for s in one_segments
+    ]
+    assert two["chunks"] == one["chunks"] == 3
+
+
+def test_a_cancel_while_two_chunks_decode_ends_at_the_next_checkpoint(tmp_path: Path, long_recording) -> None:
+    # Given two chunks decoding at once
+    import time
+
+    from edge_queue.kinds.transcribe import Transcribe
+
+    class Cancelled(Exception):
+        pass
+
+    path, _ = long_recording(300)
+    settings = Settings(data_dir=tmp_path / "c", transcribe={"chunks_at_once": 2})
+    ctx = Ctx(settings, tmp_path / "c" / "out")
+    started: list[float] = []
+
+    def checkpoint() -> None:
+        started.append(time.monotonic())
+        if started[-1] - started[0] > 3.0:  # When the job is cancelled 3 s in
+            raise Cancelled
+
+    ctx.checkpoint = checkpoint  # type: ignore[method-assign]
+    t0 = time.monotonic()
+    with pytest.raises(Cancelled):
+        Transcribe().run(ctx, str(path), Transcribe.Options())
+    # Then the job's thread stops within a checkpoint's wait (TICK_S), not at the chunk's end
+    assert time.monotonic() - t0 < 3.0 + 10.0
+    assert started[-1] - started[-2] < 1.0

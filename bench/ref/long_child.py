@@ -57,7 +57,7 @@ def main() -> None:
 
         out = Path(tempfile.mkdtemp(prefix="eq-long-"))
         settings = Settings(data_dir=out, transcribe={"cpu_threads": threads, **extra})
-        load_model(model_dir, "int8", threads)
+        load_model(model_dir, "int8", threads, "cpu", int(extra.get("chunks_at_once", 1)))
 
         class Ctx:
             job_id, attempt, output_dir, kept = "bench", 1, out, []

@@ -6,17 +6,20 @@ warm against 9.9 s with a process per clip, measured with real speech recordings
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import os
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
 
 from ..errors import ErrorCode, JobError, MediaError, RequestError
+from .ahead import DecodeAhead, Pending
 from .audio import chunks, decode_pcm
 from .base import JobContext, Kind, OutputOptions, check_free, output_stem, write_atomic
 from .media import container_duration_s, open_media, require_audio
@@ -82,15 +85,16 @@ def usable_cores() -> int:
 def model_threads(settings: Any, cores: int | None = None) -> int:
     """Threads for a transcription's model (``settings``: the whole :class:`Settings`):
     ``transcribe.cpu_threads`` when set; else ``cores`` (:func:`usable_cores`) shared by the
-    transcriptions that may run at once on this box (``workers``, at most
-    ``kinds.transcribe.max_concurrency``), at least 1. Measured on 2 cores, two 10-minute
-    transcriptions at once: 1 thread each took 22.1 s and 41.8 CPU-s, 2 threads each 23.8 s
-    and 44.3 CPU-s (docs/benchmarks.md, P3C)."""
+    chunks decoded at once on this box: those of each transcription
+    (``transcribe.chunks_at_once``) times the transcriptions that may run at once (``workers``,
+    at most ``kinds.transcribe.max_concurrency``), at least 1. Measured on 2 cores, two
+    10-minute transcriptions at once: 1 thread each took 22.1 s and 41.8 CPU-s, 2 threads each
+    23.8 s and 44.3 CPU-s (docs/benchmarks.md, P3C)."""
     if settings.transcribe.cpu_threads is not None:
         return int(settings.transcribe.cpu_threads)
     workers = max(1, settings.workers)
     limit = settings.kind("transcribe").max_concurrency
-    at_once = min(workers, limit) if limit else workers
+    at_once = (min(workers, limit) if limit else workers) * settings.transcribe.chunks_at_once
     return max(1, (cores or usable_cores()) // at_once)
 
 
@@ -314,7 +318,8 @@ class Transcribe(Kind):
         ctx.progress(100 * self._done, "loading_model")
         if no_model is not None:
             raise no_model
-        model = load_model(model_ref, cfg.compute_type, model_threads(ctx.settings), cfg.device)
+        width = cfg.chunks_at_once
+        model = load_model(model_ref, cfg.compute_type, model_threads(ctx.settings), cfg.device, width)
         ctx.checkpoint()
         started = time.monotonic()
         language, probability = options.language, 1.0 if options.language else 0.0
@@ -324,60 +329,92 @@ class Transcribe(Kind):
         planned: dict[str, Path] = {}
         ctx.progress(100 * self._done, "transcribing")
         chunk_s = chunk_length_s(cfg, vad)
-        for index, chunk in enumerate(chunks(decode_pcm(input_path), chunk_s, search_s=min(10.0, chunk_s / 4))):
-            ctx.checkpoint()
-            n_chunks += 1
-            kept = resume[index] if index < len(resume) else None
-            if kept is not None and not same_cut(kept, chunk.offset_s, chunk.duration_s):
-                resume, kept = resume[:index], None  # cut elsewhere this time: decode from here on
-            if kept is not None:  # finished by an earlier attempt: taken as it was kept
-                chunk_segments = [{**seg, "id": len(segments) + i} for i, seg in enumerate(kept["segments"])]
-                if language is None:
-                    language, probability = kept["language"], float(kept["language_probability"])
-                resumed, resumed_s = resumed + 1, chunk.offset_s + chunk.duration_s
-            else:
-                seg_iter, info = decode(
-                    model,
-                    chunk.audio,
-                    chunk.offset_s,
-                    batch_size=cfg.batch_size,
-                    vad=vad,
-                    words=options.word_timestamps,
-                    language=language,
-                    task=options.task,
-                    beam_size=options.beam_size or cfg.beam_size,
-                    initial_prompt=prompt,
-                )
-                if language is None:  # detected once, on the first chunk, then kept
-                    # (an English-only model detects nothing: faster-whisper gives the integer 1)
-                    language, probability = info.language, float(info.language_probability)
-                chunk_segments = []
-                for seg in seg_iter:
-                    ctx.checkpoint()
-                    chunk_segments.append({"id": len(segments) + len(chunk_segments), **seg})
-                    self._progress(ctx, seg["end"], declared_s, started, resumed_s)
-                # kept before the progress that reports it (the service commits it first)
-                ctx.keep_chunk(
-                    index,
-                    {
-                        "signature": signature,
-                        "declared_s": declared_s,
-                        "offset_s": chunk.offset_s,
-                        "duration_s": chunk.duration_s,
-                        "language": language,
-                        "language_probability": probability,
-                        "segments": chunk_segments,
-                    },
-                )
-            if not planned:
-                planned = self._outputs(ctx, input_path, language, options)
-                check_free(list(planned.values()), options.overwrite or options.output == "data_dir")
-            segments.extend(chunk_segments)
-            decoded_s = chunk.offset_s + chunk.duration_s
-            self._progress(ctx, decoded_s, declared_s, started, resumed_s)
-            chunk_text = [seg["text"].strip() for seg in chunk_segments]
-            if chunk_text and cfg.carry_context:  # the previous text as the next chunk's context
-                prompt = " ".join(filter(None, [options.initial_prompt, " ".join(chunk_text)[-PROMPT_CHARS:]]))
+        source = enumerate(chunks(decode_pcm(input_path), chunk_s, search_s=min(10.0, chunk_s / 4)))
+
+        def work(chunk: Any) -> Any:  # the decoding of one chunk, with what is known now
+            return functools.partial(
+                decode,
+                model,
+                chunk.audio,
+                chunk.offset_s,
+                batch_size=cfg.batch_size,
+                vad=vad,
+                words=options.word_timestamps,
+                language=language,
+                task=options.task,
+                beam_size=options.beam_size or cfg.beam_size,
+                initial_prompt=prompt,
+            )
+
+        # chunks cut and (when not kept) being decoded, oldest first: more than one only once
+        # the language is known and each chunk's prompt does not wait for the text before it
+        window: deque[tuple[int, Any, dict[str, Any] | None, Pending | None]] = deque()
+        ahead = DecodeAhead(width) if width > 1 else None
+
+        def fill() -> None:
+            nonlocal resume
+            while len(window) < (width if language is not None and not cfg.carry_context else 1):
+                nxt = next(source, None)
+                if nxt is None:
+                    return
+                index, chunk = nxt
+                kept = resume[index] if index < len(resume) else None
+                if kept is not None and not same_cut(kept, chunk.offset_s, chunk.duration_s):
+                    resume, kept = resume[:index], None  # cut elsewhere this time: decode from here on
+                window.append((index, chunk, kept, ahead.start(work(chunk)) if ahead and kept is None else None))
+
+        try:
+            while True:
+                fill()
+                if not window:
+                    break
+                index, chunk, kept, pending = window.popleft()
+                ctx.checkpoint()
+                n_chunks += 1
+                if kept is not None:  # finished by an earlier attempt: taken as it was kept
+                    chunk_segments = [{**seg, "id": len(segments) + i} for i, seg in enumerate(kept["segments"])]
+                    if language is None:
+                        language, probability = kept["language"], float(kept["language_probability"])
+                    resumed, resumed_s = resumed + 1, chunk.offset_s + chunk.duration_s
+                else:
+                    if pending is None:
+                        seg_iter, info = work(chunk)()
+                    else:
+                        info, seg_iter = pending.info(ctx.checkpoint), pending.segments(ctx.checkpoint)
+                    if language is None:  # detected once, on the first chunk, then kept
+                        # (an English-only model detects nothing: faster-whisper gives the integer 1)
+                        language, probability = info.language, float(info.language_probability)
+                        fill()  # the next chunks may start now
+                    chunk_segments = []
+                    for seg in seg_iter:
+                        ctx.checkpoint()
+                        chunk_segments.append({"id": len(segments) + len(chunk_segments), **seg})
+                        self._progress(ctx, seg["end"], declared_s, started, resumed_s)
+                    # kept before the progress that reports it (the service commits it first)
+                    ctx.keep_chunk(
+                        index,
+                        {
+                            "signature": signature,
+                            "declared_s": declared_s,
+                            "offset_s": chunk.offset_s,
+                            "duration_s": chunk.duration_s,
+                            "language": language,
+                            "language_probability": probability,
+                            "segments": chunk_segments,
+                        },
+                    )
+                if not planned:
+                    planned = self._outputs(ctx, input_path, language, options)
+                    check_free(list(planned.values()), options.overwrite or options.output == "data_dir")
+                segments.extend(chunk_segments)
+                decoded_s = chunk.offset_s + chunk.duration_s
+                self._progress(ctx, decoded_s, declared_s, started, resumed_s)
+                chunk_text = [seg["text"].strip() for seg in chunk_segments]
+                if chunk_text and cfg.carry_context:  # the previous text as the next chunk's context
+                    prompt = " ".join(filter(None, [options.initial_prompt, " ".join(chunk_text)[-PROMPT_CHARS:]]))
+        finally:
+            if ahead is not None:
+                ahead.close()
         if n_chunks == 0:
             raise MediaError("the audio stream holds no samples", code=ErrorCode.TRUNCATED_MEDIA)
         # Decoders return shorter audio silently for a cut file; compare with the container.

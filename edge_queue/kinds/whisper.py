@@ -20,13 +20,20 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 log = logging.getLogger(__name__)
 
-#: Loaded models of this worker process, keyed by (path or name, compute_type, cpu_threads, device).
-_MODELS: dict[tuple[str, str, int, str], Any] = {}
+#: Loaded models of this worker process, keyed by (path or name, compute_type, cpu_threads,
+#: device, replicas).
+_MODELS: dict[tuple[str, str, int, str, int], Any] = {}
+#: Held by a chunk's VAD and feature extraction, and by each window's encoder, when chunks are
+#: decoded at once (``transcribe.chunks_at_once``): the steps with the largest transient
+#: memory (about 85 MiB for VAD on 120 s, 135 MiB for a window's encoder attention with
+#: tiny.en) do not add up; the decoders and the aligners run side by side.
+HEAVY_STEP = threading.Lock()
 #: A batched window's words are cut into a new cue after a word ending a sentence (not one of
 #: :data:`ABBREVIATIONS`: "Mr. John" stays together), or at a pause of :data:`PAUSE_S`.
 PAUSE_S = 1.0
@@ -61,10 +68,12 @@ class InfoAsDebug(logging.Filter):
         return True
 
 
-def load_model(model: str, compute_type: str, cpu_threads: int, device: str = "cpu") -> Any:
+def load_model(model: str, compute_type: str, cpu_threads: int, device: str = "cpu", replicas: int = 1) -> Any:
     """A cached ``faster_whisper.WhisperModel`` on ``device`` (``cpu`` or ``cuda``; 0.3-0.5 s
-    the first time on the CPU). One model per worker process: loading another drops the first."""
-    key = (model, compute_type, cpu_threads, device)
+    the first time on the CPU), with ``replicas`` that may decode at once from as many threads
+    (``num_workers``; they share the weights), each on ``cpu_threads`` threads. One model per
+    worker process: loading another drops the first."""
+    key = (model, compute_type, cpu_threads, device, replicas)
     if key not in _MODELS:
         from faster_whisper import WhisperModel
 
@@ -73,7 +82,9 @@ def load_model(model: str, compute_type: str, cpu_threads: int, device: str = "c
             quiet.addFilter(InfoAsDebug())
         _MODELS.clear()  # one model per worker: memory stays bounded
         limit_arenas()
-        _MODELS[key] = WhisperModel(model, device=device, compute_type=compute_type, cpu_threads=cpu_threads)
+        _MODELS[key] = WhisperModel(
+            model, device=device, compute_type=compute_type, cpu_threads=cpu_threads, num_workers=replicas
+        )
     return _MODELS[key]
 
 
@@ -111,7 +122,8 @@ class OneWindowEncoder:
             features = features[None]
         outputs = []
         for i in range(features.shape[0]):
-            outputs.append(np.array(self.model_.encode(features[i : i + 1])))
+            with HEAVY_STEP:
+                outputs.append(np.array(self.model_.encode(features[i : i + 1])))
             self.windows_encoded += 1
         self.batch_output = np.ascontiguousarray(np.concatenate(outputs))
         return ctranslate2.StorageView.from_array(self.batch_output)
@@ -197,11 +209,12 @@ def decode(
     if batch_size > 1 and vad:  # batches need VAD to find their windows
         from faster_whisper import BatchedInferencePipeline
 
-        release_free_memory()  # the chunk before's decoder buffers, before VAD runs
-        it, info = BatchedInferencePipeline(OneWindowEncoder(model)).transcribe(
-            audio, batch_size=batch_size, vad_filter=True, without_timestamps=True, word_timestamps=True, **options
-        )
-        release_free_memory()  # VAD's buffers, before the decoder's
+        with HEAVY_STEP:  # VAD and the features run here; the windows are decoded as they are read
+            release_free_memory()  # the chunk before's decoder buffers, before VAD runs
+            it, info = BatchedInferencePipeline(OneWindowEncoder(model)).transcribe(
+                audio, batch_size=batch_size, vad_filter=True, without_timestamps=True, word_timestamps=True, **options
+            )
+            release_free_memory()  # VAD's buffers, before the decoder's
         return batched_segments(model, audio, offset_s, it, words, options), info
     it, info = model.transcribe(audio, vad_filter=vad, word_timestamps=words, **options)
     return (segment(seg, offset_s, words) for seg in it), info
