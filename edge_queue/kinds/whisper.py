@@ -81,7 +81,7 @@ def load_model(model: str, compute_type: str, cpu_threads: int, device: str = "c
         if not any(isinstance(f, InfoAsDebug) for f in quiet.filters):
             quiet.addFilter(InfoAsDebug())
         _MODELS.clear()  # one model per worker: memory stays bounded
-        limit_arenas()
+        limit_arenas(SHARED_ARENAS if replicas > 1 else WORKER_ARENAS)
         _MODELS[key] = WhisperModel(
             model, device=device, compute_type=compute_type, cpu_threads=cpu_threads, num_workers=replicas
         )
@@ -166,6 +166,11 @@ M_ARENA_MAX = -8
 #: arena of its own, and memory one thread freed stayed resident beside the next thread's
 #: allocations: a 1-hour file peaked at 513-528 MiB against 464 with 2 arenas (batches of 6).
 WORKER_ARENAS = 2
+#: ... and when chunks are decoded at once (``transcribe.chunks_at_once``): one, shared by
+#: every thread, so that what one chunk's decoder frees serves the other's. Two chunks at once
+#: on 10 minutes (prototype, batches of 4): 462-485 MiB against 508-532 with 2 arenas; one
+#: chunk at a time: 389 against 385 (no gain).
+SHARED_ARENAS = 1
 
 
 @functools.cache
@@ -178,13 +183,13 @@ def _libc() -> Any:
         return None
 
 
-def limit_arenas() -> None:
-    """Keep the worker's heap in :data:`WORKER_ARENAS` glibc arenas (``mallopt(M_ARENA_MAX)``;
-    a no-op elsewhere). Called before the model starts its threads: a thread keeps the arena
-    it first allocated in."""
+def limit_arenas(arenas: int = WORKER_ARENAS) -> None:
+    """Keep the worker's heap in ``arenas`` glibc arenas (``mallopt(M_ARENA_MAX)``; a no-op
+    elsewhere). Called before the model starts its threads: a thread keeps the arena it first
+    allocated in."""
     libc = _libc()
     if libc is not None:
-        libc.mallopt(M_ARENA_MAX, WORKER_ARENAS)
+        libc.mallopt(M_ARENA_MAX, arenas)
 
 
 def release_free_memory() -> None:
