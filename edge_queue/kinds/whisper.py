@@ -33,7 +33,7 @@ _MODELS: dict[tuple[str, str, int, str, int], Any] = {}
 #: decoded at once (``transcribe.chunks_at_once``): the steps with the largest transient
 #: memory (about 85 MiB for VAD on 120 s, 135 MiB for a window's encoder attention with
 #: tiny.en) do not add up; the decoders and the aligners run side by side.
-HEAVY_STEP = threading.Lock()
+HEAVY_STEP = threading.RLock()
 #: A batched window's words are cut into a new cue after a word ending a sentence (not one of
 #: :data:`ABBREVIATIONS`: "Mr. John" stays together), or at a pause of :data:`PAUSE_S`.
 PAUSE_S = 1.0
