@@ -107,7 +107,9 @@ def test_batched_and_sequential_give_the_same_words_and_close_segment_times(tmp_
     assert bat["chunks"] == seq["chunks"] and bat["chunks_resumed"] == 0
 
 
-def test_two_chunks_at_once_give_the_same_segments_in_order(tmp_path: Path, long_recording) -> None:
+def test_two_chunks_at_once_give_the_same_segments_in_order(
+    tmp_path: Path, long_recording, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Given 5 minutes of real speech (3 chunks of 120 s), transcribed one chunk at a time and
     # two chunks at once, each on a replica of the model with a thread of its own
     from edge_queue.kinds import whisper
@@ -123,11 +125,8 @@ def test_two_chunks_at_once_give_the_same_segments_in_order(tmp_path: Path, long
         calls.append(sum(t.name.startswith("decode") for t in threading.enumerate()))
         return real(self, features)
 
-    whisper.OneWindowEncoder.encode = encode  # type: ignore[method-assign]
-    try:
-        two, two_segments = _run(tmp_path, path, "two", chunks_at_once=2)
-    finally:
-        whisper.OneWindowEncoder.encode = real  # type: ignore[method-assign]
+    monkeypatch.setattr(whisper.OneWindowEncoder, "encode", encode)
+    two, two_segments = _run(tmp_path, path, "two", chunks_at_once=2)
     # Then the chunks were decoded on two threads
     assert calls and max(calls) == 2, calls
     # and the transcript is the same, segment for segment, in the recording's order

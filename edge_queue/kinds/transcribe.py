@@ -13,6 +13,7 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,7 +21,7 @@ from pydantic import Field
 
 from ..errors import ErrorCode, JobError, MediaError, RequestError
 from .ahead import DecodeAhead, Pending
-from .audio import chunks, decode_pcm
+from .audio import Chunk, chunks, decode_pcm
 from .base import JobContext, Kind, OutputOptions, check_free, output_stem, write_atomic
 from .media import container_duration_s, open_media, require_audio
 from .streams import best_audio
@@ -331,7 +332,8 @@ class Transcribe(Kind):
         chunk_s = chunk_length_s(cfg, vad)
         source = enumerate(chunks(decode_pcm(input_path), chunk_s, search_s=min(10.0, chunk_s / 4)))
 
-        def work(chunk: Any) -> Any:  # the decoding of one chunk, with what is known now
+        def work(chunk: Chunk) -> Callable[[], tuple[Iterator[dict[str, Any]], Any]]:
+            """The decoding of ``chunk``, with the language and prompt known now."""
             return functools.partial(
                 decode,
                 model,
@@ -348,7 +350,7 @@ class Transcribe(Kind):
 
         # chunks cut and (when not kept) being decoded, oldest first: more than one only once
         # the language is known and each chunk's prompt does not wait for the text before it
-        window: deque[tuple[int, Any, dict[str, Any] | None, Pending | None]] = deque()
+        window: deque[tuple[int, Chunk, dict[str, Any] | None, Pending | None]] = deque()
         ahead = DecodeAhead(width) if width > 1 else None
 
         def fill() -> None:

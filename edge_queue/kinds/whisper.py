@@ -29,10 +29,10 @@ log = logging.getLogger(__name__)
 #: Loaded models of this worker process, keyed by (path or name, compute_type, cpu_threads,
 #: device, replicas).
 _MODELS: dict[tuple[str, str, int, str, int], Any] = {}
-#: Held by a chunk's VAD and feature extraction, and by each window's encoder, when chunks are
-#: decoded at once (``transcribe.chunks_at_once``): the steps with the largest transient
-#: memory (about 85 MiB for VAD on 120 s, 135 MiB for a window's encoder attention with
-#: tiny.en) do not add up; the decoders and the aligners run side by side.
+#: Held by a chunk's VAD and feature extraction, and by each window's encoder (uncontended when
+#: one chunk is decoded at a time). With ``transcribe.chunks_at_once`` > 1 the steps with the
+#: largest transient memory (about 85 MiB for VAD on 120 s, 135 MiB for a window's encoder
+#: attention with tiny.en) do not add up; the decoders and the aligners run side by side.
 HEAVY_STEP = threading.RLock()
 #: A batched window's words are cut into a new cue after a word ending a sentence (not one of
 #: :data:`ABBREVIATIONS`: "Mr. John" stays together), or at a pause of :data:`PAUSE_S`.
