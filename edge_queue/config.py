@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import os
 import re
+import tomllib
+import types
+import typing
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
@@ -24,6 +27,8 @@ from pydantic_settings import (
 from .errors import ConfigError
 
 DEFAULT_CONFIG_PATH = Path("/etc/edge-queue/config.toml")
+#: ``X | None`` and ``Optional[X]``.
+UNIONS = (types.UnionType, typing.Union)
 
 
 def default_data_dir() -> Path:
@@ -471,6 +476,54 @@ def unknown_environment(environ: Any) -> list[str]:
     return sorted(bad)
 
 
+def _kind_of(annotation: Any) -> Any:
+    """``int``, ``float``, ``bool``, a section model, ``("list", model)``, ``("dict", model)``
+    or ``None`` (checked by pydantic alone) for a field's annotation."""
+    args = [a for a in get_args(annotation) if a is not type(None)] if get_origin(annotation) in UNIONS else []
+    if args:
+        return _kind_of(args[0]) if len(args) == 1 else None
+    origin = get_origin(annotation)
+    if origin in (list, dict):
+        item = _kind_of(get_args(annotation)[-1])
+        return (origin.__name__, item) if isinstance(item, type) and issubclass(item, BaseModel) else None
+    if annotation in (int, float, bool) or (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+        return annotation
+    return None
+
+
+def toml_type_problems(data: Any, model: type[BaseModel], where: str = "") -> list[str]:
+    """Values of a TOML document (``data``, as ``tomllib`` reads it) whose TOML type is not
+    the key's: a string, a boolean or a float for an integer key, a string or a boolean for a
+    number, anything but ``true``/``false`` for a boolean. pydantic converts them (``"2"``,
+    ``true`` and ``2.0`` gave 2); TOML has types of its own, so a file saying ``"2"`` is a
+    mistake to name. The environment's values are strings, converted as before. Returns one
+    ``key: problem`` line per value."""
+    problems: list[str] = []
+    if not isinstance(data, dict):
+        return problems
+    for key, value in data.items():
+        field = model.model_fields.get(key)
+        if field is None:
+            continue  # unknown keys are pydantic's to name
+        name, kind = f"{where}{key}", _kind_of(field.annotation)
+        shown = f"{type(value).__name__} ({value!r:.40})"
+        if kind is int and (type(value) is not int):
+            problems.append(f"{name}: should be an integer, not a {shown}")
+        elif kind is float and type(value) not in (int, float):
+            problems.append(f"{name}: should be a number, not a {shown}")
+        elif kind is bool and type(value) is not bool:
+            problems.append(f"{name}: should be true or false, not a {shown}")
+        elif isinstance(kind, type) and issubclass(kind, BaseModel):
+            problems += toml_type_problems(value, kind, f"{name}.")
+        elif isinstance(kind, tuple) and kind[0] == "list" and isinstance(value, list):
+            for i, item in enumerate(value):
+                problems += toml_type_problems(item, kind[1], f"{name}[{i}].")
+        elif isinstance(kind, tuple) and kind[0] == "dict" and isinstance(value, dict):
+            for sub, item in value.items():
+                problems += toml_type_problems(item, kind[1], f"{name}.{sub}.")
+    return problems
+
+
 def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
     """Build :class:`Settings` from ``path`` (TOML), the environment and ``overrides``.
 
@@ -482,6 +535,13 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
         path = DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.is_file() else None
     elif not Path(path).is_file():
         raise ConfigError(f"config file not found: {path}")
+    typed: list[str] = []
+    if path is not None:
+        try:
+            with open(path, "rb") as fh:
+                typed = toml_type_problems(tomllib.load(fh), Settings)
+        except (OSError, tomllib.TOMLDecodeError):
+            pass  # said below, as pydantic-settings reads the file
     unknown = unknown_environment(os.environ)
     if unknown:
         raise ConfigError(f"unknown configuration variable(s) in the environment: {', '.join(unknown)}")
@@ -492,9 +552,16 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
     try:
         loaded = _Loaded(**overrides)
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}" for err in e.errors())
-        raise ConfigError(f"invalid configuration{f' in {path}' if path else ''}: {problems}") from e
+        named = {line.split(":")[0] for line in typed}
+        problems = typed + [
+            f"{key}: {err['msg']}"
+            for err in e.errors()
+            if (key := ".".join(str(p) for p in err["loc"]) or "(root)") not in named
+        ]
+        raise ConfigError(f"invalid configuration{f' in {path}' if path else ''}: {'; '.join(problems)}") from e
     except ValueError as e:  # TOML syntax and environment JSON errors surface as ValueError
         where = f"configuration file {path}" if path else "the EDGE_QUEUE_ environment variables"
         raise ConfigError(f"cannot read {where}: {e}") from e
+    if typed:
+        raise ConfigError(f"invalid configuration in {path}: {'; '.join(typed)}")
     return Settings.model_validate(loaded.model_dump())

@@ -131,6 +131,41 @@ def test_config_names_bad_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         load_settings(tmp_path / "missing.toml")
 
 
+def test_a_toml_value_of_the_wrong_toml_type_is_named_not_converted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given values pydantic would convert ("2", true and 2.0 all gave 2), in tables, arrays of
+    # tables and per-kind tables, beside a value pydantic refuses itself
+    bad = tmp_path / "typed.toml"
+    bad.write_text(
+        'workers = "2"\nretention_days = true\n[transcribe]\nchunks_at_once = 2.0\nvad = "yes"\n'
+        'beam_size = true\n[kinds.transcribe]\nmax_concurrency = "1"\n[mqtt]\nport = 70000\n'
+        '[[watch]]\npath = "/srv/media/in"\nsettle_s = "5"\n'
+    )
+    with pytest.raises(ConfigError) as e:
+        load_settings(bad)
+    # Then each is named once, with the type it should have
+    message = e.value.message
+    for key, want in [
+        ("workers", "an integer"),
+        ("retention_days", "a number"),
+        ("transcribe.chunks_at_once", "an integer"),
+        ("transcribe.vad", "true or false"),
+        ("transcribe.beam_size", "an integer"),
+        ("kinds.transcribe.max_concurrency", "an integer"),
+        ("watch[0].settle_s", "a number"),
+    ]:
+        assert f"{key}: should be {want}" in message, (key, message)
+    assert "mqtt.port" in message and message.count("workers") == 1
+    # And numbers of the right TOML type pass (an integer for a float key too), and the
+    # environment's strings are still converted
+    good = tmp_path / "good.toml"
+    good.write_text("retention_days = 3\n[transcribe]\nchunks_at_once = 2\nvad = false\n")
+    monkeypatch.setenv("EDGE_QUEUE_WORKERS", "3")
+    s = load_settings(good)
+    assert (s.retention_days, s.transcribe.chunks_at_once, s.transcribe.vad, s.workers) == (3.0, 2, False, 3)
+
+
 def test_full_jitter_backoff_bounds() -> None:
     assert backoff_s(1, 5, 300, rng=lambda: 1.0) == 5
     assert backoff_s(3, 5, 300, rng=lambda: 1.0) == 20

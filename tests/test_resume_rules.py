@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 
 from edge_queue.config import Settings
-from edge_queue.kinds.transcribe import chunk_length_s, input_signature, model_threads, resumable, same_cut
+from edge_queue.kinds.transcribe import (
+    chunk_length_s,
+    eta_s,
+    input_signature,
+    model_threads,
+    resumable,
+    same_cut,
+)
 from edge_queue.kinds.whisper import MISSED_GAP_S, MISSED_MARGIN_S, cues, missed_stretch
 from edge_queue.states import JobState
 from edge_queue.store import JobSpec, Store
@@ -158,6 +165,20 @@ def test_speech_is_looked_for_where_batched_windows_left_a_stretch_without_words
     # Words closer than MISSED_GAP_S leave nothing to look at (an ordinary pause)
     assert missed_stretch(40.0, 40.0 + MISSED_GAP_S - 0.01, 100.0) is None
     assert missed_stretch(99.0, 100.0, 100.0) is None
+
+
+def test_the_eta_comes_from_the_pace_of_the_chunks_this_attempt_decoded() -> None:
+    # Given no chunk decoded yet by this attempt (a batch's segments come out together): no ETA
+    assert eta_s(None, 600.0, 10.0) is None
+    # Given 120 s decoded in 10 s, ending at 120 s of 600, 2 s ago: 40 s left, less the 2 s
+    assert eta_s((10.0, 120.0, 120.0, 100.0), 600.0, 102.0) == pytest.approx(38.0)
+    # Given a resumed attempt that took 300 s from kept chunks and decoded 120 s more in 6 s:
+    # its own pace, not one counting the kept part as free
+    assert eta_s((6.0, 120.0, 420.0, 50.0), 600.0, 50.0) == pytest.approx(9.0)
+    # And it never goes below 0, nor past the end of the audio
+    assert eta_s((10.0, 120.0, 120.0, 100.0), 600.0, 500.0) == 0.0
+    assert eta_s((10.0, 120.0, 700.0, 100.0), 600.0, 100.0) == 0.0
+    assert eta_s((10.0, 0.0, 120.0, 100.0), 600.0, 100.0) is None
 
 
 def test_a_chunk_holds_about_one_batch_unless_chunk_s_is_set() -> None:

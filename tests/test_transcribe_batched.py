@@ -162,3 +162,32 @@ def test_a_cancel_while_two_chunks_decode_ends_at_the_next_checkpoint(tmp_path: 
     # Then the job's thread stops within a checkpoint's wait (TICK_S), not at the chunk's end
     assert time.monotonic() - t0 < 3.0 + 10.0
     assert started[-1] - started[-2] < 1.0
+
+
+def test_the_eta_waits_for_the_first_chunk_and_is_near_the_time_left(tmp_path: Path, long_recording) -> None:
+    # Given 5 minutes of real speech (3 chunks of 120 s), decoded in the default batches: the
+    # segments of a batch come out together, once the whole batch is decoded, so the pace of
+    # the first segment alone said 214-323 s for a 13-s job (docs/topics.md, the job's eta_s)
+    import time
+
+    from edge_queue.kinds.transcribe import Transcribe
+
+    path, _ = long_recording(300)
+    ctx = Ctx(Settings(data_dir=tmp_path / "e"), tmp_path / "e" / "out")
+    reports: list[tuple[float, float, float | None, int]] = []
+
+    def progress(percent: float, stage: str | None = None, eta_s: float | None = None) -> None:
+        reports.append((time.monotonic(), percent, eta_s, len(ctx.chunks)))
+
+    ctx.progress = progress  # type: ignore[method-assign]
+    Transcribe().run(ctx, str(path), Transcribe.Options())
+    end = time.monotonic()
+    # Then no report before the first chunk is kept gives an ETA, and every later one does
+    with_eta = [r for r in reports if r[2] is not None]
+    assert with_eta, reports
+    assert all(kept >= 1 for _, _, _, kept in with_eta), reports
+    assert all(eta is not None for _, percent, eta, kept in reports if kept >= 1 and percent < 100), reports
+    # And each ETA is within a factor of 3 (and 5 s) of the time that was really left
+    for at, percent, eta, _ in with_eta:
+        left = end - at
+        assert eta <= 3 * left + 5 and left <= 3 * eta + 5, (percent, eta, left)

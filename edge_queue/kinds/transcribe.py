@@ -230,6 +230,22 @@ def same_cut(kept: dict[str, Any], offset_s: float, duration_s: float) -> bool:
     return abs(kept["offset_s"] - offset_s) < 1e-4 and abs(kept["duration_s"] - duration_s) < 1e-4
 
 
+def eta_s(pace: tuple[float, float, float, float] | None, total_s: float, now: float) -> float | None:
+    """Seconds left in a transcription of ``total_s`` seconds of audio, at ``now`` (monotonic
+    seconds), from ``pace``: at the end of the last chunk this attempt decoded, the wall
+    seconds it had taken, the seconds of audio it had decoded itself (kept chunks of earlier
+    attempts not counted), where that chunk ended in the recording and when (monotonic).
+    ``None`` before the first chunk: a batch's segments come out together once the whole
+    batch is decoded, so the pace of the first segment alone said 214-323 s for a 13-s job.
+    The time since that chunk's end is taken off, and the ETA is never below 0."""
+    if pace is None:
+        return None
+    wall_s, audio_s, end_s, at = pace
+    if audio_s <= 0:
+        return None
+    return max(0.0, wall_s / audio_s * max(total_s - end_s, 0.0) - (now - at))
+
+
 def _stamp(seconds: float, sep: str) -> str:
     ms = int(round(seconds * 1000))
     h, ms = divmod(ms, 3_600_000)
@@ -312,6 +328,7 @@ class Transcribe(Kind):
         resume = resumable(getattr(ctx, "kept", []), signature)
         # what earlier attempts finished counts from the first report on
         self._done = resumed_share(resume)
+        self._pace: tuple[float, float, float, float] | None = None
         ctx.progress(100 * self._done, "probing")
         with open_media(input_path) as container:
             require_audio(container)
@@ -391,7 +408,7 @@ class Transcribe(Kind):
                     for seg in seg_iter:
                         ctx.checkpoint()
                         chunk_segments.append({"id": len(segments) + len(chunk_segments), **seg})
-                        self._progress(ctx, seg["end"], declared_s, started, resumed_s)
+                        self._progress(ctx, seg["end"], declared_s)
                     # kept before the progress that reports it (the service commits it first)
                     ctx.keep_chunk(
                         index,
@@ -410,7 +427,9 @@ class Transcribe(Kind):
                     check_free(list(planned.values()), options.overwrite or options.output == "data_dir")
                 segments.extend(chunk_segments)
                 decoded_s = chunk.offset_s + chunk.duration_s
-                self._progress(ctx, decoded_s, declared_s, started, resumed_s)
+                if kept is None:  # the pace of what this attempt decoded itself, at the chunk's end
+                    self._pace = (time.monotonic() - started, decoded_s - resumed_s, decoded_s, time.monotonic())
+                self._progress(ctx, decoded_s, declared_s)
                 chunk_text = [seg["text"].strip() for seg in chunk_segments]
                 if chunk_text and cfg.carry_context:  # the previous text as the next chunk's context
                     prompt = " ".join(filter(None, [options.initial_prompt, " ".join(chunk_text)[-PROMPT_CHARS:]]))
@@ -469,14 +488,11 @@ class Transcribe(Kind):
             folder, name = ctx.output_dir, output_stem(input_path, ".json")
         return {fmt: folder / f"{name}.{fmt}" for fmt in options.formats}
 
-    def _progress(
-        self, ctx: JobContext, done_s: float, total_s: float | None, started: float, resumed_s: float
-    ) -> None:
-        """Progress of the audio done, the resumed part included; the ETA from the pace of what
-        this attempt decoded itself (``resumed_s``: seconds of audio taken from kept chunks)."""
+    def _progress(self, ctx: JobContext, done_s: float, total_s: float | None) -> None:
+        """Progress of the audio done (``done_s`` of ``total_s`` seconds), the resumed part
+        included, with the ETA of :func:`eta_s` from the pace at the last chunk's end."""
         if not total_s:
             return
         # A segment may end past the cut of its chunk: progress never goes back.
         done = self._done = max(self._done, min(done_s / total_s, 1.0))
-        elapsed, decoded = time.monotonic() - started, done - min(resumed_s / total_s, 1.0)
-        ctx.progress(100 * done, "transcribing", elapsed * (1 - done) / decoded if decoded > 0 else None)
+        ctx.progress(100 * done, "transcribing", eta_s(self._pace, total_s, time.monotonic()))
