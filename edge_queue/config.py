@@ -278,9 +278,10 @@ class TranscribeSettings(_Section):
     chunk_s: float | None = Field(None, ge=5, le=1800)
     #: Chunks of one recording decoded at once, each on a model replica of its own threads
     #: (faster-whisper's ``num_workers``). 2 on 2 cores, 1 thread each: about 10 % less CPU and
-    #: 20 % less wall time than 1 chunk on 2 threads, at 478-516 MiB peak (505-533 on 1 hour)
-    #: against 365-380 (tiny.en, batches of 4; docs/configuration.md). With ``carry_context``
-    #: chunks follow each other.
+    #: 20-27 % less wall time than 1 chunk on 2 threads, at 447-476 MiB peak (462-500 on 1
+    #: hour) against 370-386 (tiny.en, batches of 4; docs/configuration.md). With
+    #: ``carry_context`` chunks follow each other; a job asking for a wide beam decodes fewer
+    #: (:func:`~edge_queue.kinds.transcribe.chunks_at_once`).
     chunks_at_once: int = Field(1, ge=1, le=4)
     #: Give each chunk the end of the previous chunk's text as its prompt. Off by default:
     #: with it, Whisper skipped speech that repeats the prompt (25 % of the words of 8 min

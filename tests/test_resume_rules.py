@@ -14,6 +14,7 @@ import pytest
 from edge_queue.config import Settings
 from edge_queue.kinds.transcribe import (
     chunk_length_s,
+    chunks_at_once,
     eta_s,
     input_signature,
     model_threads,
@@ -165,6 +166,13 @@ def test_speech_is_looked_for_where_batched_windows_left_a_stretch_without_words
     # Words closer than MISSED_GAP_S leave nothing to look at (an ordinary pause)
     assert missed_stretch(40.0, 40.0 + MISSED_GAP_S - 0.01, 100.0) is None
     assert missed_stretch(99.0, 100.0, 100.0) is None
+
+
+def test_a_job_with_a_wide_beam_decodes_fewer_chunks_at_once() -> None:
+    # Given transcribe.chunks_at_once 2: the default beam of 5 keeps both; a job asking for
+    # beam 6 to 20 (750 MiB with 2 at once, measured at 20) decodes one chunk at a time
+    assert chunks_at_once(2, 5) == 2 and chunks_at_once(4, 2) == 4 and chunks_at_once(4, 3) == 3
+    assert chunks_at_once(2, 6) == chunks_at_once(2, 20) == chunks_at_once(1, 1) == 1
 
 
 def test_the_eta_comes_from_the_pace_of_the_chunks_this_attempt_decoded() -> None:

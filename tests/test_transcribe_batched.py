@@ -134,6 +134,14 @@ def test_two_chunks_at_once_give_the_same_segments_in_order(
         (s["start"], s["end"], s["text"]) for s in one_segments
     ]
     assert two["chunks"] == one["chunks"] == 3
+    # And a job asking for beam 6 decodes one chunk at a time: its decoders' memory is bounded
+    # (transcribe.MAX_BEAMS_AT_ONCE)
+    from edge_queue.kinds.transcribe import Transcribe
+
+    calls.clear()
+    settings = Settings(data_dir=tmp_path / "wide", transcribe={"chunks_at_once": 2})
+    Transcribe().run(Ctx(settings, tmp_path / "wide" / "out"), str(path), Transcribe.Options(beam_size=6))
+    assert calls and max(calls) == 0, calls
 
 
 def test_a_cancel_while_two_chunks_decode_ends_at_the_next_checkpoint(tmp_path: Path, long_recording) -> None:

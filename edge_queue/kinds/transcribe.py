@@ -99,6 +99,19 @@ def model_threads(settings: Any, cores: int | None = None) -> int:
     return max(1, (cores or usable_cores()) // at_once)
 
 
+#: Beams one transcription decodes at once, over the chunks it decodes at once: each chunk
+#: decoding holds its own decoder's memory, times its beams (``beam_size`` 20 with word times
+#: peaked at 750 MiB with two chunks at once, 505 with one).
+MAX_BEAMS_AT_ONCE = 10
+
+
+def chunks_at_once(configured: int, beam_size: int) -> int:
+    """Chunks a job decodes at once: ``transcribe.chunks_at_once`` (``configured``), fewer
+    when its ``beam_size`` times them would pass :data:`MAX_BEAMS_AT_ONCE` (a job asking for
+    beam 6 or more decodes one chunk at a time), at least 1."""
+    return max(1, min(configured, MAX_BEAMS_AT_ONCE // beam_size))
+
+
 def chunk_length_s(cfg: Any, vad: bool) -> float:
     """Seconds of audio per chunk (``cfg``: the ``[transcribe]`` settings): ``chunk_s`` when
     set; else :data:`SEQUENTIAL_CHUNK_S` when windows are decoded one after another, and room
@@ -336,8 +349,8 @@ class Transcribe(Kind):
         ctx.progress(100 * self._done, "loading_model")
         if no_model is not None:
             raise no_model
-        width = cfg.chunks_at_once
-        model = load_model(model_ref, cfg.compute_type, model_threads(ctx.settings), cfg.device, width)
+        model = load_model(model_ref, cfg.compute_type, model_threads(ctx.settings), cfg.device, cfg.chunks_at_once)
+        width = chunks_at_once(cfg.chunks_at_once, options.beam_size or cfg.beam_size)
         ctx.checkpoint()
         started = time.monotonic()
         language, probability = options.language, 1.0 if options.language else 0.0
