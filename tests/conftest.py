@@ -257,8 +257,18 @@ class Watcher:
         return wait_until(find, timeout, f"a matching message on {topic}")
 
     def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
+        stop_client(self.client)
+
+
+def stop_client(client: mqtt.Client) -> None:
+    """Disconnect a paho client, stop its network thread and drop its callbacks. paho closes
+    the socket pair ``loop_start`` made only when the client is freed; a callback holding its
+    owner (a bound method, a lambda over ``self``) keeps the two in a cycle, and the garbage
+    collector may finalize the sockets first: a ResourceWarning in whichever test collects."""
+    client.disconnect()
+    client.loop_stop()
+    for name in ("on_connect", "on_message", "on_subscribe", "on_disconnect", "on_publish", "on_unsubscribe"):
+        setattr(client, name, None)
 
 
 class Broker:

@@ -15,7 +15,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from .conftest import Broker, wait_until
+from .conftest import Broker, stop_client, wait_until
 from .test_deploy import STATE_TOPICS, USERS, _connect, _service_env, amqtt_with_acl, mosquitto_with_acl  # noqa: F401
 
 SERVICE_ID = "edge-queue-" + "a1b2c3d4e5f6"  # the shape of the service's default client id
@@ -65,8 +65,7 @@ class User:
         return [(t, p) for t, p in list(self.messages) if t.startswith(prefix)]
 
     def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
+        stop_client(self.client)
 
 
 @pytest.mark.slow
