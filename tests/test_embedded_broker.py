@@ -21,7 +21,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from edge_queue import embedded_broker
 from edge_queue.embedded_broker import BrokerThread, broker_config
 
-from .conftest import free_port, wait_until
+from .conftest import free_port, stop_client, wait_until
 
 
 @pytest.fixture
@@ -69,8 +69,7 @@ class SlowAcker:
             self.client.ack(mid, 1)
 
     def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
+        stop_client(self.client)
 
 
 def publish(port: int, topic: str, payloads: list[bytes]) -> None:

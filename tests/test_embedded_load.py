@@ -23,7 +23,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from .conftest import Broker, ServiceProcess, Watcher, free_port, port_open, wait_until
+from .conftest import Broker, ServiceProcess, Watcher, free_port, port_open, stop_client, wait_until
 
 #: Log lines at WARNING or above from the broker (amqtt's loggers, and edge-queue's own lines
 #: about the broker), and traceback lines, that a burst on a healthy connection may cause.
@@ -73,8 +73,7 @@ class Everything:
             return Counter(self.answers), Counter(self.events), {j: s for j, (_, s) in self.jobs.items()}
 
     def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
+        stop_client(self.client)
 
 
 def submit_burst(host: str, port: int, base: str, n: int) -> None:

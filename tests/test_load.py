@@ -38,6 +38,7 @@ from .conftest import (
     need,
     port_open,
     publish,
+    stop_client,
     stop_mosquitto,
     wait_until,
 )
@@ -163,8 +164,7 @@ class _Subscriber:
         raise NotImplementedError
 
     def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
+        stop_client(self.client)
 
 
 class Responses(_Subscriber):
@@ -222,8 +222,7 @@ class Publisher:
     def close(self) -> None:
         for info in self.infos[-20_000:]:
             info.wait_for_publish(60)
-        self.client.disconnect()
-        self.client.loop_stop()
+        stop_client(self.client)
 
 
 class Rig:
@@ -494,8 +493,7 @@ class PersistentEvents:
             return set(self.event_ids)
 
     def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
+        stop_client(self.client)
 
 
 @pytest.mark.slow
