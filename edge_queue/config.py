@@ -553,7 +553,8 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
     try:
         loaded = _Loaded(**overrides)
     except ValidationError as e:
-        named = {line.split(":")[0] for line in typed}
+        # pydantic names watch[0].settle_s "watch.0.settle_s"
+        named = {re.sub(r"\[(\d+)\]", r".\1", line.split(":")[0]) for line in typed}
         problems = typed + [
             f"{key}: {err['msg']}"
             for err in e.errors()

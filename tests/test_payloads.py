@@ -140,7 +140,7 @@ def test_a_toml_value_of_the_wrong_toml_type_is_named_not_converted(
     bad.write_text(
         'workers = "2"\nretention_days = true\n[transcribe]\nchunks_at_once = 2.0\nvad = "yes"\n'
         'beam_size = true\n[kinds.transcribe]\nmax_concurrency = "1"\n[mqtt]\nport = 70000\n'
-        '[[watch]]\npath = "/srv/media/in"\nsettle_s = "5"\n'
+        '[[watch]]\npath = "/srv/media/in"\nsettle_s = true\n'
     )
     with pytest.raises(ConfigError) as e:
         load_settings(bad)
@@ -156,7 +156,7 @@ def test_a_toml_value_of_the_wrong_toml_type_is_named_not_converted(
         ("watch[0].settle_s", "a number"),
     ]:
         assert f"{key}: should be {want}" in message, (key, message)
-    assert "mqtt.port" in message and message.count("workers") == 1
+    assert "mqtt.port" in message and message.count("workers") == 1 and message.count("settle_s") == 1
     # And numbers of the right TOML type pass (an integer for a float key too), and the
     # environment's strings are still converted
     good = tmp_path / "good.toml"

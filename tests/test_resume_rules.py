@@ -169,10 +169,12 @@ def test_speech_is_looked_for_where_batched_windows_left_a_stretch_without_words
 
 
 def test_a_job_with_a_wide_beam_decodes_fewer_chunks_at_once() -> None:
-    # Given transcribe.chunks_at_once 2: the default beam of 5 keeps both; a job asking for
-    # beam 6 to 20 (750 MiB with 2 at once, measured at 20) decodes one chunk at a time
-    assert chunks_at_once(2, 5) == 2 and chunks_at_once(4, 2) == 4 and chunks_at_once(4, 3) == 3
-    assert chunks_at_once(2, 6) == chunks_at_once(2, 20) == chunks_at_once(1, 1) == 1
+    # Given transcribe.chunks_at_once 2 and beam_size 5: a job with the default beam keeps both
+    # chunks; one asking for beam 6 to 20 (750 MiB with 2 at once, measured at 20) decodes one
+    assert chunks_at_once(2, 5, 5) == 2 and chunks_at_once(2, 1, 5) == 2
+    assert chunks_at_once(2, 6, 5) == chunks_at_once(2, 20, 5) == chunks_at_once(1, 1, 5) == 1
+    # And with 4 at once the budget is 20 beams: beam 10 decodes 2, beam 7 decodes 2
+    assert chunks_at_once(4, 5, 5) == 4 and chunks_at_once(4, 10, 5) == 2 and chunks_at_once(4, 7, 5) == 2
 
 
 def test_the_eta_comes_from_the_pace_of_the_chunks_this_attempt_decoded() -> None:

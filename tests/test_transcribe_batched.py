@@ -135,7 +135,7 @@ def test_two_chunks_at_once_give_the_same_segments_in_order(
     ]
     assert two["chunks"] == one["chunks"] == 3
     # And a job asking for beam 6 decodes one chunk at a time: its decoders' memory is bounded
-    # (transcribe.MAX_BEAMS_AT_ONCE)
+    # (transcribe.chunks_at_once)
     from edge_queue.kinds.transcribe import Transcribe
 
     calls.clear()

@@ -99,17 +99,13 @@ def model_threads(settings: Any, cores: int | None = None) -> int:
     return max(1, (cores or usable_cores()) // at_once)
 
 
-#: Beams one transcription decodes at once, over the chunks it decodes at once: each chunk
-#: decoding holds its own decoder's memory, times its beams (``beam_size`` 20 with word times
-#: peaked at 750 MiB with two chunks at once, 505 with one).
-MAX_BEAMS_AT_ONCE = 10
-
-
-def chunks_at_once(configured: int, beam_size: int) -> int:
+def chunks_at_once(configured: int, beam_size: int, configured_beam: int) -> int:
     """Chunks a job decodes at once: ``transcribe.chunks_at_once`` (``configured``), fewer
-    when its ``beam_size`` times them would pass :data:`MAX_BEAMS_AT_ONCE` (a job asking for
-    beam 6 or more decodes one chunk at a time), at least 1."""
-    return max(1, min(configured, MAX_BEAMS_AT_ONCE // beam_size))
+    when the job's ``beam_size`` is wider than ``transcribe.beam_size`` (``configured_beam``),
+    so that it decodes at most as many beams at once as the settings do (each chunk decoding
+    holds its own decoder's memory, times its beams: beam 20 with word times peaked at 750 MiB
+    with two chunks at once, 505 with one). At least 1."""
+    return max(1, min(configured, configured * configured_beam // beam_size))
 
 
 def chunk_length_s(cfg: Any, vad: bool) -> float:
@@ -350,7 +346,7 @@ class Transcribe(Kind):
         if no_model is not None:
             raise no_model
         model = load_model(model_ref, cfg.compute_type, model_threads(ctx.settings), cfg.device, cfg.chunks_at_once)
-        width = chunks_at_once(cfg.chunks_at_once, options.beam_size or cfg.beam_size)
+        width = chunks_at_once(cfg.chunks_at_once, options.beam_size or cfg.beam_size, cfg.beam_size)
         ctx.checkpoint()
         started = time.monotonic()
         language, probability = options.language, 1.0 if options.language else 0.0
