@@ -40,7 +40,10 @@ def default_data_dir() -> Path:
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    #: ``inf`` and ``nan`` are TOML floats (and ``"inf"`` an environment string pydantic reads
+    #: as one): no key means "never" or "no limit" by them, and an infinite retention, grace or
+    #: backoff has no date to store.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class TlsSettings(_Section):
@@ -379,6 +382,7 @@ class Settings(BaseSettings):
         env_nested_delimiter="__",
         extra="forbid",
         frozen=True,
+        allow_inf_nan=False,
     )
 
     _toml_file: ClassVar[Path | None] = None

@@ -166,6 +166,53 @@ def test_a_toml_value_of_the_wrong_toml_type_is_named_not_converted(
     assert (s.retention_days, s.transcribe.chunks_at_once, s.transcribe.vad, s.workers) == (3.0, 2, False, 3)
 
 
+def float_keys() -> list[tuple[str, str]]:
+    """Every float key of the configuration, as (its name in errors, a TOML document setting
+    it to ``{}``): top level, tables, ``[kinds.<name>]`` and ``[[watch]]``. Read from the
+    settings models, so a float key added later is covered too."""
+    from pydantic import BaseModel
+
+    from edge_queue.config import KindSettings, Settings, WatchSettings
+
+    def floats(model: type[BaseModel]) -> list[str]:
+        return [n for n, f in model.model_fields.items() if "float" in str(f.annotation)]
+
+    keys = [(n, f"{n} = {{}}\n") for n in floats(Settings)]
+    for name, field in Settings.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            keys += [(f"{name}.{n}", f"[{name}]\n{n} = {{}}\n") for n in floats(ann)]
+    keys += [(f"kinds.noop.{n}", f"[kinds.noop]\n{n} = {{}}\n") for n in floats(KindSettings)]
+    keys += [(f"watch.0.{n}", f'[[watch]]\npath = "/srv/in"\n{n} = {{}}\n') for n in floats(WatchSettings)]
+    return keys
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+def test_no_float_key_takes_an_infinite_or_nan_value(tmp_path: Path, value: str) -> None:
+    # Given each float key of the configuration set to a TOML inf or nan (retention_days = inf
+    # passed `config check`: no key means "never" by it, and no date is infinite)
+    keys = float_keys()
+    assert {"retention_days", "cancel_grace_s", "retry.backoff_cap_s", "kinds.noop.timeout_s"} <= {k for k, _ in keys}
+    for key, doc in keys:
+        path = tmp_path / "inf.toml"
+        path.write_text(doc.format(value))
+        # Then the key is named, as not a finite number
+        with pytest.raises(ConfigError) as e:
+            load_settings(path)
+        assert f"{key}: Input should be a finite number" in e.value.message or (
+            value != "inf" and f"{key}: Input should be greater" in e.value.message
+        ), (key, e.value.message)
+
+
+def test_an_infinite_value_from_the_environment_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    empty = tmp_path / "empty.toml"
+    empty.write_text("")
+    monkeypatch.setenv("EDGE_QUEUE_LIMITS__MAX_REQUESTS_PER_S", "inf")
+    with pytest.raises(ConfigError) as e:
+        load_settings(empty)
+    assert "limits.max_requests_per_s: Input should be a finite number" in e.value.message
+
+
 def test_full_jitter_backoff_bounds() -> None:
     assert backoff_s(1, 5, 300, rng=lambda: 1.0) == 5
     assert backoff_s(3, 5, 300, rng=lambda: 1.0) == 20
