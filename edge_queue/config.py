@@ -11,10 +11,8 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-import types
-import typing
 from pathlib import Path
-from typing import Any, ClassVar, Literal, get_args, get_origin
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
@@ -24,11 +22,11 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from .config_sources import not_json_in_environment, toml_type_problems
 from .errors import ConfigError
 
 DEFAULT_CONFIG_PATH = Path("/etc/edge-queue/config.toml")
 #: ``X | None`` and ``Optional[X]``.
-UNIONS = (types.UnionType, typing.Union)
 
 
 def default_data_dir() -> Path:
@@ -37,6 +35,15 @@ def default_data_dir() -> Path:
         return Path(state.split(":")[0])
     xdg = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(xdg) / "edge-queue"
+
+
+#: The largest MQTT 5 Session Expiry and Message Expiry Interval: a four-byte integer (MQTT 5.0,
+#: 3.1.2.11.2 and 3.3.2.3.3), about 136 years.
+MQTT_INTERVAL_MAX_S = 2**32 - 1
+#: Longest retention: a century (a cut-off date before year 1 is no date).
+RETENTION_DAYS_MAX = 36_500
+#: Longest retry backoff: a year (a retry date stays a date).
+BACKOFF_MAX_S = 365 * 86400
 
 
 class _Section(BaseModel):
@@ -71,10 +78,10 @@ class MqttSettings(_Section):
     #: ``auto`` tries MQTT 5 and falls back to 3.1.1 for brokers that refuse it (amqtt 0.12).
     protocol: Literal["auto", "5", "3.1.1"] = "auto"
     #: MQTT 5 session expiry: how long the broker keeps our subscriptions and QoS 1 backlog.
-    session_expiry_s: int = Field(86400, ge=0)
+    session_expiry_s: int = Field(86400, ge=0, le=MQTT_INTERVAL_MAX_S)
     #: MQTT 5 Message Expiry of a finished job's retained state: the broker forgets it this
     #: long after the job ended (the store keeps it for get, list and events); 0: never.
-    finished_expiry_s: int = Field(86400, ge=0)
+    finished_expiry_s: int = Field(86400, ge=0, le=MQTT_INTERVAL_MAX_S)
     tls: TlsSettings = TlsSettings()
 
     @field_validator("base_topic")
@@ -104,8 +111,8 @@ class RetrySettings(_Section):
     """Backoff of retryable failures: full jitter, AWS Architecture Blog 2015."""
 
     max_attempts: int = Field(3, ge=1, le=100)
-    backoff_base_s: float = Field(5.0, ge=0)
-    backoff_cap_s: float = Field(300.0, ge=0)
+    backoff_base_s: float = Field(5.0, ge=0, le=BACKOFF_MAX_S)
+    backoff_cap_s: float = Field(300.0, ge=0, le=BACKOFF_MAX_S)
 
 
 class KindSettings(_Section):
@@ -394,7 +401,7 @@ class Settings(BaseSettings):
     #: Local worker processes; 0 on a hub that only hands jobs to worker nodes.
     workers: int = Field(2, ge=0, le=64)
     durability: Literal["full", "normal"] = "full"
-    retention_days: float = Field(7.0, gt=0)
+    retention_days: float = Field(7.0, gt=0, le=RETENTION_DAYS_MAX)
     max_payload_bytes: int = Field(256 * 1024, ge=1024)
     default_kind: str = "transcribe"
     cancel_grace_s: float = Field(10.0, ge=0)
@@ -481,54 +488,6 @@ def unknown_environment(environ: Any) -> list[str]:
     return sorted(bad)
 
 
-def _kind_of(annotation: Any) -> Any:
-    """``int``, ``float``, ``bool``, a section model, ``("list", model)``, ``("dict", model)``
-    or ``None`` (checked by pydantic alone) for a field's annotation."""
-    args = [a for a in get_args(annotation) if a is not type(None)] if get_origin(annotation) in UNIONS else []
-    if args:
-        return _kind_of(args[0]) if len(args) == 1 else None
-    origin = get_origin(annotation)
-    if origin in (list, dict):
-        item = _kind_of(get_args(annotation)[-1])
-        return (origin.__name__, item) if isinstance(item, type) and issubclass(item, BaseModel) else None
-    if annotation in (int, float, bool) or (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-        return annotation
-    return None
-
-
-def toml_type_problems(data: Any, model: type[BaseModel], where: str = "") -> list[str]:
-    """Values of a TOML document (``data``, as ``tomllib`` reads it) whose TOML type is not
-    the key's: a string, a boolean or a float for an integer key, a string or a boolean for a
-    number, anything but ``true``/``false`` for a boolean. pydantic converts them (``"2"``,
-    ``true`` and ``2.0`` gave 2); TOML has types of its own, so a file saying ``"2"`` is a
-    mistake to name. The environment's values are strings, converted as before. Returns one
-    ``key: problem`` line per value."""
-    problems: list[str] = []
-    if not isinstance(data, dict):
-        return problems
-    for key, value in data.items():
-        field = model.model_fields.get(key)
-        if field is None:
-            continue  # unknown keys are pydantic's to name
-        name, kind = f"{where}{key}", _kind_of(field.annotation)
-        shown = f"{type(value).__name__} ({value!r:.40})"
-        if kind is int and (type(value) is not int):
-            problems.append(f"{name}: should be an integer, not a {shown}")
-        elif kind is float and type(value) not in (int, float):
-            problems.append(f"{name}: should be a number, not a {shown}")
-        elif kind is bool and type(value) is not bool:
-            problems.append(f"{name}: should be true or false, not a {shown}")
-        elif isinstance(kind, type) and issubclass(kind, BaseModel):
-            problems += toml_type_problems(value, kind, f"{name}.")
-        elif isinstance(kind, tuple) and kind[0] == "list" and isinstance(value, list):
-            for i, item in enumerate(value):
-                problems += toml_type_problems(item, kind[1], f"{name}[{i}].")
-        elif isinstance(kind, tuple) and kind[0] == "dict" and isinstance(value, dict):
-            for sub, item in value.items():
-                problems += toml_type_problems(item, kind[1], f"{name}.{sub}.")
-    return problems
-
-
 def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
     """Build :class:`Settings` from ``path`` (TOML), the environment and ``overrides``.
 
@@ -544,7 +503,13 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
     if path is not None:
         try:
             with open(path, "rb") as fh:
-                typed = toml_type_problems(tomllib.load(fh), Settings)
+                # named as pydantic names them: watch[0].settle_s is "watch.0.settle_s"
+                typed = [
+                    re.sub(r"\[(\d+)\]", r".\1", key) + sep + rest
+                    for key, sep, rest in (
+                        line.partition(":") for line in toml_type_problems(tomllib.load(fh), Settings)
+                    )
+                ]
         except (OSError, tomllib.TOMLDecodeError):
             pass  # said below, as pydantic-settings reads the file
     unknown = unknown_environment(os.environ)
@@ -557,8 +522,7 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
     try:
         loaded = _Loaded(**overrides)
     except ValidationError as e:
-        # pydantic names watch[0].settle_s "watch.0.settle_s"
-        named = {re.sub(r"\[(\d+)\]", r".\1", line.split(":")[0]) for line in typed}
+        named = {line.split(":")[0] for line in typed}
         problems = typed + [
             f"{key}: {err['msg']}"
             for err in e.errors()
@@ -566,6 +530,8 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
         ]
         raise ConfigError(f"invalid configuration{f' in {path}' if path else ''}: {'; '.join(problems)}") from e
     except ValueError as e:  # TOML syntax and environment JSON errors surface as ValueError
+        if "EnvSettingsSource" in str(e) and (field := re.search(r'field "([^"]+)"', str(e))):
+            raise ConfigError(not_json_in_environment(field.group(1), os.environ, Settings)) from e
         where = f"configuration file {path}" if path else "the EDGE_QUEUE_ environment variables"
         raise ConfigError(f"cannot read {where}: {e}") from e
     if typed:

@@ -116,6 +116,33 @@ class Lease:
     why: str | None = None  # why it runs out early (its node went offline)
 
 
+#: Longest ``stage`` a node's progress may carry (the kinds' own are at most 13 characters).
+STAGE_MAX_CHARS = 64
+#: Largest ``eta_s`` a node's progress may carry: a year.
+ETA_MAX_S = 365 * 86400
+
+
+def node_progress(msg: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``progress``, ``stage`` and ``eta_s`` of a node's ``progress`` message as the job
+    object takes them (docs/topics.md: percent 0-100, a stage name, seconds or null), or
+    ``None`` when one is out of range: ``progress`` not a number in 0-100, ``stage`` neither
+    null nor a string of at most :data:`STAGE_MAX_CHARS`, ``eta_s`` neither null nor a number
+    in 0-:data:`ETA_MAX_S` (``NaN`` and infinities, which Python's JSON reads, are out of
+    range too)."""
+    progress, stage, eta_s = msg.get("progress"), msg.get("stage"), msg.get("eta_s")
+
+    def number(value: Any, top: float) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= top
+
+    if not number(progress, 100):
+        return None
+    if stage is not None and not (isinstance(stage, str) and len(stage) <= STAGE_MAX_CHARS):
+        return None
+    if eta_s is not None and not number(eta_s, ETA_MAX_S):
+        return None
+    return {"progress": float(progress or 0), "stage": stage, "eta_s": eta_s}
+
+
 def node_of(owner: str | None) -> str | None:
     """The node a job's ``owner`` names (``node:<id>``), or None for the hub's own workers."""
     return owner[len(NODE_OWNER) :] if owner and owner.startswith(NODE_OWNER) else None
@@ -229,6 +256,8 @@ class Nodes:
         online = msg.get("state") == "online"
         kinds = msg.get("kinds")
         slots = msg.get("slots")
+        if not (isinstance(slots, int) and 0 <= slots <= 1024) or not isinstance(kinds, list):
+            self.refused.warning("node %s announced slots or kinds out of range: it gets no jobs", node_id)
         node = Node(
             node_id,
             online,
@@ -266,6 +295,8 @@ class Nodes:
         node = self.nodes.get(node_id)
         if op == "beat":
             held = msg.get("jobs")
+            if not isinstance(held, list):
+                self.refused.warning("node %s sent a heartbeat without a list of jobs", node_id)
             strays: set[tuple[str, int]] = set()
             for item in held if isinstance(held, list) else []:
                 if not (isinstance(item, list) and len(item) == 2):
@@ -306,8 +337,11 @@ class Nodes:
             return
         lease.expires, lease.confirmed, lease.why = now + self.lease_s, True, None
         if op == "progress":
-            data = {k: msg.get(k) for k in ("progress", "stage", "eta_s")}
-            out.append(Outcome("progress", job_id, attempt, data))
+            data = node_progress(msg)
+            if data is None:
+                self.refused.warning("node %s sent progress of job %s out of range: ignored", node_id, clip(job_id))
+            else:
+                out.append(Outcome("progress", job_id, attempt, data))
             return
         if op == "chunk":  # a finished chunk, kept for the job's next attempt (Outcomes.keep_chunk)
             out.append(Outcome("chunk", job_id, attempt, {"index": msg.get("index"), "data": msg.get("data")}))

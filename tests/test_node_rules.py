@@ -267,6 +267,43 @@ def test_a_listed_node_sending_json_nested_too_deep_to_read_is_refused_not_fatal
     assert nodes.free() == {"n1": 1}
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [
+        '"progress": 50, "eta_s": Infinity',
+        '"progress": 50, "eta_s": 1e400',
+        '"progress": 50, "eta_s": 10000000000000000000000',
+        '"progress": NaN, "eta_s": 5',
+        '"progress": 1e308, "eta_s": -5',
+        '"progress": -50, "eta_s": 5',
+        '"progress": true, "eta_s": 5',
+        '"progress": 50, "eta_s": 5, "stage": "' + "s" * 200_000 + '"',
+        '"progress": 50, "eta_s": 5, "stage": 7',
+    ],
+)
+def test_a_nodes_progress_out_of_range_is_refused_and_the_lease_still_renewed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, fields: str
+) -> None:
+    # Given a listed node holding a job, sending progress with a value out of docs/topics.md's
+    # ranges (before, eta_s Infinity or 1e22 killed the hub: round() of infinity, SQLite's
+    # 64-bit INTEGER; progress -50, 1e308 and a 200 KB stage were published as they came)
+    nodes, _, clock = hub(tmp_path)
+    online(nodes, "n1")
+    nodes.assign("n1", JOB, None)
+    raw = ('{"op": "progress", "job_id": "j1", "attempt": 1, ' + fields + "}").encode()
+    nodes.on_message("b/nodes/n1/up", raw, False)
+    # Then no progress reaches the job, the refusal is logged, and the node still holds its lease
+    out = nodes.poll(True)
+    assert [o.op for o in out] == []
+    assert "n1 sent progress of job j1 out of range" in caplog.text
+    clock.t += 9
+    assert nodes.poll(True) == []  # the lease was renewed or is still within its first 10 s
+    # And progress within the ranges is taken as it is
+    say(nodes, "n1", {"op": "progress", "job_id": "j1", "attempt": 1, "progress": 42.5, "stage": "x", "eta_s": 31})
+    (p,) = nodes.poll(True)
+    assert (p.op, p.data) == ("progress", {"progress": 42.5, "stage": "x", "eta_s": 31})
+
+
 def test_a_node_given_json_nested_too_deep_to_read_on_its_down_topic_ignores_it(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

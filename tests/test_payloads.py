@@ -153,7 +153,7 @@ def test_a_toml_value_of_the_wrong_toml_type_is_named_not_converted(
         ("transcribe.vad", "true or false"),
         ("transcribe.beam_size", "an integer"),
         ("kinds.transcribe.max_concurrency", "an integer"),
-        ("watch[0].settle_s", "a number"),
+        ("watch.0.settle_s", "a number"),
     ]:
         assert f"{key}: should be {want}" in message, (key, message)
     assert "mqtt.port" in message and message.count("workers") == 1 and message.count("settle_s") == 1
@@ -211,6 +211,82 @@ def test_an_infinite_value_from_the_environment_is_named(tmp_path: Path, monkeyp
     with pytest.raises(ConfigError) as e:
         load_settings(empty)
     assert "limits.max_requests_per_s: Input should be a finite number" in e.value.message
+
+
+@pytest.mark.parametrize(
+    ("doc", "key", "top"),
+    [
+        ("[mqtt]\nsession_expiry_s = {}\n", "mqtt.session_expiry_s", 2**32 - 1),
+        ("[mqtt]\nfinished_expiry_s = {}\n", "mqtt.finished_expiry_s", 2**32 - 1),
+        ("retention_days = {}\n", "retention_days", 36_500),
+        ("[retry]\nbackoff_base_s = {}\n", "retry.backoff_base_s", 365 * 86400),
+        ("[retry]\nbackoff_cap_s = {}\n", "retry.backoff_cap_s", 365 * 86400),
+    ],
+)
+def test_a_value_config_check_takes_is_one_the_service_can_use(tmp_path: Path, doc: str, key: str, top: int) -> None:
+    # Given the largest value of a key that becomes an MQTT interval (4 bytes) or a date (before,
+    # session_expiry_s 2**32 passed config check and the start died on struct.pack;
+    # finished_expiry_s 2**32 killed the service at each finished job; retention_days 1,000,000
+    # killed it at its first retention run: year -711)
+    import struct
+    import time as clock
+
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    from edge_queue.store.ids import iso
+
+    path = tmp_path / "c.toml"
+    path.write_text(doc.format(top))
+    s = load_settings(path)
+    # Then it is taken, and what it becomes can be sent or stored
+    if key.startswith("mqtt."):
+        props = Properties(PacketTypes.CONNECT if "session" in key else PacketTypes.PUBLISH)
+        value = getattr(s.mqtt, key.split(".")[1])
+        if "session" in key:
+            props.SessionExpiryInterval = value
+        else:
+            props.MessageExpiryInterval = value
+        assert props.pack()
+        over = Properties(PacketTypes.CONNECT)
+        over.SessionExpiryInterval = top + 1
+        with pytest.raises(struct.error):  # what one more would have done
+            over.pack()
+    elif key == "retention_days":
+        assert iso(clock.time() - s.retention_days * 86400) < iso(clock.time())
+    else:
+        assert iso(clock.time() + getattr(s.retry, key.split(".")[1]))
+    # And one more is named as out of range
+    path.write_text(doc.format(top + 1))
+    with pytest.raises(ConfigError) as e:
+        load_settings(path)
+    assert f"{key}: Input should be less than or equal to" in e.value.message
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("EDGE_QUEUE_MEDIA_ROOTS", "/srv/media"),
+        ("EDGE_QUEUE_WATCH", "not json"),
+        ("EDGE_QUEUE_MQTT__TLS", "x"),
+        ("EDGE_QUEUE_KINDS__NOOP__PREFER", "hub"),
+    ],
+)
+def test_an_environment_variable_that_is_not_json_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    # Given a list or a table set from the environment with a value that is not JSON, beside
+    # a string key that is not JSON either (before: "cannot read configuration file <a valid
+    # file>: error parsing value for field ...", naming neither the variable nor JSON)
+    empty = tmp_path / "empty.toml"
+    empty.write_text("")
+    monkeypatch.setenv(variable, value)
+    monkeypatch.setenv("EDGE_QUEUE_MQTT__HOST", "box.lan")
+    with pytest.raises(ConfigError) as e:
+        load_settings(empty)
+    # Then the variable is named, the string key is not, and the file is not blamed
+    assert f"the environment variable {variable} should hold JSON" in e.value.message
+    assert "MQTT__HOST" not in e.value.message and str(empty) not in e.value.message
 
 
 def test_full_jitter_backoff_bounds() -> None:
