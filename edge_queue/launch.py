@@ -11,23 +11,28 @@ from __future__ import annotations
 
 import signal
 import sys
-from typing import Any
 
 #: The exit code of a command ended by Ctrl-C (128 + SIGINT), as shells report it.
 EXIT_INTERRUPTED = 130
+#: SIGINTs received while the command line is imported (only this module, the command's entry,
+#: sets the handler, first thing: a Ctrl-C that came while ``typing`` was imported here gave a
+#: traceback).
+_INTERRUPTED: list[int] = []
+
+
+def _note(signum: int, frame: object) -> None:
+    _INTERRUPTED.append(signum)
+
+
+try:
+    _PREVIOUS = signal.signal(signal.SIGINT, _note)
+except ValueError:  # not the main thread (embedded): no handler to lend
+    _PREVIOUS = None
 
 
 def main() -> None:
     """Run the ``edge-queue`` command line (:func:`edge_queue.cli.main`)."""
-    interrupted: list[int] = []
-
-    def note(signum: int, frame: Any) -> None:
-        interrupted.append(signum)
-
-    try:
-        previous = signal.signal(signal.SIGINT, note)
-    except ValueError:  # not the main thread (embedded): no handler to lend
-        previous = None
+    interrupted, previous = _INTERRUPTED, _PREVIOUS
     try:
         from .cli import main as cli_main
     except KeyboardInterrupt:  # a Ctrl-C before the handler above was in place

@@ -129,6 +129,18 @@ def test_first_job_says_where_mosquitto_pub_comes_from() -> None:
     assert "mosquitto_pub" in first_job and "apt-get install mosquitto-clients" in first_job, first_job
 
 
+def test_the_commands_entry_takes_ctrl_c_before_it_imports_anything_more() -> None:
+    # The entry module sets its SIGINT handler first thing (before, it imported typing first,
+    # and a Ctrl-C landing there in CI gave a KeyboardInterrupt traceback through launch.py)
+    probe = (
+        "import sys, signal; before = set(sys.modules); import edge_queue.launch; "
+        "print(signal.getsignal(signal.SIGINT).__module__ == 'edge_queue.launch', "
+        "sorted(set(sys.modules) - before - {'edge_queue', 'edge_queue.launch'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "True []", out.stdout
+
+
 def test_ctrl_c_while_the_command_starts_ends_it_quietly() -> None:
     # Ctrl-C within the first moments of a command, while Python still imports it (before: a
     # KeyboardInterrupt traceback from inside the imports)
