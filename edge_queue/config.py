@@ -26,7 +26,6 @@ from .config_sources import not_json_in_environment, toml_type_problems
 from .errors import ConfigError
 
 DEFAULT_CONFIG_PATH = Path("/etc/edge-queue/config.toml")
-#: ``X | None`` and ``Optional[X]``.
 
 
 def default_data_dir() -> Path:
@@ -503,13 +502,7 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
     if path is not None:
         try:
             with open(path, "rb") as fh:
-                # named as pydantic names them: watch[0].settle_s is "watch.0.settle_s"
-                typed = [
-                    re.sub(r"\[(\d+)\]", r".\1", key) + sep + rest
-                    for key, sep, rest in (
-                        line.partition(":") for line in toml_type_problems(tomllib.load(fh), Settings)
-                    )
-                ]
+                typed = toml_type_problems(tomllib.load(fh), Settings)
         except (OSError, tomllib.TOMLDecodeError):
             pass  # said below, as pydantic-settings reads the file
     unknown = unknown_environment(os.environ)

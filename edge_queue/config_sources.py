@@ -15,6 +15,7 @@ from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel
 
+#: ``X | None`` and ``Optional[X]``.
 UNIONS = (types.UnionType, typing.Union)
 
 
@@ -39,7 +40,7 @@ def toml_type_problems(data: Any, model: type[BaseModel], where: str = "") -> li
     number, anything but ``true``/``false`` for a boolean. pydantic converts them (``"2"``,
     ``true`` and ``2.0`` gave 2); TOML has types of its own, so a file saying ``"2"`` is a
     mistake to name. The environment's values are strings, converted as before. Returns one
-    ``key: problem`` line per value."""
+    ``key: problem`` line per value, keys named as pydantic names them (``watch.0.settle_s``)."""
     problems: list[str] = []
     if not isinstance(data, dict):
         return problems
@@ -59,7 +60,7 @@ def toml_type_problems(data: Any, model: type[BaseModel], where: str = "") -> li
             problems += toml_type_problems(value, kind, f"{name}.")
         elif isinstance(kind, tuple) and kind[0] == "list" and isinstance(value, list):
             for i, item in enumerate(value):
-                problems += toml_type_problems(item, kind[1], f"{name}[{i}].")
+                problems += toml_type_problems(item, kind[1], f"{name}.{i}.")
         elif isinstance(kind, tuple) and kind[0] == "dict" and isinstance(value, dict):
             for sub, item in value.items():
                 problems += toml_type_problems(item, kind[1], f"{name}.{sub}.")
