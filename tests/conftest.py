@@ -64,10 +64,21 @@ def port_open(host: str, port: int) -> bool:
         return False
 
 
+#: Ports :func:`free_port` handed out in this process.
+HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free TCP port on 127.0.0.1, never one this process was given before: the kernel may
+    hand the same port to two binds in a row once the first socket is closed, and a broker
+    given it for two listeners failed with "Address already in use" (test_page in CI)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in HANDED_OUT:
+            HANDED_OUT.add(port)
+            return port
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.02) -> Any:
