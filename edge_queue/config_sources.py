@@ -95,8 +95,7 @@ def _takes_json(parts: list[str], settings: type[BaseModel]) -> bool:
 def not_json_in_environment(field: str, environ: Mapping[str, str], settings: type[BaseModel]) -> str:
     """The message for an environment variable of a list or a table (``field``, a top-level
     key of ``settings``, the configuration's model) whose value pydantic-settings could not
-    read as JSON: the variables that are not
-    JSON, by name, and how a list is written."""
+    read as JSON: the variables that are not JSON, by name, and how a list is written."""
     prefix = f"EDGE_QUEUE_{field.upper()}"
     bad = []
     for name, value in environ.items():

@@ -26,7 +26,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from .bridge import Bridge
 from .config import Settings
@@ -130,17 +130,18 @@ def node_progress(msg: dict[str, Any]) -> dict[str, Any] | None:
     in 0-:data:`ETA_MAX_S` (``NaN`` and infinities, which Python's JSON reads, are out of
     range too)."""
     progress, stage, eta_s = msg.get("progress"), msg.get("stage"), msg.get("eta_s")
-
-    def number(value: Any, top: float) -> bool:
-        return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= top
-
-    if not number(progress, 100):
+    if not _in_range(progress, 100):
         return None
     if stage is not None and not (isinstance(stage, str) and len(stage) <= STAGE_MAX_CHARS):
         return None
-    if eta_s is not None and not number(eta_s, ETA_MAX_S):
+    if eta_s is not None and not _in_range(eta_s, ETA_MAX_S):
         return None
-    return {"progress": float(progress or 0), "stage": stage, "eta_s": eta_s}
+    return {"progress": float(progress), "stage": stage, "eta_s": eta_s}
+
+
+def _in_range(value: Any, top: float) -> TypeGuard[float]:
+    """A JSON number (not a boolean) in 0-``top``; ``NaN`` is not."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= top
 
 
 def node_of(owner: str | None) -> str | None:
@@ -255,14 +256,15 @@ class Nodes:
             return
         online = msg.get("state") == "online"
         kinds = msg.get("kinds")
-        slots = msg.get("slots")
-        if not (isinstance(slots, int) and 0 <= slots <= 1024) or not isinstance(kinds, list):
+        raw = msg.get("slots")
+        slots = raw if isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw <= 1024 else None
+        if slots is None or not isinstance(kinds, list):
             self.refused.warning("node %s announced slots or kinds out of range: it gets no jobs", node_id)
         node = Node(
             node_id,
             online,
             frozenset(k for k in kinds if isinstance(k, str)) if isinstance(kinds, list) else frozenset(),
-            slots if isinstance(slots, int) and 0 <= slots <= 1024 else 0,
+            slots or 0,
             msg,
         )
         was = self.nodes.get(node_id)

@@ -199,9 +199,7 @@ def test_no_float_key_takes_an_infinite_or_nan_value(tmp_path: Path, value: str)
         # Then the key is named, as not a finite number
         with pytest.raises(ConfigError) as e:
             load_settings(path)
-        assert f"{key}: Input should be a finite number" in e.value.message or (
-            value != "inf" and f"{key}: Input should be greater" in e.value.message
-        ), (key, e.value.message)
+        assert f"{key}: Input should be a finite number" in e.value.message, (key, e.value.message)
 
 
 def test_an_infinite_value_from_the_environment_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
