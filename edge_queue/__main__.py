@@ -1,3 +1,3 @@
-from .launch import main
+from edge_queue.cli.launch import main
 
 main()

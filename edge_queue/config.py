@@ -22,8 +22,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from .config_sources import not_json_in_environment, toml_type_problems
-from .errors import ConfigError
+from edge_queue.config_sources import not_json_in_environment, toml_type_problems
+from edge_queue.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = Path("/etc/edge-queue/config.toml")
 

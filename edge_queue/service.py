@@ -36,32 +36,32 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .announce import Announcer, package_version
-from .bridge import Bridge, Connected, Incoming
-from .commands import Commands
-from .config import Settings
-from .dispatch import Dispatcher
-from .errors import ConfigError
-from .inputs import roots_text
-from .instance import claim_base_topic, note_base_topic
-from .kinds import registry
-from .lifecycle import backoff_s
-from .limits import DiskGuard, RejectionLog
-from .logfmt import TurnLog
-from .nodes import Nodes
-from .notify import Notifier
-from .outcomes import Outcomes
-from .page import PageServer, start_page
-from .preflight import check_data_dir, private_store_files
-from .publisher import Publisher, Republisher
-from .recovery import GhostClearing, requeue_orphans
-from .retention import Retention
-from .scheduler import Scheduler
-from .store import Store, iso, new_id
-from .supervisor import Outcome, Supervisor
-from .takeover import EXIT_SHARED_CLIENT_ID, SESSION_KEY
-from .topics import MAX_REPLY_AREAS, ReplyAreas, Topics
-from .watch import WatchFolders
+from edge_queue.config import Settings
+from edge_queue.errors import ConfigError
+from edge_queue.http.page import PageServer, start_page
+from edge_queue.jobs.outcomes import Outcomes
+from edge_queue.jobs.recovery import GhostClearing, requeue_orphans
+from edge_queue.jobs.retention import Retention
+from edge_queue.jobs.scheduler import Scheduler
+from edge_queue.kinds import registry
+from edge_queue.logfmt import TurnLog
+from edge_queue.mqtt.bridge import Bridge, Connected, Incoming
+from edge_queue.mqtt.instance import claim_base_topic, note_base_topic
+from edge_queue.mqtt.takeover import EXIT_SHARED_CLIENT_ID, SESSION_KEY
+from edge_queue.mqtt.topics import MAX_REPLY_AREAS, ReplyAreas, Topics
+from edge_queue.nodes.hub import Nodes
+from edge_queue.notify import Notifier
+from edge_queue.publish.announce import Announcer, package_version
+from edge_queue.publish.publisher import Publisher, Republisher
+from edge_queue.requests.commands import Commands
+from edge_queue.requests.dispatch import Dispatcher
+from edge_queue.rules.inputs import roots_text
+from edge_queue.rules.lifecycle import backoff_s
+from edge_queue.rules.limits import DiskGuard, RejectionLog
+from edge_queue.store import Store, iso, new_id
+from edge_queue.store.preflight import check_data_dir, private_store_files
+from edge_queue.watch.folders import WatchFolders
+from edge_queue.workers.supervisor import Outcome, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +111,8 @@ class Service:
     worker pipes and process sentinels, and a wake socket; then :meth:`tick` acts on
     everything pending, within per-turn budgets, as one group commit.
 
-    Implements :class:`~edge_queue.ports.QueuePort` (for :mod:`.commands`) and
-    :class:`~edge_queue.ports.WatchPort` (for :mod:`.watch`).
+    Implements :class:`~edge_queue.requests.ports.QueuePort` (for :mod:`.commands`) and
+    :class:`~edge_queue.requests.ports.WatchPort` (for :mod:`.watch`).
 
     Args:
         settings: the validated configuration.
@@ -155,7 +155,7 @@ class Service:
         self.reply_areas = ReplyAreas([*settings.access.admins, *settings.access.users, *settings.access.nodes])
         self.commands = Commands(self)
         self.nodes = Nodes(settings, self.topics, self.bridge)  # worker nodes: docs/nodes.md
-        self.watch_folders = WatchFolders(self)  # [[watch]] (edge_queue/watch.py)
+        self.watch_folders = WatchFolders(self)  # [[watch]] (edge_queue/watch/folders.py)
         self.publisher = Publisher(
             self.bridge,
             self.topics,
@@ -362,7 +362,7 @@ class Service:
 
     def on_connected(self, item: Connected) -> None:
         """(Re)connected: ``online``, ``info``, the changes made before the first connect, and
-        a republish of every job and batch, in pieces (:class:`~edge_queue.publisher.Republisher`)."""
+        a republish of every job and batch, in pieces (:class:`~edge_queue.publish.publisher.Republisher`)."""
         if not item.session_present:  # a new session: nothing sent on it is a redelivery
             self.job_store().forget_all_requests()
         self.bridge.foreign.record(self.job_store())
@@ -390,7 +390,7 @@ class Service:
         )
         return max(0.0, min([cap, *(w for w in waits if w is not None)]))
 
-    # -- the ports (edge_queue/ports.py) ------------------------------------------------
+    # -- the ports (edge_queue/requests/ports.py) ------------------------------------------------
 
     def job_store(self) -> Store:
         assert self.store is not None, "boot() first"
@@ -458,7 +458,7 @@ class Service:
     def shutdown(self) -> None:
         """Graceful stop: no new jobs; running ones get ``cancel_grace_s`` to finish; the rest
         are ended and requeued without counting the attempt
-        (:func:`~edge_queue.lifecycle.after_graceful_stop`); ``offline``."""
+        (:func:`~edge_queue.rules.lifecycle.after_graceful_stop`); ``offline``."""
         store = self.job_store()
         self.stopping = self.outcomes.stopping = True
         for slot in self.supervisor.slots:
@@ -506,7 +506,7 @@ class Service:
 
 
 def settle_own_requests(service: Service) -> None:
-    """Another installation shares our client id (:class:`~edge_queue.takeover.ForeignMessages`):
+    """Another installation shares our client id (:class:`~edge_queue.mqtt.takeover.ForeignMessages`):
     our request topics are unsubscribed; the requests of ours already on their way are taken
     and answered for up to :data:`SETTLE_S` seconds (until none came for :data:`SETTLE_QUIET_S`
     while connected), so the session holds none of ours for the other installation."""

@@ -28,7 +28,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from edge_queue.topics import COMMANDS
+from edge_queue.mqtt.topics import COMMANDS
 
 from .kinds_for_tests import EXTRA_KINDS
 

@@ -7,7 +7,10 @@ with ``ast``, nothing is imported or run.
 - no module reaches into another's ``_private`` names; a library's private names are used only
   where :data:`LIBRARY_PRIVATE` lists them (each pinned and checked by
   tests/test_private_names.py);
-- every module docs/architecture.md names exists, and every module is named there.
+- every module docs/architecture.md names exists, and every module is named there;
+- the rooms are in dependency order: each folder of the package is one room of
+  docs/architecture.md, and a module imports only modules of its own room or of rooms after it
+  on that page (so no cycle ties two rooms either).
 """
 
 from __future__ import annotations
@@ -26,13 +29,13 @@ MAX_MODULE_LINES = 600
 #: module (path under the repository) -> private names of libraries it may use, by name.
 #: ``os._exit`` is the standard library's documented way to end a forked child.
 LIBRARY_PRIVATE: dict[str, set[str]] = {
-    "edge_queue/worker.py": {"_exit"},
+    "edge_queue/workers/worker.py": {"_exit"},
     # paho-mqtt's, pinned and listed in PAHO_PRIVATE
-    "edge_queue/mqtt_client.py": {"_topic", "_set_as_published", "_sock_recv"},
+    "edge_queue/mqtt/paho_client.py": {"_topic", "_set_as_published", "_sock_recv"},
     # amqtt's, pinned and listed in AMQTT_PRIVATE
-    "edge_queue/embedded_broker.py": {"_sessions", "_tasks_queue"},
+    "edge_queue/mqtt/embedded_broker.py": {"_sessions", "_tasks_queue"},
     # the logging HOWTO's documented optimization ("Optimization": set logging._srcfile to None)
-    "edge_queue/cli.py": {"_srcfile"},
+    "edge_queue/cli/main.py": {"_srcfile"},
 }
 
 
@@ -185,3 +188,54 @@ def test_docs_architecture_names_every_module() -> None:
     named = architecture_modules()
     missing = [str(p.relative_to(ROOT)) for p in modules().values() if str(p.relative_to(ROOT)) not in named]
     assert missing == [], f"docs/architecture.md does not say where these live: {missing}"
+
+
+def rooms_in_order() -> list[tuple[str, list[str]]]:
+    """docs/architecture.md's rooms, in the page's order: ``(heading, [module path, ...])``."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    body = text[text.index("## The rooms") : text.index("\n## ", text.index("## The rooms") + 1)]
+    rooms = []
+    for section in body.split("\n### ")[1:]:
+        heading = section.splitlines()[0]
+        rooms.append((heading, re.findall(r"^\| `(edge_queue/[\w/]+\.py)` \|", section, re.M)))
+    return rooms
+
+
+def upward_imports(rooms: list[tuple[str, list[str]]], graph: dict[str, set[str]], paths: dict[str, str]) -> list[str]:
+    """``a -> b`` for each import from a module to one in a room before its own."""
+    place = {path: i for i, (_, listed) in enumerate(rooms) for path in listed}
+    return [
+        f"{paths[a]} ({rooms[place[paths[a]]][0]}) -> {paths[b]} ({rooms[place[paths[b]]][0]})"
+        for a, targets in sorted(graph.items())
+        for b in sorted(targets)
+        if place[paths[a]] > place[paths[b]]
+    ]
+
+
+def test_each_folder_is_one_room() -> None:
+    rooms = rooms_in_order()
+    room_of = {path: heading for heading, listed in rooms for path in listed}
+    by_folder: dict[str, set[str]] = {}
+    for path in modules().values():
+        rel = path.relative_to(ROOT)
+        if rel.parent != Path("edge_queue"):
+            by_folder.setdefault(str(rel.parent), set()).add(room_of.get(str(rel), "(not named)"))
+    assert {folder: headings for folder, headings in by_folder.items() if len(headings) != 1} == {}
+    # and every folder's room names it in its heading, so that the page and `ls` say the same
+    assert [f for f, (h,) in ((f, tuple(hs)) for f, hs in by_folder.items()) if f"`{f}/`" not in h] == []
+
+
+def test_rooms_import_only_the_rooms_after_them() -> None:
+    mods = modules()
+    paths = {name: str(path.relative_to(ROOT)) for name, path in mods.items()}
+    graph = {name: imports_of(name, path, set(mods)) for name, path in mods.items()}
+    assert upward_imports(rooms_in_order(), graph, paths) == []
+
+
+def test_the_room_order_check_sees_an_upward_import() -> None:
+    rooms = [("Top: `edge_queue/top/`", ["edge_queue/top/a.py"]), ("Low: `edge_queue/low/`", ["edge_queue/low/b.py"])]
+    paths = {"edge_queue.top.a": "edge_queue/top/a.py", "edge_queue.low.b": "edge_queue/low/b.py"}
+    assert upward_imports(rooms, {"edge_queue.top.a": {"edge_queue.low.b"}, "edge_queue.low.b": set()}, paths) == []
+    assert upward_imports(rooms, {"edge_queue.top.a": set(), "edge_queue.low.b": {"edge_queue.top.a"}}, paths) == [
+        "edge_queue/low/b.py (Low: `edge_queue/low/`) -> edge_queue/top/a.py (Top: `edge_queue/top/`)"
+    ]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from edge_queue.browse import browse
 from edge_queue.errors import ErrorCode, InputError
+from edge_queue.requests.browse import browse
 
 from .conftest import Broker
 
@@ -143,8 +143,8 @@ def test_browse_through_the_service(mosquitto: Broker, service_factory, tree: tu
 
 def test_a_media_root_given_through_a_link_browses_as_it_submits(tmp_path: Path, monkeypatch) -> None:
     # Given a media root given on the command line by a path through a symbolic link
-    from edge_queue.cli import _settings
-    from edge_queue.inputs import check_input
+    from edge_queue.cli.main import _settings
+    from edge_queue.rules.inputs import check_input
 
     real = tmp_path / "real"
     (real / "speech").mkdir(parents=True)

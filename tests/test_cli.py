@@ -355,7 +355,7 @@ def test_file_names_cannot_forge_output_lines(mosquitto, service_factory, tmp_pa
         [
             sys.executable,
             "-c",
-            "import sys; sys.stdout.isatty = lambda: True; from edge_queue.cli import main; main()",
+            "import sys; sys.stdout.isatty = lambda: True; from edge_queue.cli.main import main; main()",
             "jobs",
         ],
         env=env,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from edge_queue import cli
+from edge_queue.cli import main as cli
 
 from .conftest import ServiceProcess, publish, wait_until
 
@@ -133,9 +133,9 @@ def test_the_commands_entry_takes_ctrl_c_before_it_imports_anything_more() -> No
     # The entry module sets its SIGINT handler first thing (before, it imported typing first,
     # and a Ctrl-C landing there in CI gave a KeyboardInterrupt traceback through launch.py)
     probe = (
-        "import sys, signal; before = set(sys.modules); import edge_queue.launch; "
-        "print(signal.getsignal(signal.SIGINT).__module__ == 'edge_queue.launch', "
-        "sorted(set(sys.modules) - before - {'edge_queue', 'edge_queue.launch'}))"
+        "import sys, signal; before = set(sys.modules); import edge_queue.cli.launch; "
+        "print(signal.getsignal(signal.SIGINT).__module__ == 'edge_queue.cli.launch', "
+        "sorted(set(sys.modules) - before - {'edge_queue', 'edge_queue.cli', 'edge_queue.cli.launch'}))"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "True []", out.stdout

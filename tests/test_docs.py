@@ -19,12 +19,13 @@ from typing import Any, get_args, get_origin
 import pytest
 from pydantic import BaseModel
 
-from edge_queue import cli, payloads
+from edge_queue.cli import main as cli
 from edge_queue.config import Settings, load_settings
 from edge_queue.errors import NON_RETRYABLE, ErrorCode
 from edge_queue.kinds import BUILTIN
-from edge_queue.states import TERMINAL, TRANSITIONS, JobState
-from edge_queue.topics import COMMANDS, Topics
+from edge_queue.mqtt import payloads
+from edge_queue.mqtt.topics import COMMANDS, Topics
+from edge_queue.rules.states import TERMINAL, TRANSITIONS, JobState
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

@@ -1,4 +1,4 @@
-"""QoS 1 deliveries of the embedded broker (edge_queue/embedded_broker.py; docs/operations.md,
+"""QoS 1 deliveries of the embedded broker (edge_queue/mqtt/embedded_broker.py; docs/operations.md,
 "Load and back-pressure"): a message waits for its PUBACK as long as the connection lasts, at
 most ``INFLIGHT`` per client are unacknowledged, a client that acknowledges none of a full
 window is disconnected, and amqtt's log lines of one kind are throttled. The broker runs in the test's
@@ -18,8 +18,8 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edge_queue import embedded_broker
-from edge_queue.embedded_broker import BrokerThread, broker_config
+from edge_queue.mqtt import embedded_broker
+from edge_queue.mqtt.embedded_broker import BrokerThread, broker_config
 
 from .conftest import free_port, stop_client, wait_until
 
@@ -207,3 +207,12 @@ def test_the_service_is_never_disconnected_for_a_full_window(monkeypatch: pytest
             slow.close()
     finally:
         broker.stop()
+
+
+def test_an_amqtt_configuration_of_an_earlier_release_still_names_the_plugin() -> None:
+    # an amqtt.yaml copied from broker/ before the move names edge_queue.amqtt_plugins.ReservedClientIds
+    import importlib
+
+    from edge_queue.mqtt.amqtt_plugins import ReservedClientIds
+
+    assert importlib.import_module("edge_queue.amqtt_plugins").ReservedClientIds is ReservedClientIds

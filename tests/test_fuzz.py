@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edge_queue.topics import COMMANDS
+from edge_queue.mqtt.topics import COMMANDS
 
 from .conftest import wait_until
 

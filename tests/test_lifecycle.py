@@ -1,4 +1,4 @@
-"""The job lifecycle rules (edge_queue/lifecycle.py), by tables: no broker, no process, no
+"""The job lifecycle rules (edge_queue/rules/lifecycle.py), by tables: no broker, no process, no
 database (docs/topics.md, "States")."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from edge_queue import lifecycle
-from edge_queue.lifecycle import Step
-from edge_queue.states import TRANSITIONS, JobState
+from edge_queue.rules import lifecycle
+from edge_queue.rules.lifecycle import Step
+from edge_queue.rules.states import TRANSITIONS, JobState
 
 NOW = 1_000_000.0
 

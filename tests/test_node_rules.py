@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from edge_queue.config import Settings
-from edge_queue.nodes import HUB, Nodes
-from edge_queue.pathmap import map_result, to_hub, to_local
-from edge_queue.scheduler import Scheduler, preferred
+from edge_queue.jobs.scheduler import Scheduler, preferred
+from edge_queue.mqtt.topics import Topics
+from edge_queue.nodes.hub import HUB, Nodes
+from edge_queue.nodes.pathmap import map_result, to_hub, to_local
 from edge_queue.store import JobSpec, Store
-from edge_queue.supervisor import Supervisor
-from edge_queue.topics import Topics
+from edge_queue.workers.supervisor import Supervisor
 
 from .test_scheduler import Wire
 
@@ -312,7 +312,7 @@ def test_a_node_given_json_nested_too_deep_to_read_on_its_down_topic_ignores_it(
     # and was handed a job it could not hear of)
     from types import SimpleNamespace
 
-    from edge_queue.node import WorkerNode
+    from edge_queue.nodes.node import WorkerNode
 
     node = WorkerNode(Settings(data_dir=tmp_path, workers=1, nodes={"node_id": "n1"}))
     try:
@@ -332,7 +332,7 @@ def test_a_hand_out_carries_only_the_kept_chunks_that_fit_under_the_brokers_pack
     # Given a job with three kept chunks of 5 MiB each (before, the run message carried all
     # 15 MiB and more: over mosquitto's max_packet_size, the broker closed the hub's connection
     # at every try and the hub stayed offline)
-    from edge_queue.nodes import KEPT_BUDGET_BYTES
+    from edge_queue.nodes.hub import KEPT_BUDGET_BYTES
 
     nodes, wire, _ = hub(tmp_path)
     online(nodes, "n1")
@@ -350,7 +350,7 @@ def test_a_node_flooding_the_hub_is_dropped_from_and_the_others_are_still_read(
     # Given a listed node sending 1 MB messages faster than the hub's turns read them (before:
     # all were held, 846 MB in the hub, and a submit waited 14.7 s for its answer), and one
     # message over the largest a node sends
-    from edge_queue.nodes import MESSAGE_MAX_BYTES, NODE_INBOX_BYTES_MAX
+    from edge_queue.nodes.hub import MESSAGE_MAX_BYTES, NODE_INBOX_BYTES_MAX
 
     nodes, _, _ = hub(tmp_path)
     online(nodes, "n1", "n2")

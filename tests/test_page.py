@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from edge_queue.config import HttpSettings
-from edge_queue.page import FILES, PageServer
+from edge_queue.http.page import FILES, PageServer
 
 from .conftest import ROOT, Broker, ServiceProcess, free_port, need, port_open, wait_until, words
 from .test_deploy import _service_env, mosquitto_with_acl  # noqa: F401 (a fixture, by name)
@@ -121,7 +121,7 @@ def test_slow_connections_cannot_take_every_thread_and_descriptor(server: PageSe
     # Given 300 connections that send half a request and then nothing (a slowloris)
     import socket
 
-    from edge_queue.page import MAX_CONNECTIONS
+    from edge_queue.http.page import MAX_CONNECTIONS
 
     held = []
     for _ in range(300):
@@ -167,7 +167,7 @@ def test_one_host_trickling_headers_costs_only_its_own_connections(server: PageS
     # ending its request (before: they held every place of the page from everyone)
     import socket
 
-    from edge_queue.page import REQUEST_READ_S
+    from edge_queue.http.page import REQUEST_READ_S
 
     held = []
     for _ in range(64):
@@ -582,8 +582,8 @@ def test_the_page_asks_for_a_broker_login_and_remembers_it_only_if_asked(
 
 
 def test_home_assistant_device_links_to_the_page() -> None:
-    from edge_queue import discovery
-    from edge_queue.topics import Topics
+    from edge_queue.mqtt.topics import Topics
+    from edge_queue.publish import discovery
 
     config = discovery.device_config(Topics("b"), "abc", "nas", "1", configuration_url="http://nas:8099/")
     assert config["dev"]["cu"] == "http://nas:8099/"  # configuration_url, abbreviated

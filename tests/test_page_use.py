@@ -17,7 +17,7 @@ import pytest
 from pydantic import ValidationError
 
 from edge_queue.config import HttpSettings
-from edge_queue.page import headers
+from edge_queue.http.page import headers
 
 from .conftest import Broker, free_port, wait_until
 from .test_page import Browser, artifacts, browser, media, page_service, ws_mosquitto  # noqa: F401 (fixtures, by name)

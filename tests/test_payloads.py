@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from edge_queue import payloads
 from edge_queue.config import load_settings
 from edge_queue.errors import ConfigError, ErrorCode, InputError, RequestError
-from edge_queue.inputs import check_input
-from edge_queue.lifecycle import backoff_s
-from edge_queue.payloads import SubmitRequest, decode_request
-from edge_queue.topics import Topics
+from edge_queue.mqtt import payloads
+from edge_queue.mqtt.payloads import SubmitRequest, decode_request
+from edge_queue.mqtt.topics import Topics
+from edge_queue.rules.inputs import check_input
+from edge_queue.rules.lifecycle import backoff_s
 
 
 def decode(command: str, raw: bytes):
@@ -296,7 +296,7 @@ def test_full_jitter_backoff_bounds() -> None:
 
 
 def test_job_object_is_json(tmp_path: Path) -> None:
-    from edge_queue.payloads import job_object
+    from edge_queue.mqtt.payloads import job_object
     from edge_queue.store import JobSpec, Store
 
     store = Store(tmp_path / "q.db")
@@ -345,12 +345,12 @@ def test_unknown_environment_variables_are_named(monkeypatch: pytest.MonkeyPatch
 def test_rejected_requests_are_logged_at_most_twenty_per_ten_seconds(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from edge_queue import limits
+    from edge_queue.rules import limits
 
     now = [1000.0]
     monkeypatch.setattr(limits.time, "monotonic", lambda: now[0])
     rejections = limits.RejectionLog()
-    with caplog.at_level("WARNING", logger="edge_queue.limits"):
+    with caplog.at_level("WARNING", logger="edge_queue.rules.limits"):
         # Given 500 bad requests in one second: 20 lines, the rest counted
         for i in range(500):
             rejections.warning("request %s rejected: invalid_json", i)
@@ -402,7 +402,7 @@ def test_text_that_is_not_unicode_is_encoded_as_escapes() -> None:
 
 
 def test_ha_last_summary_names_the_file_and_has_no_dangling_colon() -> None:
-    from edge_queue.discovery import last_payload
+    from edge_queue.publish.discovery import last_payload
 
     def job(**kw: object) -> dict[str, object]:
         return {"job_id": "j1", "kind": "noop", "state": "succeeded", "input": None, "result": None, **kw}

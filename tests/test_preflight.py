@@ -1,4 +1,4 @@
-"""Bad stores and data folders (``edge_queue.preflight``): ``edge-queue serve`` prints one
+"""Bad stores and data folders (``edge_queue.store.preflight``): ``edge-queue serve`` prints one
 line naming the file, what is wrong and what to do, and exits 2, before it tells systemd
 ``READY=1`` and before ``online`` is retained on ``<base>/status``.
 
@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 
 from edge_queue.config import Settings
-from edge_queue.preflight import boot_failure, check_data_dir
 from edge_queue.store import SCHEMA_VERSION, JobSpec, Store
+from edge_queue.store.preflight import boot_failure, check_data_dir
 
 from .conftest import Broker, ServiceProcess, Watcher, need, publish, wait_until
 

@@ -1,5 +1,5 @@
 """The private names of libraries that edge-queue relies on are still there, with the shape the
-code assumes (edge_queue/mqtt_client.py PAHO_PRIVATE, edge_queue/embedded_broker.py
+code assumes (edge_queue/mqtt/paho_client.py PAHO_PRIVATE, edge_queue/mqtt/embedded_broker.py
 AMQTT_PRIVATE, the standard library's ``logging._srcfile``). A new paho-mqtt or amqtt release
 that drops or reshapes one fails here, naming it, instead of at run time in the service."""
 
@@ -14,8 +14,8 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edge_queue.embedded_broker import AMQTT_PRIVATE, AMQTT_VERSION
-from edge_queue.mqtt_client import PAHO_PRIVATE, PAHO_VERSION
+from edge_queue.mqtt.embedded_broker import AMQTT_PRIVATE, AMQTT_VERSION
+from edge_queue.mqtt.paho_client import PAHO_PRIVATE, PAHO_VERSION
 
 #: what the overrides assume of paho's private methods: name -> their parameters
 PAHO_SIGNATURES = {
@@ -59,7 +59,7 @@ def paho_owners() -> dict[str, Any]:
 
 def test_paho_is_the_pinned_version() -> None:
     assert version("paho-mqtt") == PAHO_VERSION, (
-        f"paho-mqtt {version('paho-mqtt')} is installed; edge_queue/mqtt_client.py is written against "
+        f"paho-mqtt {version('paho-mqtt')} is installed; edge_queue/mqtt/paho_client.py is written against "
         f"paho-mqtt=={PAHO_VERSION} (pyproject.toml): check PAHO_PRIVATE against the new release, then move the pin"
     )
 
@@ -67,7 +67,7 @@ def test_paho_is_the_pinned_version() -> None:
 def test_paho_still_has_every_private_name_the_client_uses() -> None:
     gone = missing_names(paho_owners(), PAHO_PRIVATE)
     assert gone == [], (
-        f"paho-mqtt {version('paho-mqtt')} no longer has {', '.join(gone)}, which edge_queue/mqtt_client.py "
+        f"paho-mqtt {version('paho-mqtt')} no longer has {', '.join(gone)}, which edge_queue/mqtt/paho_client.py "
         f"overrides or uses; edge-queue is tested with paho-mqtt=={PAHO_VERSION} (pyproject.toml)"
     )
 
@@ -77,7 +77,7 @@ def test_paho_private_methods_keep_their_parameters(name: str, params: list[str]
     found = list(inspect.signature(getattr(mqtt.Client, name)).parameters)
     assert found == params, (
         f"paho-mqtt {version('paho-mqtt')}: Client.{name}{tuple(found)} was {tuple(params)} in "
-        f"paho-mqtt=={PAHO_VERSION}, which edge_queue/mqtt_client.py is written against"
+        f"paho-mqtt=={PAHO_VERSION}, which edge_queue/mqtt/paho_client.py is written against"
     )
 
 
@@ -102,7 +102,7 @@ def test_amqtt_is_the_pinned_version_and_has_every_private_name() -> None:
     owners = {"Broker": [Broker, *_broker_instance()], "BrokerProtocolHandler": [BrokerProtocolHandler]}
     gone = missing_names(owners, AMQTT_PRIVATE)
     assert gone == [], (
-        f"amqtt {version('amqtt')} no longer has {', '.join(gone)}, which edge_queue/embedded_broker.py "
+        f"amqtt {version('amqtt')} no longer has {', '.join(gone)}, which edge_queue/mqtt/embedded_broker.py "
         f"overrides or uses; edge-queue is tested with amqtt=={AMQTT_VERSION} (pyproject.toml)"
     )
 
@@ -114,7 +114,7 @@ def _broker_instance() -> list[Any]:
 
     from amqtt.broker import Broker
 
-    from edge_queue.embedded_broker import broker_config
+    from edge_queue.mqtt.embedded_broker import broker_config
 
     async def make() -> Any:
         return Broker(broker_config("127.0.0.1", 0))
@@ -127,6 +127,6 @@ def _broker_instance() -> list[Any]:
 
 
 def test_logging_still_has_srcfile() -> None:
-    # edge_queue/cli.py sets it to None, as the logging HOWTO ("Optimization") says, so that
+    # edge_queue/cli/main.py sets it to None, as the logging HOWTO ("Optimization") says, so that
     # no log call looks up its caller
     assert hasattr(logging, "_srcfile")

@@ -242,7 +242,7 @@ def test_backoff_schedule_with_an_injected_clock(tmp_path: Path) -> None:
     from edge_queue.config import Settings
     from edge_queue.service import Service
     from edge_queue.store import JobSpec, Store, parse_iso
-    from edge_queue.supervisor import Outcome
+    from edge_queue.workers.supervisor import Outcome
 
     now = [1_000_000.0]
     settings = Settings(data_dir=tmp_path, retry={"max_attempts": 4, "backoff_base_s": 5, "backoff_cap_s": 12})
@@ -582,7 +582,7 @@ def test_more_retained_jobs_than_mqtt_message_ids_are_all_republished(
     # paho numbers QoS 1 messages with 16-bit ids; 70,000 retained job topics at start-up
     # must all arrive, not 65,535 of them.
     need(subprocess.run(["which", "mosquitto"], capture_output=True).returncode == 0, "mosquitto not installed")
-    from edge_queue.states import JobState
+    from edge_queue.rules.states import JobState
     from edge_queue.store import JobSpec, Store
 
     port = free_port()
@@ -716,10 +716,10 @@ def test_events_of_one_turns_outcomes_go_out_in_event_id_order(tmp_path: Path) -
     import json
 
     from edge_queue.config import Settings
+    from edge_queue.rules.states import JobState
     from edge_queue.service import Service
-    from edge_queue.states import JobState
     from edge_queue.store import JobSpec, Store
-    from edge_queue.supervisor import Outcome
+    from edge_queue.workers.supervisor import Outcome
 
     now = 1_000_000.0
     svc = Service(Settings(data_dir=tmp_path), clock=lambda: now)

@@ -22,7 +22,7 @@ from edge_queue.kinds.transcribe import (
     same_cut,
 )
 from edge_queue.kinds.whisper import MISSED_GAP_S, MISSED_MARGIN_S, cues, missed_stretch
-from edge_queue.states import JobState
+from edge_queue.rules.states import JobState
 from edge_queue.store import JobSpec, Store
 
 

@@ -1,4 +1,4 @@
-"""Scheduling (edge_queue/scheduler.py): which due job goes to which worker, per-kind
+"""Scheduling (edge_queue/jobs/scheduler.py): which due job goes to which worker, per-kind
 ``max_concurrency``, priority order. A real store on a temporary SQLite file and the real
 supervisor's slots, without worker processes (a slot is given a placeholder process): each test
 runs in milliseconds."""
@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from edge_queue.config import Settings
-from edge_queue.nodes import Nodes
-from edge_queue.scheduler import Scheduler, allowed_kinds
+from edge_queue.jobs.scheduler import Scheduler, allowed_kinds
+from edge_queue.mqtt.topics import Topics
+from edge_queue.nodes.hub import Nodes
 from edge_queue.store import JobSpec, Store
-from edge_queue.supervisor import Supervisor
-from edge_queue.topics import Topics
+from edge_queue.workers.supervisor import Supervisor
 
 NOW = 1_000_000.0
 

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edge_queue.errors import NotFoundError, TransitionError
-from edge_queue.states import TRANSITIONS, JobState, can_transition, is_terminal
+from edge_queue.rules.states import TRANSITIONS, JobState, can_transition, is_terminal
 from edge_queue.store import SCHEMA_VERSION, JobSpec, Store, iso, new_id, parse_iso
 
 

@@ -1,9 +1,9 @@
 """The rule that tells another client taking our client id from a plain network cut
-(edge_queue/takeover.py): plain data and a clock, no broker."""
+(edge_queue/mqtt/takeover.py): plain data and a clock, no broker."""
 
 from __future__ import annotations
 
-from edge_queue.takeover import (
+from edge_queue.mqtt.takeover import (
     SESSION_TAKEN_OVER,
     SHORT_CONNECTION_S,
     SHORT_CONNECTIONS,

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from edge_queue.store import parse_iso
-from edge_queue.watch_files import file_digest, is_network_fs, skip_reason
+from edge_queue.watch.files import file_digest, is_network_fs, skip_reason
 
 from .conftest import ROOT, SPEECH, need, run_doctor, wait_until
 
@@ -254,7 +254,7 @@ def test_lost_inotify_events_make_a_scan(tmp_path: Path) -> None:
     folder is scanned again, so a file whose event was lost still becomes ready."""
     import logging
 
-    from edge_queue.watcher import OVERFLOW_LOGGER
+    from edge_queue.watch.watcher import OVERFLOW_LOGGER
 
     folder = tmp_path / "inbox"
     folder.mkdir()
@@ -298,7 +298,7 @@ def _folder_watcher(folder: Path, **settings: Any) -> Iterator[Any]:
     import socket
 
     from edge_queue.config import WatchSettings
-    from edge_queue.watcher import FolderWatcher
+    from edge_queue.watch.watcher import FolderWatcher
 
     wake_r, wake_w = socket.socketpair()
     cfg = WatchSettings(path=folder, kind="noop", settle_s=0.2, mode="events", **settings)

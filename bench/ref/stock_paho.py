@@ -1,4 +1,4 @@
-"""The service with paho-mqtt's own client in place of edge_queue.mqtt_client.FastClient: P1's
+"""The service with paho-mqtt's own client in place of edge_queue.mqtt.paho_client.FastClient: P1's
 "stock paho" side, which measures what the short paths on paho's private names buy.
 
     python bench/ref/stock_paho.py serve      # as ``python -m edge_queue serve``
@@ -54,8 +54,8 @@ class StockClient(mqtt.Client):
 
 
 def main() -> None:
-    from edge_queue import bridge
-    from edge_queue.cli import main as cli_main
+    from edge_queue.cli.main import main as cli_main
+    from edge_queue.mqtt import bridge
 
     bridge.FastClient = StockClient  # type: ignore[misc,assignment]
     cli_main()

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ErrorCode, MediaError
+from edge_queue.errors import ErrorCode, MediaError
 
 SAMPLE_RATE = 16000
 #: Length of the energy frames used to find a quiet cut point, in seconds.

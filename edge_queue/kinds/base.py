@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..errors import ErrorCode, JobError
+from edge_queue.errors import ErrorCode, JobError
 
 if TYPE_CHECKING:
-    from ..config import Settings
+    from edge_queue.config import Settings
 
 
 class KindOptions(BaseModel):

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from ..errors import ErrorCode, JobError, RequestError
+from edge_queue.errors import ErrorCode, JobError, RequestError
+
 from .base import JobContext, Kind, OutputOptions, check_free, output_stem, temp_path
 from .media import (
     container_duration_s,
@@ -21,7 +22,7 @@ from .media import (
 )
 
 if TYPE_CHECKING:
-    from ..config import Settings
+    from edge_queue.config import Settings
 
 #: format -> (container format, encoder, file extension)
 FORMATS: dict[str, tuple[str, str, str]] = {

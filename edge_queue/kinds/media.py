@@ -18,7 +18,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ..errors import ErrorCode, JobError, MediaError
+from edge_queue.errors import ErrorCode, JobError, MediaError
 
 #: FFmpeg demuxers of single media files: the only ones FFmpeg may use to open an input
 #: (``format_whitelist``). Formats that pull in other files or URLs (HLS and DASH playlists,

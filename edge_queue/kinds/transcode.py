@@ -8,7 +8,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from ..errors import ErrorCode, MediaError
+from edge_queue.errors import ErrorCode, MediaError
+
 from .base import JobContext, Kind, OutputOptions, check_free, output_stem, temp_path
 from .media import container_duration_s, encoder_errors, end_of_input, finish_output, open_media, pick_rate
 from .streams import layout as stream_layout

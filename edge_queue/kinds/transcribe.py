@@ -19,7 +19,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from ..errors import ErrorCode, JobError, MediaError, RequestError
+from edge_queue.errors import ErrorCode, JobError, MediaError, RequestError
+
 from .ahead import DecodeAhead, Pending
 from .audio import Chunk, chunks, decode_pcm
 from .base import JobContext, Kind, OutputOptions, check_free, output_stem, write_atomic

@@ -32,7 +32,8 @@ from typing import Any
 
 import sqlite_utils
 
-from ..states import JobState, is_terminal
+from edge_queue.rules.states import JobState, is_terminal
+
 from .batches import Batches
 from .chunks import Chunks
 from .claims import Claims

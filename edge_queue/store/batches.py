@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import NotFoundError
-from ..states import JobState, is_terminal
+from edge_queue.errors import NotFoundError
+from edge_queue.rules.states import JobState, is_terminal
+
 from .connection import Connection
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..states import JobState
+from edge_queue.rules.states import JobState
+
 from .connection import Connection
 from .ids import iso
 from .rows import LOCK_HEAD, decode_row, deferred_job_row, json_text

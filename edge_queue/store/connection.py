@@ -14,7 +14,8 @@ from typing import Any
 
 import sqlite_utils
 
-from ..states import JobState
+from edge_queue.rules.states import JobState
+
 from .rows import INSERT_DEFERRED_EVENT, INSERT_JOB, REMEMBER_REQUEST, decode_row
 
 #: The write-ahead log's size once no outside reader holds a snapshot: SQLite's automatic

@@ -8,7 +8,8 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from ..states import JobState, is_terminal
+from edge_queue.rules.states import JobState, is_terminal
+
 from .connection import Connection
 
 

@@ -8,8 +8,9 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ..errors import NotFoundError, TransitionError
-from ..states import ACTIVE, JobState, can_transition, is_terminal
+from edge_queue.errors import NotFoundError, TransitionError
+from edge_queue.rules.states import ACTIVE, JobState, can_transition, is_terminal
+
 from .connection import Connection
 from .ids import iso, parse_iso
 from .rows import JSON_COLUMNS, LOCK_HEAD, decode_row

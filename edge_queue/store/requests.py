@@ -16,7 +16,7 @@ class RequestRecords:
 
     def remember_request(self, key: bytes, response: bytes, reply_to: str | None, now: float, seq: int) -> None:
         """Record the response to an executed request, in the transaction of its effect, so
-        that the same request delivered again (``key``: :func:`edge_queue.dispatch.request_key`)
+        that the same request delivered again (``key``: :func:`edge_queue.requests.dispatch.request_key`)
         is answered with it instead of taking effect twice. ``seq``: how many requests the
         service had received when this one came (the window of :meth:`recall_request`).
 

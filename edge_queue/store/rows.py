@@ -10,7 +10,8 @@ from typing import Any
 
 import orjson
 
-from ..states import JobState
+from edge_queue.rules.states import JobState
+
 from .ids import iso
 
 JSON_COLUMNS = ("options", "error", "result")

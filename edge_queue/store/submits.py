@@ -9,7 +9,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..states import JobState
+from edge_queue.rules.states import JobState
+
 from .connection import Connection
 from .ids import dedupe_key, iso, new_id, sender_key
 from .jobs import Jobs

@@ -1,0 +1,205 @@
+"""Our messages on their way to the broker: held until the loop turn's commit, then queued in
+order, handed to paho while the window of unacknowledged publishes is open, and bounded while
+the broker is away (docs/operations.md, "Load and back-pressure").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from paho.mqtt.enums import MQTTErrorCode
+from paho.mqtt.properties import Properties
+
+from .paho_client import FastClient
+
+log = logging.getLogger(__name__)
+
+#: Our QoS 1 publishes handed to paho and not yet acknowledged, at most (paho's ids are 16-bit),
+#: and their payload bytes at most (one larger publish may go alone).
+WINDOW = 2_000
+WINDOW_BYTES = 8 * 2**20
+#: The service takes no new request while this many of our messages wait to be handed to paho,
+#: or this many bytes of ours wait for the broker's acknowledgements (:attr:`Bridge.backlog`,
+#: :attr:`Bridge.backlog_bytes`).
+BACKLOG_HIGH = 5_000
+BACKLOG_BYTES_HIGH = 8 * 2**20
+#: While disconnected, at most this many responses and events (and this many bytes of them)
+#: wait for the broker; older ones are dropped (retained state is not kept: the republish
+#: after the reconnect sends it again).
+OFFLINE_BACKLOG = 10_000
+OFFLINE_BACKLOG_BYTES = 32 * 2**20
+#: While disconnected with this many messages (or bytes) waiting, the service starts no new
+#: job and takes no watch-folder file (:attr:`Bridge.holding`), so that what it is already
+#: running stays far below :data:`OFFLINE_BACKLOG` and no event or response is dropped.
+OFFLINE_HOLD = OFFLINE_BACKLOG // 2
+OFFLINE_HOLD_BYTES = OFFLINE_BACKLOG_BYTES // 2
+
+
+@dataclass(slots=True)
+class Pub:
+    """A publish of ours, QoS 1."""
+
+    topic: str
+    payload: bytes | str
+    retain: bool
+    props: Properties | None = None
+    once: bool = False  # not sent again after a disconnect (a copy on a topic a client named)
+
+    @property
+    def size(self) -> int:
+        return len(self.payload) + len(self.topic)
+
+
+@dataclass(slots=True)
+class Ack:
+    """The PUBACK of a request, sent once its effects are committed."""
+
+    mid: int
+    qos: int
+    connection: int  # the connection the request came on; a PUBACK is for that one only
+
+
+class Outbox:
+    """What the service sends, in order: publishes, responses and PUBACKs.
+
+    Everything made inside :meth:`held` waits for the block to exit normally (after the store's
+    group commit) and is dropped on an exception. At most :data:`WINDOW` publishes (and
+    :data:`WINDOW_BYTES` bytes) are handed to paho without a PUBACK; the rest wait in
+    :attr:`out`, whose length the service reads (:attr:`backlog`) to slow down what it takes in.
+    """
+
+    def __init__(self) -> None:
+        self.out: deque[Pub | Ack] = deque()
+        self.out_bytes = 0
+        #: our publishes handed to paho and not yet acknowledged: message id -> bytes
+        self.inflight: dict[int, int] = {}
+        self.inflight_bytes = 0
+        self.once: set[int] = set()  # message ids of in-flight publishes not to send again
+        self.held_list: list[Pub | Ack] | None = None
+        #: payload bytes made inside the current :meth:`held` block
+        self.held_bytes = 0
+        self.copies_sent_on = -1  # the last connection a copy on a client-named topic went out on
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Hold every publish, response and PUBACK made inside; queue them, in order, when the
+        block exits normally (after the store's group commit), drop them on an exception."""
+        if self.held_list is not None:
+            yield
+            return
+        self.held_list = []
+        self.held_bytes = 0
+        try:
+            yield
+            self.out.extend(self.held_list)
+            self.out_bytes += self.held_bytes
+        finally:
+            self.held_list = None
+            self.held_bytes = 0
+
+    def put(self, m: Pub | Ack) -> None:
+        size = m.size if isinstance(m, Pub) else 0
+        if self.held_list is None:
+            self.out.append(m)
+            self.out_bytes += size
+        else:
+            self.held_list.append(m)
+            self.held_bytes += size
+
+    @property
+    def backlog(self) -> int:
+        """Messages waiting here because the broker has not acknowledged earlier ones."""
+        return len(self.out)
+
+    @property
+    def backlog_bytes(self) -> int:
+        """Payload bytes of the messages waiting here and of those not yet acknowledged."""
+        return self.out_bytes + self.inflight_bytes
+
+    def backlog_high(self) -> bool:
+        """True while :data:`BACKLOG_HIGH` of our messages (or :data:`BACKLOG_BYTES_HIGH` bytes)
+        wait for the broker: the service takes no new request until some are acknowledged."""
+        return len(self.out) >= BACKLOG_HIGH or self.backlog_bytes >= BACKLOG_BYTES_HIGH
+
+    def holding(self) -> bool:
+        """While disconnected: True when :data:`OFFLINE_HOLD` messages (or bytes) wait."""
+        return len(self.out) >= OFFLINE_HOLD or self.out_bytes >= OFFLINE_HOLD_BYTES
+
+    def window_open(self) -> bool:
+        return len(self.inflight) < WINDOW and (self.inflight_bytes < WINDOW_BYTES or not self.inflight)
+
+    def acknowledged(self, mid: int) -> None:
+        """The broker acknowledged our publish ``mid``."""
+        self.inflight_bytes -= self.inflight.pop(mid, 0)
+        self.once.discard(mid)
+
+    def keep_acks_of(self, connection: int) -> None:
+        """A new connection: PUBACKs still waiting were for the one that ended (the broker sends
+        those requests again on this one, and they are answered then)."""
+        self.out = deque(m for m in self.out if not isinstance(m, Ack) or m.connection == connection)
+
+    def drop_copies(self, client: FastClient) -> None:
+        """The connection ended: copies of responses on topics that clients named are not sent
+        again on the next connection, so that one the broker refuses (and closes our connection
+        for) cannot do it again at every reconnect. The response itself was on our topic."""
+        if not self.once:
+            return
+        for mid in self.once:
+            client.forget_message(mid)
+            self.inflight_bytes -= self.inflight.pop(mid, 0)
+        log.warning(
+            "%d response copie(s) on client-named reply topics were not acknowledged before the connection "
+            "ended; they are not sent again",
+            len(self.once),
+        )
+        self.once.clear()
+
+    def bound_offline(self) -> None:
+        """Disconnected: beyond :data:`OFFLINE_BACKLOG` messages (or bytes), the oldest are
+        dropped, retained states first (the republish after the reconnect sends them again)."""
+        out = self.out
+        if len(out) > OFFLINE_BACKLOG or self.out_bytes > OFFLINE_BACKLOG_BYTES:
+            kept: deque[Pub | Ack] = deque(m for m in out if isinstance(m, Pub) and not m.retain)
+            dropped = len(out) - len(kept)
+            size = sum(m.size for m in kept if isinstance(m, Pub))
+            while kept and (len(kept) > OFFLINE_BACKLOG or size > OFFLINE_BACKLOG_BYTES):
+                size -= kept.popleft().size  # type: ignore[union-attr]
+                dropped += 1
+            self.out, self.out_bytes = kept, size
+            log.warning("broker unreachable: dropped %d waiting messages (state is republished)", dropped)
+
+    def hand_over(self, client: FastClient, connection: int) -> None:
+        """Give waiting messages to paho, in order, while the window (:data:`WINDOW` messages,
+        :data:`WINDOW_BYTES` bytes) of publishes awaiting a PUBACK is open."""
+        out = self.out
+        while out and self.window_open():
+            m = out.popleft()
+            if isinstance(m, Ack):
+                if m.connection == connection:
+                    client.ack(m.mid, m.qos)
+                continue
+            size = m.size
+            self.out_bytes -= size
+            if m.props is None and not m.once and client.socket() is not None:
+                # the usual message (state, event, response): paho's bookkeeping, less work
+                payload = m.payload.encode() if isinstance(m.payload, str) else m.payload
+                mid = client.publish_qos1(m.topic, payload, m.retain)
+                self.inflight[mid] = size
+                self.inflight_bytes += size
+                if client.socket() is None:
+                    break
+                continue
+            info = client.publish(m.topic, m.payload, qos=1, retain=m.retain, properties=m.props)
+            self.inflight[info.mid] = size
+            self.inflight_bytes += size
+            if m.once:
+                self.once.add(info.mid)
+                self.copies_sent_on = connection
+            if info.rc == MQTTErrorCode.MQTT_ERR_NO_CONN:
+                break  # paho keeps it and sends it after the reconnect
+            if client.socket() is None:
+                break

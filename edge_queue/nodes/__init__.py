@@ -1,0 +1,1 @@
+"""Worker nodes: the hub's side (``hub``), the node's process (``node``), path maps (``pathmap``)."""

@@ -1,0 +1,518 @@
+"""The hub's side of worker nodes (docs/nodes.md): which nodes are online, the leases of the
+jobs handed to them, and what they report, turned into the same :class:`Outcome` records the
+local worker pool gives.
+
+A job handed to a node is ``running`` in the store with ``owner`` ``node:<node_id>``; the hub
+keeps its **lease** here: the node renews it with each heartbeat, and a lease not renewed for
+``nodes.lease_s`` (the node lost power or its network), or a node whose Last Will says
+``offline``, loses the job: ``lost`` (``worker_lost``, counted like a local worker's death)
+once the node confirmed it holds the job, ``unstarted`` (its attempt not counted) before.
+The **attempt number is the fencing token**: a report is applied only for the lease the hub
+holds now, on the same node and attempt; a report of an earlier lease is refused and logged.
+Leases do not run out while the hub itself is away from the broker: they start again at each
+(re)connect and at boot (:meth:`Nodes.adopt`).
+
+Delivery: a node sends each outcome again until the hub's ``ok`` for it, and the hub sends
+that ``ok`` only after the turn that applied the outcome committed (the bridge holds it), so
+nothing a node sends is lost; a copy of an outcome already applied finds no lease and is only
+answered ``ok`` again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeGuard
+
+from edge_queue.config import Settings
+from edge_queue.errors import ErrorCode
+from edge_queue.logfmt import clip
+from edge_queue.mqtt.bridge import Bridge
+from edge_queue.mqtt.topics import Topics
+from edge_queue.rules.limits import RejectionLog
+from edge_queue.store.chunks import MAX_CHUNK_BYTES
+from edge_queue.workers.supervisor import Outcome
+
+log = logging.getLogger(__name__)
+
+#: The owner column of a job running on a node: this prefix and the node id.
+NODE_OWNER = "node:"
+#: The name of the hub's own workers in ``[kinds.<name>] prefer`` and in a job's ``node``.
+HUB = "hub"
+#: Node messages waiting for the next turn at most; more are dropped (their nodes send again
+#: until the hub answers ``ok``; a dropped ``chunk`` is decoded again on resume).
+INBOX_MAX = 10_000
+#: ... and their bytes. One listed node sending 1 MB messages as fast as the broker took them
+#: held 846 MB in the hub and made a submit wait 14.7 s for its answer before these bounds.
+INBOX_BYTES_MAX = 64 * 1024 * 1024
+#: What one node may have waiting, of :data:`INBOX_MAX` and :data:`INBOX_BYTES_MAX`: a node
+#: that floods the hub is dropped from, and the others are still read.
+NODE_INBOX_MAX = 1_000
+NODE_INBOX_BYTES_MAX = 16 * 1024 * 1024
+#: The largest node message read: a kept chunk (``MAX_CHUNK_BYTES`` of JSON, store/chunks.py)
+#: in its envelope. A larger one is dropped unread.
+MESSAGE_MAX_BYTES = MAX_CHUNK_BYTES + 64 * 1024
+#: (job, attempt, node) of outcomes applied lately: a copy of one is answered ``ok`` quietly.
+RECENT_MAX = 10_000
+#: Jobs remembered with the nodes that could not read their input.
+EXCLUDED_MAX = 10_000
+#: Seconds the jobs of a node whose Last Will said ``offline`` stay its own: a broker that
+#: restarts sends every client's Will, and its nodes are back within seconds with their jobs.
+OFFLINE_GRACE_S = 3.0
+#: What a node sends on its ``up`` topic: the operations the hub acts on.
+#: The kept chunks a ``run`` message carries, as JSON: half of mosquitto's shipped
+#: ``max_packet_size`` (16 MiB). A hand-out over it was refused by the broker, which closed the
+#: hub's connection at every try and took the hub offline.
+KEPT_BUDGET_BYTES = 8 * 1024 * 1024
+
+
+def kept_within(kept: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
+    """The first of ``kept`` (a job's kept chunks in index order) whose JSON adds up to at
+    most ``budget`` bytes: a new attempt resumes after them and decodes the rest again."""
+    out, used = [], 0
+    for item in kept:
+        used += len(json.dumps(item, separators=(",", ":")))
+        if used > budget:
+            break
+        out.append(item)
+    return out
+
+
+UP_OPS = frozenset({"beat", "progress", "chunk", "done", "failed", "lost", "unstarted"})
+
+
+@dataclass(slots=True)
+class Node:
+    """A node as its retained announcement describes it."""
+
+    node_id: str
+    online: bool
+    kinds: frozenset[str]
+    slots: int
+    announcement: dict[str, Any]
+    #: jobs its last heartbeat listed that it holds no lease for (it runs them still): they
+    #: take slots until it drops them
+    strays: set[tuple[str, int]] = field(default_factory=set)
+    #: no hand-out until its next heartbeat: it went silent past a lease, or gave a job back
+    hold: bool = False
+
+
+@dataclass(slots=True)
+class Lease:
+    """A job handed to a node: ``expires`` in monotonic seconds; ``confirmed`` once the node
+    said it holds the job (a heartbeat, progress or an outcome)."""
+
+    job_id: str
+    attempt: int
+    node_id: str
+    kind: str
+    expires: float
+    confirmed: bool = False
+    new: bool = field(default=True)  # handed out in this turn, not committed yet
+    why: str | None = None  # why it runs out early (its node went offline)
+
+
+#: Longest ``stage`` a node's progress may carry (the kinds' own are at most 13 characters).
+STAGE_MAX_CHARS = 64
+#: Largest ``eta_s`` a node's progress may carry: a year.
+ETA_MAX_S = 365 * 86400
+
+
+def node_progress(msg: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``progress``, ``stage`` and ``eta_s`` of a node's ``progress`` message as the job
+    object takes them (docs/topics.md: percent 0-100, a stage name, seconds or null), or
+    ``None`` when one is out of range: ``progress`` not a number in 0-100, ``stage`` neither
+    null nor a string of at most :data:`STAGE_MAX_CHARS`, ``eta_s`` neither null nor a number
+    in 0-:data:`ETA_MAX_S` (``NaN`` and infinities, which Python's JSON reads, are out of
+    range too)."""
+    progress, stage, eta_s = msg.get("progress"), msg.get("stage"), msg.get("eta_s")
+    if not _in_range(progress, 100):
+        return None
+    if stage is not None and not (isinstance(stage, str) and len(stage) <= STAGE_MAX_CHARS):
+        return None
+    if eta_s is not None and not _in_range(eta_s, ETA_MAX_S):
+        return None
+    return {"progress": float(progress), "stage": stage, "eta_s": eta_s}
+
+
+def _in_range(value: Any, top: float) -> TypeGuard[float]:
+    """A JSON number (not a boolean) in 0-``top``; ``NaN`` is not."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= top
+
+
+def node_of(owner: str | None) -> str | None:
+    """The node a job's ``owner`` names (``node:<id>``), or None for the hub's own workers."""
+    return owner[len(NODE_OWNER) :] if owner and owner.startswith(NODE_OWNER) else None
+
+
+class Nodes:
+    """Worker nodes and their leases, for the service's loop (one thread; no locking).
+
+    Args:
+        settings: ``access.nodes`` (who may be a node), ``nodes.lease_s``.
+        topics: the installation's topics.
+        bridge: the hub's broker connection: it hands us the messages on node topics, and holds
+            what we publish until the turn's commit.
+        clock: monotonic seconds; injectable for tests.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        topics: Topics,
+        bridge: Bridge,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        bridge.on_node = self.on_message
+        self.publish = bridge.publish
+        self.allowed = frozenset(settings.access.nodes)
+        self.lease_s = settings.nodes.lease_s
+        self.local_workers = settings.workers
+        self.topics, self.clock = topics, clock
+        self.nodes: dict[str, Node] = {}
+        self.leases: dict[str, Lease] = {}
+        self.inbox: list[tuple[str, str, bytes]] = []  # (node id, topic level, payload)
+        self.inbox_bytes = 0
+        self.waiting: Counter[str] = Counter()  # messages of each node in the inbox
+        self.waiting_bytes: Counter[str] = Counter()
+        self.acks: list[tuple[str, dict[str, Any]]] = []
+        self.recent: OrderedDict[tuple[str, int, str], None] = OrderedDict()
+        self.excluded: OrderedDict[str, set[str]] = OrderedDict()
+        self.refused = RejectionLog("node message(s) refused", logging.WARNING, log)
+        self._told: set[str] = set()  # node ids not in access.nodes, logged once each
+        self.changed = False  # a node came or went: <base>/info and <base>/queue are due
+
+    # -- from the broker ----------------------------------------------------------------
+
+    def on_message(self, topic: str, payload: bytes, retain: bool) -> None:
+        """A message on a node topic (called by the bridge on the loop's thread). Kept for the
+        next :meth:`poll` within the bounds above (:data:`MESSAGE_MAX_BYTES` a message,
+        :data:`NODE_INBOX_MAX` and :data:`NODE_INBOX_BYTES_MAX` a node, :data:`INBOX_MAX` and
+        :data:`INBOX_BYTES_MAX` in all); dropped, with a rate-limited warning, over them."""
+        parsed = self.topics.parse_node(topic)
+        if parsed is None:
+            return
+        node_id, level = parsed
+        if node_id not in self.allowed:
+            if node_id not in self._told and len(self._told) < 1000:
+                self._told.add(node_id)
+                log.warning("node %s is not in access.nodes: its messages are ignored", clip(node_id))
+            return
+        size = len(payload)
+        if size > MESSAGE_MAX_BYTES:
+            self.refused.warning("node %s sent %d bytes, over %d: dropped unread", node_id, size, MESSAGE_MAX_BYTES)
+            return
+        if (
+            self.waiting[node_id] >= NODE_INBOX_MAX
+            or self.waiting_bytes[node_id] + size > NODE_INBOX_BYTES_MAX
+            or len(self.inbox) >= INBOX_MAX
+            or self.inbox_bytes + size > INBOX_BYTES_MAX
+        ):
+            self.refused.warning("node %s sends faster than the hub reads: a message dropped", node_id)
+            return
+        self.inbox.append((node_id, level, payload))
+        self.inbox_bytes += size
+        self.waiting[node_id] += 1
+        self.waiting_bytes[node_id] += size
+
+    def poll(self, connected: bool) -> list[Outcome]:
+        """The outcomes of what nodes sent since the last call, then of leases that ran out
+        (none while the hub is not ``connected`` to the broker: then they start again)."""
+        out: list[Outcome] = []
+        inbox, self.inbox, self.inbox_bytes = self.inbox, [], 0
+        self.waiting.clear()
+        self.waiting_bytes.clear()
+        for node_id, level, payload in inbox:
+            try:
+                msg = json.loads(payload) if payload else None
+            except (ValueError, RecursionError):  # RecursionError: nested too deep to read
+                self.refused.warning("node %s sent a message that is not JSON", node_id)
+                continue
+            if level == "":
+                self._announced(node_id, msg)
+            elif isinstance(msg, dict) and msg.get("op") in UP_OPS:
+                self._up(node_id, msg, out)
+            else:
+                self.refused.warning("node %s sent a message with no known op", node_id)
+        now = self.clock()
+        if not connected:
+            self.renew_all(now)
+        for lease in [lease for lease in self.leases.values() if lease.expires <= now]:
+            if (node := self.nodes.get(lease.node_id)) is not None:
+                node.hold = True  # silent: nothing more for it until it is heard from again
+            self._lose(
+                lease, lease.why or f"node {lease.node_id} did not renew its lease for {self.lease_s:.0f} s", out
+            )
+        return out
+
+    def _announced(self, node_id: str, msg: Any) -> None:
+        if not isinstance(msg, dict):  # the announcement was cleared: the node was removed
+            self.changed = self.nodes.pop(node_id, None) is not None or self.changed
+            self._offline(node_id, "its announcement was cleared")
+            return
+        online = msg.get("state") == "online"
+        kinds = msg.get("kinds")
+        raw = msg.get("slots")
+        slots = raw if isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw <= 1024 else None
+        if slots is None or not isinstance(kinds, list):
+            self.refused.warning("node %s announced slots or kinds out of range: it gets no jobs", node_id)
+        node = Node(
+            node_id,
+            online,
+            frozenset(k for k in kinds if isinstance(k, str)) if isinstance(kinds, list) else frozenset(),
+            slots or 0,
+            msg,
+        )
+        was = self.nodes.get(node_id)
+        if was is not None:
+            node.strays, node.hold = was.strays, was.hold
+        self.nodes[node_id] = node
+        self.changed = True
+        if online and (was is None or not was.online):
+            log.info("node %s online: %d slot(s), kinds %s", node_id, node.slots, ", ".join(sorted(node.kinds)))
+        if not online:
+            self._offline(node_id, "its Last Will or its stop says offline")
+
+    def _offline(self, node_id: str, why: str) -> None:
+        held = [lease for lease in self.leases.values() if lease.node_id == node_id]
+        if held:
+            log.warning(
+                "node %s is offline (%s): its %d job(s) go back to the queue unless it is back within %.0f s",
+                node_id,
+                why,
+                len(held),
+                OFFLINE_GRACE_S,
+            )
+        expires = self.clock() + OFFLINE_GRACE_S
+        for lease in held:
+            lease.expires, lease.why = min(lease.expires, expires), f"node {node_id} went offline ({why})"
+
+    def _up(self, node_id: str, msg: dict[str, Any], out: list[Outcome]) -> None:
+        op = msg["op"]
+        now = self.clock()
+        node = self.nodes.get(node_id)
+        if op == "beat":
+            held = msg.get("jobs")
+            if not isinstance(held, list):
+                self.refused.warning("node %s sent a heartbeat without a list of jobs", node_id)
+            strays: set[tuple[str, int]] = set()
+            for item in held if isinstance(held, list) else []:
+                if not (isinstance(item, list) and len(item) == 2):
+                    continue
+                job_id, attempt = item
+                lease = self.leases.get(job_id) if isinstance(job_id, str) else None
+                if lease is not None and lease.node_id == node_id and lease.attempt == attempt:
+                    lease.expires, lease.confirmed, lease.why = now + self.lease_s, True, None
+                elif isinstance(job_id, str) and isinstance(attempt, int):
+                    # the node runs a job it no longer holds (it came back after the job was handed on)
+                    strays.add((job_id, attempt))
+                    self._send(node_id, {"op": "cancel", "job_id": job_id, "attempt": attempt})
+            if node is not None:
+                node.strays, node.hold = strays, False
+            return
+        job_id, attempt = msg.get("job_id"), msg.get("attempt")
+        if not isinstance(job_id, str) or not isinstance(attempt, int):
+            self.refused.warning("node %s sent %s without a job id and attempt", node_id, op)
+            return
+        lease = self.leases.get(job_id)
+        if lease is None or lease.node_id != node_id or lease.attempt != attempt:
+            if op in ("progress", "chunk"):
+                return
+            if node is not None:
+                node.strays.discard((job_id, attempt))
+                node.hold = node.hold or op == "unstarted"
+            if (job_id, attempt, node_id) not in self.recent:
+                self._remember(job_id, attempt, node_id)
+                log.warning(
+                    "node %s: %s of job %s attempt %d refused: its lease is not held (now %s)",
+                    node_id,
+                    op,
+                    clip(job_id),
+                    attempt,
+                    f"attempt {lease.attempt} on node {lease.node_id}" if lease else "not handed to a node",
+                )
+            self.acks.append((node_id, {"op": "ok", "job_id": job_id, "attempt": attempt}))
+            return
+        lease.expires, lease.confirmed, lease.why = now + self.lease_s, True, None
+        if op == "progress":
+            data = node_progress(msg)
+            if data is None:
+                self.refused.warning("node %s sent progress of job %s out of range: ignored", node_id, clip(job_id))
+            else:
+                out.append(Outcome("progress", job_id, attempt, data))
+            return
+        if op == "chunk":  # a finished chunk, kept for the job's next attempt (Outcomes.keep_chunk)
+            out.append(Outcome("chunk", job_id, attempt, {"index": msg.get("index"), "data": msg.get("data")}))
+            return
+        del self.leases[job_id]
+        self._remember(job_id, attempt, node_id)
+        self.acks.append((node_id, {"op": "ok", "job_id": job_id, "attempt": attempt}))
+        if op == "done":
+            out.append(Outcome("done", job_id, attempt, {"result": msg.get("result")}))
+        elif op == "unstarted":
+            if msg.get("code") == ErrorCode.INPUT_UNREACHABLE or msg.get("exclude") is True:
+                self._exclude(job_id, node_id)
+            elif node is not None:  # it had no room: no more until its next heartbeat says it has
+                node.hold = True
+            reason = f"node {node_id} gave it back: {clip(str(msg.get('message') or 'no reason given'))}"
+            out.append(Outcome("unstarted", job_id, attempt, {"reason": reason}))
+        else:
+            data = {"code": str(msg.get("code") or ErrorCode.WORKER_LOST), "message": str(msg.get("message") or "")}
+            if op == "failed":
+                data["retryable"] = bool(msg.get("retryable"))
+            out.append(Outcome(op, job_id, attempt, data))
+
+    def _lose(self, lease: Lease, why: str, out: list[Outcome]) -> None:
+        del self.leases[lease.job_id]
+        if lease.confirmed:
+            log.warning("job %s lost on node %s (attempt %d): %s", lease.job_id, lease.node_id, lease.attempt, why)
+            data = {"code": str(ErrorCode.WORKER_LOST), "message": f'{why} (docs/nodes.md, "Leases")'}
+            out.append(Outcome("lost", lease.job_id, lease.attempt, data))
+        else:
+            log.warning(
+                "job %s never started on node %s: %s; it goes back to the queue", lease.job_id, lease.node_id, why
+            )
+            out.append(Outcome("unstarted", lease.job_id, lease.attempt, {"reason": why}))
+
+    def _remember(self, job_id: str, attempt: int, node_id: str) -> None:
+        self.recent[(job_id, attempt, node_id)] = None
+        while len(self.recent) > RECENT_MAX:
+            self.recent.popitem(last=False)
+
+    def _exclude(self, job_id: str, node_id: str) -> None:
+        nodes = self.excluded.setdefault(job_id, set())
+        nodes.add(node_id)
+        online = {n.node_id for n in self.nodes.values() if n.online}
+        if not self.local_workers and online <= nodes:
+            log.warning(
+                "job %s: no online node can run it (%s) and this hub has no workers: it waits in the queue "
+                'until a node that can is online (docs/nodes.md, "Files")',
+                job_id,
+                ", ".join(sorted(nodes)),
+            )
+        self.excluded.move_to_end(job_id)
+        while len(self.excluded) > EXCLUDED_MAX:
+            self.excluded.popitem(last=False)
+
+    # -- the loop's turn ----------------------------------------------------------------
+
+    def end_turn(self) -> bool:
+        """Publish the turn's ``ok`` answers (:meth:`send_acks`); True once after a node came,
+        went or changed (``<base>/info`` and ``<base>/queue`` are due)."""
+        self.send_acks()
+        changed, self.changed = self.changed, False
+        return changed
+
+    def wait_s(self) -> float | None:
+        """Seconds until the first lease runs out, or None."""
+        if not self.leases:
+            return None
+        return max(0.0, min(lease.expires for lease in self.leases.values()) - self.clock())
+
+    def send_acks(self) -> None:
+        """Publish the turn's ``ok`` answers (inside the turn: they leave after its commit)."""
+        for node_id, msg in self.acks:
+            self._send(node_id, msg)
+        self.acks.clear()
+
+    def committed(self) -> None:
+        """The turn's hand-outs are committed: their leases stand."""
+        for lease in self.leases.values():
+            lease.new = False
+
+    def turn_failed(self) -> None:
+        """The turn's commit failed: its hand-outs were rolled back (their messages dropped)."""
+        for job_id in [j for j, lease in self.leases.items() if lease.new]:
+            del self.leases[job_id]
+        self.acks.clear()
+
+    def renew_all(self, now: float) -> None:
+        """Every lease starts again at ``now`` (a (re)connect: nodes could not reach us)."""
+        for lease in self.leases.values():
+            lease.expires = max(lease.expires, now + self.lease_s)
+
+    def adopt(self, jobs: Iterable[dict[str, Any]]) -> None:
+        """At boot: the jobs a node held when the hub stopped keep their lease, from now."""
+        now = self.clock()
+        for job in jobs:
+            node_id = node_of(job.get("owner"))
+            if node_id is not None:
+                lease = Lease(job["job_id"], job["attempt"], node_id, job["kind"], now + self.lease_s, True, False)
+                self.leases[job["job_id"]] = lease
+
+    # -- scheduling ---------------------------------------------------------------------
+
+    def free(self) -> dict[str, int]:
+        """node id -> free slots, for online nodes in ``access.nodes`` with any."""
+        held = Counter(lease.node_id for lease in self.leases.values())
+        for n in self.nodes.values():
+            held[n.node_id] += len(n.strays)
+        return {
+            n.node_id: n.slots - held[n.node_id]
+            for n in self.nodes.values()
+            if n.online and not n.hold and n.slots > held[n.node_id]
+        }
+
+    def kinds(self, node_id: str) -> frozenset[str]:
+        """The kinds ``node_id`` announced it runs."""
+        node = self.nodes.get(node_id)
+        return node.kinds if node is not None else frozenset()
+
+    def excluded_for(self, node_id: str) -> list[str]:
+        """Jobs whose input ``node_id`` could not read: not offered to it again."""
+        return [job_id for job_id, nodes in self.excluded.items() if node_id in nodes]
+
+    def busy_by_kind(self) -> Counter[str]:
+        return Counter(lease.kind for lease in self.leases.values())
+
+    def assign(self, node_id: str, job: dict[str, Any], timeout_s: float | None) -> None:
+        """Hand a claimed job to ``node_id`` (the message leaves after the turn's commit)."""
+        self.leases[job["job_id"]] = Lease(
+            job["job_id"], job["attempt"], node_id, job["kind"], self.clock() + self.lease_s
+        )
+        msg = {k: job[k] for k in ("job_id", "attempt", "kind", "input", "options")}
+        msg.update(op="run", timeout_s=timeout_s, lease_s=self.lease_s)
+        if job.get("kept"):
+            msg["kept"] = kept_within(job["kept"], KEPT_BUDGET_BYTES)
+        self._send(node_id, msg)
+
+    def cancel(self, job_id: str) -> bool:
+        """Ask the node holding ``job_id`` to stop it. False: no node holds it."""
+        lease = self.leases.get(job_id)
+        if lease is None:
+            return False
+        self._send(lease.node_id, {"op": "cancel", "job_id": job_id, "attempt": lease.attempt})
+        return True
+
+    def _send(self, node_id: str, msg: dict[str, Any]) -> None:
+        self.publish(self.topics.node_down(node_id), _encode(msg))
+
+    def running_job_ids(self) -> set[str]:
+        return set(self.leases)
+
+    def summary(self) -> list[dict[str, Any]]:
+        """The nodes for ``<base>/info`` and ``<base>/queue``: id, online, host, version, kinds,
+        slots, running (jobs held now), device, models."""
+        held = Counter(lease.node_id for lease in self.leases.values())
+        return [
+            {
+                "node_id": n.node_id,
+                "online": n.online,
+                "host": n.announcement.get("host"),
+                "version": n.announcement.get("version"),
+                "kinds": sorted(n.kinds),
+                "slots": n.slots,
+                "running": held[n.node_id],
+                "device": n.announcement.get("device"),
+                "models": n.announcement.get("models"),
+            }
+            for n in sorted(self.nodes.values(), key=lambda n: n.node_id)
+        ]
+
+
+def _encode(msg: dict[str, Any]) -> bytes:
+    return json.dumps({"v": 1, **msg}, separators=(",", ":")).encode()

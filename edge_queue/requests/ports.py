@@ -1,0 +1,95 @@
+"""The ports: the few operations of the service that requests and watch folders need.
+
+:mod:`.commands` and :mod:`.watch` depend on these Protocols, never on the service itself, so
+that each can be read, tested and changed alone (and no import cycle ties them to
+:mod:`.service`, which implements both).
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any, Protocol
+
+from edge_queue.config import Settings
+from edge_queue.mqtt.topics import ReplyAreas, Topics
+from edge_queue.store import Store
+
+
+class QueuePort(Protocol):
+    """What a request may do to the queue (:class:`~edge_queue.requests.commands.Commands`)."""
+
+    settings: Settings
+    topics: Topics
+    #: the users whose reply areas a request on the shared topics may not answer into
+    reply_areas: ReplyAreas
+    #: the kind registry: name -> kind class
+    kinds: dict[str, Any]
+
+    def clock(self) -> float:
+        """Unix seconds."""
+        ...
+
+    def job_store(self) -> Store:
+        """The open store."""
+        ...
+
+    def count_work(self, changes: int) -> None:
+        """Count ``changes`` job changes against the loop turn's budget (``TURN_WORK``)."""
+        ...
+
+    def publish_job(self, job: dict[str, Any], event: str | None = None) -> None:
+        """Publish a job's event now and its retained state after the turn's commit."""
+        ...
+
+    def cancel_running(self, job_id: str) -> None:
+        """Ask the worker running ``job_id`` to stop (``cancel_grace_s``, then it is ended)."""
+        ...
+
+    def purge(self, job_ids: list[str]) -> list[str]:
+        """Delete terminal jobs with their outputs and retained topics; returns the ids deleted."""
+        ...
+
+    def set_paused(self, paused: bool) -> None:
+        """Pause or resume the queue (kept in the store)."""
+        ...
+
+    def republish(self) -> bool:
+        """Start a republish of every retained state; False when one is already under way."""
+        ...
+
+    def disk_full(self, jobs: int = 0, payload_bytes: int = 0) -> str | None:
+        """Why new work is refused for lack of disk space (now, or once ``jobs`` jobs holding
+        ``payload_bytes`` of inputs are stored), or None."""
+        ...
+
+
+class WatchPort(Protocol):
+    """What the watch folders need of the service (:class:`~edge_queue.watch.folders.WatchFolders`)."""
+
+    settings: Settings
+    kinds: dict[str, Any]
+
+    def job_store(self) -> Store:
+        """The open store."""
+        ...
+
+    def wake_socket(self) -> socket.socket:
+        """A socket whose one byte wakes the service's loop (written from another thread)."""
+        ...
+
+    def holding(self) -> bool:
+        """True while the broker connection holds back new work (disconnected, backlog)."""
+        ...
+
+    def connected(self) -> bool:
+        """True while connected to the broker."""
+        ...
+
+    def publish_info(self) -> None:
+        """Publish ``<base>/info`` again (a watch's state changed)."""
+        ...
+
+    def submit_as_service(self, raw: bytes) -> dict[str, Any]:
+        """Run a ``submit`` request with payload ``raw`` as the service's own (role ``admin``);
+        returns its response."""
+        ...

@@ -1,0 +1,463 @@
+"""Worker processes: start, hand out jobs, watch deadlines, end them with TERM then KILL.
+
+The supervisor turns what happens in and to its children into :class:`Outcome` records for
+the service: progress, success, failure, and loss of the worker (its exit is seen through
+the process sentinel). Timeouts and cancels of running jobs end the child process from
+outside, because native code (CTranslate2, FFmpeg) cannot be interrupted from inside
+(docs/topics.md, "States").
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from typing import Any
+
+from edge_queue.config import Settings
+from edge_queue.errors import ErrorCode
+
+from .processes import JobEntry, ProcessPool, WorkerSlot
+
+log = logging.getLogger(__name__)
+
+#: Most jobs one worker may hold at once (the one it runs and those it runs next), for short
+#: kinds. Each loop turn has a fixed cost (about 1.5 ms of CPU under load), so the more jobs a
+#: turn's hand-out and outcomes carry, the less each job costs: P1 (bench/p1_throughput.py) ran
+#: 5,000 no-op jobs in batches at 0.36 ms of service CPU per job with 16, 0.29 with 64 and 0.26
+#: with 256 (docs/benchmarks.md).
+PREFETCH = 256
+#: ... and at most this many seconds of expected work (jobs held times the slowest short kind's
+#: mean attempt time), so that a job of higher priority submitted meanwhile waits for at most
+#: about this long behind jobs already handed out: 256 no-op jobs, 20 jobs of 5 ms, 2 of 49 ms.
+PREFETCH_S = 0.1
+#: A kind whose attempts take less than this many seconds on average is "short".
+FAST_S = 0.05
+#: A worker whose current job has run this many seconds while short jobs wait in its queue
+#: gives those back (:meth:`Supervisor.release`): a kind's mean does not foresee a job whose
+#: options make it long (a no-op with ``sleep_s``), and the jobs behind it, or one of higher
+#: priority submitted meanwhile, go to the next free worker instead of waiting for it.
+OVERRUN_S = 1.0
+
+
+@dataclass(slots=True)
+class Outcome:
+    """One thing the service must act on.
+
+    ``op`` is ``progress`` (``data``: progress, stage, eta_s), ``done`` (``data``: result),
+    ``failed`` (``data``: code, message, retryable), ``lost`` (the worker died during the
+    attempt; ``data``: code ``worker_lost``, ``timeout`` or ``cancelled``, message),
+    ``unstarted`` (a job the worker had not started: it died, or gave the job back when asked;
+    ``data``: reason) or ``started`` (a job waiting in a worker's queue became the one it runs).
+    """
+
+    op: str
+    job_id: str
+    attempt: int
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+#: Seconds to wait, after an end of file on a worker's pipe, for the worker's exit: a dead
+#: worker is reported with its exit code, a live one as having closed its pipe.
+EOF_EXIT_WAIT_S = 0.1
+
+
+class Supervisor:
+    """A fixed pool of ``settings.workers`` worker processes.
+
+    Workers are forked by multiprocessing's ``forkserver``: one clean process, started with
+    the first worker, that has imported the worker's modules (no model, no store, no broker
+    connection) and forks each new worker from itself. A fresh worker then costs a fork (a few
+    milliseconds of CPU) instead of a new interpreter importing everything (about 0.6 s of CPU
+    with ``spawn``), which matters for ``max_jobs_per_worker`` recycling under many short jobs
+    and for the replacement of a lost worker. The forkserver ends when the service does.
+
+    Jobs of a kind whose attempts take less than :data:`FAST_S` on average (measured here) may
+    be given to a busy worker, up to :meth:`prefetch` at once (:data:`PREFETCH` jobs, and about
+    :data:`PREFETCH_S` seconds of their work), so that many short jobs cost one message and one
+    loop turn instead of one each; any other job goes only to an idle worker.
+    A job's ``timeout_s`` counts from when its worker starts it.
+
+    Args:
+        settings: passed to each child.
+        clock: monotonic seconds; injectable so deadlines can be tested without sleeping.
+    """
+
+    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self.said_fresh_size = False  # max_worker_rss_mb below a fresh worker's size was said
+        self.clock = clock
+        self.processes = ProcessPool(settings, clock)
+        self.slots = [WorkerSlot(i) for i in range(settings.workers)]
+        self._avg_s: dict[str, tuple[float, int]] = {}  # kind -> (mean run time in s, attempts seen)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        for slot in self.slots:
+            self.processes.spawn(slot)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """End every worker: one still running a job (past the grace period, whose end the
+        caller waited for) is ended at once, SIGTERM then SIGKILL after ``KILL_AFTER_S``;
+        an idle one is asked to stop and given up to ``timeout_s`` seconds. Waits for them,
+        and for the workers already on their way out."""
+        for slot in self.slots:
+            if slot.jobs and slot.process is not None:
+                self.processes.end(slot, wait=True)
+        for slot in self.slots:
+            if slot.conn is not None:
+                try:
+                    slot.conn.send({"op": "stop"})
+                except OSError:
+                    pass
+        end = time.monotonic() + timeout_s
+        for slot in self.slots:
+            if slot.process is not None:
+                slot.process.join(max(0.0, end - time.monotonic()))
+                self.processes.end(slot, wait=True)
+        self.processes.finish_dying()
+
+    # -- scheduling ---------------------------------------------------------------------
+
+    def fast(self, kind: str) -> bool:
+        """True when attempts of ``kind`` have taken less than :data:`FAST_S` on average."""
+        avg = self._avg_s.get(kind)
+        return avg is not None and avg[1] >= 3 and avg[0] < FAST_S
+
+    def prefetch(self) -> int:
+        """How many jobs of short kinds a worker may hold at once: :data:`PREFETCH_S` over the
+        slowest short kind's mean attempt time, at least 1 and at most :data:`PREFETCH`."""
+        slowest = max((mean for mean, n in self._avg_s.values() if n >= 3 and mean < FAST_S), default=FAST_S)
+        return max(1, min(PREFETCH, int(PREFETCH_S / max(slowest, 1e-6))))
+
+    def room(self, slot: WorkerSlot) -> int:
+        """How many more jobs the worker may be given: up to :meth:`prefetch` held at once, and
+        no more than it has left before ``max_jobs_per_worker`` replaces it."""
+        room = self.prefetch() - len(slot.jobs)
+        if self.settings.max_jobs_per_worker:
+            room = min(room, self.settings.max_jobs_per_worker - slot.jobs_done - len(slot.jobs))
+        return room
+
+    def prefetching(self) -> list[WorkerSlot]:
+        """Workers that hold only short jobs and have :meth:`room`: they may take more."""
+        return [
+            s
+            for s in self.slots
+            if s.process is not None
+            and s.recycle is None
+            and s.jobs
+            and self.room(s) > 0
+            and not s.releasing
+            and not self._overran(s)
+            and all(self.fast(e.msg["kind"]) for e in s.jobs)
+        ]
+
+    def _overran(self, slot: WorkerSlot) -> bool:
+        """True when the worker's current job has run :data:`OVERRUN_S` seconds or more."""
+        head = slot.jobs[0] if slot.jobs else None
+        return head is not None and head.started is not None and self.clock() - head.started >= OVERRUN_S
+
+    def release(self, slot: WorkerSlot, job_ids: list[str] | None = None) -> None:
+        """Ask the worker to give back jobs of ``job_ids`` (all, for ``None``) waiting in its
+        queue, not started. Its answer (:meth:`poll`) reports each one as ``unstarted``: the
+        service puts it back in the queue, its attempt not counted, or ends it cancelled."""
+        if job_ids is None:
+            if slot.releasing:
+                return
+            slot.releasing = True
+        try:
+            assert slot.conn is not None
+            slot.conn.send({"op": "release", "job_ids": job_ids})
+        except (OSError, AssertionError):
+            pass  # the worker is gone: poll() reports its jobs
+
+    def idle(self) -> list[WorkerSlot]:
+        """Workers with no job (and not waiting to be replaced)."""
+        return [s for s in self.slots if not s.jobs and s.process is not None and s.recycle is None]
+
+    def busy_by_kind(self) -> Counter[str]:
+        return Counter(e.msg["kind"] for s in self.slots for e in s.jobs)
+
+    def worker_pids(self) -> dict[str, int | None]:
+        """job id -> pid of the worker running it (or holding it next)."""
+        return {e.msg["job_id"]: s.pid for s in self.slots for e in s.jobs}
+
+    def running_job_ids(self) -> set[str]:
+        return {e.msg["job_id"] for s in self.slots for e in s.jobs}
+
+    def alive(self) -> int:
+        return sum(1 for s in self.slots if s.process is not None and s.process.is_alive())
+
+    def assign(self, slot: WorkerSlot, job: dict[str, Any], output_dir: str, timeout_s: float | None) -> None:
+        """Give a claimed job to a worker. It is sent by :meth:`dispatch`, after the claim is
+        committed; :meth:`unassign` takes back what was not sent (the commit failed)."""
+        msg = {k: job[k] for k in ("job_id", "attempt", "kind", "input", "options")}
+        msg["output_dir"] = output_dir
+        if job.get("kept"):  # the chunks earlier attempts finished (Store.kept_chunks)
+            msg["kept"] = job["kept"]
+        entry = JobEntry(msg, timeout_s)
+        if not slot.jobs:
+            entry.started = self.clock()
+        slot.jobs.append(entry)
+        slot.unsent.append(entry)
+
+    def dispatch(self) -> None:
+        """Send every job assigned since the last call, one message per worker."""
+        for slot in self.slots:
+            if not slot.unsent:
+                continue
+            jobs = [e.msg for e in slot.unsent]
+            slot.unsent.clear()
+            try:
+                assert slot.conn is not None
+                slot.conn.send({"op": "run", "jobs": jobs})
+            except (OSError, AssertionError):
+                pass  # the worker is gone: poll() reports its jobs as lost
+
+    def unassign(self) -> None:
+        """Forget jobs assigned but not sent (their claims were rolled back)."""
+        for slot in self.slots:
+            for entry in slot.unsent:
+                slot.jobs.remove(entry)
+            slot.unsent.clear()
+
+    def cancel(self, job_id: str, grace_s: float) -> bool:
+        """Ask the worker holding ``job_id`` to stop it; a worker still running it ``grace_s``
+        seconds after it started it (or after now, if it runs it already) is ended.
+
+        Returns False when no worker holds that job.
+        """
+        for slot in self.slots:
+            for entry in slot.jobs:
+                if entry.msg["job_id"] == job_id:
+                    if entry.cancel_at is None:
+                        entry.cancel_at, entry.cancel_grace_s = self.clock(), grace_s
+                        try:
+                            assert slot.conn is not None
+                            slot.conn.send({"op": "cancel", "job_id": job_id})
+                        except (OSError, AssertionError):
+                            pass
+                        if entry is not slot.jobs[0]:
+                            # waiting in the worker's queue: given back at once, it ends
+                            # cancelled without waiting for the jobs before it
+                            self.release(slot, [job_id])
+                    return True
+        return False
+
+    # -- events -------------------------------------------------------------------------
+
+    def wait_handles(self) -> list[Any]:
+        """The workers' pipes and process sentinels: what the service's loop waits on."""
+        handles: list[Any] = []
+        for s in self.slots:
+            if s.conn is not None:
+                handles.append(s.conn)
+            if s.process is not None:
+                handles.append(s.process.sentinel)
+        return handles
+
+    def wait(self, extra: Sequence[Any], timeout: float | None) -> list[Any]:
+        """Block until a worker message, a worker exit, one of ``extra`` or ``timeout``."""
+        return wait([*self.wait_handles(), *extra], timeout)
+
+    def poll(self) -> list[Outcome]:
+        """Read every pending worker message, reap dead workers, enforce deadlines."""
+        out: list[Outcome] = []
+        for slot in self.slots:
+            if slot.process is None and slot.respawn_at is not None and self.clock() >= slot.respawn_at:
+                self.processes.spawn(slot)
+        ready = self._ready()
+        for slot in self.slots:
+            conn = slot.conn
+            try:
+                # select() with no wait: Connection.poll builds a selector on every call
+                if conn is not None and (ready is None or conn in ready):
+                    while select.select([conn], [], [], 0)[0]:
+                        msg = conn.recv()
+                        for one in msg if isinstance(msg, list) else (msg,):
+                            self._handle(slot, one, out)
+                        if slot.conn is not conn:
+                            break  # the worker was replaced: its successor is read next turn
+            except (EOFError, OSError) as e:
+                if slot.conn is conn and slot.process is not None:
+                    slot.process.join(EOF_EXIT_WAIT_S)  # a worker that died closed its pipe too
+                    if slot.process.is_alive():
+                        self._pipe_closed(slot, e, out)
+                    else:
+                        self._lost(slot, out)
+                continue
+            proc = slot.process
+            if proc is not None and (ready is None or proc.sentinel in ready) and not proc.is_alive():
+                self._lost(slot, out)
+        self._deadlines(out)
+        self.processes.reap()
+        return out
+
+    def _ready(self) -> set[Any] | None:
+        """The workers' pipes with messages and the process sentinels of workers that ended,
+        with one ``select`` (no wait) for all; None when that ``select`` fails (a handle
+        closed meanwhile): then every pipe is read and every process checked."""
+        try:
+            return set(select.select(self.wait_handles(), [], [], 0)[0])
+        except (OSError, ValueError):
+            return None
+
+    def _handle(self, slot: WorkerSlot, msg: dict[str, Any], out: list[Outcome]) -> None:
+        op = msg.get("op")
+        if op == "log":
+            logging.getLogger(msg["name"]).log(msg["level"], "[worker %d] %s", slot.index, msg["message"])
+            return
+        if op == "ready":
+            self._fresh_size(msg.get("rss_mb"))
+            return
+        if op == "released":
+            self._released(slot, msg, out)
+            return
+        head = slot.jobs[0] if slot.jobs else None
+        if head is None or msg.get("job_id") != head.msg["job_id"] or msg.get("attempt") != head.msg["attempt"]:
+            log.warning("worker %d: message for a job it does not run: %s", slot.index, op)
+            return
+        job = head.msg
+        data = {k: v for k, v in msg.items() if k not in ("op", "job_id", "attempt", "rss_mb", "took_s")}
+        out.append(Outcome(str(op), job["job_id"], job["attempt"], data))
+        if op in ("done", "failed"):
+            now = self.clock()
+            took = msg.get("took_s")
+            if isinstance(took, float):
+                mean, n = self._avg_s.get(job["kind"], (0.0, 0))
+                # An exponentially weighted mean over about the last 10 attempts.
+                self._avg_s[job["kind"]] = (took if n == 0 else mean + (took - mean) / min(n + 1, 10), n + 1)
+            slot.jobs.popleft()
+            if slot.jobs:
+                nxt = slot.jobs[0]
+                nxt.started = now
+                out.append(Outcome("started", nxt.msg["job_id"], nxt.msg["attempt"], {}))
+            slot.jobs_done += 1
+            slot.rss_mb = msg.get("rss_mb")
+            reason = self._recycle_reason(slot, cancelled=data.get("code") == ErrorCode.CANCELLED)
+            if reason and slot.recycle is None:
+                slot.recycle = reason
+            if slot.recycle is not None and not slot.jobs:
+                log.info("worker %d (pid %s) recycled: %s", slot.index, slot.pid, slot.recycle)
+                self.processes.end(slot, polite=True)
+                self.processes.spawn(slot)
+
+    def _released(self, slot: WorkerSlot, msg: dict[str, Any], out: list[Outcome]) -> None:
+        """The worker gave back jobs from its queue: each is ``unstarted``."""
+        if msg.get("all"):
+            slot.releasing = False
+        given = {(job_id, attempt) for job_id, attempt in msg["jobs"]}
+        if not given:
+            return
+        kept: deque[JobEntry] = deque()
+        for entry in slot.jobs:
+            key = (entry.msg["job_id"], entry.msg["attempt"])
+            if key in given:
+                out.append(
+                    Outcome("unstarted", key[0], key[1], {"reason": "its worker gave it back before starting it"})
+                )
+            else:
+                kept.append(entry)
+        slot.jobs = kept
+        log.debug("worker %d gave back %d job(s) it had not started", slot.index, len(given))
+
+    def _recycle_reason(self, slot: WorkerSlot, *, cancelled: bool) -> str | None:
+        """Why a worker that just finished a job should be replaced (``max_jobs_per_worker`` and
+        ``max_worker_rss_mb`` of docs/configuration.md), or None."""
+        s = self.settings
+        if cancelled:
+            return "its job was cancelled mid-way (a fresh process runs the next job)"
+        if s.max_jobs_per_worker and slot.jobs_done >= s.max_jobs_per_worker:
+            return f"{slot.jobs_done} jobs done (max_jobs_per_worker {s.max_jobs_per_worker})"
+        if s.max_worker_rss_mb and slot.rss_mb and slot.rss_mb > s.max_worker_rss_mb:
+            return f"resident memory {slot.rss_mb:.0f} MiB > max_worker_rss_mb {s.max_worker_rss_mb}"
+        return None
+
+    def _lost(self, slot: WorkerSlot, out: list[Outcome]) -> None:
+        """The worker is gone: its current job is ``lost``, the jobs it had not started are
+        ``unstarted`` (they go back to the queue without losing an attempt)."""
+        proc = slot.process
+        code = proc.exitcode if proc is not None else None
+        if slot.jobs:
+            head = slot.jobs.popleft()
+            reason = slot.end_reason or (str(ErrorCode.WORKER_LOST), f"the worker process died (exit code {code})")
+            data = {"code": reason[0], "message": reason[1]}
+            out.append(Outcome("lost", head.msg["job_id"], head.msg["attempt"], data))
+            log.warning(
+                "worker %d (pid %s) ended during job %s: %s", slot.index, slot.pid, head.msg["job_id"], reason[1]
+            )
+            for entry in slot.jobs:
+                out.append(
+                    Outcome(
+                        "unstarted",
+                        entry.msg["job_id"],
+                        entry.msg["attempt"],
+                        {"reason": "its worker ended before it started"},
+                    )
+                )
+        else:
+            log.warning("worker %d (pid %s) exited with code %s while idle", slot.index, slot.pid, code)
+        self.processes.end(slot)
+        self.processes.spawn(slot)
+
+    def _fresh_size(self, rss_mb: Any) -> None:
+        """A worker just started takes ``rss_mb``: a ``max_worker_rss_mb`` below it would replace
+        the worker after every job (each job paying a worker start); said once."""
+        limit = self.settings.max_worker_rss_mb
+        if limit and isinstance(rss_mb, (int, float)) and rss_mb >= limit and not self.said_fresh_size:
+            self.said_fresh_size = True
+            log.warning(
+                "max_worker_rss_mb is %d MiB, but a worker just started takes %.0f MiB: every job would be "
+                "followed by a new worker; raise it well above that (and above a loaded model's size)",
+                limit,
+                rss_mb,
+            )
+
+    def _pipe_closed(self, slot: WorkerSlot, error: BaseException, out: list[Outcome]) -> None:
+        """The worker's pipe gave an end of file (or an error) while the process may still
+        live: a plug-in kind can close or shut down the worker's file descriptors. The worker
+        can no longer report, so this is one worker death (its job ``lost``, once): the
+        process is ended, its slot refilled, and the pipe is never read again."""
+        if slot.end_reason is None:
+            what = "an end of file" if isinstance(error, EOFError) else f"an error ({error})"
+            slot.end_reason = (str(ErrorCode.WORKER_LOST), f"the worker closed its pipe to the service ({what})")
+        self.processes.end(slot)
+        self._lost(slot, out)
+
+    def _deadlines(self, out: list[Outcome]) -> None:
+        now = self.clock()
+        for slot in self.slots:
+            if not slot.jobs or slot.process is None:
+                continue
+            head = slot.jobs[0]
+            if head.started is None:
+                head.started = now
+            if len(slot.jobs) > 1 and not slot.releasing and now - head.started >= OVERRUN_S:
+                self.release(slot)
+            cancel_at = head.cancel_deadline
+            if cancel_at is not None and now >= cancel_at:
+                slot.end_reason = (str(ErrorCode.CANCELLED), "cancelled: the worker was ended after the grace period")
+            elif slot.deadline is not None and now >= slot.deadline:
+                slot.end_reason = (str(ErrorCode.TIMEOUT), "the attempt passed its timeout_s")
+            else:
+                continue
+            self.processes.end(slot)
+            self._lost(slot, out)
+
+    def next_deadline(self) -> float | None:
+        """Seconds until the nearest timeout or cancel deadline, or ``None``."""
+        times: list[float] = [s.respawn_at for s in self.slots if s.respawn_at is not None]
+        times += [d.kill_at if d.term_at is None else d.term_at for d in self.processes.dying if not d.killed]
+        for s in self.slots:
+            if s.jobs:
+                head = s.jobs[0]
+                if s.deadline is not None:
+                    times.append(s.deadline)
+                if head.cancel_deadline is not None:
+                    times.append(head.cancel_deadline)
+        return max(0.0, min(times) - self.clock()) if times else None
