@@ -36,6 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from edge_queue import package_version
 from edge_queue.config import Settings
 from edge_queue.errors import ConfigError
 from edge_queue.http.page import PageServer, start_page
@@ -51,7 +52,7 @@ from edge_queue.mqtt.takeover import EXIT_SHARED_CLIENT_ID, SESSION_KEY
 from edge_queue.mqtt.topics import MAX_REPLY_AREAS, ReplyAreas, Topics
 from edge_queue.nodes.hub import Nodes
 from edge_queue.notify import Notifier
-from edge_queue.publish.announce import Announcer, package_version
+from edge_queue.publish.announce import Announcer
 from edge_queue.publish.publisher import Publisher, Republisher
 from edge_queue.requests.commands import Commands
 from edge_queue.requests.dispatch import Dispatcher

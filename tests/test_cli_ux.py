@@ -141,6 +141,21 @@ def test_the_commands_entry_takes_ctrl_c_before_it_imports_anything_more() -> No
     assert out.stdout.strip() == "True []", out.stdout
 
 
+def test_version_imports_nothing_after_the_command_line() -> None:
+    # a Ctrl-C lands as a KeyboardInterrupt once the command line is imported: `--version` must
+    # not import more of the package then (before: it imported the service's announcer, and a
+    # Ctrl-C inside pydantic-core's validator building came out as a SchemaError traceback)
+    code = (
+        "import sys; from edge_queue.cli.launch import main; import edge_queue.cli.main; "
+        "before = set(sys.modules); sys.argv = ['edge-queue', '--version']\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in set(sys.modules) - before if m.startswith('edge_queue')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "[]", out.stdout
+
+
 def test_ctrl_c_while_the_command_starts_ends_it_quietly() -> None:
     # Ctrl-C within the first moments of a command, while Python still imports it (before: a
     # KeyboardInterrupt traceback from inside the imports)

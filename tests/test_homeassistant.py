@@ -273,7 +273,7 @@ def test_diagnostic_entities_and_device_classes(ha, tmp_path: Path) -> None:
     """Issue 34, item 5: the device's diagnostic entities (version, start time, worker health,
     store size, free disk) with their entity category, device classes and units, as Home
     Assistant registers them."""
-    from edge_queue.publish.announce import package_version
+    from edge_queue import package_version
 
     h, inst, broker = ha
     svc = service(broker, tmp_path, [tmp_path], "data", "eqg-" + tmp_path.name[-8:])

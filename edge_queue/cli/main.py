@@ -41,7 +41,7 @@ def _root(
 ) -> None:
     """edge-queue: an MQTT-native job queue for media work on home and edge boxes."""
     if version:
-        from edge_queue.publish.announce import package_version
+        from edge_queue import package_version
 
         typer.echo(f"edge-queue {package_version()}")
         raise typer.Exit(0)

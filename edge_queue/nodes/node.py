@@ -33,13 +33,13 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from edge_queue import package_version
 from edge_queue.config import Settings
 from edge_queue.errors import ErrorCode
 from edge_queue.kinds import registry
 from edge_queue.mqtt.paho_client import configure_client, set_nodelay
 from edge_queue.mqtt.probe import detect_protocol
 from edge_queue.mqtt.topics import Topics
-from edge_queue.publish.announce import package_version
 from edge_queue.rules.inputs import roots_text
 from edge_queue.workers.supervisor import Outcome, Supervisor
 

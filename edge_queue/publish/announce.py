@@ -11,9 +11,9 @@ import socket
 import sqlite3
 import time
 from collections.abc import Callable
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from edge_queue import package_version
 from edge_queue.config import Settings
 from edge_queue.http.page import PageServer
 from edge_queue.mqtt import payloads
@@ -26,14 +26,6 @@ from . import discovery
 from .ha_finished import FinishedJobs
 
 log = logging.getLogger(__name__)
-
-
-def package_version() -> str:
-    """edge-queue's installed version, or ``0+unknown`` when it runs from a source tree."""
-    try:
-        return version("edge-queue")
-    except PackageNotFoundError:
-        return "0+unknown"
 
 
 class Announcer:
