@@ -10,7 +10,8 @@ with ``ast``, nothing is imported or run.
 - every module docs/architecture.md names exists, and every module is named there;
 - the rooms are in dependency order: each folder of the package is one room of
   docs/architecture.md, and a module imports only modules of its own room or of rooms after it
-  on that page (so no cycle ties two rooms either).
+  on that page (so no cycle ties two rooms either), and the page's table of which room imports
+  which is the one the code has.
 """
 
 from __future__ import annotations
@@ -239,3 +240,29 @@ def test_the_room_order_check_sees_an_upward_import() -> None:
     assert upward_imports(rooms, {"edge_queue.top.a": set(), "edge_queue.low.b": {"edge_queue.top.a"}}, paths) == [
         "edge_queue/low/b.py (Low: `edge_queue/low/`) -> edge_queue/top/a.py (Top: `edge_queue/top/`)"
     ]
+
+
+def room_label(heading: str) -> str:
+    """The name the dependency table gives a room: ``cli/`` for a folder, else its first words."""
+    folder = re.search(r"`edge_queue/(\w+)/`", heading)
+    return f"{folder[1]}/" if folder else heading.split(":")[0].lower()
+
+
+def test_the_dependency_table_is_the_code_s() -> None:
+    rooms = rooms_in_order()
+    label = {path: room_label(heading) for heading, listed in rooms for path in listed}
+    mods = modules()
+    code: dict[str, set[str]] = {room_label(heading): set() for heading, _ in rooms}
+    for name, path in mods.items():
+        here = label[str(path.relative_to(ROOT))]
+        for target in imports_of(name, path, set(mods)):
+            there = label[str(mods[target].relative_to(ROOT))]
+            if there != here:
+                code[here].add(there)
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    table = text[text.index("## Dependency direction") : text.index("## One submit")]
+    documented: dict[str, set[str]] = {room: set() for room in code}
+    for room, imported in re.findall(r"^\| (.+?) \| (.+?) \|$", table, re.M)[1:]:  # after the header
+        names = {n.strip().strip("`") for n in re.sub(r"\([^)]*\)", "", imported).split(",")}
+        documented[room.strip("`")] = names
+    assert documented == code
