@@ -26,6 +26,7 @@ from .audio import Chunk, chunks, decode_pcm
 from .base import JobContext, Kind, OutputOptions, check_free, output_stem, write_atomic
 from .media import container_duration_s, open_media, require_audio
 from .streams import best_audio
+from .subtitles import subtitle_cues
 from .whisper import decode, load_model
 
 log = logging.getLogger(__name__)
@@ -265,17 +266,18 @@ def _stamp(seconds: float, sep: str) -> str:
 
 
 def render(fmt: str, segments: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    """One output document: ``txt`` (one line per segment), ``srt``, ``vtt`` or ``json``."""
+    """One output document: ``txt`` (one line per segment), ``srt`` or ``vtt`` (the segments'
+    subtitle cues: :func:`~edge_queue.kinds.subtitles.subtitle_cues`), or ``json`` (the segments)."""
     if fmt == "txt":
         return "".join(s["text"].strip() + "\n" for s in segments)
     if fmt == "srt":
         return "\n".join(
-            f"{i}\n{_stamp(s['start'], ',')} --> {_stamp(s['end'], ',')}\n{s['text'].strip()}\n"
-            for i, s in enumerate(segments, 1)
+            f"{i}\n{_stamp(s['start'], ',')} --> {_stamp(s['end'], ',')}\n{s['text']}\n"
+            for i, s in enumerate(subtitle_cues(segments), 1)
         )
     if fmt == "vtt":
         return "WEBVTT\n\n" + "\n".join(
-            f"{_stamp(s['start'], '.')} --> {_stamp(s['end'], '.')}\n{s['text'].strip()}\n" for s in segments
+            f"{_stamp(s['start'], '.')} --> {_stamp(s['end'], '.')}\n{s['text']}\n" for s in subtitle_cues(segments)
         )
     return json.dumps({**meta, "segments": segments}, ensure_ascii=False, indent=1)
 
