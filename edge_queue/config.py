@@ -39,6 +39,8 @@ def default_data_dir() -> Path:
 #: The largest MQTT 5 Session Expiry and Message Expiry Interval: a four-byte integer (MQTT 5.0,
 #: 3.1.2.11.2 and 3.3.2.3.3), about 136 years.
 MQTT_INTERVAL_MAX_S = 2**32 - 1
+#: The largest MQTT packet: a Remaining Length of four bytes (MQTT 5.0, 1.5.5), plus its header.
+MQTT_PACKET_MAX_BYTES = 268_435_455 + 5
 #: Longest retention: a century (a cut-off date before year 1 is no date).
 RETENTION_DAYS_MAX = 36_500
 #: Longest retry backoff: a year (a retry date stays a date).
@@ -81,6 +83,10 @@ class MqttSettings(_Section):
     #: MQTT 5 Message Expiry of a finished job's retained state: the broker forgets it this
     #: long after the job ended (the store keeps it for get, list and events); 0: never.
     finished_expiry_s: int = Field(86400, ge=0, le=MQTT_INTERVAL_MAX_S)
+    #: The largest packet the broker takes from us, in bytes, when it does not say (MQTT 3.1.1,
+    #: or an MQTT 5 CONNACK without Maximum Packet Size): the shipped mosquitto.conf's
+    #: ``max_packet_size``. Nothing the service sends is larger (docs/configuration.md).
+    max_packet_size: int = Field(16 * 2**20, ge=4096, le=MQTT_PACKET_MAX_BYTES)
     tls: TlsSettings = TlsSettings()
 
     @field_validator("base_topic")

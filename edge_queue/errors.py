@@ -36,6 +36,13 @@ class ErrorCode(StrEnum):
     DECODE_ERROR = "decode_error"
     OUTPUT_EXISTS = "output_exists"
     OUTPUT_NOT_WRITABLE = "output_not_writable"
+    #: ``get``'s ``result.output_errors``: an output is no longer the file its job wrote, is
+    #: gone, or was never recorded as written by the service's own worker (docs/topics.md, "get")
+    OUTPUT_CHANGED = "output_changed"
+    OUTPUT_MISSING = "output_missing"
+    OUTPUT_UNRECORDED = "output_unrecorded"
+    #: an answer larger than the broker accepts (its Maximum Packet Size, or mqtt.max_packet_size)
+    RESPONSE_TOO_LARGE = "response_too_large"
     TIMEOUT = "timeout"
     WORKER_LOST = "worker_lost"
     CRASH_LOOP = "crash_loop"

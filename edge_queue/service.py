@@ -148,6 +148,7 @@ class Service:
             max_packet_bytes=MAX_PACKET_BYTES,
             max_payload_bytes=settings.max_payload_bytes,
         )
+        self.packet_limit = lambda: self.bridge.outbox.packet_limit  # (QueuePort's)
         self.notifier = Notifier()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)

@@ -107,9 +107,14 @@ class _Ctx:
         self.reports: list[tuple[float, str | None]] = []
         self.kept: list[dict[str, Any]] = []
         self.chunks: list[tuple[int, dict[str, Any]]] = []
+        self.written: dict[str, dict[str, Any]] = {}
+        self.claimed: dict[str, dict[str, Any]] = {}
 
     def keep_chunk(self, index: int, data: dict[str, Any]) -> None:
         self.chunks.append((index, data))
+
+    def claim_outputs(self, files: dict[str, dict[str, Any]]) -> None:
+        self.claimed.update(files)
 
     def progress(self, percent: float, stage: str | None = None, eta_s: float | None = None) -> None:
         self.reports.append((percent, stage))

@@ -24,6 +24,11 @@ class Ctx:
         self.job_id, self.attempt, self.settings, self.output_dir = "t", 1, settings, output_dir
         self.kept: list[dict[str, Any]] = []
         self.chunks: list[tuple[int, dict[str, Any]]] = []
+        self.written: dict[str, dict[str, Any]] = {}
+        self.claimed: dict[str, dict[str, Any]] = {}
+
+    def claim_outputs(self, files: dict[str, dict[str, Any]]) -> None:
+        self.claimed.update(files)
 
     def progress(self, percent: float, stage: str | None = None, eta_s: float | None = None) -> None:
         pass

@@ -6,6 +6,7 @@ applies the step with ``Store.transition`` (fenced by attempt), logs it and publ
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 
 from edge_queue.errors import ErrorCode, NotFoundError
@@ -14,6 +15,7 @@ from edge_queue.rules import lifecycle
 from edge_queue.rules.limits import RejectionLog
 from edge_queue.store import Store
 from edge_queue.workers.supervisor import Outcome
+from edge_queue.written import valid_identity
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +102,9 @@ class Outcomes:
         if outcome.op == "chunk":
             self.keep_chunk(outcome)
             return
+        if outcome.op == "outputs":
+            self.record_outputs(outcome)
+            return
         self.publisher.forget_progress(job_id)
         try:
             job = store.get(job_id)
@@ -158,6 +163,32 @@ class Outcomes:
             store.keep_chunk(outcome.job_id, outcome.attempt, index, data)
         except (TypeError, ValueError) as e:  # not JSON, or too large: the job goes on, unkept
             self.unkept.warning("job %s: chunk %d not kept: %s", outcome.job_id, index, e)
+
+    def record_outputs(self, outcome: Outcome) -> None:
+        """Record the files a running attempt is about to move into place (``data``: ``files``,
+        path -> :func:`~edge_queue.written.identity`) with the turn, and set ``data["recorded"]``,
+        which the supervisor answers the worker with after the commit: false for an attempt that
+        is no longer the job's, or a report that is not files."""
+        files, ok = outcome.data.get("files"), False
+        try:
+            job = self.store().get(outcome.job_id)
+        except NotFoundError:
+            job = None
+        if job is None or lifecycle.is_stale(job, outcome.attempt):
+            log.info(
+                "job %s: outputs of attempt %d not recorded (no longer the job's)", outcome.job_id, outcome.attempt
+            )
+        elif not isinstance(files, dict) or not all(
+            isinstance(p, str) and os.path.isabs(p) and valid_identity(i) for p, i in files.items()
+        ):
+            log.warning("job %s: outputs reported without paths and identities ignored", outcome.job_id)
+        else:
+            try:
+                self.store().record_outputs(outcome.job_id, outcome.attempt, files)
+                ok = True
+            except ValueError as e:
+                self.unkept.warning("job %s: outputs not recorded: %s", outcome.job_id, e)
+        outcome.data["recorded"] = ok
 
     def graceful_stop(self, job_ids: set[str] | list[str], now: float) -> None:
         """The graceful stop ended the workers of ``job_ids``: each takes the step

@@ -58,9 +58,14 @@ def preferred(
 
 def with_kept_chunks(store: Store, job: dict[str, Any]) -> dict[str, Any]:
     """``job`` with ``kept``, the chunks its earlier attempts finished, when it has any (a
-    transcription that resumes: docs/topics.md, "Long jobs resume")."""
+    transcription that resumes: docs/topics.md, "Long jobs resume"), and ``written``, the files
+    they wrote (docs/topics.md, "Where outputs go")."""
     kept = store.kept_chunks(job["job_id"])  # (no statement for a job without kept chunks)
-    return {**job, "kept": kept} if kept else job
+    job = {**job, "kept": kept} if kept else job
+    if job["attempt"] > 1:  # the files earlier attempts wrote: the job's own, replaced by this one
+        written = store.output_files(job["job_id"])
+        job = {**job, "written": written} if written else job
+    return job
 
 
 class Scheduler:

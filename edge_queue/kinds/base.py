@@ -52,6 +52,17 @@ class JobContext(Protocol):
         and handed to the job's next attempt as :attr:`kept` (docs/topics.md, "Long jobs
         resume"). Send the chunks in order, each once."""
 
+    #: The files earlier attempts of this job wrote, as the store recorded them: path ->
+    #: ``{"size", "sha256", "attempt"}`` (empty on a first attempt). A later attempt replaces
+    #: these, and only these, without ``overwrite`` (:mod:`.outputs`).
+    written: dict[str, dict[str, Any]]
+
+    def claim_outputs(self, files: dict[str, dict[str, Any]]) -> None:
+        """Have the service record ``files`` (path -> :func:`edge_queue.written.identity`) as
+        this attempt's outputs, and wait until the record is committed, before they are moved
+        into place. Raises :class:`~edge_queue.errors.JobError` when the service refuses (the
+        attempt is no longer the job's), :class:`~edge_queue.errors.JobCancelled` on a cancel."""
+
 
 class Kind:
     """A job kind. Subclasses set ``name``, ``Options``, ``needs_input`` and implement ``run``."""

@@ -23,8 +23,9 @@ from edge_queue.errors import ErrorCode, JobError, MediaError, RequestError
 
 from .ahead import DecodeAhead, Pending
 from .audio import Chunk, chunks, decode_pcm
-from .base import JobContext, Kind, OutputOptions, check_free, output_stem, write_atomic
+from .base import JobContext, Kind, OutputOptions, output_stem
 from .media import container_duration_s, open_media, require_audio
+from .outputs import check_free, write_outputs
 from .streams import best_audio
 from .subtitles import subtitle_cues
 from .whisper import decode, load_model
@@ -436,7 +437,7 @@ class Transcribe(Kind):
                     )
                 if not planned:
                     planned = self._outputs(ctx, input_path, language, options)
-                    check_free(list(planned.values()), options.overwrite or options.output == "data_dir")
+                    check_free(ctx, list(planned.values()), options.overwrite or options.output == "data_dir")
                 segments.extend(chunk_segments)
                 decoded_s = chunk.offset_s + chunk.duration_s
                 if kept is None:  # the pace of what this attempt decoded itself, at the chunk's end
@@ -471,10 +472,9 @@ class Transcribe(Kind):
             "text": text,
         }
         ctx.progress(100, "writing")
-        outputs = {}
-        for fmt, path in planned.items():
-            write_atomic(path, render(fmt, segments, meta), overwrite=options.overwrite or options.output == "data_dir")
-            outputs[fmt] = str(path)
+        documents = {path: render(fmt, segments, meta).encode() for fmt, path in planned.items()}
+        write_outputs(ctx, documents, overwrite=options.overwrite or options.output == "data_dir")
+        outputs = {fmt: str(path) for fmt, path in planned.items()}
         return {
             "language": language,
             "language_probability": round(probability, 4),

@@ -138,7 +138,7 @@ class Bridge:
         self.connection = 0  # increments at every CONNACK
         self._refused: str | None = None
         #: what we send, held until the turn's commit and paced by the broker's PUBACKs
-        self.outbox = Outbox()
+        self.outbox = Outbox(settings.max_packet_size)
         self._closing = False
         self._next_reconnect = 0.0
         self._reconnect_delay = RECONNECT_MIN_S
@@ -204,9 +204,9 @@ class Bridge:
         self.connection += 1
         self._reconnect_delay = RECONNECT_MIN_S
         set_nodelay(client)
-        # PUBACKs still waiting were for the connection that ended: the broker sends those
-        # requests again on this one, and they are answered then.
-        self.outbox.keep_acks_of(self.connection)
+        # PUBACKs still waiting were for the connection that ended (the broker sends those
+        # requests again on this one); the packet limit is this connection's.
+        self.outbox.connected(self.connection, self.protocol == mqtt.MQTTv5, properties)
         nodes = self.topics.nodes_prefix if self.on_node is not None else None
         requests = self.topics.requests if self.foreign.shared is None else None  # None: leaving a shared id
         subscribe(client, self.protocol, requests, list(self.watch), nodes)

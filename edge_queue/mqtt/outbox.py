@@ -6,6 +6,7 @@ the broker is away (docs/operations.md, "Load and back-pressure").
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,6 +38,18 @@ OFFLINE_BACKLOG_BYTES = 32 * 2**20
 #: running stays far below :data:`OFFLINE_BACKLOG` and no event or response is dropped.
 OFFLINE_HOLD = OFFLINE_BACKLOG // 2
 OFFLINE_HOLD_BYTES = OFFLINE_BACKLOG_BYTES // 2
+#: Publishes dropped for being larger than the broker takes are logged at most this often.
+TOO_LARGE_LOG_S = 10.0
+
+
+def packet_bytes(topic: str, payload_bytes: int, props: Properties | None, mqtt5: bool) -> int:
+    """Bytes of a QoS 1 PUBLISH of ``payload_bytes`` on ``topic``: the fixed header, the topic,
+    the packet identifier, the properties (MQTT 5 only; one byte when there are none) and the
+    payload (MQTT 5.0, 3.3). What the broker's Maximum Packet Size is compared with."""
+    remaining = 2 + len(topic.encode("utf-8", "surrogatepass")) + 2 + payload_bytes
+    if mqtt5:
+        remaining += len(props.pack()) if props is not None else 1
+    return 1 + max(1, (remaining.bit_length() + 6) // 7) + remaining
 
 
 @dataclass(slots=True)
@@ -72,7 +85,12 @@ class Outbox:
     :attr:`out`, whose length the service reads (:attr:`backlog`) to slow down what it takes in.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_packet_size: int) -> None:
+        self.max_packet_size = max_packet_size  # mqtt.max_packet_size
+        #: the largest packet the broker takes, in bytes: its CONNACK's Maximum Packet Size
+        #: (MQTT 5), else ``mqtt.max_packet_size`` (:meth:`connected`)
+        self.packet_limit = max_packet_size
+        self.mqtt5 = True  # the connection's protocol: MQTT 5 packets carry properties
         self.out: deque[Pub | Ack] = deque()
         self.out_bytes = 0
         #: our publishes handed to paho and not yet acknowledged: message id -> bytes
@@ -83,6 +101,8 @@ class Outbox:
         #: payload bytes made inside the current :meth:`held` block
         self.held_bytes = 0
         self.copies_sent_on = -1  # the last connection a copy on a client-named topic went out on
+        self.too_large = 0  # publishes over the broker's packet limit, dropped since the last log line
+        self.too_large_said = -TOO_LARGE_LOG_S
 
     @contextmanager
     def held(self) -> Iterator[None]:
@@ -137,9 +157,13 @@ class Outbox:
         self.inflight_bytes -= self.inflight.pop(mid, 0)
         self.once.discard(mid)
 
-    def keep_acks_of(self, connection: int) -> None:
-        """A new connection: PUBACKs still waiting were for the one that ended (the broker sends
-        those requests again on this one, and they are answered then)."""
+    def connected(self, connection: int, mqtt5: bool, properties: Properties | None) -> None:
+        """A new connection (``properties``: its CONNACK's): its packet limit (the Maximum
+        Packet Size the broker gives, else ``mqtt.max_packet_size``); PUBACKs still waiting
+        were for the one that ended (the broker sends those requests again on this one, and
+        they are answered then)."""
+        self.mqtt5 = mqtt5
+        self.packet_limit = getattr(properties, "MaximumPacketSize", None) or self.max_packet_size
         self.out = deque(m for m in self.out if not isinstance(m, Ack) or m.connection == connection)
 
     def drop_copies(self, client: FastClient) -> None:
@@ -158,6 +182,20 @@ class Outbox:
         )
         self.once.clear()
 
+    def dropped_too_large(self, topic: str) -> None:
+        """Count a publish dropped for its size; log the count at most once per
+        :data:`TOO_LARGE_LOG_S`."""
+        self.too_large += 1
+        now = time.monotonic()
+        if now - self.too_large_said >= TOO_LARGE_LOG_S:
+            log.warning(
+                "%d message(s) not sent: larger than the %d bytes the broker takes in one packet (last on %s)",
+                self.too_large,
+                self.packet_limit,
+                topic[:200],
+            )
+            self.too_large, self.too_large_said = 0, now
+
     def bound_offline(self) -> None:
         """Disconnected: beyond :data:`OFFLINE_BACKLOG` messages (or bytes), the oldest are
         dropped, retained states first (the republish after the reconnect sends them again)."""
@@ -172,9 +210,17 @@ class Outbox:
             self.out, self.out_bytes = kept, size
             log.warning("broker unreachable: dropped %d waiting messages (state is republished)", dropped)
 
+    def fits(self, topic: str, payload_bytes: int) -> bool:
+        """True when a publish of ``payload_bytes`` on ``topic`` (no properties) is a packet of
+        at most :attr:`packet_limit` bytes."""
+        return packet_bytes(topic, payload_bytes, None, self.mqtt5) <= self.packet_limit
+
     def hand_over(self, client: FastClient, connection: int) -> None:
         """Give waiting messages to paho, in order, while the window (:data:`WINDOW` messages,
-        :data:`WINDOW_BYTES` bytes) of publishes awaiting a PUBACK is open."""
+        :data:`WINDOW_BYTES` bytes) of publishes awaiting a PUBACK is open. A publish over
+        :attr:`packet_limit` bytes as a packet (:func:`packet_bytes`) is dropped, never sent:
+        the broker would close the connection, and the message would go again at every
+        reconnect; logged at most once per :data:`TOO_LARGE_LOG_S`."""
         out = self.out
         while out and self.window_open():
             m = out.popleft()
@@ -184,6 +230,9 @@ class Outbox:
                 continue
             size = m.size
             self.out_bytes -= size
+            if packet_bytes(m.topic, len(m.payload), m.props, self.mqtt5) > self.packet_limit:
+                self.dropped_too_large(m.topic)
+                continue
             if m.props is None and not m.once and client.socket() is not None:
                 # the usual message (state, event, response): paho's bookkeeping, less work
                 payload = m.payload.encode() if isinstance(m.payload, str) else m.payload

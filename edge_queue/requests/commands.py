@@ -6,9 +6,7 @@ request gets exactly one response, whatever its payload.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import sqlite3
 from typing import Any
 
@@ -26,6 +24,7 @@ from edge_queue.rules.states import ACTIVE, JobState, is_terminal
 from edge_queue.store import JobSpec, LockHeld
 
 from .browse import browse
+from .outputs import read_outputs
 from .ports import QueuePort
 
 #: Commands only the ``admin`` role may send (docs/configuration.md, "[access]").
@@ -258,13 +257,8 @@ class Commands:
         return self._mine is None or job.get("submitted_by") == self._mine[0]
 
     def do_get(self, req: payloads.GetRequest) -> dict[str, Any]:
-        job = payloads.job_object(self._job(req.job_id))
-        result = job.get("result") or {}
-        if result.get("text_truncated"):
-            job["result"] = {**result, **full_text(result.get("outputs") or {})}
-        if req.segments and isinstance(job.get("result"), dict):
-            job["result"] = {**job["result"], **transcript_segments(result.get("outputs") or {})}
-        return job
+        """The job object, with its transcript read back (:func:`.outputs.read_outputs`)."""
+        return read_outputs(self.service, payloads.job_object(self._job(req.job_id)), segments=req.segments)
 
     def do_browse(self, req: payloads.BrowseRequest) -> dict[str, Any]:
         """A page of a folder inside the media roots, or the roots (:func:`.browse.browse`)."""
@@ -458,42 +452,6 @@ def checked_options(kind: Any, options: dict[str, Any], settings: Settings) -> d
             known = ", ".join(sorted(kind.Options.model_fields)) or "none"
             message += f"; the options of {kind.name} are: {known}"
         raise RequestError(message, field=field) from e
-
-
-def full_text(outputs: dict[str, Any]) -> dict[str, Any]:
-    """``{"text": ..., "text_truncated": False}`` from a transcription's ``txt`` output, for a
-    job object whose ``result.text`` was cut; ``{}`` when the file is gone."""
-    txt = outputs.get("txt")
-    if not isinstance(txt, str) or not os.path.isfile(txt):
-        return {}
-    with open(txt, encoding="utf-8") as fh:
-        return {"text": " ".join(line.strip() for line in fh).strip(), "text_truncated": False}
-
-
-#: ``get`` with ``segments``: at most this many bytes of segment text are returned.
-SEGMENTS_MAX_BYTES = 1 * 2**20
-
-
-def transcript_segments(outputs: dict[str, Any]) -> dict[str, Any]:
-    """``{"segment_list": [{"start", "end", "text"}], "segment_list_truncated": bool}`` from a
-    transcription's ``json`` output (times in seconds), or ``{}`` when it wrote none or the file
-    cannot be read. At most :data:`SEGMENTS_MAX_BYTES` of text (and at least one segment)."""
-    path = outputs.get("json")
-    if not isinstance(path, str) or not os.path.isfile(path):
-        return {}
-    try:
-        with open(path, encoding="utf-8") as fh:
-            segments = json.load(fh).get("segments") or []
-    except (OSError, ValueError, AttributeError):
-        return {}
-    out: list[dict[str, Any]] = []
-    size = 0
-    for s in segments:
-        size += len(str(s.get("text", ""))) + 32
-        if out and size > SEGMENTS_MAX_BYTES:
-            break
-        out.append({"start": s.get("start"), "end": s.get("end"), "text": str(s.get("text", "")).strip()})
-    return {"segment_list": out, "segment_list_truncated": len(out) < len(segments)}
 
 
 class _AllRejected(RequestError):

@@ -188,6 +188,7 @@ class Dispatcher:
                 self.answer(msg, json.loads(first[0]), first[1])
                 return
         response, reply_to = self.commands.execute(msg.command, msg.payload, msg.user)
+        response = self.fitted(msg, response)
         if key is not None:  # errors too: delivered again, it gets the same answer
             self.store().remember_request(key, payloads.encode(response), reply_to, self.clock(), self.requests_seen)
         self.answer(msg, response, reply_to)
@@ -267,6 +268,32 @@ class Dispatcher:
             self.bridge.respond(msg.response_topic, body, correlation_data=msg.correlation_data, once=True)
         if reply_to and self.topics.valid_reply_to(reply_to, user, self.reply_areas):
             self.bridge.respond(reply_to, body, once=True)
+
+    def fitted(self, msg: Incoming, response: dict[str, Any]) -> dict[str, Any]:
+        """``response``, or a ``response_too_large`` error in its place when its packet would be
+        larger than the broker takes (``Outbox.packet_limit``): every request is answered,
+        and the broker never closes the connection over an answer (which would bring the
+        request again, and the same answer, at every reconnect)."""
+        body = payloads.encode(response)
+        topic = (
+            self.topics.response(msg.command) if msg.user is None else self.topics.user_response(msg.user, msg.command)
+        )
+        if self.bridge.outbox.fits(topic, len(body)):
+            return response
+        limit = self.bridge.outbox.packet_limit
+        rejections.warning(
+            "the answer to %s (%d bytes) is over the broker's packet limit of %d bytes: answered %s",
+            msg.command,
+            len(body),
+            limit,
+            ErrorCode.RESPONSE_TOO_LARGE,
+        )
+        transaction, _ = payloads.peek_envelope(msg.payload)
+        return payloads.error(
+            ErrorCode.RESPONSE_TOO_LARGE,
+            f"the answer would be {len(body):,} bytes, over the {limit:,} bytes the broker takes in one packet",
+            transaction,
+        )
 
     def answer_failed_turn(self, taken: list[Incoming], *, disk_full: bool) -> ErrorCode:
         """The turn's commit failed (``disk_full``: because the disk is full): each request it

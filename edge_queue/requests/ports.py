@@ -8,6 +8,7 @@ that each can be read, tested and changed alone (and no import cycle ties them t
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from edge_queue.config import Settings
@@ -19,6 +20,9 @@ class QueuePort(Protocol):
     """What a request may do to the queue (:class:`~edge_queue.requests.commands.Commands`)."""
 
     settings: Settings
+    #: The largest packet, in bytes, the broker takes from the service: an answer's limit
+    #: (``Outbox.packet_limit``).
+    packet_limit: Callable[[], int]
     topics: Topics
     #: the users whose reply areas a request on the shared topics may not answer into
     reply_areas: ReplyAreas

@@ -9,6 +9,7 @@ Every SQL statement of edge-queue lives in this package, split by what it stores
 - :mod:`.events`: the event log; :mod:`.requests`: records of executed requests;
 - :mod:`.batches`, :mod:`.watched`, :mod:`.meta`: batches, watched files, the store's own values;
 - :mod:`.chunks`: the kept chunks of long jobs, from which their next attempt resumes;
+- :mod:`.outputs`: the files each job's workers wrote, and what identifies each one;
 - :mod:`.ids` and :mod:`.rows`: ids, timestamps and the rows as written.
 
 sqlite-utils creates the schema and serves the rest of the reads; the hot path (submit, claim,
@@ -42,6 +43,7 @@ from .events import EventLog
 from .ids import dedupe_key, ids_after, iso, new_id, parse_iso
 from .jobs import Jobs
 from .meta import Meta, backup
+from .outputs import OutputFiles
 from .requests import RequestRecords
 from .rows import Created, JobSpec, LockHeld
 from .schema import SCHEMA_VERSION, ensure_tables, migrate
@@ -91,6 +93,7 @@ class Store:
         self.watched = WatchedFiles(c)
         self.meta_ = Meta(c)
         self.chunks = Chunks(c)
+        self.outputs = OutputFiles(c)
 
     @property
     def conn(self) -> sqlite3.Connection:
@@ -384,6 +387,14 @@ class Store:
     def drop_chunks(self, job_ids: Iterable[str]) -> None:
         """:meth:`.Chunks.drop`."""
         self.chunks.drop(job_ids)
+
+    def record_outputs(self, job_id: str, attempt: int, files: dict[str, dict[str, Any]]) -> None:
+        """:meth:`.OutputFiles.record`."""
+        self.outputs.record(job_id, attempt, files)
+
+    def output_files(self, job_id: str) -> dict[str, dict[str, Any]]:
+        """:meth:`.OutputFiles.of`."""
+        return self.outputs.of(job_id)
 
     def finished_before(
         self, cutoff: float, states: Iterable[str] = ("succeeded", "failed", "cancelled"), limit: int = 10000

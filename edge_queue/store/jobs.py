@@ -263,6 +263,7 @@ class Jobs:
                         )
                     self.c.conn.execute("DELETE FROM job_events WHERE job_id = ?", [job_id])
                     self.c.conn.execute("DELETE FROM job_chunks WHERE job_id = ?", [job_id])
+                    self.c.conn.execute("DELETE FROM job_outputs WHERE job_id = ?", [job_id])
                     self.c.conn.execute("DELETE FROM jobs WHERE job_id = ?", [job_id])
                     gone.append(job_id)
                     self.c.counts[row[0]] -= 1

@@ -11,6 +11,7 @@ import logging
 
 from .chunks import create_chunks_table
 from .connection import Connection
+from .outputs import create_outputs_table
 
 log = logging.getLogger(__name__)
 
@@ -175,3 +176,4 @@ def ensure_tables(c: Connection) -> None:
         c.conn.execute("ALTER TABLE delivered_requests ADD COLUMN seq INTEGER NOT NULL DEFAULT 0")
     create_watch_table(c)
     create_chunks_table(c)
+    create_outputs_table(c)

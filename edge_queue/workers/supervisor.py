@@ -48,7 +48,9 @@ OVERRUN_S = 1.0
 class Outcome:
     """One thing the service must act on.
 
-    ``op`` is ``progress`` (``data``: progress, stage, eta_s), ``done`` (``data``: result),
+    ``op`` is ``progress`` (``data``: progress, stage, eta_s), ``chunk`` (``data``: index, data),
+    ``outputs`` (``data``: files, path -> identity; the service sets ``recorded``, and
+    :meth:`Supervisor.dispatch` answers the worker after the commit), ``done`` (``data``: result),
     ``failed`` (``data``: code, message, retryable), ``lost`` (the worker died during the
     attempt; ``data``: code ``worker_lost``, ``timeout`` or ``cancelled``, message),
     ``unstarted`` (a job the worker had not started: it died, or gave the job back when asked;
@@ -59,6 +61,25 @@ class Outcome:
     job_id: str
     attempt: int
     data: dict[str, Any] = field(default_factory=dict)
+
+
+def answer_claims(slots: list[WorkerSlot], claims: list[Outcome]) -> list[Outcome]:
+    """Answer each worker's ``outputs`` the service has decided on (``data["recorded"]`` set,
+    after the commit that recorded them) with ``outputs_ok``; returns those not decided yet (a
+    turn whose commit failed applies them again)."""
+    waiting = []
+    for claim in claims:
+        if "recorded" not in claim.data:
+            waiting.append(claim)
+            continue
+        for slot in slots:
+            if slot.job is not None and slot.job["job_id"] == claim.job_id and slot.conn is not None:
+                answer = {"op": "outputs_ok", "job_id": claim.job_id, "attempt": claim.attempt}
+                try:
+                    slot.conn.send({**answer, "ok": claim.data["recorded"] is True})
+                except OSError:
+                    pass  # the worker is gone: poll() reports its job as lost
+    return waiting
 
 
 #: Seconds to wait, after an end of file on a worker's pipe, for the worker's exit: a dead
@@ -94,6 +115,7 @@ class Supervisor:
         self.processes = ProcessPool(settings, clock)
         self.slots = [WorkerSlot(i) for i in range(settings.workers)]
         self._avg_s: dict[str, tuple[float, int]] = {}  # kind -> (mean run time in s, attempts seen)
+        self._claims: list[Outcome] = []  # workers' ``outputs``, answered by dispatch() after the commit
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -198,8 +220,8 @@ class Supervisor:
         committed; :meth:`unassign` takes back what was not sent (the commit failed)."""
         msg = {k: job[k] for k in ("job_id", "attempt", "kind", "input", "options")}
         msg["output_dir"] = output_dir
-        if job.get("kept"):  # the chunks earlier attempts finished (Store.kept_chunks)
-            msg["kept"] = job["kept"]
+        # the chunks earlier attempts finished (Store.kept_chunks), the files they wrote (output_files)
+        msg.update({k: job[k] for k in ("kept", "written") if job.get(k)})
         entry = JobEntry(msg, timeout_s)
         if not slot.jobs:
             entry.started = self.clock()
@@ -207,7 +229,9 @@ class Supervisor:
         slot.unsent.append(entry)
 
     def dispatch(self) -> None:
-        """Send every job assigned since the last call, one message per worker."""
+        """Send every job assigned since the last call, one message per worker, and the
+        answers to ``outputs`` the service decided (:func:`answer_claims`)."""
+        self._claims = answer_claims(self.slots, self._claims)
         for slot in self.slots:
             if not slot.unsent:
                 continue
@@ -324,7 +348,9 @@ class Supervisor:
             return
         job = head.msg
         data = {k: v for k, v in msg.items() if k not in ("op", "job_id", "attempt", "rss_mb", "took_s")}
-        out.append(Outcome(str(op), job["job_id"], job["attempt"], data))
+        out.append(outcome := Outcome(str(op), job["job_id"], job["attempt"], data))
+        if op == "outputs":
+            self._claims.append(outcome)
         if op in ("done", "failed"):
             now = self.clock()
             took = msg.get("took_s")

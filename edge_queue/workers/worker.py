@@ -1,8 +1,10 @@
 """What runs inside a worker child process: take a job, run its kind, report over the pipe.
 
 The worker never touches MQTT or the store. Its parent (``supervisor``) sends
-``run``, ``cancel`` and ``stop`` messages; the worker answers with ``ready``, ``progress``,
-``chunk`` (a finished chunk of a long job, kept by the service for its next attempt),
+``run``, ``cancel``, ``outputs_ok`` and ``stop`` messages; the worker answers with ``ready``,
+``progress``, ``chunk`` (a finished chunk of a long job, kept by the service for its next
+attempt), ``outputs`` (the files an attempt is about to move into place, which it moves once the
+service's ``outputs_ok`` says they are recorded),
 ``done`` and ``failed`` (with the worker's ``rss_mb`` and the attempt's run time ``took_s``) and
 ``log`` messages (plain dicts,
 pickled by ``multiprocessing``).
@@ -41,6 +43,8 @@ PROGRESS_INTERVAL_S = 0.25
 #: 1,927 and 2,340 with 16, at the same service CPU per job.
 OUTCOME_BATCH = 64
 OUTCOME_BATCH_S = 0.005
+#: Seconds between cancel checks while a job waits for the service to record its outputs.
+OUTPUTS_POLL_S = 0.2
 
 
 def as_json(value: Any) -> Any:
@@ -81,6 +85,8 @@ class _Context:
         self._last_stage: str | None = None
         kept = job.get("kept")
         self.kept: list[dict[str, Any]] = [c["data"] for c in kept] if isinstance(kept, list) else []
+        written = job.get("written")
+        self.written: dict[str, dict[str, Any]] = written if isinstance(written, dict) else {}
 
     def progress(self, percent: float, stage: str | None = None, eta_s: float | None = None) -> None:
         now = time.monotonic()
@@ -108,6 +114,21 @@ class _Context:
             return
         self._worker.send({"op": "chunk", "job_id": self.job_id, "attempt": self.attempt, "index": index, "data": data})
 
+    def claim_outputs(self, files: dict[str, dict[str, Any]]) -> None:
+        key = (self.job_id, self.attempt)
+        self._worker.send({"op": "outputs", "job_id": self.job_id, "attempt": self.attempt, "files": files})
+        while not self._worker.claimed.wait(OUTPUTS_POLL_S):  # the service answers after its commit
+            self.checkpoint()
+        self.checkpoint()
+        with self._worker.lock_claims:
+            answer = self._worker.claim_answers.pop(key, None)
+            self._worker.claimed.clear()
+        if answer is not True:
+            raise JobError(
+                "the service did not record this attempt's outputs (the attempt is no longer the job's)",
+                code=ErrorCode.INTERNAL_ERROR,
+            )
+
     def checkpoint(self) -> None:
         if self._worker.cancel_requested(self.job_id):
             raise JobCancelled("cancelled at a checkpoint")
@@ -123,6 +144,10 @@ class _Worker:
         self._lock = threading.Lock()
         self._pending: list[dict[str, Any]] = []
         self._timer: threading.Timer | None = None
+        #: the service's answers to ``outputs`` (:meth:`_Context.claim_outputs`), by (job, attempt)
+        self.claim_answers: dict[tuple[str, int], bool] = {}
+        self.claimed = threading.Event()
+        self.lock_claims = threading.Lock()
 
     def send(self, msg: dict[str, Any]) -> None:
         """Send one message (after any outcomes still waiting, so the order holds)."""
@@ -188,6 +213,10 @@ class _Worker:
                     self.jobs.put(job)
             elif op == "cancel":
                 self._cancelled.add(msg["job_id"])
+            elif op == "outputs_ok":
+                with self.lock_claims:
+                    self.claim_answers[(msg["job_id"], msg["attempt"])] = bool(msg.get("ok"))
+                    self.claimed.set()
             elif op == "release":
                 self.release(msg.get("job_ids"))
             elif op == "stop":

@@ -1,0 +1,133 @@
+"""``get``'s reading of a job's output files: the whole transcript (``text``) and its segments
+(``segment_list``), from the files the service's own worker wrote, only while they are still
+those files (:mod:`edge_queue.written`), and cut to fit the answer in one MQTT packet.
+
+What cannot be read is said in ``result.output_errors`` (format -> ``{"code", "message"}``):
+``output_missing``, ``output_changed`` (a link in its path, not a regular file, another size or
+content) or ``output_unrecorded`` (no record of the file being written by this service: a node's
+job, or a job of a release before the record).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from edge_queue.errors import ErrorCode
+from edge_queue.mqtt import payloads
+from edge_queue.written import NotTheFileWritten, read_written
+
+from .ports import QueuePort
+
+#: Bytes of an answer beside its job object: the envelope, a ``transaction``, the topic and
+#: the packet's own header (``get`` cuts the text it reads to fit the rest of the packet).
+ANSWER_OVERHEAD_BYTES = 8 * 2**10
+#: ``get`` with ``segments``: at most this many bytes of segment text are returned.
+SEGMENTS_MAX_BYTES = 1 * 2**20
+#: A ``json`` output over this many bytes is not parsed (``segment_list`` empty and truncated).
+SEGMENTS_READ_MAX_BYTES = 64 * 2**20
+
+
+def read_outputs(svc: QueuePort, job: dict[str, Any], *, segments: bool) -> dict[str, Any]:
+    """``get``'s job object: ``job`` with :func:`with_outputs` in its ``result`` when its text
+    was cut or ``segments`` are asked for, within the packet the broker takes
+    (``svc.packet_limit``) less the rest of the answer."""
+    result = job.get("result")
+    if not isinstance(result, dict) or not (result.get("text_truncated") or segments):
+        return job
+    room = svc.packet_limit() - len(payloads.encode(job)) - ANSWER_OVERHEAD_BYTES
+    roots = [*map(str, svc.settings.media_roots), str(svc.settings.outputs_dir)]
+    recorded = svc.job_store().output_files(job["job_id"])
+    return {**job, "result": with_outputs(result, recorded, roots, segments=segments, room=room)}
+
+
+def with_outputs(
+    result: dict[str, Any], recorded: dict[str, dict[str, Any]], roots: list[str], *, segments: bool, room: int
+) -> dict[str, Any]:
+    """``result`` (a transcription's) with the whole text when it was cut (``text``,
+    ``text_truncated``), with ``segment_list`` and ``segment_list_truncated`` when ``segments``,
+    and ``output_errors`` for what could not be read. ``recorded``: the job's files as the store
+    recorded them (path -> identity); ``roots``: the media roots and the outputs folder, below
+    which no link is followed; ``room``: bytes of JSON the additions may take at most."""
+    out, errors = dict(result), dict[str, Any]()
+    given = result.get("outputs")
+    outputs: dict[str, Any] = given if isinstance(given, dict) else {}
+    if segments:
+        listed = transcript_segments(outputs.get("json"), recorded, roots, min(SEGMENTS_MAX_BYTES, room // 2), errors)
+        out.update(listed)
+        room -= len(orjson.dumps(listed))
+    if result.get("text_truncated"):
+        out.update(full_text(outputs.get("txt"), recorded, roots, max(room, 0), errors))
+    if errors:
+        out["output_errors"] = errors
+    return out
+
+
+def _read(
+    fmt: str, path: Any, recorded: dict[str, dict[str, Any]], roots: list[str], max_bytes: int, errors: dict[str, Any]
+) -> tuple[bytes, bool] | None:
+    """The first ``max_bytes`` of the ``fmt`` output at ``path`` and whether there was more;
+    None (the reason in ``errors[fmt]``) when it is not the file the job wrote."""
+    if not isinstance(path, str):
+        return None
+    ident = recorded.get(path)
+    if ident is None:
+        errors[fmt] = {
+            "code": ErrorCode.OUTPUT_UNRECORDED,
+            "message": "not read: the service has no record of writing this file",
+        }
+        return None
+    try:
+        return read_written(path, ident, roots, max_bytes)
+    except NotTheFileWritten as e:
+        errors[fmt] = {"code": e.code, "message": f"not read: {e.why}"}
+        return None
+
+
+def full_text(
+    path: Any, recorded: dict[str, dict[str, Any]], roots: list[str], room: int, errors: dict[str, Any]
+) -> dict[str, Any]:
+    """``{"text": ..., "text_truncated": bool}`` from a transcription's ``txt`` output (its lines
+    joined by spaces), at most ``room`` bytes of JSON (``text_truncated`` true when cut); ``{}``
+    when it cannot be read."""
+    read = _read("txt", path, recorded, roots, room, errors)
+    if read is None:
+        return {}
+    raw, more = read
+    text = " ".join(line.strip() for line in raw.decode("utf-8", "ignore").splitlines()).strip()
+    size = len(orjson.dumps(text))
+    while size > room and text:  # escapes make JSON longer than the text: cut in proportion
+        more = True
+        text = text[: max(0, int(len(text) * room / size) - 16)]
+        size = len(orjson.dumps(text))
+    return {"text": text, "text_truncated": more}
+
+
+def transcript_segments(
+    path: Any, recorded: dict[str, dict[str, Any]], roots: list[str], max_bytes: int, errors: dict[str, Any]
+) -> dict[str, Any]:
+    """``{"segment_list": [{"start", "end", "text"}], "segment_list_truncated": bool}`` from a
+    transcription's ``json`` output (times in seconds), or ``{}`` when it wrote none or the file
+    cannot be read. At most ``max_bytes`` of JSON (and at least one segment when it fits)."""
+    read = _read("json", path, recorded, roots, SEGMENTS_READ_MAX_BYTES, errors)
+    if read is None:
+        return {}
+    raw, more = read
+    if more:
+        return {"segment_list": [], "segment_list_truncated": True}
+    try:
+        segments = orjson.loads(raw).get("segments") or []
+    except (ValueError, AttributeError):
+        return {}
+    out: list[dict[str, Any]] = []
+    size = 64
+    for s in segments if isinstance(segments, list) else []:
+        if not isinstance(s, dict):
+            break
+        item = {"start": s.get("start"), "end": s.get("end"), "text": str(s.get("text", "")).strip()}
+        size += len(orjson.dumps(item)) + 1
+        if size > max_bytes:
+            break
+        out.append(item)
+    return {"segment_list": out, "segment_list_truncated": len(out) < len(segments)}
