@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,6 +19,7 @@ from edge_queue.kinds.transcribe import (
     eta_s,
     input_signature,
     model_threads,
+    resolve_model,
     resumable,
     same_cut,
 )
@@ -128,6 +130,41 @@ def test_the_signature_changes_with_the_input_and_the_settings_that_shape_the_tr
     f.write_bytes(b"y" * 100)  # same size, new modification time
     os.utime(f, ns=(1, 1))
     assert input_signature(str(f), cfg, "/m", True) != one
+
+
+def test_an_input_replaced_with_the_same_size_and_time_does_not_resume(tmp_path: Path) -> None:
+    # Given a recording and the signature of its kept chunks (small: hashed whole; large: sampled)
+    cfg = Settings(data_dir=tmp_path).transcribe
+    for size in (100_000, 12 * 2**20):
+        f = tmp_path / f"call-{size}.wav"
+        f.write_bytes(os.urandom(size))
+        st = f.stat()
+        one = input_signature(str(f), cfg, "/m", True)
+        # When another recording of the same size replaces it, its modification time kept (cp -p)
+        f.write_bytes(os.urandom(size))
+        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert f.stat().st_size == st.st_size and f.stat().st_mtime_ns == st.st_mtime_ns
+        # Then the signature tells them apart
+        assert input_signature(str(f), cfg, "/m", True) != one, size
+
+
+@pytest.mark.usefixtures("model_installed")
+def test_the_same_model_in_another_install_folder_gives_the_same_signature(tmp_path: Path) -> None:
+    # Given the bundled model, and the same model installed elsewhere (another box's path)
+    bundled = Path(resolve_model(None))
+    elsewhere = tmp_path / "opt" / "other-install" / "model"
+    shutil.copytree(bundled, elsewhere)
+    f = tmp_path / "a.wav"
+    f.write_bytes(b"x" * 100)
+    cfg = Settings(data_dir=tmp_path).transcribe
+    # Then kept chunks match across the two
+    assert input_signature(str(f), cfg, str(bundled), True) == input_signature(str(f), cfg, str(elsewhere), True)
+    # ... but not with other weights of the same size and configuration (a fine-tuned copy)
+    weights = elsewhere / "model.bin"
+    raw = bytearray(weights.read_bytes())
+    raw[len(raw) // 2 : len(raw) // 2 + 8 * 2**20] = os.urandom(8 * 2**20)
+    weights.write_bytes(bytes(raw))
+    assert input_signature(str(f), cfg, str(bundled), True) != input_signature(str(f), cfg, str(elsewhere), True)
 
 
 def _w(word: str, start: float, end: float) -> SimpleNamespace:

@@ -26,6 +26,7 @@ from .audio import Chunk, chunks, decode_pcm
 from .base import JobContext, Kind, OutputOptions, output_stem
 from .media import container_duration_s, open_media, require_audio
 from .outputs import check_free, write_outputs
+from .signature import model_identity, sampled_digest
 from .streams import best_audio
 from .subtitles import subtitle_cues
 from .whisper import decode, load_model
@@ -169,13 +170,16 @@ def model_label(setting: str | None, resolved: str) -> str:
 
 
 def input_signature(path: str, cfg: Any, model_ref: str, vad: bool) -> str:
-    """What a kept chunk must match to be taken by a later attempt: the input's size and
-    modification time, the audio track transcribed (:func:`~edge_queue.kinds.streams.best_audio`),
-    and the settings that shape the transcript (model, compute type, chunk length, VAD, batched
-    or not, carried context). 16 hex digits of a SHA-1."""
+    """What a kept chunk must match to be taken by a later attempt: the input's size,
+    modification time and sampled content (:func:`.signature.sampled_digest`), the audio track
+    transcribed (:func:`~edge_queue.kinds.streams.best_audio`), and the settings that shape the
+    transcript (the model's identity, not its path: :func:`.signature.model_identity`; compute
+    type, chunk length, VAD, batched or not, carried context). 16 hex digits of a SHA-1."""
     import av
 
     st = os.stat(path)
+    content = sampled_digest(path)
+    model = model_identity(model_ref) if model_ref else ""
     try:
         with av.open(path) as container:
             chosen = best_audio(container.streams.audio)
@@ -183,8 +187,8 @@ def input_signature(path: str, cfg: Any, model_ref: str, vad: bool) -> str:
     except (av.FFmpegError, OSError):
         track = None  # decoding says what is wrong with the file
     batched = cfg.batch_size > 1 and vad
-    parts = [st.st_size, st.st_mtime_ns, track, model_ref, cfg.compute_type, chunk_length_s(cfg, vad), vad, batched]
-    parts.append(cfg.carry_context)
+    parts = [st.st_size, st.st_mtime_ns, content, track, model, cfg.compute_type, chunk_length_s(cfg, vad), vad]
+    parts += [batched, cfg.carry_context]
     return hashlib.sha1(json.dumps(parts).encode()).hexdigest()[:16]
 
 
