@@ -121,15 +121,6 @@ def output_stem(input_path: str, longest_suffix: str) -> str:
     return f"{os.fsdecode(cut)}~{digest}"
 
 
-def check_free(paths: list[Path], overwrite: bool) -> None:
-    """Raise :class:`~edge_queue.errors.JobError` ``output_exists`` for the first existing path."""
-    if overwrite:
-        return
-    for path in paths:
-        if path.exists():
-            raise JobError(f"{path} exists (set overwrite to replace it)", code=ErrorCode.OUTPUT_EXISTS)
-
-
 def publish_file(tmp: Path, path: Path, *, overwrite: bool) -> Path:
     """Move a finished temporary file into place atomically; ``output_exists`` when ``path``
     exists and ``overwrite`` is false (checked by a hard link, so two writers cannot both win)."""

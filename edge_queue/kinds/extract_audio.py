@@ -9,7 +9,7 @@ from pydantic import Field
 
 from edge_queue.errors import ErrorCode, JobError, RequestError
 
-from .base import JobContext, Kind, OutputOptions, check_free, output_stem, temp_path
+from .base import JobContext, Kind, OutputOptions, output_stem, temp_path
 from .media import (
     container_duration_s,
     encoder_errors,
@@ -20,6 +20,7 @@ from .media import (
     pick_rate,
     require_audio,
 )
+from .outputs import check_free
 
 if TYPE_CHECKING:
     from edge_queue.config import Settings
@@ -114,7 +115,7 @@ class ExtractAudio(Kind):
         overwrite = options.overwrite or options.output == "data_dir"
         if target.resolve() == Path(input_path).resolve():
             overwrite = False  # never replace the input itself
-        check_free([target], overwrite)
+        check_free(ctx, [target], overwrite)
         tmp = temp_path(target)
         try:
             with open_media(input_path) as inp:
@@ -150,7 +151,7 @@ class ExtractAudio(Kind):
                         for out_frame in resampler.resample(frame):
                             out.mux(stream.encode(out_frame))
                     out.mux(stream.encode(None))
-            duration = finish_output(tmp, target, overwrite=overwrite, decoded_s=last, declared_s=declared)
+            duration = finish_output(ctx, tmp, target, overwrite=overwrite, decoded_s=last, declared_s=declared)
         finally:
             tmp.unlink(missing_ok=True)
         return {

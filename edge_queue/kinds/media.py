@@ -207,13 +207,16 @@ def truncated(decoded_s: float, declared_s: float | None) -> None:
         raise MediaError(f"decoded {decoded_s:.1f} s of a declared {declared_s:.1f} s", code=ErrorCode.TRUNCATED_MEDIA)
 
 
-def finish_output(tmp: Any, target: Any, *, overwrite: bool, decoded_s: float, declared_s: float | None) -> float:
+def finish_output(
+    ctx: Any, tmp: Any, target: Any, *, overwrite: bool, decoded_s: float, declared_s: float | None
+) -> float:
     """Check the encode covered the input (:func:`truncated`), move ``tmp`` into place
-    atomically, and return the output's duration in seconds as read back from it."""
-    from .base import publish_file
+    atomically, recorded first as the job's (:func:`.outputs.publish_set`), and return the
+    output's duration in seconds as read back from it."""
+    from .outputs import publish_set
 
     truncated(decoded_s, declared_s)
-    publish_file(tmp, target, overwrite=overwrite)
+    publish_set(ctx, {target: tmp}, overwrite=overwrite)
     with open_media(str(target), confined=False) as check:
         return round(container_duration_s(check) or 0.0, 3)
 

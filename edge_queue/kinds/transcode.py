@@ -10,8 +10,9 @@ from pydantic import Field
 
 from edge_queue.errors import ErrorCode, MediaError
 
-from .base import JobContext, Kind, OutputOptions, check_free, output_stem, temp_path
+from .base import JobContext, Kind, OutputOptions, output_stem, temp_path
 from .media import container_duration_s, encoder_errors, end_of_input, finish_output, open_media, pick_rate
+from .outputs import check_free
 from .streams import layout as stream_layout
 
 
@@ -87,7 +88,7 @@ class Transcode(Kind):
         else:
             target = ctx.output_dir / f"{stem}.mp4"
         overwrite = options.overwrite or options.output == "data_dir"
-        check_free([target], overwrite)
+        check_free(ctx, [target], overwrite)
         tmp = temp_path(target)
         with open_media(input_path) as first:  # reads packets: the decode opens the file anew
             seen = stream_layout(first)
@@ -157,7 +158,7 @@ class Transcode(Kind):
                         out.mux(clock.durations(vs.encode(None)))
                     if a_in is not None:
                         out.mux(aus.encode(None))
-            duration = finish_output(tmp, target, overwrite=overwrite, decoded_s=last, declared_s=declared)
+            duration = finish_output(ctx, tmp, target, overwrite=overwrite, decoded_s=last, declared_s=declared)
         finally:
             tmp.unlink(missing_ok=True)
         return {
