@@ -65,11 +65,12 @@ def valid_identity(value: Any) -> bool:
 
 
 def root_of(path: str, roots: Iterable[str]) -> str | None:
-    """The root (its real path) that ``path`` lies strictly below, or None."""
+    """The root that ``path`` lies strictly below, as configured or as its real path (links in
+    a root itself are the administrator's, and followed), or None."""
     for root in roots:
-        real = os.path.realpath(root)
-        if path.startswith(real.rstrip("/") + "/"):
-            return real
+        for form in (os.path.abspath(root), os.path.realpath(root)):
+            if path.startswith(form.rstrip("/") + "/"):
+                return form
     return None
 
 

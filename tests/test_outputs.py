@@ -31,6 +31,56 @@ pytestmark = pytest.mark.usefixtures("model_installed")
 FORMATS = ("txt", "srt", "vtt", "json")
 
 
+def test_a_written_file_is_read_back_only_below_its_root_without_links(tmp_path: Path) -> None:
+    from edge_queue.written import NotTheFileWritten, identity, read_written
+
+    # Given an output under a root reached through a link of the administrator's (data_dir)
+    real = tmp_path / "real-data"
+    (real / "outputs" / "job").mkdir(parents=True)
+    (tmp_path / "data").symlink_to(real)
+    root = str(tmp_path / "data" / "outputs")
+    out = tmp_path / "data" / "outputs" / "job" / "a.txt"
+    out.write_bytes(b"hello\n")
+    ident = identity(b"hello\n")
+    # Then it is read, cut to what was asked, through the root's own link
+    assert read_written(str(out), ident, [root], 100) == (b"hello\n", False)
+    assert read_written(str(out), ident, [root], 2) == (b"he", True)
+
+    def refused(path: Path, recorded: dict[str, Any] = ident) -> str:
+        with pytest.raises(NotTheFileWritten) as e:
+            read_written(str(path), recorded, [root], 100)
+        return f"{e.value.code} {e.value.why}"
+
+    # ... but not outside its roots, with other content, as a FIFO (without blocking), or
+    # through a link below the root
+    assert refused(tmp_path / "elsewhere.txt").startswith("output_changed")
+    assert refused(out, identity(b"other!\n")).startswith("output_changed")
+    fifo = out.parent / "b.txt"
+    os.mkfifo(fifo)
+    assert "not a regular file" in refused(fifo)
+    os.rename(real / "outputs" / "job", real / "outputs" / "job2")
+    (real / "outputs" / "job").symlink_to(real / "outputs" / "job2")
+    assert "link" in refused(out)
+    (real / "outputs" / "job").unlink()
+    assert refused(out).startswith("output_missing")
+
+
+def test_the_packet_size_of_a_publish() -> None:
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    from edge_queue.mqtt.outbox import packet_bytes
+
+    # MQTT 3.1.1: header 1 + length 1 + topic 2+3 + packet id 2 + payload 10
+    assert packet_bytes("a/b", 10, None, False) == 19
+    assert packet_bytes("a/b", 10, None, True) == 20  # MQTT 5: an empty property length
+    assert packet_bytes("a/b", 120, None, False) == 1 + 1 + 127  # the most one length byte holds
+    assert packet_bytes("a/b", 121, None, False) == 1 + 2 + 128  # two bytes of remaining length
+    props = Properties(PacketTypes.PUBLISH)
+    props.MessageExpiryInterval = 60
+    assert packet_bytes("a/b", 10, props, True) == 20 + 5
+
+
 def _done(svc: Any, watcher: Any, job_id: str, timeout: float = 180) -> dict[str, Any]:
     return watcher.wait_json(
         f"{svc.base}/jobs/{job_id}", lambda m: m["state"] in ("succeeded", "failed", "cancelled"), timeout
