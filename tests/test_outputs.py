@@ -87,8 +87,8 @@ def _done(svc: Any, watcher: Any, job_id: str, timeout: float = 180) -> dict[str
     )
 
 
-def _submit_beside(svc: Any, watcher: Any, clip: Path) -> str:
-    body = {"input": str(clip), "options": {"output": "beside", "language": "en"}}
+def _submit_beside(svc: Any, watcher: Any, clip: Path, **fields: Any) -> str:
+    body = {"input": str(clip), "options": {"output": "beside", "language": "en"}, **fields}
     return str(svc.request("submit", body, watcher)["data"]["jobs"][0]["job_id"])
 
 
@@ -255,11 +255,21 @@ def _recorded(svc: Any, job_id: str) -> int:
         conn.close()
 
 
-def _retried_with_every_format(svc: Any, job_id: str, folder: Path) -> None:
+def _retried_with_every_format(svc: Any, job_id: str, folder: Path, by: str = "itself") -> None:
     watcher = svc.watcher("response/#", "jobs/+")
     svc.start()
-    final = _done(svc, watcher, job_id)
-    assert final["state"] == "succeeded" and final["attempt"] == 2, final
+    failed_at = ""
+    if by == "retry":  # its last attempt was lost: failed, then retried by its owner
+        failed = _done(svc, watcher, job_id)
+        assert failed["state"] == "failed", failed
+        failed_at = failed["updated_at"]
+        assert svc.request("retry", {"job_id": job_id}, watcher)["status"] == "ok"
+    final = watcher.wait_json(
+        f"{svc.base}/jobs/{job_id}",
+        lambda m: m["state"] in ("succeeded", "failed", "cancelled") and m["updated_at"] > failed_at,
+        180,
+    )
+    assert final["state"] == "succeeded" and final["attempt"] == (2 if by == "itself" else 1), final
     outputs = _outputs(folder)
     assert final["result"]["outputs"] == {fmt: str(p) for fmt, p in outputs.items()}
     assert all(p.is_file() and p.stat().st_size > 0 for p in outputs.values())
@@ -297,8 +307,9 @@ def test_a_service_killed_while_the_first_attempt_writes_beside_the_input(
     _retried_with_every_format(svc, job_id, media)
 
 
+@pytest.mark.parametrize("by", ["itself", "retry"])
 def test_an_attempt_lost_while_it_moves_its_recorded_files_into_place(
-    mosquitto, service_factory, tmp_path: Path, speech: Path
+    mosquitto, service_factory, tmp_path: Path, speech: Path, by: str
 ) -> None:
     # Given a transcription beside its input whose worker is stopped once the service has
     # recorded its files (its answer waits in the worker's pipe)
@@ -308,7 +319,7 @@ def test_an_attempt_lost_while_it_moves_its_recorded_files_into_place(
     clip.write_bytes((speech / "jfk.flac").read_bytes())
     svc = service_factory(mosquitto, [media], {"EDGE_QUEUE_WORKERS": "1"}).start()
     watcher = svc.watcher("response/#", "jobs/+", "events")
-    job_id = _submit_beside(svc, watcher, clip)
+    job_id = _submit_beside(svc, watcher, clip, **({"max_attempts": 1} if by == "retry" else {}))
     wait_until(lambda: any(j["state"] == "running" for j in watcher.job_events(svc.base, job_id)), 60, "running")
     service = svc.proc.pid
     os.kill(service, signal.SIGSTOP)
@@ -326,5 +337,6 @@ def test_an_attempt_lost_while_it_moves_its_recorded_files_into_place(
     _kill_all([service, *children])
     svc.proc.wait(10)
     assert sum(p.exists() for p in _outputs(media).values()) == 2
-    # Then the next attempt replaces its own files (no output_exists) and writes every format
-    _retried_with_every_format(svc, job_id, media)
+    # Then the next attempt (or the one after a retry) replaces its own files (no
+    # output_exists) and writes every format
+    _retried_with_every_format(svc, job_id, media, by)

@@ -62,7 +62,9 @@ def with_kept_chunks(store: Store, job: dict[str, Any]) -> dict[str, Any]:
     they wrote (docs/topics.md, "Where outputs go")."""
     kept = store.kept_chunks(job["job_id"])  # (no statement for a job without kept chunks)
     job = {**job, "kept": kept} if kept else job
-    if job["attempt"] > 1:  # the files earlier attempts wrote: the job's own, replaced by this one
+    options = job.get("options")
+    if isinstance(options, dict) and options.get("output") == "beside":  # (data_dir: always replaced)
+        # the files earlier attempts wrote (before a retry too): the job's own, replaced by this one
         written = store.output_files(job["job_id"])
         job = {**job, "written": written} if written else job
     return job

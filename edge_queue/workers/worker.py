@@ -117,13 +117,15 @@ class _Context:
     def claim_outputs(self, files: dict[str, dict[str, Any]]) -> None:
         key = (self.job_id, self.attempt)
         self._worker.send({"op": "outputs", "job_id": self.job_id, "attempt": self.attempt, "files": files})
-        while not self._worker.claimed.wait(OUTPUTS_POLL_S):  # the service answers after its commit
+        while True:  # the service answers after its commit
+            with self._worker.lock_claims:
+                if key in self._worker.claim_answers:
+                    answer = self._worker.claim_answers.pop(key)
+                    break
+                self._worker.claimed.clear()
+            self._worker.claimed.wait(OUTPUTS_POLL_S)
             self.checkpoint()
-        self.checkpoint()
-        with self._worker.lock_claims:
-            answer = self._worker.claim_answers.pop(key, None)
-            self._worker.claimed.clear()
-        if answer is not True:
+        if not answer:
             raise JobError(
                 "the service did not record this attempt's outputs (the attempt is no longer the job's)",
                 code=ErrorCode.INTERNAL_ERROR,
