@@ -75,6 +75,7 @@ def publish_set(ctx: JobContext, parts: dict[Path, Path], *, overwrite: bool) ->
             finally:
                 os.close(fd)
         ctx.claim_outputs(files)
+        check_free(ctx, list(parts), overwrite)  # again: a share writer may have been quick
         for dest, tmp in parts.items():
             if overwrite or os.path.lexists(dest):  # ours (checked above) or overwrite: replaced
                 os.replace(tmp, dest)
