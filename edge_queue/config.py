@@ -205,7 +205,7 @@ class AccessSettings(_Section):
 
 class PathMap(_Section):
     """One ``[[path_map]]`` entry of a worker node: a folder as the hub names it, and the same
-    folder as this machine sees it (docs/nodes.md, "Path maps")."""
+    folder as this machine sees it (docs/nodes.md, "Files")."""
 
     hub: Path
     local: Path

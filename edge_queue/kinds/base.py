@@ -157,7 +157,7 @@ def temp_path(path: Path) -> Path:
     The file gets the mode any new file of the process gets (``0666`` less the umask), not
     the ``0600`` of :func:`tempfile.mkstemp`: an output beside a recording is then readable by
     whoever the umask lets read it (a media server's user with ``UMask=0022``;
-    docs/operations.md, "Files the service writes")."""
+    docs/operations.md, "Sandbox")."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
     try:

@@ -16,7 +16,7 @@ be handed to paho yet waits in its :class:`~edge_queue.mqtt.outbox.Outbox`, in o
 a later turn. paho's client itself, with its short paths, is :mod:`.mqtt_client`; finding out what
 listens at the address is :mod:`.broker_probe`.
 
-Flow control, end to end (docs/operations.md, "Load and limits"):
+Flow control, end to end (docs/operations.md, "Load and back-pressure"):
 
 - in: the broker sends at most ``RECEIVE_MAXIMUM`` unacknowledged QoS 1 requests (MQTT 5
   Receive Maximum; mosquitto's ``max_inflight_messages`` for MQTT 3.1.1), and a request is

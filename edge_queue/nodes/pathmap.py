@@ -1,5 +1,5 @@
 """Path maps: a folder as the hub names it and the same folder as a worker node sees it
-(docs/nodes.md, "Path maps"), in the manner of Tdarr's path translators.
+(docs/nodes.md, "Files"), in the manner of Tdarr's path translators.
 
 Plain functions over plain data: a path is mapped by the longest matching ``hub`` prefix
 (to this machine) or ``local`` prefix (back to the hub), whole path components only, so

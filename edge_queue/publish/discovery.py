@@ -80,7 +80,7 @@ def device_config(
     alive. ``configuration_url`` (the queue
     page, ``http://nas:8099/``) becomes the device's "Visit" link (``cu``). Each worker node of
     ``nodes`` (``access.nodes``) gets a connectivity sensor from its retained announcement and a
-    sensor of the jobs it runs (docs/home-assistant.md, "Worker nodes")."""
+    sensor of the jobs it runs (docs/home-assistant.md, "Discovery")."""
     queue = topics.queue
 
     def uid(key: str) -> str:

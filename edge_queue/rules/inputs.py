@@ -1,5 +1,5 @@
 """Inputs of jobs: a path from a client, resolved and confined to the media roots, checked to
-be one regular file that is not a playlist (docs/topics.md, "`submit`", "Inputs").
+be one regular file that is not a playlist (docs/topics.md, "`submit`").
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def check_input(raw: str, media_roots: list[Path]) -> str:
     return str(resolved)
 
 
-#: Suffixes of playlists and lists that name other files or URLs (docs/topics.md, "Inputs").
+#: Suffixes of playlists and lists that name other files or URLs (docs/topics.md, "`submit`").
 _LIST_SUFFIXES = {
     ".m3u": "a playlist",
     ".m3u8": "an HLS playlist",

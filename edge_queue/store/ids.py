@@ -1,5 +1,5 @@
 """Ids and times of the store: job and batch ids that sort in the order they were made, RFC 3339
-timestamps, dedupe and idempotency keys (docs/topics.md, "`submit`", "Duplicates").
+timestamps, dedupe and idempotency keys (docs/topics.md, "`submit`": duplicates).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """New jobs: one transaction per submit with its batch, idempotency key and event rows, or,
 for a plain submit inside a group, rows deferred to one ``executemany`` per table
-(docs/topics.md, "`submit`", "Duplicates", "Idempotent submits").
+(docs/topics.md, "`submit`": duplicates and idempotency keys).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class Submits:
         Returns ``(batch_id | None, [Created, ...])`` in the order of ``specs``.
 
         An idempotency key belongs to its sender (``specs[0].submitted_by``): the same key sent
-        by another user is another key (docs/topics.md, "Idempotent submits").
+        by another user is another key (docs/topics.md, "`submit`").
         """
         if (
             self.c.group_depth == 1
@@ -160,7 +160,7 @@ class Submits:
     def submitted_with(self, idempotency_key: str, submitted_by: str | None) -> tuple[str | None, list[Created]] | None:
         """The batch id and jobs (each ``duplicate=True``) of the submit that used
         ``idempotency_key`` for the sender ``submitted_by``, or None when the key is free: never
-        used, or one of its jobs is no longer in the store (docs/topics.md, "Duplicates")."""
+        used, or one of its jobs is no longer in the store (docs/topics.md, "`submit`")."""
         return self.idempotent(sender_key(idempotency_key, submitted_by))
 
     def idempotent(self, key: str) -> tuple[str | None, list[Created]] | None:
