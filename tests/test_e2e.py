@@ -261,6 +261,39 @@ def test_a_used_idempotency_key_returns_the_first_jobs_whatever_the_payload_says
     assert [j["job_id"] for j in listed["data"]["jobs"]] == [job_id], listed
 
 
+def test_list_input_contains_takes_every_character_literally(mosquitto, service_factory, tmp_path: Path) -> None:
+    """docs/topics.md, ``list``: ``input_contains`` is matched as typed, NUL and other control
+    characters and LIKE's ``%`` and ``_`` included (a NUL once cut the pattern short, so that
+    it matched every job)."""
+    # Given jobs whose inputs hold %, _, a tab and a newline, and one plain name
+    media = tmp_path / "media"
+    media.mkdir()
+    names = ["100%_done.wav", "a_b.wav", "tab\there.wav", "line\nbreak.wav", "plain.wav"]
+    for name in names:
+        (media / name).write_bytes(b"RIFF not really a wav")
+    svc = service_factory(mosquitto, [media]).start()
+    watcher = svc.watcher("response/#")
+    assert svc.request("pause", {}, watcher)["status"] == "ok"
+    for name in names:
+        resp = svc.request("submit", {"kind": "probe", "input": str(media / name)}, watcher)
+        assert resp["status"] == "ok", resp
+
+    def found(text: str) -> list[str]:
+        resp = svc.request("list", {"input_contains": text, "count": True}, watcher)
+        assert resp["status"] == "ok", resp
+        assert resp["data"]["total"] == len(resp["data"]["jobs"]), resp
+        return sorted(Path(j["input"]).name for j in resp["data"]["jobs"])
+
+    # When the text holds characters no path, or only some paths, hold; Then only those match
+    assert found("\x00") == [] and found("plain\x00") == [] and found("\x00%") == []
+    assert found("%") == ["100%_done.wav"]
+    # (as a LIKE pattern, "_b" also matched "line\nbreak" and "%_d" every name)
+    assert found("_b") == ["a_b.wav"] and found("%_d") == ["100%_done.wav"]
+    assert found("\t") == ["tab\there.wav"] and found("\n") == ["line\nbreak.wav"]
+    assert found("\x7f") == [] and found("PLAIN") == ["plain.wav"]
+    assert len(found("wav")) == len(names)
+
+
 def test_retained_submit_is_not_executed(broker, service_factory, speech: Path) -> None:
     svc = service_factory(broker, [speech])
     # Given a retained submit waiting on the broker before the service starts

@@ -312,8 +312,9 @@ def _filters(
             where.append(f"{col} = ?")
             args.append(val)
     if input_contains:
-        # LIKE, with its wildcards escaped: the text is matched as typed
-        where.append("input LIKE ? ESCAPE '\\'")
-        escaped = input_contains.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        args.append(f"%{escaped}%")
+        # instr(), not LIKE: LIKE reads its pattern as a C string, so a NUL ended the pattern
+        # there ("%\0x%" matched every job), and % and _ are wildcards. instr() compares bytes
+        # by length, and lower() folds ASCII letters only, as LIKE did.
+        where.append("instr(lower(input), lower(?)) > 0")
+        args.append(input_contains)
     return where, args
