@@ -8,6 +8,7 @@ naming every offending key (pydantic-settings does the validation).
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import tomllib
@@ -45,6 +46,36 @@ MQTT_PACKET_MAX_BYTES = 268_435_455 + 5
 RETENTION_DAYS_MAX = 36_500
 #: Longest retry backoff: a year (a retry date stays a date).
 BACKOFF_MAX_S = 365 * 86400
+
+
+#: A host name (RFC 1123 section 2.1; RFC 3696 section 2: the last label is not all digits,
+#: so ``999.1.1.1`` is neither a name nor an address).
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
+def host_problem(host: str) -> str | None:
+    """Why ``host`` is neither an IP address nor a host name (RFC 1123), or None."""
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return None
+    except ValueError:
+        pass
+    labels = host.rstrip(".").split(".")
+    if len(host) > 253 or not all(_HOST_LABEL.match(label) for label in labels):
+        return (
+            f"{host[:100]!r} is neither an IP address nor a host name (letters, digits and '-' in dot-separated labels)"
+        )
+    if labels[-1].isdigit():
+        return f"{host[:100]!r} is not an IP address (each of the four numbers is 0-255), nor a host name"
+    return None
+
+
+#: What a broker user name in ``[access]`` may not hold: it is a topic level of the ACL's
+#: ``%u`` patterns (``<base>/request/<command>/<user>``), where ``/`` would add levels and
+#: ``+`` and ``#`` are wildcards (mosquitto denies %u patterns to such names).
+_NOT_IN_USER = re.compile(r"[/+#\x00-\x1f\x7f]")
+#: A worker node's broker user name: its node id, a topic level of ``<base>/nodes/<node_id>``.
+NODE_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 
 
 class _Section(BaseModel):
@@ -88,6 +119,13 @@ class MqttSettings(_Section):
     #: ``max_packet_size``. Nothing the service sends is larger (docs/configuration.md).
     max_packet_size: int = Field(16 * 2**20, ge=4096, le=MQTT_PACKET_MAX_BYTES)
     tls: TlsSettings = TlsSettings()
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        if (problem := host_problem(v)) is not None:
+            raise ValueError(problem)
+        return v
 
     @field_validator("base_topic")
     @classmethod
@@ -189,6 +227,28 @@ class AccessSettings(_Section):
     #: broker user, and the hub hands jobs only to the nodes listed here.
     nodes: list[str] = []
 
+    @field_validator("admins", "users")
+    @classmethod
+    def _users(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not name or _NOT_IN_USER.search(name):
+                raise ValueError(
+                    f"{name[:100]!r} cannot be a broker user name in the ACL's topics: "
+                    "not empty, without '/', '+', '#' or control characters"
+                )
+        return v
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not re.match(NODE_ID_PATTERN, name):
+                raise ValueError(
+                    f"{name[:100]!r} cannot be a worker node's user name: 1-64 of letters, digits, '_', '.' and '-' "
+                    "(it is the node id in <base>/nodes/<node_id>)"
+                )
+        return v
+
     def role_of(self, user: str | None) -> Role:
         """The role of a request sent by ``user`` (``None``: the shared request topics). A
         worker node's user sends no request (``none``) unless it is also an admin or a user."""
@@ -251,6 +311,13 @@ class HttpSettings(_Section):
     #: Home Assistant of a Webpage card or panel (docs/operations.md, "In a Home Assistant
     #: dashboard"). Empty: no page may frame it (``frame-ancestors 'none'``).
     frame_ancestors: list[str] = Field([], max_length=16)
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        if (problem := host_problem(v)) is not None:
+            raise ValueError(problem)
+        return v
 
     @field_validator("frame_ancestors")
     @classmethod

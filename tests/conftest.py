@@ -342,7 +342,9 @@ class ServiceProcess:
     def __init__(self, broker: Broker, tmp: Path, media_roots: list[Path], env: dict[str, str] | None = None) -> None:
         self.broker = broker
         self.base = "eqt" + uuid.uuid4().hex[:10]
-        self.data_dir = tmp / "data"
+        # beside the test's folder, not in it: tests give their tmp_path as a media root, and serve
+        # refuses a data_dir inside one (docs/configuration.md, "Checking a file")
+        self.data_dir = tmp.parent / f"{tmp.name}-data"
         self.log_path = tmp / f"service-{uuid.uuid4().hex[:6]}.log"
         self.env = {
             **os.environ,

@@ -143,6 +143,53 @@ def test_config_check(tmp_path: Path) -> None:
     assert out.returncode == 2 and out.stderr.startswith("edge-queue: ") and "mqtt.prot" in out.stderr
 
 
+@pytest.mark.parametrize(
+    ("toml", "named"),
+    [
+        ("[http]\nport = 9001\nwebsocket_port = 9001\n", "http.port and http.websocket_port are both 9001"),
+        ('[mqtt]\nhost = "127.0.0.1"\nport = 8099\n', "mqtt.port and http.port are both 8099"),
+        ('[http]\nhost = "999.1.1.1"\n', "http.host"),
+        ('[mqtt]\nhost = "nas local"\n', "mqtt.host"),
+        ('[access]\nnodes = ["gpu box"]\n', "access.nodes"),
+        ('[access]\nnodes = ["a/b"]\n', "access.nodes"),
+        ('[access]\nnodes = ["+"]\n', "access.nodes"),
+        ('[access]\nnodes = ["#"]\n', "access.nodes"),
+        ('[access]\nusers = ["phone/#"]\n', "access.users"),
+        ('data_dir = "{media}/data"\n', "data_dir"),
+        ("workers = 0\n", "workers: 0 with no access.nodes"),
+    ],
+)
+def test_config_check_and_serve_refuse_what_serve_cannot_run(tmp_path: Path, toml: str, named: str) -> None:
+    """docs/configuration.md, "Checking a file": each key valid on its own, the whole not."""
+    media = tmp_path / "media"
+    media.mkdir()
+    conf = tmp_path / "c.toml"
+    head = f'media_roots = ["{media}"]\n' + ("" if toml.startswith("data_dir") else f'data_dir = "{tmp_path}/d"\n')
+    conf.write_text(head + toml.replace("{media}", str(media)))
+    env = dict(os.environ)
+    if "[mqtt]" not in toml:
+        env["EDGE_QUEUE_MQTT__PORT"] = str(free_port())  # no broker there: serve must stop before
+    for command in (["config", "check", str(conf)], ["serve", "--config", str(conf)]):
+        out = subprocess.run(
+            [sys.executable, "-m", "edge_queue", *command], capture_output=True, text=True, timeout=60, env=env
+        )
+        assert out.returncode == 2, (command, out.stderr)
+        assert out.stderr.startswith("edge-queue: ") and named in out.stderr, (command, out.stderr)
+    assert not (tmp_path / "d").exists()  # nothing was started
+
+
+def test_config_check_accepts_names_addresses_and_nodes(tmp_path: Path) -> None:
+    conf = tmp_path / "c.toml"
+    conf.write_text(
+        f'data_dir = "{tmp_path}/d"\nworkers = 0\n[mqtt]\nhost = "nas.local"\n[http]\nhost = "::"\n'
+        '[access]\nnodes = ["gpu-box", "n_2.lan"]\nusers = ["me@home"]\n'
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "edge_queue", "config", "check", str(conf)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+
+
 def test_submit_while_the_service_is_offline_says_so_at_once(mosquitto, service_factory, speech: Path) -> None:
     # Given a service that ran once (the broker keeps its session) and is now stopped
     svc = service_factory(mosquitto, [speech]).start()

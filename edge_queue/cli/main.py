@@ -89,6 +89,18 @@ def _settings(config: Path | None, media_roots: list[Path] | None = None) -> Set
     return settings
 
 
+def _service_settings(config: Path | None, media_roots: list[Path] | None = None) -> Settings:
+    """:func:`_settings` for ``serve`` and ``up``: exits with EXIT_USAGE, naming each key, when
+    the service cannot run them (:func:`~edge_queue.config_rules.serve_problems`)."""
+    from edge_queue.config_rules import serve_problems
+
+    settings = _settings(config, media_roots)
+    if problems := serve_problems(settings):
+        typer.echo(f"edge-queue: invalid configuration: {'; '.join(problems)}", err=True)
+        raise typer.Exit(EXIT_USAGE)
+    return settings
+
+
 def _logging(level: str) -> None:
     # journald adds the time; one line per event on stderr, which client text cannot forge
     handler = logging.StreamHandler(sys.stderr)
@@ -138,7 +150,7 @@ def serve(config: ConfigOpt = None, media_root: MediaRootOpt = None) -> None:
     """Run the service against the configured broker (systemd's ExecStart)."""
     from edge_queue.service import serve as run_service
 
-    settings = _settings(config, media_root)
+    settings = _service_settings(config, media_root)
     from edge_queue.mqtt.instance import BaseTopicInUse
 
     try:
@@ -239,7 +251,7 @@ def up(config: ConfigOpt = None, media_root: MediaRootOpt = None) -> None:
     from edge_queue.mqtt.embedded_broker import BrokerThread, port_open
     from edge_queue.service import Service
 
-    settings = _settings(config, media_root)
+    settings = _service_settings(config, media_root)
     mode, host, port = settings.broker.embedded, settings.mqtt.host, settings.mqtt.port
     embedded = None
     if mode == "true" and port_open(host, port):
@@ -565,12 +577,15 @@ def config_check(
     file: Annotated[Path | None, typer.Argument(envvar="EDGE_QUEUE_CONFIG", help="TOML file to check")] = None,
 ) -> None:
     """Validate a configuration file (and the environment); name every invalid key."""
+    from edge_queue.config_rules import serve_problems
     from edge_queue.service import checked_kinds
     from edge_queue.watch.folders import check_watches
 
     try:
         settings = load_settings(file)
         check_watches(settings, checked_kinds(settings))
+        if problems := serve_problems(settings):
+            raise ConfigError(f"invalid configuration{f' in {file}' if file else ''}: {'; '.join(problems)}")
     except ConfigError as e:
         typer.echo(f"edge-queue: {e.message}", err=True)
         raise typer.Exit(EXIT_USAGE) from e
