@@ -439,6 +439,37 @@ def test_a_box_with_its_own_base_topic_works_under_the_several_boxes_acl(
     assert seen == EXPECTED_ACL, seen
 
 
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+def test_a_base_topic_the_acl_does_not_grant_is_found_by_doctor_and_stops_the_service(
+    mosquitto_with_acl, service_factory, speech: Path, tmp_path: Path, protocol: str
+) -> None:
+    # Given the shipped mosquitto, ACL and passwords, and the service's user on a base topic the
+    # ACL does not grant it (before: doctor said all ok, and the service reconnected forever,
+    # taking the broker's closing of its connections for "another client connected with our
+    # client id")
+    env = {**_service_env("edge-queue", "svc-secret", "not-granted"), "EDGE_QUEUE_MQTT__PROTOCOL": protocol}
+    svc = service_factory(mosquitto_with_acl, [speech], env)
+    svc.base = "not-granted"
+    # When doctor checks it
+    out = run_doctor({**svc.env})
+    # Then the grants check fails, naming the topic, the user and the fix
+    assert out.returncode == 1, out.stdout
+    line = next(ln for ln in out.stdout.splitlines() if "grants" in ln)
+    assert line.startswith("FAIL") and "user 'edge-queue'" in line and "not-granted/" in line, line
+    # and the service stops at once with the configuration's exit code and says why
+    svc.start(wait_online=False)
+    assert svc.proc is not None
+    code = svc.proc.wait(30)
+    assert code == 2, svc.log()
+    # (mosquitto 2.0 grants the subscription and closes the connection at the denied publish)
+    assert "grant user 'edge-queue' readwrite not-granted/# in the broker's ACL" in svc.log(), svc.log()
+    assert "another client connected with our client id" not in svc.log()
+    # while the granted base topic passes both
+    granted = {**svc.env, "EDGE_QUEUE_MQTT__BASE_TOPIC": "edge-queue"}
+    out = run_doctor(granted)
+    assert "ok    grants: edge-queue: the broker lets us" in out.stdout, out.stdout
+
+
 def test_the_several_boxes_acl_is_the_shipped_acl_one_level_down() -> None:
     # broker/edge-queue-boxes.acl grants what broker/edge-queue.acl grants, for edge-queue/<box>/
     def rules(name: str) -> list[str]:
@@ -571,7 +602,7 @@ def test_doctor_reports_each_check(mosquitto, tmp_path: Path, speech: Path) -> N
     out = run_doctor(env)
     assert out.returncode == 0, out.stdout + out.stderr
     names = [line.split()[1].rstrip(":") for line in out.stdout.splitlines()]
-    assert names[:5] == ["broker", "service", "data_dir", "disk", "database"] and "media" in names
+    assert names[:6] == ["broker", "grants", "service", "data_dir", "disk", "database"] and "media" in names
     # the queue page: a warning when nothing listens where it looks for the broker's WebSocket
     # listener (the page would stay on "connecting"), ok when something does
     for ws_port, line in ((free_port(), "warn  queue page"), (mosquitto.port, "ok    queue page")):

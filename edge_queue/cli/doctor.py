@@ -59,6 +59,8 @@ def _broker(settings: Settings, service: dict[str, Any]) -> Iterator[Check]:
         return
     who = f"as {s.username}" if s.username else "anonymously"
     yield Check("broker", True, f"{where} accepts us {who}, MQTT {protocol}")
+    if not settings.path_map:  # a worker node uses <base>/nodes/<its id>/ only (docs/nodes.md)
+        yield _grant(settings, client.topics, protocol)
     # Is a service answering on this base topic? A notice, not a failure: doctor runs before start too.
     client.subscribe(client.topics.info)
     status = client.status(1.5)
@@ -78,6 +80,21 @@ def _broker(settings: Settings, service: dict[str, Any]) -> Iterator[Check]:
     service["status"] = status
     client.close()
     yield Check("service", True, f"{client.topics.status} is {status or 'not set'}", warn=status != "online")
+
+
+def _grant(settings: Settings, topics: Any, protocol: str) -> Check:
+    """Whether the broker lets us read requests and publish under the base topic (an ACL
+    refuses subscriptions and publishes, not the connection): a round trip, MQTT 5's reason
+    codes when the broker speaks it (:func:`~edge_queue.mqtt.grants.base_topic_refusal`)."""
+    import paho.mqtt.client as mqtt
+
+    from edge_queue.mqtt.grants import base_topic_refusal
+
+    version = mqtt.MQTTv5 if protocol == "5" else mqtt.MQTTv311
+    refused = base_topic_refusal(settings.mqtt, topics, "eq-doctor-" + secrets.token_hex(4), version)
+    if refused is not None:
+        return Check("grants", False, refused)
+    return Check("grants", True, f"{topics.base}: the broker lets us read its requests and publish there")
 
 
 def _data_dir(settings: Settings) -> Iterator[Check]:
