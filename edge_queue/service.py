@@ -140,8 +140,7 @@ class Service:
         self.stop_now = False  # a second SIGTERM/SIGINT: do not wait for running jobs
         self.store: Store | None = None
         self.supervisor = Supervisor(settings)
-        # Requests over max_payload_bytes are answered payload_too_large from their size alone (the
-        # bridge drops their bytes); the broker sends nothing over MAX_PACKET_BYTES (MQTT 5).
+        # payload_too_large from the size alone (bytes dropped); nothing over MAX_PACKET_BYTES (MQTT 5)
         self.bridge = Bridge(
             settings.mqtt,
             self.topics,
@@ -181,9 +180,11 @@ class Service:
             self.nodes.summary,
         )
         retry = settings.retry
+        self.disk = DiskGuard(settings.data_dir, settings.limits.min_free_disk_mb)
         self.outcomes = Outcomes(
             self.job_store,
             self.publisher,
+            self.disk,
             crash_loop_limit=settings.crash_loop_limit,
             backoff=lambda attempt: backoff_s(attempt, retry.backoff_base_s, retry.backoff_cap_s, rng),
         )
@@ -195,7 +196,6 @@ class Service:
         areas = self.reply_areas
         self.dispatcher = Dispatcher(settings, self.topics, self.bridge, self.job_store, self.commands, clock, areas)
         self.dispatcher.on_shared_submit = self.announcer.submitted  # Home Assistant's <base>/ha/submit
-        self.disk = DiskGuard(settings.data_dir, settings.limits.min_free_disk_mb)
         self.turn_log = TurnLog.attach()  # a turn's lines are logged once it is committed
         self._boot_changes: list[dict[str, Any]] = []  # events owed for changes made before connecting
         self._lock: Any = None

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from edge_queue.errors import ErrorCode, NotFoundError
 from edge_queue.publish.publisher import Publisher
 from edge_queue.rules import lifecycle
-from edge_queue.rules.limits import RejectionLog
+from edge_queue.rules.limits import DiskGuard, RejectionLog
 from edge_queue.store import Store
 from edge_queue.workers.supervisor import Outcome
 from edge_queue.written import valid_identity
@@ -34,11 +34,12 @@ class Outcomes:
         self,
         store: Callable[[], Store],
         publisher: Publisher,
+        disk: DiskGuard | None = None,
         *,
         crash_loop_limit: int,
         backoff: Callable[[int], float],
     ) -> None:
-        self.store, self.publisher = store, publisher
+        self.store, self.publisher, self.disk = store, publisher, disk
         self.crash_loop_limit, self.backoff = crash_loop_limit, backoff
         #: set by the service once it stops: a worker lost from then on was ended by the stop
         #: (its job is treated as :meth:`graceful_stop` treats it; no attempt counts)
@@ -160,9 +161,14 @@ class Outcomes:
             )
             return
         try:
-            store.keep_chunk(outcome.job_id, outcome.attempt, index, data)
-        except (TypeError, ValueError) as e:  # not JSON, or too large: the job goes on, unkept
+            store.keep_chunk(outcome.job_id, outcome.attempt, index, data, room=self.room_for_chunk)
+        except (TypeError, ValueError) as e:  # not JSON, too large, no room: the job goes on, unkept
             self.unkept.warning("job %s: chunk %d not kept: %s", outcome.job_id, index, e)
+
+    def room_for_chunk(self, size: int) -> str | None:
+        """Why a chunk of ``size`` bytes may not be kept for lack of disk space
+        (``limits.min_free_disk_mb``, :class:`~edge_queue.rules.limits.DiskGuard`), or None."""
+        return None if self.disk is None else self.disk.why_full(payload_bytes=size)
 
     def record_outputs(self, outcome: Outcome) -> None:
         """Record the files a running attempt is about to move into place (``data``: ``files``,

@@ -89,11 +89,15 @@ class Retention:
             self.keep_wal_small()
 
     def keep_wal_small(self) -> None:
-        """Truncate the write-ahead log when it grew past its limit (an outside reader held an
-        old snapshot meanwhile): at most :data:`WAL_CHECK_S` after that reader lets go. Said
-        once in the log while a reader holds it."""
+        """Give back free pages of the store (:meth:`~edge_queue.store.Store.give_back_space`),
+        and truncate the write-ahead log when it grew past its limit (the pages just moved, or
+        an outside reader held an old snapshot meanwhile): at most :data:`WAL_CHECK_S` after
+        that reader lets go. Said once in the log while a reader holds it."""
         try:
-            small = self.store().shrink_wal()
+            store = self.store()
+            # the space of deleted rows (ended jobs' chunks, purges), a bounded piece per look
+            store.give_back_space()
+            small = store.shrink_wal()
         except (OSError, sqlite3.Error) as e:
             log.debug("the write-ahead log could not be checkpointed: %s", e)
             return

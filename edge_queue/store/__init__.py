@@ -26,7 +26,7 @@ UTC strings with milliseconds, which sort in time order as text.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ import sqlite_utils
 
 from edge_queue.rules.states import JobState, is_terminal
 
+from . import space
 from .batches import Batches
 from .chunks import Chunks
 from .claims import Claims
@@ -80,6 +81,7 @@ class Store:
         self.connection = c = Connection(path, durability)
         self.path = c.path
         ensure_tables(c)
+        space.convert(c)
         c.counts = c.load_counts()
         # the newest ids (primary keys: two index look-ups) bound the ids made from now on
         for table, column in (("jobs", "job_id"), ("batches", "batch_id")):
@@ -117,6 +119,10 @@ class Store:
     def shrink_wal(self) -> bool:
         """:meth:`.Connection.shrink_wal` (outside a group)."""
         return self.connection.shrink_wal()
+
+    def give_back_space(self) -> int:
+        """:func:`.space.give_back` (outside a group): free pages returned to the file system."""
+        return space.give_back(self.connection)
 
     def migrate(self) -> None:
         """:func:`.schema.migrate`: create the schema when missing. Raises ``RuntimeError`` for
@@ -339,7 +345,7 @@ class Store:
         job = self.jobs.transition(
             job_id, dst, now, expect_attempt=expect_attempt, detail=detail, current=current, **fields
         )
-        if job_id in self.chunks.held and is_terminal(dst):
+        if job_id in self.chunks.sizes and is_terminal(dst):
             self.chunks.drop([job_id])
         return job
 
@@ -348,7 +354,7 @@ class Store:
     ) -> dict[str, dict[str, Any]]:
         """:meth:`.Claims.succeed_many`; the jobs drop their kept chunks."""
         done = self.claims.succeed_many(reports, now, started=started)
-        if self.chunks.held:
+        if self.chunks.sizes:
             self.chunks.drop(done)
         return done
 
@@ -373,12 +379,19 @@ class Store:
     def delete(self, job_ids: Iterable[str]) -> tuple[list[str], list[str], list[str]]:
         """:meth:`.Jobs.delete` (with the jobs' kept chunks)."""
         gone, empty, left = self.jobs.delete(job_ids)
-        self.chunks.held.difference_update(gone)
+        self.chunks.forget(gone)
         return gone, empty, left
 
-    def keep_chunk(self, job_id: str, attempt: int, index: int, data: dict[str, Any]) -> None:
+    def keep_chunk(
+        self,
+        job_id: str,
+        attempt: int,
+        index: int,
+        data: dict[str, Any],
+        room: Callable[[int], str | None] | None = None,
+    ) -> None:
         """:meth:`.Chunks.keep`."""
-        self.chunks.keep(job_id, attempt, index, data)
+        self.chunks.keep(job_id, attempt, index, data, room)
 
     def kept_chunks(self, job_id: str) -> list[dict[str, Any]]:
         """:meth:`.Chunks.kept`."""

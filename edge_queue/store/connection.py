@@ -37,6 +37,9 @@ class Connection:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(str(self.path), isolation_level=None, check_same_thread=False)
+        # a new file gives back the space of deleted rows a piece at a time (store/space.py);
+        # on an existing file this takes effect only with a VACUUM (space.convert)
+        conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={'FULL' if durability == 'full' else 'NORMAL'}")
         conn.execute("PRAGMA busy_timeout=5000")
