@@ -184,7 +184,8 @@ class BrowseRequest(_Request):
 
     path: str | None = Field(None, min_length=1, max_length=4096)
     limit: int = Field(200, ge=1, le=1000)
-    after: str | None = Field(None, min_length=1, max_length=4096)
+    #: "" (the ``next_after`` of an answer while the folder is being read): from the start
+    after: str | None = Field(None, max_length=4096)
 
 
 class EmptyRequest(_Request):

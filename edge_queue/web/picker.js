@@ -27,6 +27,10 @@ async function browse(path, after) {
     if (path && !after) return browse(null);
     return;
   }
+  if (data.reading !== undefined) {
+    // a large folder is read a piece per request (docs/topics.md, "browse"): ask again
+    return browse(path, after);
+  }
   p.path = data.path;
   p.after = data.next_after;
   if (!after) $("entries").replaceChildren();
