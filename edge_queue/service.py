@@ -273,7 +273,7 @@ class Service:
         while not self.stopping and self.bridge.foreign.shared is None:
             self.step(max_wait_s=min(1.0, (self.notifier.watchdog_s or 2.0) / 4))
             self.notifier.tick()
-        if self.bridge.foreign.shared is not None:
+        if self.bridge.foreign.shared is not None and self.bridge.connected:  # not when taken over
             settle_own_requests(self)
         self.notifier.stopping()
         self.shutdown()

@@ -50,10 +50,12 @@ def test_two_default_installs_on_one_broker_keep_to_themselves(tmp_path: Path, s
     # Given two installs with default settings but their data folder and base topic
     broker = PrivateMosquitto(tmp_path / "broker")
     try:
-        a = _default_id(service_factory(broker, [tmp_path]))
+        media = tmp_path / "media"  # data_dir may not lie inside a media root
+        media.mkdir()
+        a = _default_id(service_factory(broker, [media]))
         a.data_dir = tmp_path / "a"
         a.env["EDGE_QUEUE_DATA_DIR"] = str(a.data_dir)
-        b = _default_id(ServiceProcess(broker, tmp_path, [tmp_path]))
+        b = _default_id(ServiceProcess(broker, tmp_path, [media]))
         b.data_dir = tmp_path / "b"
         b.env["EDGE_QUEUE_DATA_DIR"] = str(b.data_dir)
         a.start()
@@ -92,7 +94,7 @@ def test_a_second_install_on_a_taken_base_topic_does_not_start(tmp_path: Path, s
         watcher.wait_json(f"{first.base}/jobs/{job_id}", lambda m: m["state"] == "succeeded")
     info = _info(first)
     # When a second install (its own data folder) starts on the same base topic
-    env = {**first.env, "EDGE_QUEUE_DATA_DIR": str(tmp_path / "second")}
+    env = {**first.env, "EDGE_QUEUE_DATA_DIR": str(tmp_path.parent / f"{tmp_path.name}-second")}
     started = time.monotonic()
     out = subprocess.run(
         [sys.executable, "-m", "edge_queue", "serve"], env=env, capture_output=True, text=True, timeout=60
@@ -121,7 +123,7 @@ def test_a_replaced_data_dir_takes_its_base_topic_over(tmp_path: Path, service_f
         watcher.wait_json(f"{svc.base}/jobs/{job['job_id']}", lambda m: m["state"] == "succeeded")
     old = _info(svc)["instance_id"]
     assert svc.stop() == 0
-    svc.data_dir = tmp_path / "new-data"
+    svc.data_dir = tmp_path.parent / f"{tmp_path.name}-new-data"  # outside the media root
     svc.env["EDGE_QUEUE_DATA_DIR"] = str(svc.data_dir)
     # When it starts again
     svc.start()
@@ -227,7 +229,7 @@ def test_an_installation_given_anothers_client_id_stops_and_leaves_it_every_requ
     (tmp_path / "b").mkdir()
     a = service_factory(mosquitto, [tmp_path])
     b = service_factory(mosquitto, [tmp_path])
-    b.data_dir = tmp_path / "b" / "data"
+    b.data_dir = tmp_path.parent / f"{tmp_path.name}-b-data"  # outside the media root
     b.log_path = tmp_path / "b" / "service.log"
     a.env["EDGE_QUEUE_MQTT__CLIENT_ID"] = b.env["EDGE_QUEUE_MQTT__CLIENT_ID"] = "shared-" + a.base
     b.env["EDGE_QUEUE_DATA_DIR"] = str(b.data_dir)
@@ -269,6 +271,36 @@ def test_an_installation_given_anothers_client_id_stops_and_leaves_it_every_requ
     assert all(len(ids) == 1 for ids in jobs.values()), {t: ids for t, ids in jobs.items() if len(ids) > 1}
     answers.close()
     assert "our MQTT session received" not in a.log()
+    assert a.stop() == 0
+
+
+def test_an_installation_given_anothers_client_id_stops_with_no_request_arriving(
+    mosquitto, service_factory, tmp_path: Path
+) -> None:
+    # Given an installation serving, and a second one started with the same client id, its own
+    # base topic and data, and no request arriving for either (before: the two took the session
+    # from each other for ever, an ERROR line each every 20 s)
+    a = service_factory(mosquitto, [tmp_path])
+    b = service_factory(mosquitto, [tmp_path])
+    b.data_dir = tmp_path.parent / f"{tmp_path.name}-b-data"
+    b.log_path = tmp_path / "b.log"
+    a.env["EDGE_QUEUE_MQTT__CLIENT_ID"] = b.env["EDGE_QUEUE_MQTT__CLIENT_ID"] = "idle-" + a.base
+    b.env["EDGE_QUEUE_DATA_DIR"] = str(b.data_dir)
+    a.start()
+    b.start(wait_online=False)
+    # When the first takes its session back
+    assert b.proc is not None
+    wait_until(lambda: b.proc.poll() is not None, 120, "the second installation to stop")
+    # Then the second one, which found a session it did not make, stops with the documented
+    # exit code and one ERROR line naming the id
+    assert b.proc.wait(30) == 6, b.log()
+    errors = [li for li in b.log().splitlines() if li.startswith("ERROR")]
+    assert len(errors) == 1 and "idle-" + a.base in errors[0] and "exit code 6" in errors[0], b.log()
+    # and the first goes on serving
+    answers = a.watcher("response/#")
+    assert a.request("list", {}, answers)["status"] == "ok"
+    answers.close()
+    assert a.proc is not None and a.proc.poll() is None
     assert a.stop() == 0
 
 

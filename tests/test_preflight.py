@@ -152,7 +152,9 @@ def assert_refused(svc: ServiceProcess, stderr: str, sock: socket.socket, path: 
 
 @pytest.fixture
 def svc(mosquitto: Broker, service_factory, tmp_path: Path) -> ServiceProcess:
-    return service_factory(mosquitto, [tmp_path])
+    media = tmp_path / "media"  # the data folders of these tests lie in tmp_path, outside the root
+    media.mkdir()
+    return service_factory(mosquitto, [media])
 
 
 # -- the control: a healthy store is served, and the checks above would see it -----------
@@ -174,10 +176,11 @@ def test_healthy_store_is_served_with_ready_and_online(svc: ServiceProcess, noti
 
 
 def test_garbage_in_the_middle_of_the_store(svc: ServiceProcess, notify, tmp_path: Path) -> None:
-    # Given a store of 300 jobs with 4 KiB of garbage written at offset 8192 (a whole page)
+    # Given a store of 300 jobs with 4 KiB of garbage written over its page 4 (a whole page of
+    # a table; page 2 is the pointer map of a store with incremental auto-vacuum)
     db = make_store(tmp_path / "d" / DB)
     with open(db, "r+b") as f:
-        f.seek(8192)
+        f.seek(12288)
         f.write(os.urandom(4096))
     # When the service starts, then quick_check refuses it
     stderr = serve(svc, db.parent, notify[0])

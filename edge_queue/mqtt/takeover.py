@@ -179,15 +179,24 @@ class ForeignMessages:
                 EXIT_SHARED_CLIENT_ID,
             )
         return "leave"
-        self.dropped[base] = n = self.dropped.get(base, 0) + 1
-        if n in (1, 10, 100, 1000) or n % 10_000 == 0:
+
+    def taken_over(self, client_id: str) -> bool:
+        """Another client took our session (:class:`TakeoverRule` said so). True when we are
+        the newcomer: the session we found at our first connect was not made by this
+        installation, and now its owner takes it back, so another installation uses our client
+        id. Then ``shared`` is set and one ERROR line logged: the service stops with
+        :data:`EXIT_SHARED_CLIENT_ID` at once, without waiting for one of the other's
+        requests (with none arriving, the two took the session from each other for ever). The
+        owner returns False and goes on: it reconnects after the take-over's wait."""
+        if not self.newcomer:
+            return False
+        if self.shared is None:
+            self.shared = "(the session taken back by its owner)"
             log.error(
-                "our MQTT session received %d request(s) of another installation on %s/request/: it uses our client "
-                "id %r, and stops (exit code %d) when it sees one of ours; the ones that reach us are not run "
-                "(two installations must not share an mqtt.client_id: give each its own, or leave it unset)",
-                n,
-                base[:200],
+                "another client took back our MQTT session (client id %r), which this installation did not make: "
+                "another installation uses our client id (two installations must not share an mqtt.client_id: "
+                "give each its own, or leave it unset); stopping with exit code %d",
                 client_id,
                 EXIT_SHARED_CLIENT_ID,
             )
-        return "ack"
+        return True
