@@ -70,3 +70,20 @@ def test_a_failed_reconnect_between_short_connections_means_the_network_was_down
         assert ended(rule, 2.0 * i, lasted=1.0) is None
         if i % (SHORT_CONNECTIONS - 1) == 0:
             rule.reconnect_failed()
+
+
+def test_the_newcomer_stops_when_the_owner_takes_its_session_back_and_the_owner_goes_on() -> None:
+    from edge_queue.mqtt.takeover import ForeignMessages, Takeover
+
+    newcomer, owner = ForeignMessages(recorded=None), ForeignMessages(recorded="shared-id")
+    newcomer.after_connect(session_present=True, client_id="shared-id")  # a session it did not make
+    owner.after_connect(session_present=True, client_id="shared-id")  # its own
+    assert newcomer.newcomer and not owner.newcomer
+    assert newcomer.after_takeover(Takeover(10.0, "it says so"), "shared-id") == TAKEOVER_MAX_S
+    assert newcomer.shared is not None  # the service stops with exit code 6
+    assert owner.after_takeover(Takeover(10.0, "it says so"), "shared-id") == 10.0
+    assert owner.shared is None
+    # a first connect without a session found is no newcomer, whatever the store recorded
+    alone = ForeignMessages(recorded=None)
+    alone.after_connect(session_present=False, client_id="shared-id")
+    assert alone.after_takeover(Takeover(20.0, "it says so"), "shared-id") == 20.0 and alone.shared is None

@@ -55,7 +55,7 @@ from edge_queue.errors import BrokerUnavailable
 from .outbox import Ack, Outbox, Pub
 from .paho_client import FastClient, ack_now, configure_client, set_nodelay, subscribe
 from .probe import detect_protocol
-from .takeover import TAKEOVER_MAX_S, ForeignMessages, TakeoverRule
+from .takeover import ForeignMessages, TakeoverRule
 from .topics import OFFLINE, Topics
 
 log = logging.getLogger(__name__)
@@ -246,11 +246,9 @@ class Bridge:
             closing=self._closing,
             refused_copy=refused_copy,
         )
-        if takeover is not None and self.foreign.taken_over(self.client_id):
-            self._reconnect_delay = TAKEOVER_MAX_S  # the newcomer stops (ForeignMessages.taken_over)
-        elif takeover is not None:
-            # reconnecting at once would take the id back and be taken again, a loop that hides who does it
-            self._reconnect_delay = takeover.say(self.client_id)
+        if takeover is not None:
+            # reconnecting at once would take the id back and be taken again; a newcomer stops
+            self._reconnect_delay = self.foreign.after_takeover(takeover, self.client_id)
         elif not self._closing and was:
             log.warning("disconnected from the broker (%s); reconnecting", reason)
         self._next_reconnect = now + self._reconnect_delay

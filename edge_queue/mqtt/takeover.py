@@ -180,16 +180,17 @@ class ForeignMessages:
             )
         return "leave"
 
-    def taken_over(self, client_id: str) -> bool:
-        """Another client took our session (:class:`TakeoverRule` said so). True when we are
-        the newcomer: the session we found at our first connect was not made by this
-        installation, and now its owner takes it back, so another installation uses our client
-        id. Then ``shared`` is set and one ERROR line logged: the service stops with
-        :data:`EXIT_SHARED_CLIENT_ID` at once, without waiting for one of the other's
-        requests (with none arriving, the two took the session from each other for ever). The
-        owner returns False and goes on: it reconnects after the take-over's wait."""
+    def after_takeover(self, takeover: Takeover, client_id: str) -> float:
+        """Another client took our session (:class:`TakeoverRule` said so): the wait before
+        reconnecting (seconds). When we are the newcomer, the session we found at our first
+        connect was not made by this installation, and now its owner takes it back: another
+        installation uses our client id. Then ``shared`` is set and one ERROR line logged, and
+        the service stops with :data:`EXIT_SHARED_CLIENT_ID` at once, without waiting for one of
+        the other's requests (with none arriving, the two took the session from each other for
+        ever); :data:`TAKEOVER_MAX_S` is returned. The owner logs the take-over
+        (:meth:`Takeover.say`) and goes on."""
         if not self.newcomer:
-            return False
+            return takeover.say(client_id)
         if self.shared is None:
             self.shared = "(the session taken back by its owner)"
             log.error(
@@ -199,4 +200,4 @@ class ForeignMessages:
                 client_id,
                 EXIT_SHARED_CLIENT_ID,
             )
-        return True
+        return TAKEOVER_MAX_S
