@@ -139,3 +139,63 @@ def test_a_store_of_an_earlier_release_is_converted_when_opened(tmp_path: Path) 
     store = Store(path, durability="normal")
     assert space.incremental(store.connection)
     assert len(store.kept_chunks(jobs[0])) == 1 and store.get(jobs[0])["state"] == "running"
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Any:
+    """A 64 MiB file system of its own (tmpfs, mounted as root), unmounted after the test."""
+    import os
+    import subprocess
+
+    from .conftest import need
+
+    where = tmp_path / "small-disk"
+    where.mkdir()
+    mounted = os.geteuid() == 0 and (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(where)], capture_output=True).returncode
+        == 0
+    )
+    need(mounted, "cannot mount a 64 MiB tmpfs (needs root and CAP_SYS_ADMIN)")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=False, capture_output=True)
+
+
+def test_on_a_small_disk_chunks_stop_at_min_free_disk_mb_and_the_space_comes_back(small_disk: Path) -> None:
+    # Given a store on a 64 MiB file system with limits.min_free_disk_mb = 16, and two running
+    # jobs whose node sends 3 MiB chunks as fast as it can (before: the store took the disk to
+    # 0 bytes free, stuck on disk_full, and kept the space after the jobs ended)
+    store = Store(small_disk / "q.db", durability="normal")
+    jobs = running_jobs(store, 2)
+
+    class Publisher:
+        def publish_job(self, job: dict[str, Any]) -> None:
+            pass
+
+    outcomes = Outcomes(
+        lambda: store,
+        Publisher(),  # type: ignore[arg-type]
+        DiskGuard(small_disk, 16),
+        crash_loop_limit=3,
+        backoff=lambda attempt: 1.0,
+    )
+    lowest = shutil.disk_usage(small_disk).free
+    for index in range(20):
+        for job_id in jobs:
+            outcomes.keep_chunk(Outcome("chunk", job_id, 1, {"index": index, "data": BIG}))
+            lowest = min(lowest, shutil.disk_usage(small_disk).free)
+    # Then chunks were kept until the limit, none past it: the disk kept its 16 MiB
+    kept = sum(len(store.kept_chunks(j)) for j in jobs)
+    assert 4 <= kept < 40, kept
+    assert lowest >= 10 * 2**20, lowest  # the limit, less the write-ahead log's share
+    assert store.get(jobs[0])["state"] == "running"
+    # When the jobs end, the store gives the space back, and new work is accepted again
+    store.drop_chunks(jobs)
+    while store.give_back_space():
+        store.shrink_wal()
+    store.shrink_wal()
+    # (the store and at most 8 MiB of write-ahead log stay: WAL_LIMIT_BYTES)
+    assert shutil.disk_usage(small_disk).free > 48 * 2**20, shutil.disk_usage(small_disk).free
+    assert DiskGuard(small_disk, 16).why_full(jobs=1) is None
+    store.close()
