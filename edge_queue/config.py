@@ -8,7 +8,6 @@ naming every offending key (pydantic-settings does the validation).
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 import tomllib
@@ -24,6 +23,7 @@ from pydantic_settings import (
 )
 
 from edge_queue.config_sources import not_json_in_environment, toml_type_problems
+from edge_queue.config_values import NODE_ID_PATTERN, NOT_IN_USER, host_problem
 from edge_queue.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = Path("/etc/edge-queue/config.toml")
@@ -46,36 +46,6 @@ MQTT_PACKET_MAX_BYTES = 268_435_455 + 5
 RETENTION_DAYS_MAX = 36_500
 #: Longest retry backoff: a year (a retry date stays a date).
 BACKOFF_MAX_S = 365 * 86400
-
-
-#: A host name (RFC 1123 section 2.1; RFC 3696 section 2: the last label is not all digits,
-#: so ``999.1.1.1`` is neither a name nor an address).
-_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
-
-
-def host_problem(host: str) -> str | None:
-    """Why ``host`` is neither an IP address nor a host name (RFC 1123), or None."""
-    try:
-        ipaddress.ip_address(host.strip("[]"))
-        return None
-    except ValueError:
-        pass
-    labels = host.rstrip(".").split(".")
-    if len(host) > 253 or not all(_HOST_LABEL.match(label) for label in labels):
-        return (
-            f"{host[:100]!r} is neither an IP address nor a host name (letters, digits and '-' in dot-separated labels)"
-        )
-    if labels[-1].isdigit():
-        return f"{host[:100]!r} is not an IP address (each of the four numbers is 0-255), nor a host name"
-    return None
-
-
-#: What a broker user name in ``[access]`` may not hold: it is a topic level of the ACL's
-#: ``%u`` patterns (``<base>/request/<command>/<user>``), where ``/`` would add levels and
-#: ``+`` and ``#`` are wildcards (mosquitto denies %u patterns to such names).
-_NOT_IN_USER = re.compile(r"[/+#\x00-\x1f\x7f]")
-#: A worker node's broker user name: its node id, a topic level of ``<base>/nodes/<node_id>``.
-NODE_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 
 
 class _Section(BaseModel):
@@ -231,7 +201,7 @@ class AccessSettings(_Section):
     @classmethod
     def _users(cls, v: list[str]) -> list[str]:
         for name in v:
-            if not name or _NOT_IN_USER.search(name):
+            if not name or NOT_IN_USER.search(name):
                 raise ValueError(
                     f"{name[:100]!r} cannot be a broker user name in the ACL's topics: "
                     "not empty, without '/', '+', '#' or control characters"

@@ -47,7 +47,6 @@ from edge_queue.jobs.scheduler import Scheduler
 from edge_queue.kinds import registry
 from edge_queue.logfmt import TurnLog
 from edge_queue.mqtt.bridge import Bridge, Connected, Incoming
-from edge_queue.mqtt.grants import check_base_topic_granted
 from edge_queue.mqtt.instance import claim_base_topic, note_base_topic
 from edge_queue.mqtt.takeover import EXIT_SHARED_CLIENT_ID, SESSION_KEY
 from edge_queue.mqtt.topics import MAX_REPLY_AREAS, ReplyAreas, Topics
@@ -223,7 +222,6 @@ class Service:
             self.bridge.set_client_id(f"edge-queue-{instance_id}-{store.client_id_secret()}")
         self.bridge.foreign.recorded = store.meta_text(SESSION_KEY)
         claim_base_topic(s.mqtt, self.topics, instance_id, self.bridge.client_id, connect_timeout_s)
-        check_base_topic_granted(s.mqtt, self.topics, self.bridge.client_id)
         note_base_topic(store, s.mqtt, self.topics)
         self.reply_areas.note_all(store.submitters(MAX_REPLY_AREAS))
         self._boot_changes = requeue_orphans(store, self.run_id, self.clock())

@@ -22,6 +22,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from edge_queue.config import MqttSettings
 from edge_queue.errors import BrokerUnavailable, EdgeQueueError
 
+from .grants import check_base_topic_granted
 from .paho_client import configure_client
 from .probe import PROBE_S, warn_closed_without_answer
 from .topics import ONLINE, Topics
@@ -119,7 +120,9 @@ def claim_base_topic(
     to ``timeout_s`` seconds for a broker that is still starting (boot order).
 
     Returns the ``info`` of an offline installation being taken over (logged), or None.
-    Raises :class:`BaseTopicInUse` naming the other installation and what to change, and
+    Raises :class:`BaseTopicInUse` naming the other installation and what to change,
+    :class:`~edge_queue.mqtt.grants.BaseTopicRefused` when the broker's ACL does not grant us
+    the base topic (:func:`~edge_queue.mqtt.grants.check_base_topic_granted`), and
     :class:`BrokerUnavailable` when no broker answered in time."""
     deadline = time.monotonic() + timeout_s
     said = False
@@ -134,6 +137,7 @@ def claim_base_topic(
                 warn_closed_without_answer(settings, deadline)
                 said = True
             time.sleep(1.0)
+    check_base_topic_granted(settings, topics, client_id)  # the broker answers: does its ACL grant us?
     other = info.get("instance_id")
     if other == instance_id:
         return None  # our own state from a previous run (a crash leaves "online" until the Will)

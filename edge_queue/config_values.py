@@ -1,0 +1,38 @@
+"""Rules for one configuration value at a time, used by :mod:`edge_queue.config`'s validators:
+host names and addresses, and the broker user names of ``[access]`` (docs/configuration.md).
+Plain functions and patterns: they import nothing of the package.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+#: A host name (RFC 1123 section 2.1; RFC 3696 section 2: the last label is not all digits,
+#: so ``999.1.1.1`` is neither a name nor an address).
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
+def host_problem(host: str) -> str | None:
+    """Why ``host`` is neither an IP address nor a host name (RFC 1123), or None."""
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return None
+    except ValueError:
+        pass
+    labels = host.rstrip(".").split(".")
+    if len(host) > 253 or not all(_HOST_LABEL.match(label) for label in labels):
+        return (
+            f"{host[:100]!r} is neither an IP address nor a host name (letters, digits and '-' in dot-separated labels)"
+        )
+    if labels[-1].isdigit():
+        return f"{host[:100]!r} is not an IP address (each of the four numbers is 0-255), nor a host name"
+    return None
+
+
+#: What a broker user name in ``[access]`` may not hold: it is a topic level of the ACL's
+#: ``%u`` patterns (``<base>/request/<command>/<user>``), where ``/`` would add levels and
+#: ``+`` and ``#`` are wildcards (mosquitto denies %u patterns to such names).
+NOT_IN_USER = re.compile(r"[/+#\x00-\x1f\x7f]")
+#: A worker node's broker user name: its node id, a topic level of ``<base>/nodes/<node_id>``.
+NODE_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
