@@ -342,9 +342,11 @@ class ServiceProcess:
     def __init__(self, broker: Broker, tmp: Path, media_roots: list[Path], env: dict[str, str] | None = None) -> None:
         self.broker = broker
         self.base = "eqt" + uuid.uuid4().hex[:10]
-        # beside the test's folder, not in it: tests give their tmp_path as a media root, and serve
-        # refuses a data_dir inside one (docs/configuration.md, "Checking a file")
-        self.data_dir = tmp.parent / f"{tmp.name}-data"
+        # beside the test's folder when that is a media root: serve refuses a data_dir inside one
+        # (docs/configuration.md, "Checking a file"); else in it (a test's small disk)
+        self.data_dir = tmp / "data"
+        if any(self.data_dir.is_relative_to(root) for root in media_roots):
+            self.data_dir = tmp.parent / f"{tmp.name}-data"
         self.log_path = tmp / f"service-{uuid.uuid4().hex[:6]}.log"
         self.env = {
             **os.environ,

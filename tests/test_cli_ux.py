@@ -96,9 +96,9 @@ def test_doctor_is_coloured_on_a_terminal_only(mosquitto, tmp_path: Path) -> Non
     piped = subprocess.run(
         [sys.executable, "-m", "edge_queue", "doctor", "--skip-model"], env=svc.env, capture_output=True, text=True
     )
-    assert "\x1b" not in piped.stdout and re.search(r"^ok {4}broker: .*\n^warn  service: ", piped.stdout, re.M), (
-        piped.stdout
-    )
+    assert "\x1b" not in piped.stdout and re.search(
+        r"^ok {4}broker: .*\n^ok {4}grants: .*\n^warn  service: ", piped.stdout, re.M
+    ), piped.stdout
 
 
 def test_submit_wait_says_the_queue_is_paused(mosquitto, service_factory, tmp_path: Path) -> None:

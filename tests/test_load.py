@@ -289,7 +289,9 @@ def rig(tmp_path: Path) -> Iterator[Callable[..., Rig]]:
 
 
 def service(broker: Broker, tmp: Path, dog: Watchdog, env: dict[str, str] | None = None) -> ServiceProcess:
-    svc = ServiceProcess(broker, tmp, [tmp], {"EDGE_QUEUE_LOG_LEVEL": "INFO", **dog.env(), **(env or {})})
+    media = tmp / "media"  # the data stays in tmp (a test's small disk), outside the media root
+    media.mkdir(exist_ok=True)
+    svc = ServiceProcess(broker, tmp, [media], {"EDGE_QUEUE_LOG_LEVEL": "INFO", **dog.env(), **(env or {})})
     svc.log_path = Path(dog.path).parent / svc.log_path.name  # never on a disk a test fills
     return svc
 
