@@ -182,7 +182,11 @@ def test_transcode_and_extract_audio_read_back(mosquitto, service_factory, tmp_p
     media = tmp_path / "videos"
     media.mkdir()
     video = make_video(media / "clip.mp4", seconds=4)
-    svc = service_factory(mosquitto, [tmp_path, speech]).start()  # outputs are probed too
+    svc = service_factory(mosquitto, [tmp_path, speech])
+    # outputs are probed too: their folder is a media root (data_dir itself may not lie in one)
+    (svc.data_dir / "outputs").mkdir(parents=True)
+    svc.env["EDGE_QUEUE_MEDIA_ROOTS"] = json.dumps([str(tmp_path), str(speech), str(svc.data_dir / "outputs")])
+    svc.start()
     watcher = svc.watcher("response/#", "jobs/+")
 
     def run(kind: str, path: Path, options: dict[str, Any]) -> dict[str, Any]:
