@@ -99,11 +99,14 @@ def restart_home_assistant(h: Any, inst: dict[str, Any], extra_yaml: Path | None
 
 
 def service(broker: Broker, tmp: Path, media: list[Path], name: str, base: str | None = None) -> ServiceProcess:
-    """An edge-queue with discovery on and its default client id, its store in ``tmp/name``."""
+    """An edge-queue with discovery on and its default client id, its store in ``tmp/name``
+    (beside ``tmp`` when that is a media root)."""
     svc = ServiceProcess(broker, tmp, media)
     svc.env.pop("EDGE_QUEUE_MQTT__CLIENT_ID", None)  # the default: edge-queue-<instance id>-<secret>
     svc.env["EDGE_QUEUE_HOMEASSISTANT__DISCOVERY"] = "true"
     svc.data_dir = tmp / name
+    if any(svc.data_dir.is_relative_to(root) for root in media):  # serve refuses a data_dir in a media root
+        svc.data_dir = tmp.parent / f"{tmp.name}-{name}"
     svc.env["EDGE_QUEUE_DATA_DIR"] = str(svc.data_dir)
     if base is not None:
         svc.base = base
