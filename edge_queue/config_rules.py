@@ -8,8 +8,6 @@ Plain data in, sentences out: tested without a broker.
 from __future__ import annotations
 
 import ipaddress
-import os
-from pathlib import Path
 
 from edge_queue.config import Settings
 
@@ -44,28 +42,14 @@ def listener_problems(settings: Settings) -> list[str]:
     ]
 
 
-def _inside(path: Path, roots: list[Path]) -> Path | None:
-    real = Path(os.path.realpath(path))
-    for root in roots:
-        r = Path(os.path.realpath(root))
-        if real == r or real.is_relative_to(r):
-            return root
-    return None
-
-
 def serve_problems(settings: Settings) -> list[str]:
     """Every reason ``serve`` cannot run ``settings``, one sentence each naming its key; an
-    empty list when there is none. Checked: the listeners' ports (:func:`listener_problems`),
-    ``data_dir`` inside a media root (jobs could read the store and other users' outputs as
-    inputs, and ``browse`` would list them), and ``workers = 0`` with no ``access.nodes`` (no
-    place could ever run a job)."""
+    empty list when there is none. Checked: the listeners' ports (:func:`listener_problems`)
+    and ``workers = 0`` with no ``access.nodes`` (no place could ever run a job). A ``data_dir``
+    inside a media root is allowed (the default ``~/.local/share/edge-queue`` is inside a
+    ``--media-root "$HOME"``): no file in it is taken as an input
+    (:func:`~edge_queue.rules.inputs.check_input`)."""
     problems = listener_problems(settings)
-    root = _inside(settings.data_dir, settings.media_roots)
-    if root is not None:
-        problems.append(
-            f"data_dir: {settings.data_dir} is inside the media root {root}: jobs and browse could read the store "
-            "and every job's outputs; keep data_dir outside media_roots"
-        )
     if settings.workers == 0 and not settings.access.nodes:
         problems.append(
             "workers: 0 with no access.nodes: no worker and no node could run a job; "

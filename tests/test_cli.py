@@ -155,7 +155,6 @@ def test_config_check(tmp_path: Path) -> None:
         ('[access]\nnodes = ["+"]\n', "access.nodes"),
         ('[access]\nnodes = ["#"]\n', "access.nodes"),
         ('[access]\nusers = ["phone/#"]\n', "access.users"),
-        ('data_dir = "{media}/data"\n', "data_dir"),
         ("workers = 0\n", "workers: 0 with no access.nodes"),
     ],
 )

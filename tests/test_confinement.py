@@ -292,3 +292,21 @@ def test_an_input_with_a_255_byte_name_gets_its_outputs(
     out = Path(final["result"]["output"])
     assert out.parent == root and out.is_file()
     assert len(os.fsencode(out.name)) <= MAX_NAME_BYTES and "~" in out.name
+
+
+def test_no_file_of_data_dir_is_an_input_even_inside_a_media_root(tmp_path: Path) -> None:
+    # the default data_dir (~/.local/share/edge-queue) lies inside `up --media-root "$HOME"`
+    from edge_queue.errors import InputError
+    from edge_queue.rules.inputs import check_input
+
+    data_dir = tmp_path / ".local" / "share" / "edge-queue"
+    (data_dir / "outputs" / "job").mkdir(parents=True)
+    (data_dir / "edge-queue.db").write_bytes(b"SQLite format 3\x00")
+    (data_dir / "outputs" / "job" / "call.txt").write_text("someone's transcript")
+    (tmp_path / "call.m4a").write_bytes(b"audio")
+    (tmp_path / "link.txt").symlink_to(data_dir / "outputs" / "job" / "call.txt")
+    assert check_input(str(tmp_path / "call.m4a"), [tmp_path], (data_dir,)) == str(tmp_path / "call.m4a")
+    for inside in (data_dir / "edge-queue.db", data_dir / "outputs" / "job" / "call.txt", tmp_path / "link.txt"):
+        with pytest.raises(InputError) as e:
+            check_input(str(inside), [tmp_path], (data_dir,))
+        assert e.value.code == "input_outside_media_roots" and "data_dir" in e.value.message

@@ -199,7 +199,11 @@ class Commands:
         svc.count_work(len(raw_inputs))
         for raw in raw_inputs:
             try:
-                path = check_input(raw, svc.settings.media_roots) if kind.needs_input and raw else raw
+                path = (
+                    check_input(raw, svc.settings.media_roots, (svc.settings.data_dir,))
+                    if kind.needs_input and raw
+                    else raw
+                )
             except InputError as e:
                 rejected.append({"input": raw, "code": str(e.code), "message": e.message})
                 rejections.warning("submit: input rejected: %s: %s", e.code, _clip(e.message))

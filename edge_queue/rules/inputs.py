@@ -17,11 +17,14 @@ def roots_text(media_roots: list[Path]) -> str:
     return ", ".join(str(r) for r in media_roots) or "none configured"
 
 
-def check_input(raw: str, media_roots: list[Path]) -> str:
+def check_input(raw: str, media_roots: list[Path], private: tuple[Path, ...] = ()) -> str:
     """Resolve ``raw`` (symlinks, ``..``) and confine it to ``media_roots`` (docs/topics.md, "`submit`").
 
+    ``private``: folders whose files are never inputs even inside a media root (the service's
+    ``data_dir``: its store and every job's outputs).
+
     Returns the resolved absolute path. Raises :class:`InputError` with
-    ``input_outside_media_roots`` (relative path, or outside every root; checked first, so
+    ``input_outside_media_roots`` (relative path, outside every root, or inside ``private``; checked first, so
     the answer does not reveal which files exist outside the roots) or ``input_not_found``
     (missing, not a regular file, a real path that is not UTF-8 text, or any other error of
     the file system: a name too long, a folder the service may not enter).
@@ -42,6 +45,15 @@ def check_input(raw: str, media_roots: list[Path]) -> str:
             code=ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS,
             field="input",
         )
+    for folder in private:
+        real = Path(os.path.realpath(folder))
+        if resolved == real or resolved.is_relative_to(real):
+            raise InputError(
+                f"{raw[:200]} is inside edge-queue's own data_dir, whose files (the store, every job's outputs) "
+                "are never inputs",
+                code=ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS,
+                field="input",
+            )
     try:
         str(resolved).encode()
     except UnicodeEncodeError:
