@@ -302,11 +302,12 @@ def test_no_file_of_data_dir_is_an_input_even_inside_a_media_root(tmp_path: Path
     data_dir = tmp_path / ".local" / "share" / "edge-queue"
     (data_dir / "outputs" / "job").mkdir(parents=True)
     (data_dir / "edge-queue.db").write_bytes(b"SQLite format 3\x00")
-    (data_dir / "outputs" / "job" / "call.txt").write_text("someone's transcript")
+    (data_dir / "outputs" / "job" / "call.txt").write_text("a transcript, which get shows to every user")
     (tmp_path / "call.m4a").write_bytes(b"audio")
-    (tmp_path / "link.txt").symlink_to(data_dir / "outputs" / "job" / "call.txt")
-    assert check_input(str(tmp_path / "call.m4a"), [tmp_path], (data_dir,)) == str(tmp_path / "call.m4a")
-    for inside in (data_dir / "edge-queue.db", data_dir / "outputs" / "job" / "call.txt", tmp_path / "link.txt"):
+    (tmp_path / "link.db").symlink_to(data_dir / "edge-queue.db")
+    for taken in (tmp_path / "call.m4a", data_dir / "outputs" / "job" / "call.txt"):
+        assert check_input(str(taken), [tmp_path], data_dir) == str(taken)
+    for inside in (data_dir / "edge-queue.db", tmp_path / "link.db"):
         with pytest.raises(InputError) as e:
-            check_input(str(inside), [tmp_path], (data_dir,))
+            check_input(str(inside), [tmp_path], data_dir)
         assert e.value.code == "input_outside_media_roots" and "data_dir" in e.value.message

@@ -183,7 +183,7 @@ def test_transcode_and_extract_audio_read_back(mosquitto, service_factory, tmp_p
     media.mkdir()
     video = make_video(media / "clip.mp4", seconds=4)
     svc = service_factory(mosquitto, [tmp_path, speech])
-    # outputs are probed too: their folder is a media root (data_dir itself may not lie in one)
+    # outputs are probed too: their folder is a media root
     (svc.data_dir / "outputs").mkdir(parents=True)
     svc.env["EDGE_QUEUE_MEDIA_ROOTS"] = json.dumps([str(tmp_path), str(speech), str(svc.data_dir / "outputs")])
     svc.start()

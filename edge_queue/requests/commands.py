@@ -200,7 +200,7 @@ class Commands:
         for raw in raw_inputs:
             try:
                 path = (
-                    check_input(raw, svc.settings.media_roots, (svc.settings.data_dir,))
+                    check_input(raw, svc.settings.media_roots, svc.settings.data_dir)
                     if kind.needs_input and raw
                     else raw
                 )

@@ -17,15 +17,17 @@ def roots_text(media_roots: list[Path]) -> str:
     return ", ".join(str(r) for r in media_roots) or "none configured"
 
 
-def check_input(raw: str, media_roots: list[Path], private: tuple[Path, ...] = ()) -> str:
+def check_input(raw: str, media_roots: list[Path], data_dir: Path | None = None) -> str:
     """Resolve ``raw`` (symlinks, ``..``) and confine it to ``media_roots`` (docs/topics.md, "`submit`").
 
-    ``private``: folders whose files are never inputs even inside a media root (the service's
-    ``data_dir``: its store and every job's outputs).
+    ``data_dir``: the service's own folder, whose files are never inputs even inside a media
+    root (the store, its journal and lock), but for ``<data_dir>/outputs`` (what jobs wrote,
+    which every user may read with ``get`` anyway; a transcode's output may be probed).
 
     Returns the resolved absolute path. Raises :class:`InputError` with
-    ``input_outside_media_roots`` (relative path, outside every root, or inside ``private``; checked first, so
-    the answer does not reveal which files exist outside the roots) or ``input_not_found``
+    ``input_outside_media_roots`` (relative path, outside every root, or inside ``data_dir`` but
+    not its ``outputs``; checked first, so the answer does not reveal which files exist outside
+    the roots) or ``input_not_found``
     (missing, not a regular file, a real path that is not UTF-8 text, or any other error of
     the file system: a name too long, a folder the service may not enter).
     """
@@ -45,11 +47,11 @@ def check_input(raw: str, media_roots: list[Path], private: tuple[Path, ...] = (
             code=ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS,
             field="input",
         )
-    for folder in private:
-        real = Path(os.path.realpath(folder))
-        if resolved == real or resolved.is_relative_to(real):
+    if data_dir is not None:
+        own, outputs = Path(os.path.realpath(data_dir)), Path(os.path.realpath(data_dir / "outputs"))
+        if (resolved == own or resolved.is_relative_to(own)) and not resolved.is_relative_to(outputs):
             raise InputError(
-                f"{raw[:200]} is inside edge-queue's own data_dir, whose files (the store, every job's outputs) "
+                f"{raw[:200]} is inside edge-queue's own data_dir, whose files (the store, its journal and lock) "
                 "are never inputs",
                 code=ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS,
                 field="input",
