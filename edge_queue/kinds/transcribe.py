@@ -28,7 +28,6 @@ from .media import container_duration_s, open_media, require_audio
 from .outputs import check_free, write_outputs
 from .signature import model_identity, sampled_digest
 from .streams import best_audio
-from .subtitles import subtitle_cues
 from .whisper import decode, load_model
 
 log = logging.getLogger(__name__)
@@ -271,18 +270,17 @@ def _stamp(seconds: float, sep: str) -> str:
 
 
 def render(fmt: str, segments: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    """One output document: ``txt`` (one line per segment), ``srt`` or ``vtt`` (the segments'
-    subtitle cues: :func:`~edge_queue.kinds.subtitles.subtitle_cues`), or ``json`` (the segments)."""
+    """One output document: ``txt`` (one line per segment), ``srt``, ``vtt`` or ``json``."""
     if fmt == "txt":
         return "".join(s["text"].strip() + "\n" for s in segments)
     if fmt == "srt":
         return "\n".join(
-            f"{i}\n{_stamp(s['start'], ',')} --> {_stamp(s['end'], ',')}\n{s['text']}\n"
-            for i, s in enumerate(subtitle_cues(segments), 1)
+            f"{i}\n{_stamp(s['start'], ',')} --> {_stamp(s['end'], ',')}\n{s['text'].strip()}\n"
+            for i, s in enumerate(segments, 1)
         )
     if fmt == "vtt":
         return "WEBVTT\n\n" + "\n".join(
-            f"{_stamp(s['start'], '.')} --> {_stamp(s['end'], '.')}\n{s['text']}\n" for s in subtitle_cues(segments)
+            f"{_stamp(s['start'], '.')} --> {_stamp(s['end'], '.')}\n{s['text'].strip()}\n" for s in segments
         )
     return json.dumps({**meta, "segments": segments}, ensure_ascii=False, indent=1)
 
