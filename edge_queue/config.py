@@ -22,6 +22,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from edge_queue.config_api import ApiSettings
 from edge_queue.config_sources import not_json_in_environment, toml_type_problems
 from edge_queue.config_values import NODE_ID_PATTERN, NOT_IN_USER, host_problem
 from edge_queue.errors import ConfigError
@@ -464,6 +465,7 @@ class Settings(BaseSettings):
     homeassistant: HomeAssistantSettings = HomeAssistantSettings()
     access: AccessSettings = AccessSettings()
     http: HttpSettings = HttpSettings()
+    api: ApiSettings = ApiSettings()
     nodes: NodesSettings = NodesSettings()
     #: ``[[path_map]]`` tables of a worker node: hub paths and the same folders on this machine.
     path_map: list[PathMap] = []
@@ -497,6 +499,11 @@ class Settings(BaseSettings):
     @property
     def outputs_dir(self) -> Path:
         return self.data_dir / "outputs"
+
+    @property
+    def uploads_dir(self) -> Path:
+        """The HTTP API's uploads (docs/http-api.md, "Uploads"): inputs of its jobs only."""
+        return self.data_dir / "uploads"
 
 
 #: Environment variables with the prefix that are not configuration keys.

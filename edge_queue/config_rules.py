@@ -23,7 +23,8 @@ def _on_this_machine(host: str) -> bool:
 
 
 def listener_problems(settings: Settings) -> list[str]:
-    """Two of our listeners on one TCP port: the queue page (``http.port``), the broker's MQTT
+    """Two of our listeners on one TCP port: the queue page (``http.port``), the HTTP API
+    (``api.port``), the broker's MQTT
     over WebSocket that the page connects to (``http.websocket_port``, unless
     ``http.websocket_url`` names it), and the broker on this machine (``mqtt.port`` when
     ``mqtt.host`` is a loopback address, ``localhost`` or ``0.0.0.0``: ``up`` starts the
@@ -35,6 +36,8 @@ def listener_problems(settings: Settings) -> list[str]:
         ports.setdefault(settings.http.port, []).append("http.port")
         if settings.http.websocket_url is None:
             ports.setdefault(settings.http.websocket_port, []).append("http.websocket_port")
+    if settings.api.enabled:
+        ports.setdefault(settings.api.port, []).append("api.port")
     return [
         f"{' and '.join(keys)} are both {port}: two listeners cannot share a port; give each its own"
         for port, keys in sorted(ports.items())

@@ -39,6 +39,8 @@ from typing import Any
 from edge_queue import package_version
 from edge_queue.config import Settings
 from edge_queue.errors import ConfigError
+from edge_queue.gateway import Gateway
+from edge_queue.http.api_server import ApiServer, start_api
 from edge_queue.http.page import PageServer, start_page
 from edge_queue.jobs.outcomes import Outcomes
 from edge_queue.jobs.recovery import GhostClearing, requeue_orphans
@@ -153,8 +155,10 @@ class Service:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self.page: PageServer | None = None  # the queue page ([http]), started by run()
+        self.api: ApiServer | None = None  # the HTTP API ([api]), started by run()
         self.reply_areas = ReplyAreas([*settings.access.admins, *settings.access.users, *settings.access.nodes])
         self.commands = Commands(self)
+        self.gateway = Gateway(self.commands.execute, self.job_store, self._wake_w)  # the HTTP API's requests
         self.nodes = Nodes(settings, self.topics, self.bridge)  # worker nodes: docs/nodes.md
         self.watch_folders = WatchFolders(self)  # [[watch]] (edge_queue/watch/folders.py)
         self.publisher = Publisher(
@@ -257,6 +261,7 @@ class Service:
         # after the boot (the data_dir lock, the broker): a second service on the same data_dir
         # exits before it binds; before the first loop turn, which announces <base>/info
         self.page = start_page(self.settings, self.topics.base, package_version())
+        self.api = start_api(self.settings, self.gateway, package_version())
         where = f"{self.settings.mqtt.host}:{self.settings.mqtt.port}"
         log.info(
             "edge-queue %s serving on %s (base topic %s, %d workers); data in %s; media roots: %s",
@@ -334,6 +339,7 @@ class Service:
                     self.retention.step(self.clock())
                 self.republisher.step()
                 self.watch_folders.step(self.clock())
+                self.gateway.step()
                 if taken:
                     # last: a new job may be claimed before its row is written (Store.claim)
                     store.set_meta("requests_seen", self.dispatcher.requests_seen)
@@ -342,6 +348,7 @@ class Service:
             return
         self.watch_folders.committed()
         self.nodes.committed()
+        self.gateway.committed(self.publisher.turn_jobs)
         self.supervisor.dispatch()
         self.publisher.publish_states(time.monotonic())
         self.retention.committed()
@@ -352,6 +359,7 @@ class Service:
         self.watch_folders.turn_failed()
         self.publisher.turn_failed()
         self.retention.turn_failed()
+        self.gateway.turn_failed(disk_full=disk_full_error(e))
         self._carried = [o for o in outcomes if o.op != "progress"]
         code = self.dispatcher.answer_failed_turn(taken, disk_full=disk_full_error(e))
         self._commit_failures.warning(
@@ -377,7 +385,7 @@ class Service:
         self.ghosts.start()
 
     def _wait_s(self, cap: float) -> float:
-        if self.dispatcher.takeable():
+        if self.dispatcher.takeable() or self.gateway.pending():
             return 0.0
         now = self.clock()
         due = self.job_store().next_due(after=now)
@@ -498,6 +506,10 @@ class Service:
             sock.close()
         self.notifier.close()
         self.turn_log.detach()
+        if self.api is not None:
+            self.api.stop()
+            self.api = None
+        self.gateway.stop()
         if self.page is not None:
             self.page.stop()
             self.page = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -49,9 +50,17 @@ class Commands:
         self._user: str | None = None
         #: ... and, for the ``user`` role, the filter to its own jobs (``None``: every job)
         self._mine: tuple[str | None] | None = None
+        #: ... and the folders its submit's inputs must be in (``None``: ``media_roots``)
+        self._input_roots: list[Path] | None = None
 
     def execute(
-        self, command: str, raw: bytes, user: str | None = None, *, role: Role | None = None
+        self,
+        command: str,
+        raw: bytes,
+        user: str | None = None,
+        *,
+        role: Role | None = None,
+        input_roots: list[Path] | None = None,
     ) -> tuple[dict[str, Any], str | None]:
         """Run ``command`` with payload ``raw`` for ``user`` (the broker user of the request
         topic ``<base>/request/<command>/<user>``; ``None`` for ``<base>/request/<command>``);
@@ -112,6 +121,7 @@ class Commands:
             ), reply_to
         self._user = user
         self._mine = (user,) if role == "user" else None
+        self._input_roots = input_roots
         try:
             request = payloads.decode_request(
                 command,
@@ -199,11 +209,7 @@ class Commands:
         svc.count_work(len(raw_inputs))
         for raw in raw_inputs:
             try:
-                path = (
-                    check_input(raw, svc.settings.media_roots, svc.settings.data_dir)
-                    if kind.needs_input and raw
-                    else raw
-                )
+                path = self._checked_input(raw) if kind.needs_input and raw else raw
             except InputError as e:
                 rejected.append({"input": raw, "code": str(e.code), "message": e.message})
                 rejections.warning("submit: input rejected: %s: %s", e.code, _clip(e.message))
@@ -244,6 +250,11 @@ class Commands:
                 svc.publish_job(c.job, "new")
         jobs = [{"job_id": c.job["job_id"], "input": c.job["input"], "duplicate": c.duplicate} for c in created]
         return {"batch_id": batch_id, "jobs": jobs, "rejected": rejected}
+
+    def _checked_input(self, raw: str) -> str:
+        if self._input_roots is not None:  # the HTTP API's own uploads, inside data_dir
+            return check_input(raw, self._input_roots)
+        return check_input(raw, self.service.settings.media_roots, self.service.settings.data_dir)
 
     # -- job control --------------------------------------------------------------------
 

@@ -323,7 +323,9 @@ def main(conn: Connection, settings: Settings) -> None:
     _die_with_parent()
     from edge_queue.kinds.media import confine_inputs
 
-    confine_inputs(settings.media_roots)  # inputs are checked again when they are opened
+    # inputs are checked again when they are opened: the media roots, and the HTTP API's
+    # uploads (only its jobs may name them: docs/http-api.md, "Uploads")
+    confine_inputs([*settings.media_roots, settings.uploads_dir])
     _thread_lock_for_tqdm()
     worker = _Worker(conn, settings)
     root = logging.getLogger()

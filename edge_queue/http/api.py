@@ -1,0 +1,396 @@
+"""The HTTP API (docs/http-api.md): whisper-asr-webservice's routes, as Bazarr's Whisper
+provider calls them, and OpenAI's audio routes, as the ``openai`` package calls them, each call
+a ``transcribe`` job of the queue.
+
+One call: the caller is known from its key (:mod:`.callers`), counted against its rate, given
+one of ``api.uploads_at_once`` upload slots; its body is streamed to ``<data_dir>/uploads``
+(:mod:`.uploads`); the job is submitted through the loop (:class:`JobGateway`), with an
+idempotency key made of the audio's SHA-256 and the options, so the same audio sent again
+is answered from the same job; the answer waits for the job to end (or for the caller to go
+away: the job goes on) and is read from the job's own output files (:mod:`.transcripts`).
+
+A Starlette application, served by uvicorn (:mod:`.api_server`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from edge_queue.config import Settings
+from edge_queue.written import NotTheFileWritten, read_written
+
+from . import transcripts
+from .callers import Caller, CallRate, Refused, caller_of, presented_key
+from .uploads import PCM_RATE, PCM_WIDTH, Upload, UploadError, boundary_of, field
+
+log = logging.getLogger(__name__)
+
+#: The model name OpenAI's clients send by default: the configured ``transcribe.model``.
+DEFAULT_MODEL = "whisper-1"
+#: Seconds of a raw PCM upload kept by ``/detect-language`` (Whisper detects on the first 30).
+DETECT_S = 30
+#: An output file is read up to this many bytes (a ``json`` of a 10-hour recording is ~20 MB).
+MAX_OUTPUT_BYTES = 256 * 2**20
+#: Codes of a job's error that say the file sent is not usable audio: 422, not 500.
+MEDIA_ERRORS = frozenset({"unsupported_media", "no_audio_stream", "truncated_media", "decode_error"})
+#: HTTP status of a refused submit, by its error code (docs/http-api.md, "Errors").
+SUBMIT_STATUS = {"queue_full": 503, "disk_full": 507, "forbidden": 403, "payload_too_large": 413}
+
+
+@dataclass(slots=True)
+class Ended:
+    """A job that ended: its job object (docs/topics.md, "The job object") and the identities of
+    the output files the service recorded writing (path -> ``{"size", "sha256"}``)."""
+
+    job: dict[str, Any]
+    recorded: dict[str, dict[str, Any]]
+
+
+class JobGateway(Protocol):
+    """The loop's side (:class:`~edge_queue.gateway.Gateway`)."""
+
+    def submit_and_wait(
+        self, raw: bytes, user: str | None, *, input_roots: list[Path] | None = None
+    ) -> tuple[Future[dict[str, Any]], Future[Ended]]: ...
+
+
+class ApiError(Exception):
+    """An answer that is not a transcript: ``status``, error ``code``, ``message``, and the
+    seconds of ``Retry-After`` when the caller may try again."""
+
+    def __init__(self, status: int, code: str, message: str, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.retry_after_s = status, code, message, retry_after_s
+
+
+def error_response(e: ApiError | Refused | UploadError) -> JSONResponse:
+    """OpenAI's error shape for every route: ``{"error": {"message", "type", "param", "code"}}``
+    (``type``: ``invalid_request_error`` for 4xx, ``server_error`` for 5xx). Never 200, never
+    a body a subtitle parser would take."""
+    kind = "invalid_request_error" if e.status < 500 else "server_error"
+    if e.status == 429:
+        kind = "rate_limit_error"
+    body = {"error": {"message": e.message, "type": kind, "param": None, "code": e.code}}
+    headers = {"Retry-After": str(e.retry_after_s)} if getattr(e, "retry_after_s", None) else None
+    return JSONResponse(body, status_code=e.status, headers=headers)
+
+
+def flag(value: Any, default: bool) -> bool:
+    """A query or form flag: ``true``/``1``/``yes``/``on`` or ``false``/``0``/``no``/``off``."""
+    if value is None or value == "":
+        return default
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise ApiError(400, "invalid_request", f"{str(value)[:40]!r} is not true or false")
+
+
+class Api:
+    """The routes, over ``settings`` and the loop's ``gateway``."""
+
+    def __init__(self, settings: Settings, gateway: JobGateway, version: str) -> None:
+        self.settings, self.api, self.gateway, self.version = settings, settings.api, gateway, version
+        self.uploads = settings.uploads_dir
+        self.outputs = str(settings.outputs_dir)
+        self.rate = CallRate(self.api.calls_per_minute)
+        self.receiving = 0  # uploads being received now (the event loop's thread only)
+
+    def app(self) -> Starlette:
+        """The Starlette application."""
+        routes = [
+            Route("/asr", self.asr, methods=["POST"]),
+            Route("/detect-language", self.detect_language, methods=["POST"]),
+            Route("/v1/audio/transcriptions", self.openai_transcriptions, methods=["POST"]),
+            Route("/v1/audio/translations", self.openai_translations, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/api/system/status", self.status, methods=["GET"]),
+        ]
+        return Starlette(routes=routes)
+
+    # -- routes -------------------------------------------------------------------------
+
+    async def status(self, request: Request) -> Response:
+        """``GET /api/system/status``: ``{"status": "ok", "version"}`` (Bazarr's "Test")."""
+        return await self._guarded(request, lambda caller: self._status())
+
+    async def _status(self) -> Response:
+        return JSONResponse({"status": "ok", "service": "edge-queue", "version": self.version})
+
+    async def models(self, request: Request) -> Response:
+        """``GET /v1/models``: ``whisper-1`` (the configured model) and each of ``transcribe.models``."""
+        names = [DEFAULT_MODEL, *self.settings.transcribe.models]
+        data = [{"id": n, "object": "model", "created": 0, "owned_by": "edge-queue"} for n in names]
+        return await self._guarded(request, lambda caller: _json({"object": "list", "data": data}))
+
+    async def asr(self, request: Request) -> Response:
+        """``POST /asr``: whisper-asr-webservice's transcription (query parameters ``task``,
+        ``language``, ``initial_prompt``, ``vad_filter``, ``word_timestamps``, ``output``,
+        ``encode``; the audio as the ``audio_file`` part)."""
+        return await self._guarded(request, lambda caller: self._asr(request, caller))
+
+    async def _asr(self, request: Request, caller: Caller) -> Response:
+        q = request.query_params
+        output = q.get("output", "txt")
+        if output not in transcripts.ASR_FORMATS:
+            raise ApiError(400, "invalid_request", f"output must be one of {', '.join(transcripts.ASR_FORMATS)}")
+        upload = await self._receive(request, "audio_file", raw_pcm=not flag(q.get("encode"), True))
+        options: dict[str, Any] = {"task": q.get("task") or "transcribe"}
+        if q.get("language"):
+            options["language"] = q["language"]
+        if q.get("initial_prompt"):
+            options["initial_prompt"] = q["initial_prompt"]
+        if q.get("vad_filter") is not None:
+            options["vad"] = flag(q.get("vad_filter"), True)
+        if flag(q.get("word_timestamps"), False):
+            options["word_timestamps"] = True
+        ended = await self._run(request, caller, upload, options)
+        if ended is None:
+            return Response(status_code=499)
+        body = await self._render(ended, output, "asr")
+        headers = {"Asr-Engine": "edge-queue"}
+        if output in ("txt", "vtt", "srt", "tsv"):
+            headers["Content-Disposition"] = (
+                f'attachment; filename="{upload.path.stem if upload.path else "audio"}.{output}"'
+            )
+        return Response(body, media_type=transcripts.CONTENT_TYPES[output], headers=headers)
+
+    async def detect_language(self, request: Request) -> Response:
+        """``POST /detect-language``: ``{"detected_language" (its name), "language_code",
+        "confidence"}`` of the first :data:`DETECT_S` seconds (raw PCM: the rest is not kept)."""
+        return await self._guarded(request, lambda caller: self._detect(request, caller))
+
+    async def _detect(self, request: Request, caller: Caller) -> Response:
+        raw_pcm = not flag(request.query_params.get("encode"), True)
+        keep = DETECT_S * PCM_RATE * PCM_WIDTH if raw_pcm else None
+        upload = await self._receive(request, "audio_file", raw_pcm=raw_pcm, keep_bytes=keep)
+        ended = await self._run(request, caller, upload, {"task": "transcribe"})
+        if ended is None:
+            return Response(status_code=499)
+        result = ended.job.get("result") or {}
+        code = result.get("language")
+        return _json_now(
+            {
+                "detected_language": transcripts.language_name(code),
+                "language_code": code,
+                "confidence": result.get("language_probability"),
+            }
+        )
+
+    async def openai_transcriptions(self, request: Request) -> Response:
+        """``POST /v1/audio/transcriptions`` (OpenAI's fields: ``file``, ``model``,
+        ``language``, ``prompt``, ``response_format``, ``timestamp_granularities[]``)."""
+        return await self._guarded(request, lambda caller: self._openai(request, caller, "transcribe"))
+
+    async def openai_translations(self, request: Request) -> Response:
+        """``POST /v1/audio/translations``: into English (``file``, ``model``, ``prompt``,
+        ``response_format``)."""
+        return await self._guarded(request, lambda caller: self._openai(request, caller, "translate"))
+
+    async def _openai(self, request: Request, caller: Caller, task: str) -> Response:
+        upload = await self._receive(request, "file", raw_pcm=False)
+        model = field(upload, "model")
+        if not model:
+            raise ApiError(400, "invalid_request", "model is required (GET /v1/models lists them)")
+        if model != DEFAULT_MODEL and model not in self.settings.transcribe.models:
+            raise ApiError(404, "model_not_found", f"no model {model[:100]!r}; GET /v1/models lists them")
+        fmt = field(upload, "response_format", "json")
+        if fmt not in transcripts.OPENAI_FORMATS:
+            raise ApiError(
+                400, "invalid_request", f"response_format must be one of {', '.join(transcripts.OPENAI_FORMATS)}"
+            )
+        granularities = set(
+            upload.fields.get("timestamp_granularities[]", []) + upload.fields.get("timestamp_granularities", [])
+        )
+        if granularities - {"word", "segment"}:
+            raise ApiError(400, "invalid_request", "timestamp_granularities[] takes word and segment")
+        options: dict[str, Any] = {"task": task}
+        if model != DEFAULT_MODEL:
+            options["model"] = model
+        if task == "transcribe" and field(upload, "language"):
+            options["language"] = field(upload, "language")
+        if field(upload, "prompt"):
+            options["initial_prompt"] = field(upload, "prompt")
+        if "word" in granularities:
+            options["word_timestamps"] = True
+        ended = await self._run(request, caller, upload, options)
+        if ended is None:
+            return Response(status_code=499)
+        document_fmt = {"json": "openai_json", "text": "openai_text", "verbose_json": "verbose"}.get(fmt, fmt)
+        body = await self._render(ended, document_fmt, "openai", task=task, granularities=granularities)
+        return Response(body, media_type=transcripts.CONTENT_TYPES[fmt])
+
+    # -- one call -----------------------------------------------------------------------
+
+    async def _guarded(self, request: Request, handle: Callable[[Caller], Awaitable[Response]]) -> Response:
+        """Who calls, at what rate; every refusal and failure in the error shape."""
+        try:
+            address = request.client.host if request.client else "?"
+            key = presented_key(request.headers.get("authorization"), request.headers.get("x-api-key"))
+            caller = caller_of(self.api, key, address)
+            self.rate.take(caller.key, time.monotonic())
+            return await handle(caller)
+        except (ApiError, Refused, UploadError) as e:
+            return error_response(e)
+
+    async def _receive(
+        self, request: Request, file_field: str, *, raw_pcm: bool, keep_bytes: int | None = None
+    ) -> Upload:
+        """Stream the body to an upload file; at most ``api.uploads_at_once`` at a time."""
+        if self.receiving >= self.api.uploads_at_once:
+            raise ApiError(503, "busy", f"{self.receiving} uploads at once ([api] uploads_at_once)", 10)
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > self.api.max_upload_mb * 2**20 + 2**20:
+            raise UploadError(
+                413, "payload_too_large", f"the upload is over {self.api.max_upload_mb} MiB ([api] max_upload_mb)"
+            )
+        upload = Upload(
+            self.uploads,
+            boundary_of(request.headers.get("content-type")),
+            file_field=file_field,
+            raw_pcm=raw_pcm,
+            max_bytes=self.api.max_upload_mb * 2**20,
+            min_free_bytes=self.settings.limits.min_free_disk_mb * 2**20,
+            keep_bytes=keep_bytes,
+        )
+        self.receiving += 1
+        try:
+            stream = request.stream().__aiter__()
+            while True:
+                try:
+                    chunk = await asyncio.wait_for(stream.__anext__(), self.api.idle_timeout_s)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    raise UploadError(
+                        408, "upload_timeout", f"nothing sent for {self.api.idle_timeout_s:g} s ([api] idle_timeout_s)"
+                    ) from None
+                upload.feed(chunk)
+            await anyio.to_thread.run_sync(upload.finish)
+            return upload
+        except BaseException:
+            upload.discard()
+            raise
+        finally:
+            self.receiving -= 1
+
+    async def _run(self, request: Request, caller: Caller, upload: Upload, options: dict[str, Any]) -> Ended | None:
+        """Submit the upload's job and wait for its end; None when the caller went away first
+        (the job goes on). Raises :class:`ApiError` for a refused submit, a failed job, or a
+        job not ended within ``api.wait_s``."""
+        assert upload.path is not None
+        digest = hashlib.sha256(orjson.dumps(options, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+        payload = {
+            "kind": "transcribe",
+            "input": str(upload.path),
+            "options": {**options, "output": "data_dir", "formats": ["txt", "srt", "vtt", "json"]},
+            "idempotency_key": f"http:{upload.path.stem}:{digest}",
+        }
+        answered, ended = self.gateway.submit_and_wait(orjson.dumps(payload), caller.user, input_roots=[self.uploads])
+        response = await asyncio.wrap_future(answered)
+        if response.get("status") != "ok":
+            err = response.get("error") or {}
+            code = str(err.get("code", "internal_error"))
+            status = SUBMIT_STATUS.get(code, 400 if code in ("invalid_request", "unknown_kind") else 500)
+            raise ApiError(status, code, str(err.get("message", "")), 30 if status == 503 else None)
+        job_id = response["data"]["jobs"][0]["job_id"]
+        done = await self._wait(request, ended)
+        if done is None:
+            log.info("HTTP caller %s went away; job %s goes on", caller.user, job_id)
+            return None
+        job = done.job
+        if job.get("state") != "succeeded":
+            err = job.get("error") or {}
+            code = str(err.get("code") or job.get("state"))
+            status = 422 if code in MEDIA_ERRORS else 500
+            raise ApiError(status, code, f"job {job_id} {job.get('state')}: {err.get('message', '')}")
+        return done
+
+    async def _wait(self, request: Request, ended: Future[Ended]) -> Ended | None:
+        """The job's end, or None when the caller disconnects first. Raises :class:`ApiError`
+        504 after ``api.wait_s``."""
+        end = asyncio.ensure_future(asyncio.wrap_future(ended))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            finished, _ = await asyncio.wait({end, gone}, timeout=self.api.wait_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if end in finished:
+            return end.result()
+        ended.cancel()
+        end.cancel()
+        if gone in finished:
+            return None
+        raise ApiError(
+            504,
+            "timeout",
+            f"the job did not end within {self.api.wait_s:g} s ([api] wait_s); "
+            "send the same audio again to be answered from it",
+        )
+
+    async def _render(self, ended: Ended, fmt: str, api: str, **kw: Any) -> bytes:
+        """The answer's body in ``fmt`` from the job's own files."""
+        return await anyio.to_thread.run_sync(lambda: self._render_now(ended, fmt, api, **kw))
+
+    def _render_now(
+        self, ended: Ended, fmt: str, api: str, *, task: str = "transcribe", granularities: set[str] | None = None
+    ) -> bytes:
+        outputs = (ended.job.get("result") or {}).get("outputs") or {}
+        if fmt in transcripts.FILE_FORMATS:
+            return self._read(outputs.get(fmt), ended)
+        document = orjson.loads(self._read(outputs.get("json"), ended))
+        if not isinstance(document, dict):
+            raise ApiError(500, "output_changed", "the job's json output is not an object")
+        if fmt == "tsv":
+            return transcripts.tsv(document)
+        if fmt == "json":
+            return transcripts.whisper_json(document)
+        if fmt == "openai_json":
+            return transcripts.openai_json(document)
+        if fmt == "openai_text":
+            return transcripts.openai_text(document)
+        grains = granularities or set()
+        return transcripts.openai_verbose(document, task, "word" in grains, segments=not grains or "segment" in grains)
+
+    def _read(self, path: Any, ended: Ended) -> bytes:
+        if not isinstance(path, str) or path not in ended.recorded:
+            raise ApiError(500, "output_unrecorded", "the job's output is not a file the service recorded writing")
+        try:
+            data, more = read_written(path, ended.recorded[path], [self.outputs], MAX_OUTPUT_BYTES)
+        except NotTheFileWritten as e:
+            raise ApiError(500, str(e.code), f"the job's output cannot be read: {e.why}") from None
+        if more:
+            raise ApiError(500, "response_too_large", f"the job's output is over {MAX_OUTPUT_BYTES // 2**20} MiB")
+        return data
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has gone (the body was read before)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _json(data: Any) -> Response:
+    return JSONResponse(data)
+
+
+def _json_now(data: Any) -> Response:
+    return Response(orjson.dumps(data), media_type="application/json")

@@ -1,0 +1,152 @@
+"""A finished transcription in the formats the HTTP API's callers ask for (docs/http-api.md,
+"Formats"): plain functions from the job's own ``json`` output to bytes.
+
+``txt``, ``srt`` and ``vtt`` are never rebuilt here: the API sends the job's own files, so a
+caller gets exactly what an MQTT job of the same audio writes. The rest are made from the
+``json`` output (``{"language", "duration_s", "text", "segments": [{"id", "start", "end",
+"text", "words"?, ...}], ...}``, docs/topics.md, "`transcribe`"):
+
+- ``tsv``: whisper-asr-webservice's (openai-whisper's ``WriteTSV``): a ``start end text``
+  header, then integer milliseconds and the text of each segment, tab-separated.
+- ``json`` of ``/asr``: openai-whisper's result, ``{"text", "segments", "language"}``.
+- OpenAI's ``json`` (``{"text"}``), ``text`` and ``verbose_json`` (``{"task", "language"
+  (a language name, as OpenAI gives it), "duration", "text", "segments", "words"?}``; the
+  ``segments`` with OpenAI's fields, the ones faster-whisper has no value for set to 0).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+#: Formats of ``POST /asr`` (``output``) and of OpenAI's routes (``response_format``).
+ASR_FORMATS = ("txt", "vtt", "srt", "tsv", "json")
+OPENAI_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
+#: The job's own output files that are sent as they are.
+FILE_FORMATS = ("txt", "srt", "vtt")
+
+#: Content types, as whisper-asr-webservice and OpenAI send them.
+CONTENT_TYPES = {
+    "txt": "text/plain; charset=utf-8",
+    "text": "text/plain; charset=utf-8",
+    "srt": "text/plain; charset=utf-8",
+    "vtt": "text/vtt; charset=utf-8",
+    "tsv": "text/tab-separated-values; charset=utf-8",
+    "json": "application/json",
+    "verbose_json": "application/json",
+}
+
+
+def segments_of(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """The well-formed segments of a ``json`` output: those with numeric ``start`` and ``end``
+    and a string ``text`` (anything else is left out, never trusted)."""
+    raw = document.get("segments")
+    if not isinstance(raw, list):
+        return []
+    return [
+        s
+        for s in raw
+        if isinstance(s, dict)
+        and isinstance(s.get("start"), int | float)
+        and isinstance(s.get("end"), int | float)
+        and isinstance(s.get("text"), str)
+    ]
+
+
+def tsv(document: dict[str, Any]) -> bytes:
+    """whisper-asr-webservice's ``tsv``: ``start\\tend\\ttext`` in integer milliseconds."""
+    lines = ["start\tend\ttext"]
+    for s in segments_of(document):
+        text = s["text"].strip().replace("\t", " ").replace("\n", " ")
+        lines.append(f"{round(1000 * s['start'])}\t{round(1000 * s['end'])}\t{text}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def whisper_json(document: dict[str, Any]) -> bytes:
+    """``/asr``'s ``json``: ``{"text", "segments", "language"}`` as openai-whisper returns it."""
+    segments = [
+        {
+            "id": i,
+            "seek": 0,
+            "start": s["start"],
+            "end": s["end"],
+            "text": s["text"],
+            "tokens": [],
+            "temperature": 0.0,
+            "avg_logprob": s.get("avg_logprob", 0.0),
+            "compression_ratio": s.get("compression_ratio", 0.0),
+            "no_speech_prob": s.get("no_speech_prob", 0.0),
+            **({"words": s["words"]} if isinstance(s.get("words"), list) else {}),
+        }
+        for i, s in enumerate(segments_of(document))
+    ]
+    return orjson.dumps({"text": _text(document), "segments": segments, "language": document.get("language")})
+
+
+def openai_json(document: dict[str, Any]) -> bytes:
+    """OpenAI's ``json``: ``{"text"}``."""
+    return orjson.dumps({"text": _text(document)})
+
+
+def openai_text(document: dict[str, Any]) -> bytes:
+    """OpenAI's ``text``: the transcript as one line of text."""
+    return (_text(document) + "\n").encode()
+
+
+def openai_verbose(document: dict[str, Any], task: str, words: bool, segments: bool = True) -> bytes:
+    """OpenAI's ``verbose_json``: ``task``, ``language`` (its name), ``duration`` (seconds),
+    ``text``, ``segments`` (unless only word times were asked for) and, with ``words``, every
+    word with its ``start`` and ``end`` (when the job was made with word times)."""
+    listed = segments_of(document)
+    out: dict[str, Any] = {
+        "task": task,
+        "language": language_name(document.get("language")),
+        "duration": float(document.get("duration_s") or (listed[-1]["end"] if listed else 0.0)),
+        "text": _text(document),
+    }
+    if segments:
+        out["segments"] = [
+            {
+                "id": i,
+                "seek": 0,
+                "start": float(s["start"]),
+                "end": float(s["end"]),
+                "text": s["text"],
+                "tokens": [],
+                "temperature": 0.0,
+                "avg_logprob": float(s.get("avg_logprob", 0.0)),
+                "compression_ratio": float(s.get("compression_ratio", 0.0)),
+                "no_speech_prob": float(s.get("no_speech_prob", 0.0)),
+            }
+            for i, s in enumerate(listed)
+        ]
+    if words:
+        out["words"] = [
+            {"word": w["word"], "start": float(w["start"]), "end": float(w["end"])}
+            for s in listed
+            for w in s.get("words") or []
+            if isinstance(w, dict)
+            and isinstance(w.get("word"), str)
+            and isinstance(w.get("start"), int | float)
+            and isinstance(w.get("end"), int | float)
+        ]
+    return orjson.dumps(out)
+
+
+def _text(document: dict[str, Any]) -> str:
+    text = document.get("text")
+    if isinstance(text, str):
+        return text
+    return " ".join(s["text"].strip() for s in segments_of(document) if s["text"].strip())
+
+
+def language_name(code: Any) -> str | None:
+    """The English name of an ISO 639-1 (or 639-3) code, lower case as Whisper and OpenAI give
+    it (``en`` -> ``english``), from pycountry's ISO 639 tables; the code itself when unknown."""
+    if not isinstance(code, str) or not code:
+        return None
+    import pycountry
+
+    found = pycountry.languages.get(alpha_2=code) if len(code) == 2 else pycountry.languages.get(alpha_3=code)
+    return str(found.name).lower() if found is not None else code
