@@ -158,7 +158,7 @@ class Service:
         self.api: ApiServer | None = None  # the HTTP API ([api]), started by run()
         self.reply_areas = ReplyAreas([*settings.access.admins, *settings.access.users, *settings.access.nodes])
         self.commands = Commands(self)
-        self.gateway = Gateway(self.commands.execute, self.job_store, self._wake_w)  # the HTTP API's requests
+        self.gateway = Gateway(self.commands.execute, self.job_store, self._wake_w)  # [api]'s requests
         self.nodes = Nodes(settings, self.topics, self.bridge)  # worker nodes: docs/nodes.md
         self.watch_folders = WatchFolders(self)  # [[watch]] (edge_queue/watch/folders.py)
         self.publisher = Publisher(
@@ -262,16 +262,7 @@ class Service:
         # exits before it binds; before the first loop turn, which announces <base>/info
         self.page = start_page(self.settings, self.topics.base, package_version())
         self.api = start_api(self.settings, self.gateway, package_version())
-        where = f"{self.settings.mqtt.host}:{self.settings.mqtt.port}"
-        log.info(
-            "edge-queue %s serving on %s (base topic %s, %d workers); data in %s; media roots: %s",
-            package_version(),
-            where,
-            self.topics.base,
-            self.settings.workers,
-            self.settings.data_dir,
-            roots_text(self.settings.media_roots),
-        )
+        where = log_serving(self.settings, self.topics.base)
         self.notifier.ready(f"serving on {where}, base topic {self.topics.base}")
         while not self.stopping and self.bridge.foreign.shared is None:
             self.step(max_wait_s=min(1.0, (self.notifier.watchdog_s or 2.0) / 4))
@@ -508,7 +499,6 @@ class Service:
         self.turn_log.detach()
         if self.api is not None:
             self.api.stop()
-            self.api = None
         self.gateway.stop()
         if self.page is not None:
             self.page.stop()
@@ -517,6 +507,21 @@ class Service:
             self.store.close()
         if self._lock is not None:
             self._lock.close()
+
+
+def log_serving(settings: Settings, base: str) -> str:
+    """Log the line that says the service is serving; returns the broker's ``host:port``."""
+    where = f"{settings.mqtt.host}:{settings.mqtt.port}"
+    log.info(
+        "edge-queue %s serving on %s (base topic %s, %d workers); data in %s; media roots: %s",
+        package_version(),
+        where,
+        base,
+        settings.workers,
+        settings.data_dir,
+        roots_text(settings.media_roots),
+    )
+    return where
 
 
 def settle_own_requests(service: Service) -> None:

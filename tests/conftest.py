@@ -267,6 +267,12 @@ class Watcher:
 
         return wait_until(find, timeout, f"a matching message on {topic}")
 
+    def __enter__(self) -> Watcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         stop_client(self.client)
 
@@ -363,6 +369,8 @@ class ServiceProcess:
             "EDGE_QUEUE_HOMEASSISTANT__DISCOVERY": "false",
             # no queue page on the fixed port 8099 (tests/test_page.py turns it on, on free ports)
             "EDGE_QUEUE_HTTP__ENABLED": "false",
+            # no HTTP API on the fixed port 9000 (tests/test_http_api.py turns it on, on free ports)
+            "EDGE_QUEUE_API__ENABLED": "false",
             "PYTHONPATH": str(ROOT),
             **(env or {}),
         }

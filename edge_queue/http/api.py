@@ -86,7 +86,8 @@ def error_response(e: ApiError | Refused | UploadError) -> JSONResponse:
     if e.status == 429:
         kind = "rate_limit_error"
     body = {"error": {"message": e.message, "type": kind, "param": None, "code": e.code}}
-    headers = {"Retry-After": str(e.retry_after_s)} if getattr(e, "retry_after_s", None) else None
+    retry_after = e.retry_after_s if isinstance(e, ApiError | Refused) else None
+    headers = {"Retry-After": str(retry_after)} if retry_after else None
     return JSONResponse(body, status_code=e.status, headers=headers)
 
 
@@ -325,8 +326,8 @@ class Api:
     async def _wait(self, request: Request, ended: Future[Ended]) -> Ended | None:
         """The job's end, or None when the caller disconnects first. Raises :class:`ApiError`
         504 after ``api.wait_s``."""
-        end = asyncio.ensure_future(asyncio.wrap_future(ended))
-        gone = asyncio.ensure_future(_disconnected(request))
+        end: asyncio.Future[Any] = asyncio.ensure_future(asyncio.wrap_future(ended))
+        gone: asyncio.Future[Any] = asyncio.ensure_future(_disconnected(request))
         try:
             finished, _ = await asyncio.wait({end, gone}, timeout=self.api.wait_s, return_when=asyncio.FIRST_COMPLETED)
         finally:

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import socket
 import threading
+import time
 from typing import Any
 
 import uvicorn
@@ -22,6 +23,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from edge_queue.config import Settings
 
 from .api import Api, JobGateway
+from .uploads import sweep
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +33,8 @@ HEADER_S = 10.0
 MAX_HEADER_BYTES = 32 * 1024
 #: Seconds an idle kept-alive connection stays open.
 KEEP_ALIVE_S = 5
+#: Seconds between two sweeps of old uploads.
+SWEEP_S = 3600.0
 
 
 def max_connections(uploads_at_once: int) -> int:
@@ -78,6 +82,17 @@ class ApiServer:
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self._run, name="edge-queue-api", daemon=True)
+        self.stopped = threading.Event()
+        self.sweeper = threading.Thread(target=self._sweep, name="edge-queue-uploads", daemon=True)
+
+    def _sweep(self) -> None:
+        """Every :data:`SWEEP_S`: uploads older than ``retention_days`` and a day are deleted."""
+        keep_s = (self.settings.retention_days + 1) * 86400
+        while True:
+            if n := sweep(self.settings.uploads_dir, keep_s, time.time()):
+                log.info("HTTP API: deleted %d upload(s) older than retention_days and a day", n)
+            if self.stopped.wait(SWEEP_S):
+                return
 
     def _run(self) -> None:
         try:
@@ -87,12 +102,14 @@ class ApiServer:
 
     def start(self) -> ApiServer:
         self.thread.start()
+        self.sweeper.start()
         return self
 
     def stop(self) -> None:
         """Stop listening and close connections (callers waiting for a job are let go; their
         jobs stay queued)."""
         self.server.should_exit = True
+        self.stopped.set()
         self.thread.join(10)
         self.sock.close()
 

@@ -253,3 +253,23 @@ def field(upload: Upload, name: str, default: Any = None) -> Any:
     """The last value of form field ``name``, or ``default``."""
     values = upload.fields.get(name)
     return values[-1] if values else default
+
+
+def sweep(folder: Path, keep_s: float, now: float) -> int:
+    """Delete the uploads of ``folder`` last written over ``keep_s`` seconds before ``now``
+    (unix seconds; their jobs are gone by then, docs/http-api.md, "Uploads"), and unfinished
+    ones (``.part-*``) over an hour old. Returns how many were deleted."""
+    deleted = 0
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return 0
+    for entry in entries:
+        try:
+            age = now - entry.stat(follow_symlinks=False).st_mtime
+            if age > (3600 if entry.name.startswith(".part-") else keep_s):
+                os.unlink(entry.path)
+                deleted += 1
+        except OSError:
+            continue
+    return deleted

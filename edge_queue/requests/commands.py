@@ -291,17 +291,7 @@ class Commands:
             "input_contains": req.input_contains,
         }
         store = self.service.job_store()
-        rows = store.list_jobs(before=req.before, limit=req.limit, **filters)
-        jobs: list[dict[str, Any]] = []
-        size = 0
-        for row in rows:
-            job = payloads.job_object(row)
-            size += len(payloads.encode(job))
-            if jobs and size > LIST_MAX_BYTES:
-                break  # the page ends here; next_before goes on from the last job listed
-            jobs.append(job)
-        full = len(jobs) == req.limit or len(jobs) < len(rows)
-        data: dict[str, Any] = {"jobs": jobs, "next_before": jobs[-1]["job_id"] if jobs and full else None}
+        data = list_page(store.list_jobs(before=req.before, limit=req.limit, **filters), req.limit)
         if req.count:
             data["total"] = store.count_jobs(**filters)
         return data
@@ -449,6 +439,22 @@ class Commands:
                 for name, k in self.service.kinds.items()
             }
         }
+
+
+def list_page(rows: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+    """``list``'s answer for ``rows`` (at most ``limit``, newest first): their job objects up
+    to :data:`LIST_MAX_BYTES` of JSON, and ``next_before``, the last listed job's id when more
+    may follow (the page is full or was cut), else ``None``."""
+    jobs: list[dict[str, Any]] = []
+    size = 0
+    for row in rows:
+        job = payloads.job_object(row)
+        size += len(payloads.encode(job))
+        if jobs and size > LIST_MAX_BYTES:
+            break  # the page ends here; next_before goes on from the last job listed
+        jobs.append(job)
+    full = len(jobs) == limit or len(jobs) < len(rows)
+    return {"jobs": jobs, "next_before": jobs[-1]["job_id"] if jobs and full else None}
 
 
 def checked_options(kind: Any, options: dict[str, Any], settings: Settings) -> dict[str, Any]:

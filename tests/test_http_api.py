@@ -1,0 +1,465 @@
+"""The HTTP API (docs/http-api.md) with its real clients: the ``openai`` package, requests in
+the exact shape of Bazarr's Whisper provider (raw PCM, its parameters and timeouts, the body
+read as the subtitle whatever the status), and the docs' curl lines; against a real service
+process, the shared mosquitto and real speech. The rules (formats, callers, uploads) in
+milliseconds first."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import socket
+import subprocess
+import time
+import warnings
+import wave
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from edge_queue.config_api import ApiSettings
+from edge_queue.http import transcripts
+from edge_queue.http.api_server import HEADER_S
+from edge_queue.http.callers import MAX_TRACKED_CALLERS, CallRate, Refused, caller_of, presented_key
+from edge_queue.http.uploads import Upload, UploadError, suffix_of, sweep
+
+from .conftest import ROOT, ServiceProcess, free_port, need, wait_until, wer
+
+KEY = "0123456789abcdef0123456789abcdef"
+NOBODY_KEY = "fedcba9876543210fedcba9876543210"
+JFK = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
+
+# -- rules, in milliseconds -------------------------------------------------------------------
+
+DOCUMENT = {
+    "language": "en",
+    "duration_s": 11.0,
+    "text": "Hello there. General\tKenobi.",
+    "segments": [
+        {"id": 0, "start": 0.0, "end": 1.5, "text": " Hello there."},
+        {
+            "id": 1,
+            "start": 1.5,
+            "end": 3.25,
+            "text": " General\tKenobi.",
+            "words": [{"word": " General", "start": 1.5, "end": 2.0}, {"word": " Kenobi.", "start": 2.0, "end": 3.25}],
+        },
+        {"id": 2, "start": "bad", "end": 4, "text": "dropped"},
+    ],
+}
+
+
+def test_tsv_is_whisper_asr_webservices() -> None:
+    assert transcripts.tsv(DOCUMENT) == b"start\tend\ttext\n0\t1500\tHello there.\n1500\t3250\tGeneral Kenobi.\n"
+
+
+def test_openai_shapes() -> None:
+    verbose = json.loads(transcripts.openai_verbose(DOCUMENT, "transcribe", words=True))
+    assert verbose["language"] == "english" and verbose["duration"] == 11.0 and verbose["task"] == "transcribe"
+    assert [s["end"] for s in verbose["segments"]] == [1.5, 3.25]  # the malformed segment is left out
+    assert [w["word"] for w in verbose["words"]] == [" General", " Kenobi."]
+    only_words = json.loads(transcripts.openai_verbose(DOCUMENT, "transcribe", words=True, segments=False))
+    assert "segments" not in only_words
+    assert json.loads(transcripts.openai_json(DOCUMENT)) == {"text": DOCUMENT["text"]}
+    assert json.loads(transcripts.whisper_json(DOCUMENT))["language"] == "en"
+    assert transcripts.language_name("de") == "german" and transcripts.language_name("zz") == "zz"
+
+
+def test_callers() -> None:
+    api = ApiSettings(keys={"alice": KEY})
+    assert presented_key("Bearer " + KEY, None) == KEY and presented_key(None, KEY) == KEY
+    assert presented_key("Basic abc", None) is None
+    assert caller_of(api, KEY, "10.0.0.2").user == "alice"
+    for key in ("x" * 32, None):
+        with pytest.raises(Refused) as e:
+            caller_of(api, key, "10.0.0.2")
+        assert e.value.status == 401
+    anon = ApiSettings(anonymous_user="bazarr")
+    caller = caller_of(anon, None, "10.0.0.2")
+    assert (caller.user, caller.key) == ("bazarr", "addr:10.0.0.2")
+    with pytest.raises(ValueError):
+        ApiSettings(keys={"a": "short"})
+    with pytest.raises(ValueError):
+        ApiSettings(keys={"a": KEY, "b": KEY})
+
+
+def test_call_rate_is_per_caller_sliding_and_bounded() -> None:
+    rate = CallRate(3)
+    for t in (0.0, 1.0, 2.0):
+        rate.take("a", t)
+    rate.take("b", 2.0)  # another caller is not slowed
+    with pytest.raises(Refused) as e:
+        rate.take("a", 30.0)
+    assert (e.value.status, e.value.retry_after_s) == (429, 30)
+    rate.take("a", 60.5)  # the first call left the window
+    for i in range(MAX_TRACKED_CALLERS + 10):
+        rate.take(f"addr:{i}", 61.0)
+    assert len(rate._calls) == MAX_TRACKED_CALLERS  # noqa: SLF001 (the bound itself)
+
+
+def multipart(fields: dict[str, str], name: str, filename: str, data: bytes) -> tuple[bytes, bytes]:
+    boundary = b"----eqtestboundary"
+    out = io.BytesIO()
+    for k, v in fields.items():
+        out.write(b"--" + boundary + b'\r\nContent-Disposition: form-data; name="' + k.encode() + b'"\r\n\r\n')
+        out.write(v.encode() + b"\r\n")
+    out.write(b"--" + boundary + b'\r\nContent-Disposition: form-data; name="' + name.encode())
+    out.write(b'"; filename="' + filename.encode() + b'"\r\nContent-Type: application/octet-stream\r\n\r\n')
+    out.write(data + b"\r\n--" + boundary + b"--\r\n")
+    return boundary, out.getvalue()
+
+
+def feed_in_pieces(upload: Upload, body: bytes, piece: int) -> None:
+    for i in range(0, len(body), piece):
+        upload.feed(body[i : i + piece])
+
+
+@pytest.mark.parametrize("piece", [1, 7, 4096, 1 << 20])
+def test_upload_streams_to_a_file_named_by_its_content(tmp_path: Path, piece: int) -> None:
+    data = bytes(range(256)) * 400
+    boundary, body = multipart({"model": "whisper-1"}, "file", "../../etc/x.M4A", data)
+    up = Upload(tmp_path, boundary, file_field="file", raw_pcm=False, max_bytes=1 << 20, min_free_bytes=0)
+    feed_in_pieces(up, body, piece)
+    path = up.finish()
+    assert path.parent == tmp_path and path.suffix == ".m4a" and path.read_bytes() == data
+    assert up.fields == {"model": ["whisper-1"]}
+    again = Upload(tmp_path, boundary, file_field="file", raw_pcm=False, max_bytes=1 << 20, min_free_bytes=0)
+    feed_in_pieces(again, body, 999)
+    assert again.finish() == path  # the same content, the same name
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+
+
+def test_raw_pcm_becomes_a_wav_and_can_be_cut(tmp_path: Path) -> None:
+    pcm = b"\x01\x00" * 48_000  # 3 s at 16 kHz
+    boundary, body = multipart({}, "audio_file", "audio_file", pcm)
+    up = Upload(tmp_path, boundary, file_field="audio_file", raw_pcm=True, max_bytes=1 << 20, min_free_bytes=0)
+    feed_in_pieces(up, body, 1000)
+    with wave.open(str(up.finish())) as w:
+        assert (w.getframerate(), w.getnchannels(), w.getsampwidth(), w.getnframes()) == (16000, 1, 2, 48_000)
+    cut = Upload(
+        tmp_path,
+        boundary,
+        file_field="audio_file",
+        raw_pcm=True,
+        max_bytes=1 << 20,
+        min_free_bytes=0,
+        keep_bytes=32_000,
+    )
+    feed_in_pieces(cut, body, 777)
+    with wave.open(str(cut.finish())) as w:
+        assert w.getnframes() == 16_000
+
+
+def test_upload_bounds(tmp_path: Path) -> None:
+    boundary, body = multipart({}, "file", "a.wav", b"x" * 5000)
+    up = Upload(tmp_path, boundary, file_field="file", raw_pcm=False, max_bytes=4096, min_free_bytes=0)
+    with pytest.raises(UploadError) as e:
+        feed_in_pieces(up, body, 1000)
+    assert e.value.status == 413
+    up.discard()
+    assert list(tmp_path.iterdir()) == []  # nothing of it is left
+    huge = shutil.disk_usage(tmp_path).free + 2**40
+    full = Upload(tmp_path, boundary, file_field="file", raw_pcm=False, max_bytes=1 << 20, min_free_bytes=huge)
+    with pytest.raises(UploadError) as e:
+        feed_in_pieces(full, body, 1000)
+    assert (e.value.status, e.value.code) == (507, "disk_full")
+    boundary, body = multipart({"x": "y"}, "other", "a.wav", b"x")
+    missing = Upload(tmp_path, boundary, file_field="file", raw_pcm=False, max_bytes=1 << 20, min_free_bytes=0)
+    feed_in_pieces(missing, body, 10)
+    with pytest.raises(UploadError) as e:
+        missing.finish()
+    assert e.value.status == 400
+    assert suffix_of("a.tar.gz") == "gz" and suffix_of("a.$(rm)") == "bin" and suffix_of(None) == "bin"
+
+
+def test_sweep_deletes_old_uploads_and_unfinished_ones(tmp_path: Path) -> None:
+    import os
+
+    old, new, part = tmp_path / "a.wav", tmp_path / "b.wav", tmp_path / ".part-x"
+    for p in (old, new, part):
+        p.write_bytes(b"x")
+    now = time.time()
+    os.utime(old, (now - 10_000, now - 10_000))
+    os.utime(part, (now - 3700, now - 3700))
+    assert sweep(tmp_path, 5000, now) == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["b.wav"]
+
+
+# -- a real service ----------------------------------------------------------------------------
+
+
+def pcm_of(path: Path) -> bytes:
+    """What Bazarr's ffmpeg sends: 16-bit mono PCM at 16 kHz, no header."""
+    import av
+
+    out = bytearray()
+    resampler = av.AudioResampler(format="s16", layout="mono", rate=16000)
+    with av.open(str(path)) as container:
+        for frame in container.decode(audio=0):
+            for f in resampler.resample(frame):
+                out += f.to_ndarray().tobytes()
+    for f in resampler.resample(None):
+        out += f.to_ndarray().tobytes()
+    return bytes(out)
+
+
+def api_service(
+    service_factory: Any, mosquitto: Any, media: Path, *, anonymous: bool = True, **extra: str
+) -> tuple[ServiceProcess, str]:
+    port = free_port()
+    env = {
+        "EDGE_QUEUE_API__ENABLED": "true",
+        "EDGE_QUEUE_API__HOST": "127.0.0.1",
+        "EDGE_QUEUE_API__PORT": str(port),
+        **({"EDGE_QUEUE_API__ANONYMOUS_USER": "bazarr"} if anonymous else {}),
+        "EDGE_QUEUE_API__KEYS": json.dumps({"alice": KEY, "nobody": NOBODY_KEY}),
+        "EDGE_QUEUE_ACCESS__USERS": json.dumps(["bazarr", "alice"]),
+        "EDGE_QUEUE_ACCESS__SHARED_ROLE": "admin",
+        "EDGE_QUEUE_ACCESS__DEFAULT_ROLE": "none",
+        "EDGE_QUEUE_WORKERS": "1",
+        **extra,
+    }
+    svc = service_factory(mosquitto, [media], env).start()
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: _answers(url), 30, "the HTTP API to answer")
+    return svc, url
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url + "/api/system/status", timeout=2).status_code in (200, 401)
+    except httpx.HTTPError:
+        return False
+
+
+def bazarr_asr(url: str, pcm: bytes, **params: str) -> httpx.Response:
+    """POST /asr as Bazarr's whisperai provider sends it: requests' files={'audio_file': bytes},
+    params task/language/output/encode, a 5-s connect and 3,600-s read timeout, no key."""
+    query = {"task": "transcribe", "language": "en", "output": "srt", "encode": "false", **params}
+    return httpx.post(
+        url + "/asr",
+        params=query,
+        files={"audio_file": ("audio_file", pcm)},
+        headers={"User-Agent": "Subliminal/2.1.0"},
+        timeout=httpx.Timeout(3600, connect=5),
+    )
+
+
+def jobs_listed(svc: ServiceProcess) -> list[dict[str, Any]]:
+    with svc.watcher("response/#") as w:
+        resp = svc.request("list", {"limit": 100}, w)
+    return resp["data"]["jobs"]
+
+
+@pytest.mark.slow
+def test_bazarr_session(
+    service_factory: Any, mosquitto: Any, speech: Path, tmp_path: Path, model_installed: None
+) -> None:
+    media = tmp_path / "media"
+    media.mkdir()
+    svc, url = api_service(service_factory, mosquitto, media)
+    pcm = pcm_of(speech / "jfk.flac")
+
+    status = httpx.get(url + "/api/system/status", timeout=5)
+    assert status.status_code == 200 and status.json()["service"] == "edge-queue"
+
+    detected = httpx.post(
+        url + "/detect-language", params={"encode": "false"}, files={"audio_file": ("audio_file", pcm)}, timeout=60
+    )
+    assert detected.status_code == 200, detected.text
+    assert detected.json()["language_code"] == "en" and detected.json()["detected_language"] == "english"
+
+    first = bazarr_asr(url, pcm)
+    assert first.status_code == 200, first.text
+    srt = first.text
+    assert srt.startswith("1\n00:00:00,000 --> ") and wer(JFK, " ".join(srt.splitlines()[2::4])) < 0.15
+    assert first.headers["content-type"].startswith("text/plain") and first.headers["asr-engine"] == "edge-queue"
+
+    # Bazarr resends after its read timeout: the same job answers, nothing decoded again
+    jobs_before = jobs_listed(svc)
+    t0 = time.monotonic()
+    again = bazarr_asr(url, pcm)
+    assert again.status_code == 200 and again.text == srt and time.monotonic() - t0 < 5
+    assert len(jobs_listed(svc)) == len(jobs_before) == 2  # detect-language's and /asr's
+    assert {j["submitted_by"] for j in jobs_before} == {"bazarr"}
+
+    for fmt, check in {
+        "tsv": lambda b: b.startswith("start\tend\ttext\n0\t"),
+        "txt": lambda b: "fellow Americans" in b,
+        "vtt": lambda b: b.startswith("WEBVTT"),
+        "json": lambda b: json.loads(b)["language"] == "en" and json.loads(b)["segments"],
+    }.items():
+        r = bazarr_asr(url, pcm, output=fmt)
+        assert r.status_code == 200 and check(r.text), (fmt, r.text[:200])
+    assert len(jobs_listed(svc)) == 2  # every format from the same job
+
+    # the same audio submitted over MQTT as a file: the same subtitles
+    wav = media / "jfk.wav"
+    with wave.open(str(wav), "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000)
+        w.writeframes(pcm)
+    with svc.watcher("response/#", "jobs/#") as w:
+        resp = svc.request("submit", {"input": str(wav), "options": {"language": "en"}}, w)
+        job_id = resp["data"]["jobs"][0]["job_id"]
+        done = wait_until(
+            lambda: (w.json_on(f"{svc.base}/jobs/{job_id}") or [{}])[-1].get("state") == "succeeded", 60, "MQTT job"
+        )
+        assert done
+        result = w.json_on(f"{svc.base}/jobs/{job_id}")[-1]["result"]
+    assert Path(result["outputs"]["srt"]).read_text() == srt
+
+    # a failure is never a 200 with a body a subtitle parser would take
+    bad = bazarr_asr(url, b"not audio at all", encode="true")
+    assert bad.status_code == 422 and not bad.text.startswith("1\n") and bad.json()["error"]["code"]
+    not_multipart = httpx.post(url + "/asr", content=b"x", timeout=10)
+    assert not_multipart.status_code == 400 and not_multipart.json()["error"]["type"] == "invalid_request_error"
+
+    # an MQTT user cannot name an upload
+    uploads = sorted((svc.data_dir / "uploads").iterdir())
+    assert uploads and all(not p.name.startswith(".part-") for p in uploads)
+    with svc.watcher("response/#") as w:
+        resp = svc.request("submit", {"input": str(uploads[0])}, w)
+    assert resp["status"] == "error" and resp["error"]["rejected"][0]["code"] == "input_outside_media_roots"
+
+
+@pytest.mark.slow
+def test_openai_package(
+    service_factory: Any, mosquitto: Any, speech: Path, tmp_path: Path, model_installed: None
+) -> None:
+    from openai import AuthenticationError, NotFoundError, OpenAI, PermissionDeniedError
+
+    media = tmp_path / "media"
+    media.mkdir()
+    svc, url = api_service(service_factory, mosquitto, media)
+    client = OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+    assert [m.id for m in client.models.list()] == ["whisper-1"]
+    flac = speech / "jfk.flac"
+
+    def create(**kw: Any) -> Any:
+        with open(flac, "rb") as f:
+            return client.audio.transcriptions.create(model="whisper-1", file=f, **kw)
+
+    assert wer(JFK, create().text) < 0.15
+    assert wer(JFK, create(response_format="text")) < 0.15
+    assert create(response_format="srt").startswith("1\n00:00:00,000 --> ")
+    assert create(response_format="vtt").startswith("WEBVTT")
+    verbose = create(response_format="verbose_json")
+    assert verbose.language == "english" and 10 < verbose.duration < 12 and verbose.segments
+    words = create(response_format="verbose_json", timestamp_granularities=["word"])
+    assert words.words and words.words[0].start < words.words[-1].end
+    with open(flac, "rb") as f, warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the package marks translations deprecated
+        assert wer(JFK, client.audio.translations.create(model="whisper-1", file=f).text) < 0.2
+    assert {j["submitted_by"] for j in jobs_listed(svc)} == {"alice"}
+    # the same audio and options again: the same job; word times are other options: one more
+    assert len(jobs_listed(svc)) == 3
+
+    with pytest.raises(NotFoundError), open(flac, "rb") as f:
+        client.audio.transcriptions.create(model="gpt-4o-transcribe", file=f)
+    with pytest.raises(AuthenticationError):
+        OpenAI(base_url=url + "/v1", api_key="x" * 32, max_retries=0).models.list()
+    nobody = OpenAI(base_url=url + "/v1", api_key=NOBODY_KEY, max_retries=0)  # role none
+    with pytest.raises(PermissionDeniedError), open(flac, "rb") as f:
+        nobody.audio.transcriptions.create(model="whisper-1", file=f)
+
+
+@pytest.mark.slow
+def test_bounds(service_factory: Any, mosquitto: Any, speech: Path, tmp_path: Path) -> None:
+    media = tmp_path / "media"
+    media.mkdir()
+    svc, url = api_service(
+        service_factory,
+        mosquitto,
+        media,
+        EDGE_QUEUE_API__MAX_UPLOAD_MB="1",
+        EDGE_QUEUE_API__CALLS_PER_MINUTE="5",
+        EDGE_QUEUE_API__IDLE_TIMEOUT_S="1",
+        anonymous=False,
+    )
+    headers = {"Authorization": f"Bearer {KEY}"}
+    big = httpx.post(url + "/asr", files={"audio_file": ("a", b"\0" * (3 << 20))}, headers=headers, timeout=30)
+    assert big.status_code == 413 and big.json()["error"]["code"] == "payload_too_large"
+    no_key = httpx.post(url + "/asr", files={"audio_file": ("a", b"\0")}, timeout=10)
+    assert no_key.status_code == 401
+
+    # a slow upload: headers and a first piece, then nothing
+    with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=10) as s:
+        s.sendall(
+            b"POST /asr HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+            + KEY.encode()
+            + b"\r\nContent-Type: multipart/form-data; boundary=b\r\nContent-Length: 100000\r\n\r\n--b\r\n"
+        )
+        answer = s.recv(4096)
+    assert b" 408 " in answer.split(b"\r\n", 1)[0]
+
+    # over the rate: 429 with Retry-After (the calls above counted)
+    codes = [httpx.get(url + "/v1/models", headers=headers, timeout=10) for _ in range(4)]
+    refused = [r for r in codes if r.status_code == 429]
+    assert refused and int(refused[0].headers["retry-after"]) >= 1
+    assert not list((svc.data_dir / "uploads").glob(".part-*"))  # nothing of the refused uploads is left
+
+
+@pytest.mark.slow
+def test_a_connection_that_never_sends_its_headers_is_closed(
+    service_factory: Any, mosquitto: Any, tmp_path: Path
+) -> None:
+    """uvicorn has no deadline of its own for a request's head: HeaderDeadline gives one (its
+    use of uvicorn's ``cycle`` is what this catches if uvicorn changes)."""
+    media = tmp_path / "media"
+    media.mkdir()
+    _, url = api_service(service_factory, mosquitto, media)
+    port = int(url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=HEADER_S + 10) as s:
+        t0 = time.monotonic()
+        s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")  # never ends its head
+        assert s.recv(4096) == b""
+        assert HEADER_S - 1 < time.monotonic() - t0 < HEADER_S + 5
+    assert _answers(url)  # others are served meanwhile and after
+
+
+@pytest.mark.slow
+def test_a_caller_that_goes_away_loses_nothing(
+    service_factory: Any, mosquitto: Any, long_speech: Path, tmp_path: Path, model_installed: None
+) -> None:
+    media = tmp_path / "media"
+    media.mkdir()
+    svc, url = api_service(service_factory, mosquitto, media)
+    data = long_speech.read_bytes()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            url + "/asr?output=txt", files={"audio_file": ("long.wav", data)}, timeout=httpx.Timeout(1.0, connect=5)
+        )
+    wait_until(lambda: "went away; job" in svc.log(), 30, "the service to see the caller gone")
+    answer = httpx.post(url + "/asr?output=txt", files={"audio_file": ("long.wav", data)}, timeout=300)
+    assert answer.status_code == 200 and len(answer.text.split()) > 100
+    assert len(jobs_listed(svc)) == 1
+
+
+@pytest.mark.slow
+def test_docs_curl_lines(
+    service_factory: Any, mosquitto: Any, speech: Path, tmp_path: Path, model_installed: None
+) -> None:
+    need(shutil.which("curl") is not None, "curl is not installed")
+    media = tmp_path / "media"
+    media.mkdir()
+    shutil.copy(speech / "jfk.flac", tmp_path / "call.m4a")
+    _, url = api_service(service_factory, mosquitto, media)
+    text = (ROOT / "docs" / "http-api.md").read_text()
+    block = text.split("## curl", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    lines = [line.replace("http://127.0.0.1:9000", url) for line in block.strip().splitlines()]
+    assert len(lines) == 3
+    outs = [
+        subprocess.run(
+            ["bash", "-c", line],
+            cwd=tmp_path,
+            env={"KEY": KEY, "PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout
+        for line in lines
+    ]
+    assert outs[0].startswith("1\n00:00:00,000") and outs[1].startswith("WEBVTT") and json.loads(outs[2])["data"]
