@@ -421,6 +421,39 @@ def rows_for(pid: str, res: dict[str, Any]) -> list[dict[str, Any]]:
                 None,
             )
         )
+    elif pid == "P8":
+        http, mqtt_ = f["HTTP /asr"], f["MQTT submit"]
+        ratio = http.median / mqtt_.median
+        what = f"{res['minutes_one']:g}-min recording, end to end: POST /asr -> srt read"
+        out.append(
+            row(
+                "P8",
+                what,
+                "≤ 1.05× MQTT",
+                http,
+                f"MQTT submit -> srt read {fmt(mqtt_)}",
+                f"{ratio:.3f}×",
+                ratio <= 1.05,
+            )
+        )
+        growth = f["burst: service RSS growth"]
+        what = (
+            f"{res['uploads']} Bazarr uploads at once ({res['minutes_burst']:g} min of PCM, "
+            f"{res['upload_mb']:.0f} MB each): service RSS growth; {res['own']}/{res['uploads']} answered "
+            f"with their own subtitles in {res['seconds']:.0f} s"
+        )
+        met = growth.median <= 50 and res["own"] == res["uploads"]
+        out.append(
+            row(
+                "P8",
+                what,
+                "≤ 50 MiB, every answer its own",
+                growth,
+                f"RSS before {res['rss_before_mb']:.0f} MiB",
+                "",
+                met,
+            )
+        )
     elif pid == "P7":
         local = f.get("noop jobs/s: hub, 2 workers")
         for key, fig in f.items():

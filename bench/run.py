@@ -9,6 +9,7 @@
     .venv/bin/python bench/run.py --only P7       # worker nodes (docs/nodes.md)
     .venv/bin/python bench/run.py --only P3L --p3-minutes 10   # long files, batched decoding
     .venv/bin/python bench/run.py --only P3C      # two transcriptions at once: cpu_threads 1 or 2
+    .venv/bin/python bench/run.py --only P8       # the HTTP API against MQTT; 20 uploads at once
     .venv/bin/python bench/run.py --docs-only     # docs/benchmarks.md again from the newest results
 
 Prints a table and writes the figures, the machine and the package versions to
@@ -44,7 +45,7 @@ import harness  # noqa: E402
 from harness import BENCH, ROOT, Figure  # noqa: E402
 from rows import fmt, rows_for, table, target_of  # noqa: E402
 
-ALL = ["P1", "P2", "P3", "P3L", "P3C", "P4", "P5", "P6", "P7"]
+ALL = ["P1", "P2", "P3", "P3L", "P3C", "P4", "P5", "P6", "P7", "P8"]
 PACKAGES = [
     "edge-queue",
     "paho-mqtt",
@@ -116,6 +117,11 @@ def main() -> int:
     ap.add_argument("--with-long", action="store_true", help="with --quick: run the 1-hour P4 runs too")
     ap.add_argument("--runs", type=int, default=None, help="runs per figure (default 5; 3 with --quick)")
     ap.add_argument("--broker", choices=["private", "system"], default="private")
+    ap.add_argument("--p8-one-minutes", type=float, default=1.0, help="P8: minutes of the HTTP/MQTT recording")
+    ap.add_argument("--p8-uploads", type=int, default=20, help="P8: Bazarr-shaped uploads at once")
+    ap.add_argument(
+        "--p8-burst-minutes", type=float, default=30.0, help="P8: minutes of each upload (a tenth with --quick)"
+    )
     ap.add_argument("--p1-jobs", type=int, default=5000, help="noop jobs per P1 run (default 5,000; a multiple of 100)")
     ap.add_argument(
         "--baseline",
@@ -217,6 +223,12 @@ def main() -> int:
                     import p6_recovery
 
                     results[pid] = p6_recovery.run(runs, log)
+                elif pid == "P8":
+                    import p8_http
+
+                    results[pid] = p8_http.run(
+                        runs, a.p8_one_minutes, a.p8_uploads, a.p8_burst_minutes / (10 if q else 1), log
+                    )
                 elif pid == "P7":
                     import p7_nodes
 

@@ -463,3 +463,47 @@ def test_docs_curl_lines(
         for line in lines
     ]
     assert outs[0].startswith("1\n00:00:00,000") and outs[1].startswith("WEBVTT") and json.loads(outs[2])["data"]
+
+
+@pytest.mark.slow
+def test_killed_in_the_middle_each_caller_gets_its_own_transcript(
+    service_factory: Any, mosquitto: Any, speech: Path, tmp_path: Path, model_installed: None
+) -> None:
+    """kill -9 while three calls wait for their jobs: after the restart each resend is answered
+    from its own job (never another's text), and no job is lost or made twice."""
+    media = tmp_path / "media"
+    media.mkdir()
+    svc, url = api_service(service_factory, mosquitto, media)
+    clips = ["jfk.flac", "librivox-0870.wav", "librivox-0890.wav"]
+    markers = ["americans", "dashwood", "selfish"]
+    bodies = [pcm_of(speech / name) * 6 for name in clips]  # about 30-60 s each
+
+    def call(i: int, timeout: float) -> httpx.Response | None:
+        try:
+            return httpx.post(
+                url + "/asr",
+                params={"language": "en", "output": "txt", "encode": "false"},
+                files={"audio_file": ("audio_file", bodies[i])},
+                timeout=timeout,
+            )
+        except httpx.HTTPError:
+            return None
+
+    import threading
+
+    threads = [threading.Thread(target=call, args=(i, 60)) for i in range(3)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: svc.log().count(" queued: transcribe ") >= 3, 60, "three jobs queued")
+    svc.kill()
+    for t in threads:
+        t.join(70)
+    svc.start()
+    wait_until(lambda: _answers(url), 30, "the HTTP API back")
+    for i, marker in enumerate(markers):
+        answer = call(i, 600)
+        assert answer is not None and answer.status_code == 200, answer.text if answer else None
+        text = answer.text.lower()
+        assert marker in text and not any(m in text for m in markers if m != marker)
+    jobs = jobs_listed(svc)
+    assert len(jobs) == 3 and all(j["state"] == "succeeded" for j in jobs)
