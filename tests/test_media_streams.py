@@ -380,5 +380,5 @@ def test_chunks_kept_from_another_audio_track_are_not_resumed(files, monkeypatch
     path, cfg = str(files["two-audio.mkv"]), Settings().transcribe
     chosen = transcribe.input_signature(path, cfg, "tiny.en", True)
     assert chosen == transcribe.input_signature(path, cfg, "tiny.en", True)
-    monkeypatch.setattr(transcribe, "best_audio", lambda streams: streams[0])  # the first track
+    monkeypatch.setattr(transcribe, "best_audio", lambda streams, languages=(): streams[0])  # the first track
     assert transcribe.input_signature(path, cfg, "tiny.en", True) != chosen

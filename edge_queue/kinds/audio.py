@@ -9,7 +9,7 @@ chunks of about ``chunk_s`` seconds, each ending at the quietest point of its la
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,9 +20,12 @@ SAMPLE_RATE = 16000
 FRAME_S = 0.1
 
 
-def decode_pcm(path: str, *, block_s: float = 10.0, sample_rate: int = SAMPLE_RATE) -> Iterator[Any]:
-    """Yield the audio a player plays (:func:`~.media.require_audio`: the default track) as
-    16 kHz mono float32 numpy blocks of about ``block_s`` s.
+def decode_pcm(
+    path: str, *, block_s: float = 10.0, sample_rate: int = SAMPLE_RATE, languages: Sequence[str] = ()
+) -> Iterator[Any]:
+    """Yield the audio a player plays (:func:`~.media.require_audio`: the default track, or
+    the first of ``languages`` by its tag) as 16 kHz mono float32 numpy blocks of about
+    ``block_s`` s.
 
     Like faster-whisper's ``decode_audio``, an ``InvalidDataError`` in the middle of the
     stream ends decoding quietly (a cut file): compare the decoded length with the container's
@@ -37,7 +40,7 @@ def decode_pcm(path: str, *, block_s: float = 10.0, sample_rate: int = SAMPLE_RA
 
     block = int(block_s * sample_rate)
     with open_media(path) as container:
-        stream = require_audio(container)
+        stream = require_audio(container, languages)
         resampler = av.AudioResampler(format="flt", layout="mono", rate=sample_rate)
         pending: list[Any] = []
         size = 0

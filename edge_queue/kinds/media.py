@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
@@ -288,12 +288,13 @@ def encoder_errors(settings: str) -> Iterator[None]:
         ) from e
 
 
-def require_audio(container: Any) -> Any:
+def require_audio(container: Any, languages: Sequence[str] = ()) -> Any:
     """The audio stream a player plays (:func:`~.streams.best_audio`: the default track, not
-    the first one found). Raises :class:`MediaError` ``no_audio_stream`` when there is none."""
+    the first one found), or the first of ``languages`` (ISO 639 codes) by its language tag.
+    Raises :class:`MediaError` ``no_audio_stream`` when there is none."""
     from .streams import best_audio
 
-    stream = best_audio(container.streams)
+    stream = best_audio(container.streams, languages)
     if stream is None:
         raise MediaError("the file has no audio stream", code=ErrorCode.NO_AUDIO_STREAM)
     return stream

@@ -59,19 +59,25 @@ def role(stream: Any, frames: int | None) -> str:
     return str(stream.type)
 
 
-def best_audio(streams: Sequence[Any]) -> Any | None:
+def best_audio(streams: Sequence[Any], languages: Sequence[str] = ()) -> Any | None:
     """The audio stream a player plays among ``streams`` (``None`` without audio): a track
-    that can be decoded (it declares channels and a sample rate) before one that cannot; then
-    the ``default`` one; then one that is not :data:`ASIDE`; then the first."""
+    that can be decoded (it declares channels and a sample rate) before one that cannot; then,
+    with ``languages`` (ISO 639 codes, most wanted first), the track whose language tag comes
+    first in them (:func:`~.library.language_rank`); then the ``default`` one; then one that is
+    not :data:`ASIDE`; then the first."""
+    from .library import language_rank
+
     audio = [s for s in streams if s.type == "audio"]
     if not audio:
         return None
+    wanted = list(languages)
 
-    def rank(s: Any) -> tuple[bool, bool, bool, int]:
+    def rank(s: Any) -> tuple[bool, int, bool, bool, int]:
         names = disposition_names(s)
         cc = s.codec_context
         decodable = cc is not None and bool(cc.channels) and bool(cc.sample_rate)
-        return (not decodable, "default" not in names, any(n in names for n in ASIDE), s.index)
+        by_language = language_rank(s.metadata.get("language"), wanted)
+        return (not decodable, by_language, "default" not in names, any(n in names for n in ASIDE), s.index)
 
     return min(audio, key=rank)
 

@@ -13,9 +13,9 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -24,6 +24,7 @@ from edge_queue.errors import ErrorCode, JobError, MediaError, RequestError
 from .ahead import DecodeAhead, Pending
 from .audio import Chunk, chunks, decode_pcm
 from .base import JobContext, Kind, OutputOptions, output_stem
+from .library import existing_subtitle, language_tag, subtitle_streams
 from .media import container_duration_s, open_media, require_audio
 from .outputs import check_free, write_outputs
 from .signature import model_identity, sampled_digest
@@ -134,6 +135,14 @@ class TranscribeOptions(OutputOptions):
     word_timestamps: bool = False
     initial_prompt: str | None = Field(None, max_length=2000)
     formats: list[Literal["txt", "srt", "vtt", "json"]] = Field(list(FORMATS), min_length=1)
+    #: docs/topics.md, "Media libraries"
+    audio_languages: list[Annotated[str, Field(pattern=r"^[A-Za-z]{2,3}$")]] = Field(
+        [], max_length=8, description="audio track by its language tag, most wanted first (ISO 639)"
+    )
+    skip_if_subtitled: bool = Field(
+        False, description="succeed at once, skipped, when a subtitle in the language exists"
+    )
+    language_tag: Literal["alpha2", "alpha3"] = Field("alpha2", description="beside names: film.en.srt or film.eng.srt")
 
 
 def resolve_model(setting: str | None) -> str:
@@ -168,7 +177,7 @@ def model_label(setting: str | None, resolved: str) -> str:
     return Path(setting.rstrip("/")).name or setting
 
 
-def input_signature(path: str, cfg: Any, model_ref: str, vad: bool) -> str:
+def input_signature(path: str, cfg: Any, model_ref: str, vad: bool, languages: Sequence[str] = ()) -> str:
     """What a kept chunk must match to be taken by a later attempt: the input's size,
     modification time and sampled content (:func:`.signature.sampled_digest`), the audio track
     transcribed (:func:`~edge_queue.kinds.streams.best_audio`), and the settings that shape the
@@ -181,7 +190,7 @@ def input_signature(path: str, cfg: Any, model_ref: str, vad: bool) -> str:
     model = model_identity(model_ref) if model_ref else ""
     try:
         with av.open(path) as container:
-            chosen = best_audio(container.streams.audio)
+            chosen = best_audio(container.streams.audio, languages)
             track = None if chosen is None else chosen.index
     except (av.FFmpegError, OSError):
         track = None  # decoding says what is wrong with the file
@@ -285,6 +294,26 @@ def render(fmt: str, segments: list[dict[str, Any]], meta: dict[str, Any]) -> st
     return json.dumps({**meta, "segments": segments}, ensure_ascii=False, indent=1)
 
 
+def skipped(found: dict[str, Any], language: str, declared_s: float | None, model: str) -> dict[str, Any]:
+    """The result of a job skipped because its recording already has subtitles in
+    ``language`` (``found``: :func:`.library.existing_subtitle`): no outputs, no text, and
+    ``skipped`` saying why (docs/topics.md, "Media libraries")."""
+    return {
+        "skipped": found,
+        "language": language,
+        "language_probability": 1.0,
+        "duration_s": declared_s,
+        "text": "",
+        "text_truncated": False,
+        "segments": 0,
+        "chunks": 0,
+        "chunks_resumed": 0,
+        "outputs": {},
+        "model": model,
+        "realtime_factor": None,
+    }
+
+
 class Transcribe(Kind):
     """Result summary (docs/topics.md, "`transcribe`"): ``language``, ``language_probability``, ``duration_s``,
     ``text`` (first 4,000 characters), ``text_truncated``, ``segments`` (count), ``outputs``
@@ -339,15 +368,19 @@ class Transcribe(Kind):
         except JobError as e:  # said after the input's own problems, as before
             no_model, model_ref = e, ""
         vad = cfg.vad if options.vad is None else options.vad
-        signature = input_signature(input_path, cfg, model_ref, vad)
+        signature = input_signature(input_path, cfg, model_ref, vad, options.audio_languages)
         resume = resumable(getattr(ctx, "kept", []), signature)
         # what earlier attempts finished counts from the first report on
         self._done = resumed_share(resume)
         self._pace: tuple[float, float, float, float] | None = None
         ctx.progress(100 * self._done, "probing")
         with open_media(input_path) as container:
-            require_audio(container)
+            require_audio(container, options.audio_languages)
             declared_s = container_duration_s(container)
+            embedded = subtitle_streams(container)
+        if options.skip_if_subtitled and options.language:
+            if (found := existing_subtitle(input_path, options.language, embedded)) is not None:
+                return skipped(found, options.language, declared_s, options.model or model_label(cfg.model, model_ref))
         ctx.progress(100 * self._done, "loading_model")
         if no_model is not None:
             raise no_model
@@ -362,7 +395,8 @@ class Transcribe(Kind):
         planned: dict[str, Path] = {}
         ctx.progress(100 * self._done, "transcribing")
         chunk_s = chunk_length_s(cfg, vad)
-        source = enumerate(chunks(decode_pcm(input_path), chunk_s, search_s=min(10.0, chunk_s / 4)))
+        pcm = decode_pcm(input_path, languages=options.audio_languages)
+        source = enumerate(chunks(pcm, chunk_s, search_s=min(10.0, chunk_s / 4)))
 
         def work(chunk: Chunk) -> Callable[[], tuple[Iterator[dict[str, Any]], Any]]:
             """The decoding of ``chunk``, with the language and prompt known now."""
@@ -418,6 +452,11 @@ class Transcribe(Kind):
                     if language is None:  # detected once, on the first chunk, then kept
                         # (an English-only model detects nothing: faster-whisper gives the integer 1)
                         language, probability = info.language, float(info.language_probability)
+                        if options.skip_if_subtitled and language:
+                            if (found := existing_subtitle(input_path, language, embedded)) is not None:
+                                return skipped(
+                                    found, language, declared_s, options.model or model_label(cfg.model, model_ref)
+                                )
                         fill()  # the next chunks may start now
                     chunk_segments = []
                     for seg in seg_iter:
@@ -495,7 +534,7 @@ class Transcribe(Kind):
     @staticmethod
     def _outputs(ctx: JobContext, input_path: str, language: str | None, options: Any) -> dict[str, Path]:
         # language: a code of WHISPER_LANGUAGES (checked at submit) or the model's own
-        lang = language if language in WHISPER_LANGUAGES else "und"
+        lang = language_tag(language, options.language_tag) if language in WHISPER_LANGUAGES else "und"
         if options.output == "beside":  # <stem>.<lang>.srt, as Jellyfin and Plex expect
             folder, name = Path(input_path).parent, f"{output_stem(input_path, f'.{lang}.json')}.{lang}"
         else:
