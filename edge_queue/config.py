@@ -275,6 +275,9 @@ class HttpSettings(_Section):
     #: The broker's MQTT-over-WebSocket port; the page connects to ``ws://<the host it was
     #: loaded from>:<port>/``. The embedded broker without ``broker.config_file`` listens there.
     websocket_port: int = Field(9001, ge=1, le=65535)
+    #: Relay the page's WebSocket to the broker's listener (``mqtt.host``, ``websocket_port``)
+    #: on the page's own ``/mqtt``: one origin for Home Assistant's ingress and reverse proxies.
+    websocket_proxy: bool = False
     #: The whole WebSocket URL instead (``wss://nas.example.org:8443/mqtt`` behind a proxy or
     #: with TLS); unset: built from ``websocket_port``.
     websocket_url: str | None = Field(None, pattern=r"^wss?://[^\s]+$", max_length=2048)

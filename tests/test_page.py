@@ -85,6 +85,7 @@ def test_config_json_tells_the_page_where_the_broker_is(server: PageServer) -> N
         "base_topic": "eqt-base",
         "websocket_url": None,
         "websocket_port": 9123,
+        "websocket_path": None,
         "version": "9.9.9",
     }
 

@@ -2,7 +2,10 @@
 
 The page talks to the broker directly, over MQTT over WebSocket; this server hands out only
 the page's own files (read once, at start, from the package) and a small configuration built
-from the settings (base topic, WebSocket address, version). No job data, no output file and no
+from the settings (base topic, WebSocket address, version). With ``http.websocket_proxy`` it
+also relays the page's WebSocket, byte for byte, to the broker's WebSocket listener on
+``/mqtt``: one origin for Home Assistant's ingress and reverse proxies (docs/operations.md,
+"Behind a reverse proxy or Home Assistant's ingress"). No job data, no output file and no
 other file passes through it, so there is no path to traverse and nothing to log in for: the
 broker's passwords and ACL decide what the page may see and do (docs/operations.md, "The
 queue page").
@@ -16,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import selectors
 import socket
 import threading
 from http import HTTPStatus
@@ -82,12 +86,22 @@ def page_config(settings: HttpSettings, base_topic: str, version: str) -> dict[s
         "base_topic": base_topic,
         "websocket_url": settings.websocket_url,
         "websocket_port": settings.websocket_port,
+        # relative to the page's own address: the page's server relays it (websocket_proxy)
+        "websocket_path": RELAY_PATH.lstrip("/") if settings.websocket_proxy else None,
         "version": version,
     }
 
 
 #: Seconds a client has to send a whole request line and its headers.
 REQUEST_READ_S = 10.0
+#: The path of the relayed WebSocket (``http.websocket_proxy``).
+RELAY_PATH = "/mqtt"
+#: Relayed WebSockets at once at most (each holds a connection of :data:`MAX_CONNECTIONS`;
+#: they do not count against one address's :data:`MAX_CONNECTIONS_PER_ADDRESS`, since behind
+#: Home Assistant's ingress every page comes from one address).
+MAX_RELAYS = 32
+#: Seconds a relayed WebSocket may carry nothing either way (the page's MQTT keepalive is 30 s).
+RELAY_IDLE_S = 300.0
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -98,6 +112,7 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = 30
     files: dict[str, tuple[bytes, str, str]] = {}  # set per server: path -> (body, type, etag)
     headers_out: dict[str, str] = HEADERS  # set per server: :func:`headers`
+    relay_to: tuple[str, int] | None = None  # set per server: the broker's WebSocket listener
 
     def handle_one_request(self) -> None:
         # The request line and headers must arrive within REQUEST_READ_S in all: a client that
@@ -125,7 +140,37 @@ class _Handler(BaseHTTPRequestHandler):
             pass
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        if self.relay_to is not None and self.path.split("?", 1)[0] == RELAY_PATH:
+            self._relay(self.relay_to)
+            return
         self._answer(with_body=True)
+
+    def _relay(self, to: tuple[str, int]) -> None:
+        """``/mqtt``: the page's WebSocket handshake sent on to the broker's WebSocket listener,
+        then every byte both ways until either side closes or :data:`RELAY_IDLE_S` pass."""
+        self.close_connection = True
+        if self.headers.get("Upgrade", "").lower() != "websocket":
+            self._plain(HTTPStatus.BAD_REQUEST, b"WebSocket only\n", True)
+            return
+        server: Any = self.server
+        address = self.client_address[0]
+        if not server.relay_begin(address):
+            self._plain(HTTPStatus.SERVICE_UNAVAILABLE, b"too many relayed connections\n", True)
+            return
+        try:
+            try:
+                upstream = socket.create_connection(to, timeout=5)
+            except OSError as e:
+                log.warning("page: the broker's WebSocket listener %s:%d does not answer: %s", to[0], to[1], e)
+                self._plain(HTTPStatus.BAD_GATEWAY, b"the broker's WebSocket listener does not answer\n", True)
+                return
+            with upstream:
+                head = ["GET / HTTP/1.1", f"Host: {to[0]}:{to[1]}"]
+                head += [f"{k}: {v}" for k, v in self.headers.items() if k.lower() != "host"]
+                upstream.sendall(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
+                pump(self.connection, upstream, RELAY_IDLE_S)
+        finally:
+            server.relay_end(address)
 
     def do_HEAD(self) -> None:  # noqa: N802
         self._answer(with_body=False)
@@ -185,6 +230,28 @@ MAX_CONNECTIONS = 64
 MAX_CONNECTIONS_PER_ADDRESS = 8
 
 
+def pump(a: socket.socket, b: socket.socket, idle_s: float) -> None:
+    """Copy bytes both ways between sockets ``a`` and ``b`` until one closes, fails, or both
+    stay silent ``idle_s`` seconds. A send waits at most 30 s for a slow reader."""
+    a.settimeout(30)
+    b.settimeout(30)
+    with selectors.DefaultSelector() as sel:
+        sel.register(a, selectors.EVENT_READ, b)
+        sel.register(b, selectors.EVENT_READ, a)
+        while True:
+            ready = sel.select(idle_s)
+            if not ready:
+                return
+            for key, _ in ready:
+                try:
+                    data = key.fileobj.recv(65536)  # type: ignore[union-attr]
+                    if not data:
+                        return
+                    key.data.sendall(data)
+                except OSError:
+                    return
+
+
 class _BoundedServer(ThreadingHTTPServer):
     """``ThreadingHTTPServer`` with at most :data:`MAX_CONNECTIONS` connections (threads) at
     once; a connection over it is closed unanswered and counted in the debug log."""
@@ -196,6 +263,27 @@ class _BoundedServer(ThreadingHTTPServer):
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._lock = threading.Lock()
         self._per_address: dict[str, int] = {}
+        self._relays = 0
+
+    def relay_begin(self, address: str) -> bool:
+        """A connection from ``address`` becomes a relayed WebSocket: False when
+        :data:`MAX_RELAYS` run; else it stops counting against its address."""
+        with self._lock:
+            if self._relays >= MAX_RELAYS:
+                return False
+            self._relays += 1
+            left = self._per_address.get(address, 1) - 1
+            if left > 0:
+                self._per_address[address] = left
+            else:
+                self._per_address.pop(address, None)
+            return True
+
+    def relay_end(self, address: str) -> None:
+        """The relayed WebSocket ended (its connection is given back as any other's)."""
+        with self._lock:
+            self._relays -= 1
+            self._per_address[address] = self._per_address.get(address, 0) + 1
 
     def _take(self, address: str) -> bool:
         with self._lock:
@@ -244,19 +332,24 @@ class PageServer:
         settings: the ``[http]`` section.
         base_topic: ``mqtt.base_topic``, for ``/config.json``.
         version: the edge-queue version, for ``/config.json``.
+        relay_to: ``(host, port)`` of the broker's WebSocket listener, relayed on ``/mqtt``
+            (``http.websocket_proxy``); None: no relay.
 
     Raises ``OSError`` from the constructor when the address cannot be bound (in use, no
     permission) and ``FileNotFoundError`` when a file of the page is missing from the package.
     """
 
-    def __init__(self, settings: HttpSettings, base_topic: str, version: str) -> None:
+    def __init__(
+        self, settings: HttpSettings, base_topic: str, version: str, relay_to: tuple[str, int] | None = None
+    ) -> None:
         files: dict[str, tuple[bytes, str, str]] = {}
         for url, (name, ctype) in FILES.items():
             body = (WEB_DIR / name).read_bytes()
             files[url] = (body, ctype, _etag(body))
         config = json.dumps(page_config(settings, base_topic, version)).encode()
         files["/config.json"] = (config, "application/json", _etag(config))
-        handler = type("PageHandler", (_Handler,), {"files": files, "headers_out": headers(settings)})
+        attrs = {"files": files, "headers_out": headers(settings), "relay_to": relay_to}
+        handler = type("PageHandler", (_Handler,), attrs)
         self.httpd = _BoundedServer((settings.host, settings.port), handler)
         self.port: int = self.httpd.server_address[1]
         self.host = settings.host
@@ -284,8 +377,12 @@ def start_page(settings: Settings, base_topic: str, version: str) -> PageServer 
     http = settings.http
     if not http.enabled:
         return None
+    relay_to = None
+    if http.websocket_proxy:
+        host = settings.mqtt.host if settings.mqtt.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+        relay_to = (host, http.websocket_port)
     try:
-        page = PageServer(http, base_topic, version).start()
+        page = PageServer(http, base_topic, version, relay_to).start()
     except OSError as e:
         log.error("queue page: cannot listen on %s:%d (%s); the queue runs without it", http.host, http.port, e)
         return None

@@ -126,6 +126,13 @@ async function readable() {
 // -- MQTT -------------------------------------------------------------------------------
 
 function wsUrl() {
+  if (page.cfg.websocket_path) {
+    // relayed by the page's own server: the same origin and path prefix (Home Assistant's
+    // ingress, a reverse proxy)
+    const url = new URL(page.cfg.websocket_path, location.href);
+    url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
+    return url.href;
+  }
   if (page.cfg.websocket_url) return page.cfg.websocket_url;
   const scheme = location.protocol === "https:" ? "wss" : "ws";
   const host = location.hostname.includes(":") ? `[${location.hostname}]` : location.hostname;
