@@ -296,8 +296,10 @@ class HttpSettings(_Section):
     @field_validator("frame_ancestors")
     @classmethod
     def _origins(cls, v: list[str]) -> list[str]:
-        for origin in v:
-            if not re.fullmatch(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?", origin):
+        for origin in v:  # 'self': the page's own origin only (Home Assistant's ingress)
+            if origin != "'self'" and not re.fullmatch(
+                r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?", origin
+            ):
                 raise ValueError(
                     f"{origin[:100]!r} is not an origin: scheme, host and port only, "
                     'like "http://homeassistant.local:8123" (no path, no wildcard, no trailing /)'

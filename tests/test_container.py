@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from .conftest import ROOT, SYSTEM_MQTT, Watcher, need, port_open, wait_until
+from .test_page import ws_mosquitto  # noqa: F401 (a fixture, by name)
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.container]
 
@@ -265,3 +266,119 @@ def test_compose_brings_up_mosquitto_and_the_hub(image: str, tmp_path: Path, spe
 def _venv_tool(name: str) -> str | None:
     path = Path(sys.executable).parent / name  # the venv's own, beside its python
     return str(path) if path.exists() else None
+
+
+class FakeSupervisor:
+    """The Supervisor's ``GET /services/mqtt`` as its API documents it (the Supervisor itself
+    cannot run here): ``{"result": "ok", "data": {"host", "port", "ssl", "protocol", "username",
+    "password"}}`` for the add-on's token, 401 for any other."""
+
+    def __init__(self, broker: Any, token: str) -> None:
+        import http.server
+
+        data = {
+            "host": broker.host,
+            "port": broker.port,
+            "ssl": False,
+            "protocol": "3.1.1",
+            "username": "",
+            "password": "",
+        }
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                ok = self.path == "/services/mqtt" and self.headers.get("Authorization") == f"Bearer {token}"
+                body = json.dumps({"result": "ok", "data": data} if ok else {"result": "error"}).encode()
+                self.send_response(200 if ok else 401)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a: Any) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        import threading
+
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_the_home_assistant_add_on(
+    image: str,
+    containers: list[str],
+    tmp_path: Path,
+    ws_mosquitto: Any,  # noqa: F811
+) -> None:
+    """The add-on's image (addon/edge-queue) with /data/options.json as the Supervisor writes it
+    and the Supervisor's MQTT service: the settings it makes, then the queue page as ingress
+    serves it, in Chromium, its MQTT through the page's own WebSocket relay."""
+    from .test_page import Browser, _browser_ready
+
+    _browser_ready()
+    tag = f"localhost/edge-queue-addon-test:{uuid.uuid4().hex[:8]}"
+    built = subprocess.run(
+        [*PODMAN, "build", "--format", "docker", *LIMITS, "--build-arg", f"BUILD_FROM={image}", "-t", tag, "."],
+        cwd=ROOT / "addon" / "edge-queue", capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr[-2000:]
+    data = tmp_path / "addon-data"
+    media = tmp_path / "media"
+    data.mkdir()
+    media.mkdir()
+    options = {
+        "media_roots": ["/media", "/share"],
+        "workers": 1,
+        "log_level": "INFO",
+        "api_anonymous_user": "",
+        "api_keys": [{"user": "bazarr", "key": "0123456789abcdef0123456789abcdef"}],
+        "mqtt_host": "",
+        "mqtt_port": 1883,
+        "mqtt_username": "",
+        "mqtt_password": "",
+        "mqtt_websocket_port": ws_mosquitto.ws_port,
+    }
+    (data / "options.json").write_text(json.dumps(options))
+    token = uuid.uuid4().hex
+    supervisor = FakeSupervisor(ws_mosquitto, token)
+    page_port = _free_port()
+    env = {"SUPERVISOR_TOKEN": token, "SUPERVISOR_API": supervisor.url, "ADDON_PAGE_PORT": str(page_port)}
+    flags = [f"--env={k}={v}" for k, v in env.items()]
+    mounts = ["-v", f"{data}:/data", "-v", f"{media}:/media"]
+    try:
+        printed = podman("run", "--rm", "--network", "host", *LIMITS, *flags, *mounts, tag, "--print").stdout
+        made = json.loads(printed)
+        assert made["EDGE_QUEUE_MQTT__HOST"] == ws_mosquitto.host
+        assert made["EDGE_QUEUE_MQTT__PORT"] == str(ws_mosquitto.port)
+        assert made["EDGE_QUEUE_MEDIA_ROOTS"] == '["/media"]'  # /share is not mapped here
+        assert made["EDGE_QUEUE_HTTP__WEBSOCKET_PROXY"] == "true"
+        assert made["EDGE_QUEUE_HTTP__FRAME_ANCESTORS"] == "[\"'self'\"]"
+        assert made["EDGE_QUEUE_API__KEYS"] == "***"
+        run_container(tag, containers, *mounts, env=env, command=[])
+        wait_until(lambda: _answers(page_port), 60, "the add-on's page")
+        b = Browser(tmp_path / "browser.log")
+        try:
+            b.do("goto", url=f"http://127.0.0.1:{page_port}/")
+            b.wait("page.connected && page.online === true", timeout=60)
+            assert b.eval("wsUrl()") == f"ws://127.0.0.1:{page_port}/mqtt"
+            csp = b.eval("fetch('config.json').then(r => r.headers.get('content-security-policy'))")
+            assert "frame-ancestors 'self'" in csp
+        finally:
+            b.close()
+    finally:
+        supervisor.close()
+        podman("rmi", "-f", tag, check=False)
+
+
+def _answers(port: int) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/config.json", timeout=2):
+            return True
+    except OSError:
+        return False

@@ -21,6 +21,7 @@ FILES = [
     "compose.yaml",
     "container/unraid/edge-queue.xml",
     "container/compose.env.example",
+    "addon/edge-queue/run.py",
 ]
 
 
@@ -59,3 +60,13 @@ def test_unraid_template() -> None:
     assert root.tag == "Container" and root.findtext("Repository", "").startswith("edge-queue:")
     targets = {c.get("Target") for c in root.iter("Config")}
     assert {"8099", "/data", "/media", "EDGE_QUEUE_MQTT__HOST"} <= targets
+
+
+def test_add_on_options_and_schema() -> None:
+    config = yaml.safe_load((ROOT / "addon" / "edge-queue" / "config.yaml").read_text())
+    assert set(config["options"]) == set(config["schema"])
+    assert config["ingress"] is True and config["ingress_port"] == 8099
+    assert "mqtt:want" in config["services"] and {"share:rw", "media:rw"} <= set(config["map"])
+    documented = (ROOT / "docs" / "install.md").read_text()
+    for option in config["options"]:
+        assert f"`{option}`" in documented, f"the add-on's option {option} is not in docs/install.md"

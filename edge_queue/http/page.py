@@ -69,7 +69,7 @@ def headers(settings: HttpSettings) -> dict[str, str]:
     if not settings.frame_ancestors:
         return dict(HEADERS)
     out = {k: v for k, v in HEADERS.items() if k != "X-Frame-Options"}
-    allowed = " ".join(["'self'", *settings.frame_ancestors])
+    allowed = " ".join(["'self'", *(o for o in settings.frame_ancestors if o != "'self'")])
     out["Content-Security-Policy"] = out["Content-Security-Policy"].replace(
         "frame-ancestors 'none'", f"frame-ancestors {allowed}"
     )

@@ -1,0 +1,104 @@
+"""The Home Assistant add-on's start: the add-on's options (``/data/options.json``, as the
+Supervisor writes it) and the Supervisor's MQTT service (the Mosquitto add-on) turned into
+edge-queue's settings, then ``edge-queue serve`` (docs/install.md, "Home Assistant add-on").
+
+- The broker: ``mqtt_host`` when set, else the Supervisor's ``GET /services/mqtt`` (``host``,
+  ``port``, ``username``, ``password``); neither: exit 2 with the reason.
+- The page: on 8099 for ingress, its WebSocket relayed to the broker's ``mqtt_websocket_port``
+  (the Mosquitto add-on's is 1884), framed only by Home Assistant itself (``'self'``).
+- ``media_roots`` that do not exist in the add-on (a folder not mapped) are left out, with a line
+  saying so.
+
+``--print``: print the settings (without passwords and keys) as JSON and exit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+OPTIONS = Path(os.environ.get("ADDON_OPTIONS", "/data/options.json"))
+SUPERVISOR = os.environ.get("SUPERVISOR_API", "http://supervisor")
+SECRET = ("EDGE_QUEUE_MQTT__PASSWORD", "EDGE_QUEUE_API__KEYS")
+
+
+def supervisor_mqtt() -> dict[str, Any] | None:
+    """The Supervisor's MQTT service (``{"host", "port", "username", "password", ...}``), or
+    None without a Supervisor token or service."""
+    token = os.environ.get("SUPERVISOR_TOKEN")
+    if not token:
+        return None
+    request = urllib.request.Request(f"{SUPERVISOR}/services/mqtt", headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            body = json.loads(answer.read())
+    except (OSError, ValueError) as e:
+        print(f"edge-queue add-on: the Supervisor's MQTT service is not available ({e})", file=sys.stderr)
+        return None
+    data = body.get("data") if isinstance(body, dict) else None
+    return data if isinstance(data, dict) and data.get("host") else None
+
+
+def settings(options: dict[str, Any], mqtt: dict[str, Any] | None) -> dict[str, str]:
+    """``EDGE_QUEUE_*`` variables from the add-on's ``options`` and the Supervisor's ``mqtt``
+    service. Raises ``SystemExit(2)`` when no broker is known."""
+    env: dict[str, str] = {}
+    if options.get("mqtt_host"):
+        broker = {
+            "host": options["mqtt_host"],
+            "port": options.get("mqtt_port", 1883),
+            "username": options.get("mqtt_username") or None,
+            "password": options.get("mqtt_password") or None,
+        }
+    elif mqtt is not None:
+        broker = mqtt
+    else:
+        print(
+            "edge-queue add-on: no MQTT broker: install the Mosquitto add-on, or set mqtt_host (and its login)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    env["EDGE_QUEUE_MQTT__HOST"] = str(broker["host"])
+    env["EDGE_QUEUE_MQTT__PORT"] = str(broker.get("port") or 1883)
+    if broker.get("username"):
+        env["EDGE_QUEUE_MQTT__USERNAME"] = str(broker["username"])
+    if broker.get("password"):
+        env["EDGE_QUEUE_MQTT__PASSWORD"] = str(broker["password"])
+    roots = [r for r in options.get("media_roots", []) if Path(r).is_dir()]
+    for missing in set(options.get("media_roots", [])) - set(roots):
+        print(f"edge-queue add-on: media root {missing} is not in the add-on (not mapped): left out", file=sys.stderr)
+    env["EDGE_QUEUE_MEDIA_ROOTS"] = json.dumps(roots)
+    env["EDGE_QUEUE_WORKERS"] = str(options.get("workers", 2))
+    env["EDGE_QUEUE_LOG_LEVEL"] = str(options.get("log_level", "INFO"))
+    env["EDGE_QUEUE_HTTP__HOST"] = "0.0.0.0"
+    env["EDGE_QUEUE_HTTP__PORT"] = os.environ.get("ADDON_PAGE_PORT", "8099")  # config.yaml's ingress_port
+    env["EDGE_QUEUE_HTTP__WEBSOCKET_PROXY"] = "true"
+    env["EDGE_QUEUE_HTTP__WEBSOCKET_PORT"] = str(options.get("mqtt_websocket_port", 1884))
+    env["EDGE_QUEUE_HTTP__FRAME_ANCESTORS"] = json.dumps(["'self'"])
+    if options.get("api_anonymous_user"):
+        env["EDGE_QUEUE_API__ANONYMOUS_USER"] = str(options["api_anonymous_user"])
+    keys = {k["user"]: k["key"] for k in options.get("api_keys", []) if k.get("user") and k.get("key")}
+    if keys:
+        env["EDGE_QUEUE_API__KEYS"] = json.dumps(keys)
+    return env
+
+
+def main(argv: list[str]) -> int:
+    options = json.loads(OPTIONS.read_text()) if OPTIONS.is_file() else {}
+    env = settings(options, None if options.get("mqtt_host") else supervisor_mqtt())
+    if "--print" in argv:
+        print(json.dumps({k: ("***" if k in SECRET else v) for k, v in sorted(env.items())}, indent=1))
+        return 0
+    data_dir = Path(os.environ.get("EDGE_QUEUE_DATA_DIR", "/data/edge-queue"))
+    data_dir.mkdir(parents=True, exist_ok=True)
+    os.environ.update(env)
+    os.execvp("edge-queue", ["edge-queue", "serve"])
+    return 1  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
