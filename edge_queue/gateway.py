@@ -77,12 +77,13 @@ class Gateway:
         return call.answered
 
     def submit_and_wait(
-        self, raw: bytes, user: str | None, *, input_roots: list[Path] | None = None
+        self, raw: bytes, user: str | None, *, input_roots: list[Path] | None = None, command: str = "submit"
     ) -> tuple[Future[dict[str, Any]], Future[Ended]]:
-        """``submit`` of one input, and the end of its job: the second future is set once the job
-        is terminal (at once for a duplicate of an ended job), and cancelled when the submit is
-        refused. Cancelling it (the caller went away) forgets the waiter; the job goes on."""
-        call = _Call("submit", raw, user, input_roots, ended=Future())
+        """``submit`` of one input (or ``retry`` of one job, with ``command``), and the end of
+        its job: the second future is set once the job is terminal (at once for a duplicate of an
+        ended job), and cancelled when the request is refused. Cancelling it (the caller went
+        away) forgets the waiter; the job goes on."""
+        call = _Call(command, raw, user, input_roots, ended=Future())
         self._hand_over(call)
         assert call.ended is not None
         return call.answered, call.ended
@@ -113,11 +114,12 @@ class Gateway:
 
     def _watch(self, call: _Call, response: dict[str, Any]) -> None:
         assert call.ended is not None
-        jobs = response.get("data", {}).get("jobs") if response.get("status") == "ok" else None
-        if not jobs:
+        data = response.get("data") if response.get("status") == "ok" else None
+        jobs = data.get("jobs") if isinstance(data, dict) else None
+        job_id = jobs[0]["job_id"] if jobs else data.get("job_id") if isinstance(data, dict) else None
+        if not isinstance(job_id, str):
             call.ended.cancel()
             return
-        job_id = jobs[0]["job_id"]
         self._waiting.setdefault(job_id, []).append(call.ended)
         if is_terminal(self._job_store().get(job_id)["state"]):
             self._done_now.append(job_id)

@@ -507,3 +507,26 @@ def test_killed_in_the_middle_each_caller_gets_its_own_transcript(
         assert marker in text and not any(m in text for m in markers if m != marker)
     jobs = jobs_listed(svc)
     assert len(jobs) == 3 and all(j["state"] == "succeeded" for j in jobs)
+
+
+@pytest.mark.slow
+def test_audio_of_a_cancelled_job_sent_again_runs_it_again(
+    service_factory: Any, mosquitto: Any, long_speech: Path, tmp_path: Path, model_installed: None
+) -> None:
+    media = tmp_path / "media"
+    media.mkdir()
+    svc, url = api_service(service_factory, mosquitto, media)
+    data = long_speech.read_bytes()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            url + "/asr?output=txt", files={"audio_file": ("long.wav", data)}, timeout=httpx.Timeout(1.0, connect=5)
+        )
+    job_id = wait_until(lambda: (jobs_listed(svc) or [{}])[0].get("job_id"), 30, "the job")
+    with svc.watcher("response/#") as w:
+        assert svc.request("cancel", {"job_id": job_id}, w)["status"] == "ok"
+    wait_until(lambda: jobs_listed(svc)[0]["state"] == "cancelled", 60, "the job cancelled")
+    answer = httpx.post(url + "/asr?output=txt", files={"audio_file": ("long.wav", data)}, timeout=300)
+    assert answer.status_code == 200 and len(answer.text.split()) > 100
+    jobs = jobs_listed(svc)
+    assert [(j["job_id"], j["state"]) for j in jobs] == [(job_id, "succeeded")]
+    assert "sent the audio of failed job" in svc.log()

@@ -65,7 +65,7 @@ class JobGateway(Protocol):
     """The loop's side (:class:`~edge_queue.gateway.Gateway`)."""
 
     def submit_and_wait(
-        self, raw: bytes, user: str | None, *, input_roots: list[Path] | None = None
+        self, raw: bytes, user: str | None, *, input_roots: list[Path] | None = None, command: str = "submit"
     ) -> tuple[Future[dict[str, Any]], Future[Ended]]: ...
 
 
@@ -312,6 +312,13 @@ class Api:
             raise ApiError(status, code, str(err.get("message", "")), 30 if status == 503 else None)
         job_id = response["data"]["jobs"][0]["job_id"]
         done = await self._wait(request, ended)
+        if done is not None and response["data"]["jobs"][0].get("duplicate") and again(done.job):
+            # the same audio sent again after its job failed: that job runs once more
+            log.info("HTTP caller %s sent the audio of failed job %s again: retried", caller.user, job_id)
+            retry = orjson.dumps({"job_id": job_id})
+            answered, ended = self.gateway.submit_and_wait(retry, caller.user, command="retry")
+            if (await asyncio.wrap_future(answered)).get("status") == "ok":
+                done = await self._wait(request, ended)
         if done is None:
             log.info("HTTP caller %s went away; job %s goes on", caller.user, job_id)
             return None
@@ -379,6 +386,14 @@ class Api:
         if more:
             raise ApiError(500, "response_too_large", f"the job's output is over {MAX_OUTPUT_BYTES // 2**20} MiB")
         return data
+
+
+def again(job: dict[str, Any]) -> bool:
+    """True for a job worth running again when its audio is sent again: it failed or was
+    cancelled, and not because the file is not usable audio (:data:`MEDIA_ERRORS`)."""
+    if job.get("state") not in ("failed", "cancelled"):
+        return False
+    return str((job.get("error") or {}).get("code")) not in MEDIA_ERRORS
 
 
 async def _disconnected(request: Request) -> None:
