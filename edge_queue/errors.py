@@ -30,6 +30,8 @@ class ErrorCode(StrEnum):
     #: a worker node cannot read the job's input through its path map: the job goes to
     #: another place, its attempt not counted (docs/nodes.md)
     INPUT_UNREACHABLE = "input_unreachable"
+    #: a worker node's ``done`` whose result is not its kind's result shape: a failed attempt
+    INVALID_RESULT = "invalid_result"
     UNSUPPORTED_MEDIA = "unsupported_media"
     NO_AUDIO_STREAM = "no_audio_stream"
     TRUNCATED_MEDIA = "truncated_media"

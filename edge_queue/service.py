@@ -159,7 +159,7 @@ class Service:
         self.reply_areas = ReplyAreas([*settings.access.admins, *settings.access.users, *settings.access.nodes])
         self.commands = Commands(self)
         self.gateway = Gateway(self.commands.execute, self.job_store, self._wake_w)  # [api]'s requests
-        self.nodes = Nodes(settings, self.topics, self.bridge)  # worker nodes: docs/nodes.md
+        self.nodes = Nodes(settings, self.topics, self.bridge, kinds=self.kinds)  # worker nodes: docs/nodes.md
         self.watch_folders = WatchFolders(self)  # [[watch]] (edge_queue/watch/folders.py)
         self.publisher = Publisher(
             self.bridge,

@@ -369,3 +369,37 @@ def test_a_node_flooding_the_hub_is_dropped_from_and_the_others_are_still_read(
     # and the next turn reads n1 again
     say(nodes, "n1", {"op": "beat", "jobs": []})
     assert nodes.inbox and nodes.poll(True) == []
+
+
+def test_a_node_s_result_must_be_its_kind_s_result(tmp_path: Path) -> None:
+    """A node's done with a result that is not its kind's (null, nested 900 deep, a transcribe
+    result with a wrong type or an extra field) is a failed attempt with invalid_result, never
+    a succeeded job."""
+    from edge_queue.kinds.transcribe import Transcribe
+    from edge_queue.rules.results import MAX_RESULT_BYTES, result_problem
+
+    deep: Any = []
+    for _ in range(900):
+        deep = [deep]
+    good = {
+        "language": "en", "language_probability": 1.0, "duration_s": 11.0, "text": "Ask not.",
+        "text_truncated": False, "segments": 1, "chunks": 1, "chunks_resumed": 0,
+        "outputs": {"txt": "/data/outputs/j1/a.txt"}, "model": "tiny.en", "realtime_factor": 0.05,
+    }  # fmt: skip
+    assert result_problem(good, Transcribe.Result) is None
+    for bad in (None, [], {"deep": deep}, {"x": "y" * MAX_RESULT_BYTES}):
+        assert result_problem(bad) is not None
+    for wrong in ({**good, "segments": "1"}, {**good, "extra": 1}, {**good, "outputs": {"pdf": "/x"}}):
+        assert result_problem(wrong, Transcribe.Result) is not None
+
+    nodes, _, _ = hub(tmp_path)
+    nodes.kind_classes = {"transcribe": Transcribe}
+    online(nodes, "n1")
+    for attempt, result in ((1, None), (2, {"deep": deep}), (3, {**good, "text": 5}), (4, good)):
+        nodes.assign("n1", {**JOB, "kind": "transcribe", "attempt": attempt}, None)
+        say(nodes, "n1", {"op": "done", "job_id": "j1", "attempt": attempt, "result": result})
+        (out,) = nodes.poll(True)
+        if attempt < 4:
+            assert (out.op, out.data["code"], out.data["retryable"]) == ("failed", "invalid_result", True)
+        else:
+            assert (out.op, out.data) == ("done", {"result": good})

@@ -69,6 +69,10 @@ class Kind:
 
     name: ClassVar[str]
     Options: ClassVar[type[KindOptions]] = KindOptions
+    #: The shape of the kind's result, checked when a worker node reports it (docs/nodes.md,
+    #: "What the hub takes from a node"); None: any JSON object within the bounds of
+    #: :func:`~edge_queue.rules.results.result_problem`.
+    Result: ClassVar[type[BaseModel] | None] = None
     #: True when ``input`` must be an existing file inside ``media_roots``.
     needs_input: ClassVar[bool] = True
     description: ClassVar[str] = ""

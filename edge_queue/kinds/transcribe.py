@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from edge_queue.errors import ErrorCode, JobError, MediaError, RequestError
 
@@ -122,6 +122,26 @@ def chunk_length_s(cfg: Any, vad: bool) -> float:
     if cfg.batch_size > 1 and vad:
         return max(SEQUENTIAL_CHUNK_S, WINDOW_S * cfg.batch_size)
     return SEQUENTIAL_CHUNK_S
+
+
+class TranscribeResult(BaseModel):
+    """The result of a ``transcribe`` job (docs/topics.md, "`transcribe`"), as the hub checks a
+    worker node's (``strict``: no type is converted)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    language: str | None = Field(max_length=16)
+    language_probability: float = Field(ge=0, le=1)
+    duration_s: float | None = Field(ge=0)
+    text: str = Field(max_length=TEXT_SUMMARY_CHARS)
+    text_truncated: bool
+    segments: int = Field(ge=0)
+    chunks: int = Field(ge=0)
+    chunks_resumed: int = Field(ge=0)
+    outputs: dict[Literal["txt", "srt", "vtt", "json"], Annotated[str, Field(max_length=4096)]]
+    model: str = Field(max_length=200)
+    realtime_factor: float | None = Field(ge=0)
+    skipped: dict[Literal["reason", "existing"], Annotated[str, Field(max_length=4096)]] | None = None
 
 
 class TranscribeOptions(OutputOptions):
@@ -329,6 +349,7 @@ class Transcribe(Kind):
 
     name = "transcribe"
     Options = TranscribeOptions
+    Result = TranscribeResult
     description = "speech to text with faster-whisper; writes txt/srt/vtt/json"
 
     @classmethod

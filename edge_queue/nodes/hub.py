@@ -24,7 +24,7 @@ import json
 import logging
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
@@ -34,6 +34,7 @@ from edge_queue.logfmt import clip
 from edge_queue.mqtt.bridge import Bridge
 from edge_queue.mqtt.topics import Topics
 from edge_queue.rules.limits import RejectionLog
+from edge_queue.rules.results import result_problem
 from edge_queue.store.chunks import MAX_CHUNK_BYTES
 from edge_queue.workers.supervisor import Outcome
 
@@ -166,8 +167,10 @@ class Nodes:
         topics: Topics,
         bridge: Bridge,
         clock: Callable[[], float] = time.monotonic,
+        kinds: Mapping[str, Any] | None = None,
     ) -> None:
         bridge.on_node = self.on_message
+        self.kind_classes = kinds or {}  # name -> kind class: the result shapes (Kind.Result)
         self.publish = bridge.publish
         self.allowed = frozenset(settings.access.nodes)
         self.lease_s = settings.nodes.lease_s
@@ -352,7 +355,21 @@ class Nodes:
         self._remember(job_id, attempt, node_id)
         self.acks.append((node_id, {"op": "ok", "job_id": job_id, "attempt": attempt}))
         if op == "done":
-            out.append(Outcome("done", job_id, attempt, {"result": msg.get("result")}))
+            kind = self.kind_classes.get(lease.kind)
+            problem = result_problem(msg.get("result"), getattr(kind, "Result", None))
+            if problem is None:
+                out.append(Outcome("done", job_id, attempt, {"result": msg.get("result")}))
+            else:  # never a succeeded job: a failed attempt, and the next one goes elsewhere or again
+                self.refused.warning("node %s: the result of job %s refused: %s", node_id, clip(job_id), problem)
+                message = f"node {node_id} reported a result that is not a {lease.kind} result: {clip(problem)}"
+                out.append(
+                    Outcome(
+                        "failed",
+                        job_id,
+                        attempt,
+                        {"code": ErrorCode.INVALID_RESULT, "message": message, "retryable": True},
+                    )
+                )
         elif op == "unstarted":
             if msg.get("code") == ErrorCode.INPUT_UNREACHABLE or msg.get("exclude") is True:
                 self._exclude(job_id, node_id)
