@@ -259,6 +259,8 @@ class NodesSettings(_Section):
     node_id: str | None = Field(None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     #: Seconds between a node's heartbeats (lease renewals); at most a third of the hub's ``lease_s``.
     heartbeat_s: float = Field(5.0, ge=0.2, le=600)
+    #: The hub's: the most jobs one node is given at once, whatever slots it announces.
+    max_slots: int = Field(16, ge=1, le=1024)
 
 
 class HttpSettings(_Section):

@@ -73,7 +73,8 @@ class Clock:
 
 
 def hub(tmp_path: Path, **settings: Any) -> tuple[Nodes, Wire, Clock]:
-    s = Settings(data_dir=tmp_path, access={"nodes": ["n1", "n2"]}, nodes={"lease_s": 10}, **settings)
+    settings = {"nodes": {"lease_s": 10}, **settings}
+    s = Settings(data_dir=tmp_path, access={"nodes": ["n1", "n2"]}, **settings)
     wire, clock = Wire(), Clock()
     return Nodes(s, Topics("b"), wire, clock), wire, clock  # type: ignore[arg-type]
 
@@ -403,3 +404,35 @@ def test_a_node_s_result_must_be_its_kind_s_result(tmp_path: Path) -> None:
             assert (out.op, out.data["code"], out.data["retryable"]) == ("failed", "invalid_result", True)
         else:
             assert (out.op, out.data) == ("done", {"result": good})
+
+
+def test_the_hub_enforces_timeout_and_cancel_on_its_own_clock(tmp_path: Path) -> None:
+    """A node that holds a job past its timeout_s and ignores the cancel, or ignores a cancel,
+    loses it cancel_grace_s later: timeout and cancelled on time, whatever it keeps saying."""
+    nodes, wire, clock = hub(tmp_path, cancel_grace_s=5)
+    online(nodes, "n1", slots=2)
+    nodes.assign("n1", JOB, 3)
+    nodes.assign("n1", {**JOB, "job_id": "j2"}, None)
+    clock.t += 2
+    say(nodes, "n1", {"op": "beat", "jobs": [["j1", 1], ["j2", 1]]})
+    assert nodes.poll(True) == []
+    clock.t += 1.5  # past j1's 3 s: the node is asked to stop it
+    assert nodes.poll(True) == []
+    assert wire.sent[-1] == ("b/nodes/n1/down", {"v": 1, "op": "cancel", "job_id": "j1", "attempt": 1})
+    assert nodes.cancel("j2")  # a user's cancel of the other job
+    for _ in range(2):  # the node goes on beating for both, ignoring both
+        clock.t += 2
+        say(nodes, "n1", {"op": "beat", "jobs": [["j1", 1], ["j2", 1]]})
+        assert nodes.poll(True) == []
+    clock.t += 1.1  # cancel_grace_s after each was asked
+    ended = {o.job_id: (o.op, o.data["code"]) for o in nodes.poll(True)}
+    assert ended == {"j1": ("lost", "timeout"), "j2": ("lost", "cancelled")}
+    assert nodes.running_job_ids() == set()
+    say(nodes, "n1", {"op": "done", "job_id": "j1", "attempt": 1, "result": {}})  # too late: fenced
+    assert nodes.poll(True) == []
+
+
+def test_slots_are_bounded_by_the_hub(tmp_path: Path) -> None:
+    nodes, _, _ = hub(tmp_path, nodes={"lease_s": 10, "max_slots": 4})
+    online(nodes, "n1", slots=1024)
+    assert nodes.free() == {"n1": 4}

@@ -115,6 +115,20 @@ class Lease:
     confirmed: bool = False
     new: bool = field(default=True)  # handed out in this turn, not committed yet
     why: str | None = None  # why it runs out early (its node went offline)
+    #: the attempt's end by its ``timeout_s``, on the hub's monotonic clock (None: no timeout)
+    ends: float | None = None
+    #: when the hub asked the node to stop it (a cancel, or the timeout), and why
+    stop_asked: float | None = None
+    stop_code: str = ErrorCode.TIMEOUT
+
+
+def overdue(lease: Lease, now: float, grace_s: float) -> str | None:
+    """What the hub does about ``lease`` at ``now`` (monotonic seconds), by its own clock
+    (docs/nodes.md, "Leases"): ``"ask"`` the node to stop it (its ``timeout_s`` passed), ``"end"``
+    it (the node did not stop within ``cancel_grace_s`` of being asked), or None."""
+    if lease.stop_asked is not None:
+        return "end" if now - lease.stop_asked >= grace_s else None
+    return "ask" if lease.ends is not None and now >= lease.ends else None
 
 
 #: Longest ``stage`` a node's progress may carry (the kinds' own are at most 13 characters).
@@ -173,7 +187,11 @@ class Nodes:
         self.kind_classes = kinds or {}  # name -> kind class: the result shapes (Kind.Result)
         self.publish = bridge.publish
         self.allowed = frozenset(settings.access.nodes)
-        self.lease_s = settings.nodes.lease_s
+        self.lease_s, self.grace_s, self.max_slots = (
+            settings.nodes.lease_s,
+            settings.cancel_grace_s,
+            settings.nodes.max_slots,
+        )
         self.local_workers = settings.workers
         self.topics, self.clock = topics, clock
         self.nodes: dict[str, Node] = {}
@@ -244,6 +262,14 @@ class Nodes:
         now = self.clock()
         if not connected:
             self.renew_all(now)
+        for lease in list(self.leases.values()):  # timeouts and cancels, on the hub's clock
+            if (todo := overdue(lease, now, self.grace_s)) == "ask":
+                lease.stop_asked = now
+                self._send(lease.node_id, {"op": "cancel", "job_id": lease.job_id, "attempt": lease.attempt})
+            elif todo == "end":
+                why = "its timeout_s passed" if lease.stop_code == ErrorCode.TIMEOUT else "it was cancelled"
+                lease.why = f"node {lease.node_id} did not stop the job within cancel_grace_s after {why}"
+                self._lose(lease, lease.why, out, code=lease.stop_code)
         for lease in [lease for lease in self.leases.values() if lease.expires <= now]:
             if (node := self.nodes.get(lease.node_id)) is not None:
                 node.hold = True  # silent: nothing more for it until it is heard from again
@@ -260,7 +286,9 @@ class Nodes:
         online = msg.get("state") == "online"
         kinds = msg.get("kinds")
         raw = msg.get("slots")
-        slots = raw if isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw <= 1024 else None
+        slots = min(raw, self.max_slots) if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0 else None
+        if isinstance(raw, int) and slots is not None and raw > self.max_slots:
+            self.refused.warning("node %s announced %d slots: it gets %d (nodes.max_slots)", node_id, raw, slots)
         if slots is None or not isinstance(kinds, list):
             self.refused.warning("node %s announced slots or kinds out of range: it gets no jobs", node_id)
         node = Node(
@@ -383,11 +411,11 @@ class Nodes:
                 data["retryable"] = bool(msg.get("retryable"))
             out.append(Outcome(op, job_id, attempt, data))
 
-    def _lose(self, lease: Lease, why: str, out: list[Outcome]) -> None:
+    def _lose(self, lease: Lease, why: str, out: list[Outcome], code: str = ErrorCode.WORKER_LOST) -> None:
         del self.leases[lease.job_id]
-        if lease.confirmed:
+        if lease.confirmed or code != ErrorCode.WORKER_LOST:
             log.warning("job %s lost on node %s (attempt %d): %s", lease.job_id, lease.node_id, lease.attempt, why)
-            data = {"code": str(ErrorCode.WORKER_LOST), "message": f'{why} (docs/nodes.md, "Leases")'}
+            data = {"code": str(code), "message": f'{why} (docs/nodes.md, "Leases")'}
             out.append(Outcome("lost", lease.job_id, lease.attempt, data))
         else:
             log.warning(
@@ -488,8 +516,10 @@ class Nodes:
 
     def assign(self, node_id: str, job: dict[str, Any], timeout_s: float | None) -> None:
         """Hand a claimed job to ``node_id`` (the message leaves after the turn's commit)."""
+        now = self.clock()
+        ends = now + timeout_s if timeout_s else None
         self.leases[job["job_id"]] = Lease(
-            job["job_id"], job["attempt"], node_id, job["kind"], self.clock() + self.lease_s
+            job["job_id"], job["attempt"], node_id, job["kind"], now + self.lease_s, ends=ends
         )
         msg = {k: job[k] for k in ("job_id", "attempt", "kind", "input", "options")}
         msg.update(op="run", timeout_s=timeout_s, lease_s=self.lease_s)
@@ -503,6 +533,7 @@ class Nodes:
         if lease is None:
             return False
         self._send(lease.node_id, {"op": "cancel", "job_id": job_id, "attempt": lease.attempt})
+        lease.stop_asked, lease.stop_code = lease.stop_asked or self.clock(), ErrorCode.CANCELLED
         return True
 
     def _send(self, node_id: str, msg: dict[str, Any]) -> None:
