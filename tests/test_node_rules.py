@@ -436,3 +436,37 @@ def test_slots_are_bounded_by_the_hub(tmp_path: Path) -> None:
     nodes, _, _ = hub(tmp_path, nodes={"lease_s": 10, "max_slots": 4})
     online(nodes, "n1", slots=1024)
     assert nodes.free() == {"n1": 4}
+
+
+def test_a_heartbeat_and_an_announcement_cost_bounded_work(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A heartbeat listing 200,000 jobs the node does not hold is read up to nodes.max_slots
+    (before: 200,000 cancels); an announcement of a 3.4 MB kinds list keeps 64 names of at most
+    64 characters; one node's 4 MB heartbeats are read 8 MiB a turn while another node's
+    outcome is read in the same turn; every line they cause goes through the rate limit."""
+    from edge_queue.nodes.hub_rules import POLL_BYTES_PER_NODE
+
+    nodes, wire, _ = hub(tmp_path, nodes={"lease_s": 10, "max_slots": 4})
+    online(nodes, "n2")
+    say(nodes, "n1", {"state": "online", "slots": 2, "kinds": ["noop"] + [f"k{i:07d}" * 4 for i in range(100_000)],
+                      "host": "h" * 10_000, "version": "0.1.0", "models": ["m"] * 1000}, "announce")  # fmt: skip
+    nodes.poll(True)
+    (n1,) = [n for n in nodes.summary() if n["node_id"] == "n1"]
+    assert len(n1["kinds"]) == 64 and n1["host"] is None and len(n1["models"]) == 32
+    assert len(json.dumps(nodes.summary())) < 10_000
+    sent = len(wire.sent)
+    beat = {"op": "beat", "jobs": [[f"j{i}", 1] for i in range(200_000)]}  # 3 MB: under the 4 MiB bound
+    say(nodes, "n1", beat)
+    assert nodes.poll(True) == []
+    assert len(wire.sent) - sent == 4  # a cancel for each of the 4 listed jobs read, not 500,000
+    big = json.dumps({"op": "beat", "jobs": [], "pad": "x" * 4_000_000}).encode()
+    for _ in range(3):
+        nodes.on_message("b/nodes/n1/up", big, False)
+    nodes.assign("n2", JOB, None)
+    say(nodes, "n2", {"op": "done", "job_id": "j1", "attempt": 1, "result": {}})
+    assert [o.op for o in nodes.poll(True)] == ["done"]  # n2 read in the turn n1's flood is cut
+    assert 0 < nodes.inbox_bytes <= len(big) and len(big) * 2 <= POLL_BYTES_PER_NODE + len(big)
+    assert nodes.wait_s() == 0.0  # the rest is read in the next turn, at once
+    nodes.poll(True)
+    assert nodes.inbox == []
+    refused = [r for r in caplog.records if r.name == "edge_queue.nodes.hub" and r.levelname == "WARNING"]
+    assert len(refused) <= 20

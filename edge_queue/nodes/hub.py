@@ -38,6 +38,9 @@ from edge_queue.rules.results import result_problem
 from edge_queue.store.chunks import MAX_CHUNK_BYTES
 from edge_queue.workers.supervisor import Outcome
 
+from .announcements import bounded
+from .hub_rules import POLL_BYTES_PER_NODE, counted, summary_of, within
+
 log = logging.getLogger(__name__)
 
 #: The owner column of a job running on a node: this prefix and the node id.
@@ -244,9 +247,9 @@ class Nodes:
         """The outcomes of what nodes sent since the last call, then of leases that ran out
         (none while the hub is not ``connected`` to the broker: then they start again)."""
         out: list[Outcome] = []
-        inbox, self.inbox, self.inbox_bytes = self.inbox, [], 0
-        self.waiting.clear()
-        self.waiting_bytes.clear()
+        inbox, self.inbox = within(self.inbox, POLL_BYTES_PER_NODE)  # the rest waits for the next turn
+        self.inbox_bytes = sum(len(item[2]) for item in self.inbox)
+        self.waiting, self.waiting_bytes = counted(self.inbox)
         for node_id, level, payload in inbox:
             try:
                 msg = json.loads(payload) if payload else None
@@ -284,6 +287,9 @@ class Nodes:
             self._offline(node_id, "its announcement was cleared")
             return
         online = msg.get("state") == "online"
+        kept, problems = bounded(msg)  # nothing of the message is kept beyond these bounds
+        if problems:
+            self.refused.warning("node %s announced more than the hub keeps: %s", node_id, "; ".join(problems))
         kinds = msg.get("kinds")
         raw = msg.get("slots")
         slots = min(raw, self.max_slots) if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0 else None
@@ -294,9 +300,9 @@ class Nodes:
         node = Node(
             node_id,
             online,
-            frozenset(k for k in kinds if isinstance(k, str)) if isinstance(kinds, list) else frozenset(),
+            frozenset(kept["kinds"]),
             slots or 0,
-            msg,
+            kept,
         )
         was = self.nodes.get(node_id)
         if was is not None:
@@ -330,6 +336,11 @@ class Nodes:
             held = msg.get("jobs")
             if not isinstance(held, list):
                 self.refused.warning("node %s sent a heartbeat without a list of jobs", node_id)
+            elif len(held) > self.max_slots:  # a node holds at most its slots: the rest is not read
+                self.refused.warning(
+                    "node %s listed %d jobs in a heartbeat: %d read", node_id, len(held), self.max_slots
+                )
+                held = held[: self.max_slots]
             strays: set[tuple[str, int]] = set()
             for item in held if isinstance(held, list) else []:
                 if not (isinstance(item, list) and len(item) == 2):
@@ -358,7 +369,7 @@ class Nodes:
                 node.hold = node.hold or op == "unstarted"
             if (job_id, attempt, node_id) not in self.recent:
                 self._remember(job_id, attempt, node_id)
-                log.warning(
+                self.refused.warning(  # outside input: through the rate limit
                     "node %s: %s of job %s attempt %d refused: its lease is not held (now %s)",
                     node_id,
                     op,
@@ -453,10 +464,16 @@ class Nodes:
         return changed
 
     def wait_s(self) -> float | None:
-        """Seconds until the first lease runs out, or None."""
+        """Seconds until the first lease runs out or timeout or cancel is due (0 while messages
+        wait to be read), or None."""
+        if self.inbox:
+            return 0.0
         if not self.leases:
             return None
-        return max(0.0, min(lease.expires for lease in self.leases.values()) - self.clock())
+        due = [lease.expires for lease in self.leases.values()]
+        due += [lease.ends for lease in self.leases.values() if lease.ends is not None and lease.stop_asked is None]
+        due += [lease.stop_asked + self.grace_s for lease in self.leases.values() if lease.stop_asked is not None]
+        return max(0.0, min(due) - self.clock())
 
     def send_acks(self) -> None:
         """Publish the turn's ``ok`` answers (inside the turn: they leave after its commit)."""
@@ -543,23 +560,8 @@ class Nodes:
         return set(self.leases)
 
     def summary(self) -> list[dict[str, Any]]:
-        """The nodes for ``<base>/info`` and ``<base>/queue``: id, online, host, version, kinds,
-        slots, running (jobs held now), device, models."""
-        held = Counter(lease.node_id for lease in self.leases.values())
-        return [
-            {
-                "node_id": n.node_id,
-                "online": n.online,
-                "host": n.announcement.get("host"),
-                "version": n.announcement.get("version"),
-                "kinds": sorted(n.kinds),
-                "slots": n.slots,
-                "running": held[n.node_id],
-                "device": n.announcement.get("device"),
-                "models": n.announcement.get("models"),
-            }
-            for n in sorted(self.nodes.values(), key=lambda n: n.node_id)
-        ]
+        """The nodes for ``<base>/info`` and ``<base>/queue`` (:func:`summary_of`)."""
+        return summary_of(self.nodes.values(), self.leases.values())
 
 
 def _encode(msg: dict[str, Any]) -> bytes:
