@@ -86,7 +86,7 @@ def say(nodes: Nodes, node_id: str, msg: dict[str, Any] | None, level: str = "up
 
 def online(nodes: Nodes, *ids: str, slots: int = 1) -> None:
     for node_id in ids:
-        say(nodes, node_id, {"state": "online", "kinds": ["noop", "probe"], "slots": slots}, "announce")
+        say(nodes, node_id, {"v": 1, "state": "online", "kinds": ["noop", "probe"], "slots": slots}, "announce")
     nodes.poll(True)
 
 
@@ -181,7 +181,7 @@ def test_the_last_will_ends_the_nodes_leases_within_seconds_unless_it_is_back(tm
     say(nodes, "n1", {"state": "offline", "kinds": ["noop"], "slots": 1}, "announce")
     assert nodes.poll(True) == [] and nodes.free() == {}
     clock.t += 2  # a broker restart sends every Will: the node is back, with j1 still running
-    say(nodes, "n1", {"state": "online", "kinds": ["noop"], "slots": 2}, "announce")
+    say(nodes, "n1", {"v": 1, "state": "online", "kinds": ["noop"], "slots": 2}, "announce")
     say(nodes, "n1", {"op": "beat", "jobs": [["j1", 1]]})
     assert nodes.poll(True) == []
     clock.t += 1.5
@@ -193,8 +193,8 @@ def test_the_last_will_ends_the_nodes_leases_within_seconds_unless_it_is_back(tm
 
 def test_a_user_not_in_access_nodes_is_ignored(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     nodes, _, _ = hub(tmp_path)
-    say(nodes, "phone", {"state": "online", "kinds": ["noop"], "slots": 4}, "announce")
-    say(nodes, "phone", {"state": "online", "kinds": ["noop"], "slots": 4}, "announce")
+    say(nodes, "phone", {"v": 1, "state": "online", "kinds": ["noop"], "slots": 4}, "announce")
+    say(nodes, "phone", {"v": 1, "state": "online", "kinds": ["noop"], "slots": 4}, "announce")
     nodes.poll(True)
     assert nodes.free() == {} and nodes.summary() == []
     assert caplog.text.count("node phone is not in access.nodes") == 1
@@ -447,7 +447,7 @@ def test_a_heartbeat_and_an_announcement_cost_bounded_work(tmp_path: Path, caplo
 
     nodes, wire, _ = hub(tmp_path, nodes={"lease_s": 10, "max_slots": 4})
     online(nodes, "n2")
-    say(nodes, "n1", {"state": "online", "slots": 2, "kinds": ["noop"] + [f"k{i:07d}" * 4 for i in range(100_000)],
+    say(nodes, "n1", {"v": 1, "state": "online", "slots": 2, "kinds": ["noop"] + [f"k{i:07d}" * 4 for i in range(100_000)],
                       "host": "h" * 10_000, "version": "0.1.0", "models": ["m"] * 1000}, "announce")  # fmt: skip
     nodes.poll(True)
     (n1,) = [n for n in nodes.summary() if n["node_id"] == "n1"]
@@ -470,3 +470,25 @@ def test_a_heartbeat_and_an_announcement_cost_bounded_work(tmp_path: Path, caplo
     assert nodes.inbox == []
     refused = [r for r in caplog.records if r.name == "edge_queue.nodes.hub" and r.levelname == "WARNING"]
     assert len(refused) <= 20
+
+
+def test_a_node_speaking_another_protocol_gets_no_job_and_is_shown_incompatible(tmp_path: Path) -> None:
+    nodes, _, _ = hub(tmp_path)
+    say(nodes, "n1", {"v": 2, "state": "online", "kinds": ["noop"], "slots": 2, "version": "0.0.1"}, "announce")
+    online(nodes, "n2")
+    (n1,) = [n for n in nodes.summary() if n["node_id"] == "n1"]
+    assert "speaks node protocol 2" in n1["incompatible"] and nodes.free() == {"n2": 1}
+    (n2,) = [n for n in nodes.summary() if n["node_id"] == "n2"]
+    assert n2["incompatible"] is None
+
+
+def test_a_node_whose_kind_cannot_run_the_options_gives_the_job_back() -> None:
+    """A node's (older) kind that lacks an option, or bounds it lower, than the hub's: the node
+    gives the job back with exclude (its attempt not counted, not offered to that node again),
+    instead of failing it with internal_error."""
+    from edge_queue.kinds.noop import Noop
+    from edge_queue.nodes.node import options_problem
+
+    assert options_problem(Noop, {"sleep_s": 1}, Settings()) is None
+    assert "options.new_option" in (options_problem(Noop, {"new_option": 1}, Settings()) or "")
+    assert "options.sleep_s" in (options_problem(Noop, {"sleep_s": 3600}, Settings()) or "")

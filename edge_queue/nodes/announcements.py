@@ -13,6 +13,8 @@ from typing import Any
 MAX_KINDS, MAX_KIND_CHARS = 64, 64
 #: Models a node may announce, and the longest model name.
 MAX_MODELS, MAX_MODEL_CHARS = 32, 200
+#: The node protocol this hub speaks (``"v"`` of every node message, docs/nodes.md, "Topics").
+PROTOCOL = 1
 #: The longest host name, version and device kept.
 MAX_HOST_CHARS, MAX_VERSION_CHARS, MAX_DEVICE_CHARS = 255, 64, 32
 KIND_NAME = re.compile(rf"[A-Za-z0-9_.-]{{1,{MAX_KIND_CHARS}}}")
@@ -23,7 +25,8 @@ def _text(value: Any, most: int) -> str | None:
 
 
 def bounded(msg: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """The announcement ``msg`` as the hub keeps it: ``host``, ``version``, ``device`` (text
+    """The announcement ``msg`` as the hub keeps it: ``incompatible`` (why the hub gives the
+    node no job: its ``"v"`` is not :data:`PROTOCOL`; else None), ``host``, ``version``, ``device`` (text
     within their bounds, else None), ``kinds`` (names of at most :data:`MAX_KIND_CHARS`
     letters, digits, ``_``, ``.`` or ``-``, at most :data:`MAX_KINDS`) and ``models`` (at most
     :data:`MAX_MODELS` names); and what was left out, one phrase each (empty when nothing)."""
@@ -42,7 +45,15 @@ def bounded(msg: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         models = [m for m in raw_models[:MAX_MODELS] if _text(m, MAX_MODEL_CHARS)]
         if len(models) < len(raw_models):
             problems.append(f"models: {len(raw_models)} given, {len(models)} kept")
+    incompatible = None
+    if msg.get("v") != PROTOCOL:
+        shown = str(msg.get("v"))[:20]
+        incompatible = (
+            f"speaks node protocol {shown}; this hub speaks {PROTOCOL}: it gets no jobs (upgrade one of them)"
+        )
+        problems.append(incompatible)
     kept = {
+        "incompatible": incompatible,
         "host": _text(msg.get("host"), MAX_HOST_CHARS),
         "version": _text(msg.get("version"), MAX_VERSION_CHARS),
         "device": _text(msg.get("device"), MAX_DEVICE_CHARS),

@@ -289,7 +289,7 @@ class Nodes:
         online = msg.get("state") == "online"
         kept, problems = bounded(msg)  # nothing of the message is kept beyond these bounds
         if problems:
-            self.refused.warning("node %s announced more than the hub keeps: %s", node_id, "; ".join(problems))
+            self.refused.warning("node %s's announcement: %s", node_id, "; ".join(problems))
         kinds = msg.get("kinds")
         raw = msg.get("slots")
         slots = min(raw, self.max_slots) if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0 else None
@@ -301,7 +301,7 @@ class Nodes:
             node_id,
             online,
             frozenset(kept["kinds"]),
-            slots or 0,
+            0 if kept["incompatible"] else slots or 0,
             kept,
         )
         was = self.nodes.get(node_id)

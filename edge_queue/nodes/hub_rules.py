@@ -48,6 +48,7 @@ def summary_of(nodes: Iterable[Any], leases: Iterable[Any]) -> list[dict[str, An
         {
             "node_id": n.node_id,
             "online": n.online,
+            "incompatible": n.announcement.get("incompatible"),
             "host": n.announcement.get("host"),
             "version": n.announcement.get("version"),
             "kinds": sorted(n.kinds),

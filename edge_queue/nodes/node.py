@@ -32,11 +32,13 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from pydantic import ValidationError
 
 from edge_queue import package_version
 from edge_queue.config import Settings
-from edge_queue.errors import ErrorCode
+from edge_queue.errors import EdgeQueueError, ErrorCode
 from edge_queue.kinds import registry
+from edge_queue.logfmt import clip
 from edge_queue.mqtt.paho_client import configure_client, set_nodelay
 from edge_queue.mqtt.probe import detect_protocol
 from edge_queue.mqtt.topics import Topics
@@ -319,6 +321,12 @@ class WorkerNode:
         if job["kind"] not in self.kinds:
             self._finish(job_id, attempt, {"op": "unstarted", "message": f"this node does not run {job['kind']}"})
             return
+        if kind is not None and (why := options_problem(kind, job["options"], self.settings)) is not None:
+            # this node's version of the kind cannot run the job as asked: another place may
+            why = f"this node's {job['kind']} cannot run the job as asked: {why}"
+            log.warning("job %s: %s; given back to the hub", job_id, why)
+            self._finish(job_id, attempt, {"op": "unstarted", "exclude": True, "message": why})
+            return
         idle = self.supervisor.idle()
         if not idle:
             self._finish(job_id, attempt, {"op": "unstarted", "message": "no free worker slot on this node"})
@@ -381,6 +389,21 @@ class WorkerNode:
             client.disconnect()
             client.loop_stop()
         log.info("worker node %s stopped", self.node_id)
+
+
+def options_problem(kind: Any, options: Any, settings: Settings) -> str | None:
+    """Why ``options`` are not ones this node's ``kind`` takes (its ``Options`` model and
+    ``check_options``), or None."""
+    try:
+        kind.check_options(kind.Options.model_validate(options or {}), settings)
+    except (ValidationError, EdgeQueueError) as e:
+        return clip(str(e).splitlines()[0] if isinstance(e, EdgeQueueError) else _first_error(e), 300)
+    return None
+
+
+def _first_error(e: ValidationError) -> str:
+    err = e.errors()[0]
+    return f"options.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
 
 
 def run_node(settings: Settings) -> int:

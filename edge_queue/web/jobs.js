@@ -138,9 +138,9 @@ function renderQueue() {
 function renderNodes(nodes) {
   const box = $("nodes");
   box.replaceChildren(...nodes.map((n) =>
-    el("span", { class: `node ${n.online ? "on" : "off"}`, "data-node": n.node_id,
-                 title: `${n.host || ""} · ${(n.kinds || []).join(", ")}${n.device ? " · " + n.device : ""}` },
-      `${n.node_id} · ${n.online ? `${n.running}/${n.slots} running` : "offline"}`)));
+    el("span", { class: `node ${n.online && !n.incompatible ? "on" : "off"}`, "data-node": n.node_id,
+                 title: n.incompatible || `${n.host || ""} · ${(n.kinds || []).join(", ")}${n.device ? " · " + n.device : ""}` },
+      `${n.node_id} · ${n.incompatible ? "incompatible" : n.online ? `${n.running}/${n.slots} running` : "offline"}`)));
   box.hidden = nodes.length === 0;
 }
 
