@@ -447,7 +447,8 @@ def test_a_heartbeat_and_an_announcement_cost_bounded_work(tmp_path: Path, caplo
 
     nodes, wire, _ = hub(tmp_path, nodes={"lease_s": 10, "max_slots": 4})
     online(nodes, "n2")
-    say(nodes, "n1", {"v": 1, "state": "online", "slots": 2, "kinds": ["noop"] + [f"k{i:07d}" * 4 for i in range(100_000)],
+    kinds = ["noop"] + [f"k{i:07d}" * 4 for i in range(100_000)]
+    say(nodes, "n1", {"v": 1, "state": "online", "slots": 2, "kinds": kinds,
                       "host": "h" * 10_000, "version": "0.1.0", "models": ["m"] * 1000}, "announce")  # fmt: skip
     nodes.poll(True)
     (n1,) = [n for n in nodes.summary() if n["node_id"] == "n1"]
