@@ -493,3 +493,27 @@ def test_a_node_whose_kind_cannot_run_the_options_gives_the_job_back() -> None:
     assert options_problem(Noop, {"sleep_s": 1}, Settings()) is None
     assert "options.new_option" in (options_problem(Noop, {"new_option": 1}, Settings()) or "")
     assert "options.sleep_s" in (options_problem(Noop, {"sleep_s": 3600}, Settings()) or "")
+
+
+def test_a_node_learns_why_it_gets_no_job_from_the_hub_s_info() -> None:
+    from edge_queue.nodes.hub_view import node_problems
+
+    info = {"state": "online", "media_roots": ["/srv/media"], "nodes": [{"node_id": "gpu", "incompatible": None}]}
+    assert node_problems(info, "gpu", [("/srv/media", "/mnt/nas")]) == []
+    assert node_problems(info, "gpu", [("/srv/media/films", "/mnt/films")]) == []  # a folder inside a root
+    (unlisted,) = node_problems(info, "laptop", [])
+    assert "does not list this node ('laptop')" in unlisted and "access.nodes" in unlisted
+    (wrong_map,) = node_problems(info, "gpu", [("/srv/medias", "/mnt/nas")])
+    assert "path_map hub = /srv/medias is outside the hub's media roots (/srv/media)" in wrong_map
+    odd = {**info, "nodes": [{"node_id": "gpu", "incompatible": "speaks node protocol 2"}]}
+    assert node_problems(odd, "gpu", []) == ["the hub shows this node incompatible: speaks node protocol 2"]
+    assert node_problems({"state": "offline"}, "laptop", []) == []
+
+
+def test_one_outage_is_logged_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    nodes, _, _ = hub(tmp_path)
+    online(nodes, "n1")
+    for _ in range(3):  # the Will, then the same retained offline seen again
+        say(nodes, "n1", {"v": 1, "state": "offline", "kinds": ["noop"], "slots": 1}, "announce")
+        nodes.poll(True)
+    assert caplog.text.count("node n1 is offline") == 1

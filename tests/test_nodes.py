@@ -662,3 +662,17 @@ def test_a_transcription_whose_node_dies_at_60_percent_resumes_on_another_node(
         assert _kept(hub.db, job_id) == 0
     finally:
         w.close()
+
+
+def test_a_node_says_why_it_gets_no_job(mosquitto, service_factory, nodes, tmp_path: Path) -> None:
+    """A node the hub does not list in access.nodes, and one whose path map names a folder the
+    hub has no media root for, say so in their own log (before: "online" and nothing more)."""
+    media = tmp_path / "media"
+    media.mkdir()
+    hub = service_factory(mosquitto, [media], hub_env(["listed"])).start()
+    stranger = nodes(hub, "stranger", [media])
+    wrong = nodes(hub, "listed", [media], path_map=[{"hub": str(tmp_path / "elsewhere"), "local": str(media)}])
+    wait_until(lambda: "this node gets no job: the hub does not list this node ('stranger')" in stranger.log(), 30,
+               "the stranger to say why")  # fmt: skip
+    wait_until(lambda: "is outside the hub's media roots" in wrong.log(), 30, "the wrong path map to be said")
+    assert "does not list this node" not in wrong.log()

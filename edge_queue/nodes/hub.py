@@ -311,19 +311,18 @@ class Nodes:
         self.changed = True
         if online and (was is None or not was.online):
             log.info("node %s online: %d slot(s), kinds %s", node_id, node.slots, ", ".join(sorted(node.kinds)))
-        if not online:
+        if not online and (was is None or was.online):  # once per outage, however often it is said
             self._offline(node_id, "its Last Will or its stop says offline")
 
     def _offline(self, node_id: str, why: str) -> None:
         held = [lease for lease in self.leases.values() if lease.node_id == node_id]
-        if held:
-            log.warning(
-                "node %s is offline (%s): its %d job(s) go back to the queue unless it is back within %.0f s",
-                node_id,
-                why,
-                len(held),
-                OFFLINE_GRACE_S,
-            )
+        self.refused.warning(  # a node's doing: through the rate limit
+            "node %s is offline (%s): its %d job(s) go back to the queue unless it is back within %.0f s",
+            node_id,
+            why,
+            len(held),
+            OFFLINE_GRACE_S,
+        )
         expires = self.clock() + OFFLINE_GRACE_S
         for lease in held:
             lease.expires, lease.why = min(lease.expires, expires), f"node {node_id} went offline ({why})"
@@ -415,6 +414,7 @@ class Nodes:
             elif node is not None:  # it had no room: no more until its next heartbeat says it has
                 node.hold = True
             reason = f"node {node_id} gave it back: {clip(str(msg.get('message') or 'no reason given'))}"
+            self.refused.warning("job %s: %s", clip(job_id), reason)
             out.append(Outcome("unstarted", job_id, attempt, {"reason": reason}))
         else:
             data = {"code": str(msg.get("code") or ErrorCode.WORKER_LOST), "message": str(msg.get("message") or "")}

@@ -45,6 +45,7 @@ from edge_queue.mqtt.topics import Topics
 from edge_queue.rules.inputs import roots_text
 from edge_queue.workers.supervisor import Outcome, Supervisor
 
+from .hub_view import HUB_VIEW_AFTER_S, node_problems
 from .pathmap import Entry, map_result, to_local
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,9 @@ class WorkerNode:
         self.topics = Topics(settings.mqtt.base_topic)
         self.registry = registry(settings.extra_kinds)
         self.kinds = sorted(self.registry)
+        self.told: set[str] = set()  # why the hub gives this node no job, as last logged
+        self.hub_info: Any = None  # the hub's retained <base>/info, as last received
+        self.connected_at = 0.0
         self.entries: list[Entry] = [(str(m.hub), str(m.local)) for m in settings.path_map]
         self.roots = [Path(os.path.realpath(r)) for r in settings.media_roots]
         self.supervisor = Supervisor(settings)
@@ -150,7 +154,7 @@ class WorkerNode:
             log.error("broker refused the connection: %s", reason)
             return
         set_nodelay(client)  # an outcome and the heartbeat after it leave at once (no Nagle wait)
-        client.subscribe(self.topics.node_down(self.node_id), qos=1)
+        client.subscribe([(self.topics.node_down(self.node_id), 1), (self.topics.info, 1)])
         client.publish(self.topics.node(self.node_id), self.announcement("online"), qos=1, retain=True)
         self.inbox.put({"op": "connected"})
         self._wake()
@@ -168,7 +172,7 @@ class WorkerNode:
             log.warning("a message on %s that is not JSON was ignored", msg.topic)
             return
         if isinstance(obj, dict):
-            self.inbox.put(obj)
+            self.inbox.put({"op": "hub_info", "info": obj} if msg.topic == self.topics.info else obj)
             self._wake()
 
     def _wake(self) -> None:
@@ -260,6 +264,18 @@ class WorkerNode:
         self._send({"op": "beat", "jobs": held, "free": len(self.supervisor.idle())})
         for msg in self.pending.values():
             self._send(msg)
+        if self.connected and self.clock() - self.connected_at >= HUB_VIEW_AFTER_S:
+            self._tell_why()
+
+    def _tell_why(self) -> None:
+        """Say, once each, why the hub's info shows this node gets no job (and when that ends)."""
+        problems = node_problems(self.hub_info, self.node_id, self.entries)
+        for problem in problems:
+            if problem not in self.told:
+                log.warning("this node gets no job: %s", problem)
+        if self.told and not problems:
+            log.info("the hub lists this node now")
+        self.told = set(problems)
 
     def _held(self) -> list[tuple[str, int]]:
         """(job id, attempt) of every job a worker of this node holds."""
@@ -268,7 +284,7 @@ class WorkerNode:
     def _handle(self, msg: dict[str, Any]) -> None:
         op = msg.get("op")
         if op == "connected":
-            self.connected = True
+            self.connected, self.connected_at = True, self.clock()
             log.info("connected to the broker; node %s online", self.node_id)
             self.beat()
         elif op == "disconnected":
@@ -283,6 +299,8 @@ class WorkerNode:
                     self.supervisor.cancel(str(job_id), self.settings.cancel_grace_s)
         elif op == "ok":
             self.pending.pop((str(msg.get("job_id")), int(msg.get("attempt") or 0)), None)
+        elif op == "hub_info":  # the hub's retained info, looked at with the next heartbeats
+            self.hub_info = msg.get("info")
 
     def _run(self, msg: dict[str, Any]) -> None:
         job_id, attempt = str(msg.get("job_id")), int(msg.get("attempt") or 0)
