@@ -498,7 +498,9 @@ def test_a_node_whose_kind_cannot_run_the_options_gives_the_job_back() -> None:
 def test_a_node_learns_why_it_gets_no_job_from_the_hub_s_info() -> None:
     from edge_queue.nodes.hub_view import node_problems
 
-    info = {"state": "online", "media_roots": ["/srv/media"], "nodes": [{"node_id": "gpu", "incompatible": None}]}
+    info = {"state": "online", "media_roots": ["/srv/media"], "node_ids": ["gpu", "cpu"],
+            "nodes": [{"node_id": "gpu", "incompatible": None}]}  # fmt: skip
+    assert node_problems(info, "cpu", []) == []  # listed, not running yet
     assert node_problems(info, "gpu", [("/srv/media", "/mnt/nas")]) == []
     assert node_problems(info, "gpu", [("/srv/media/films", "/mnt/films")]) == []  # a folder inside a root
     (unlisted,) = node_problems(info, "laptop", [])

@@ -676,3 +676,17 @@ def test_a_node_says_why_it_gets_no_job(mosquitto, service_factory, nodes, tmp_p
                "the stranger to say why")  # fmt: skip
     wait_until(lambda: "is outside the hub's media roots" in wrong.log(), 30, "the wrong path map to be said")
     assert "does not list this node" not in wrong.log()
+
+
+def test_doctor_on_a_node_checks_what_a_node_needs(mosquitto, service_factory, tmp_path: Path) -> None:
+    from .conftest import run_doctor
+
+    media = tmp_path / "media"
+    media.mkdir()
+    hub = service_factory(mosquitto, [media], hub_env(["listed"])).start()
+    env = {**hub.env, "EDGE_QUEUE_NODES__NODE_ID": "stranger", "EDGE_QUEUE_DATA_DIR": str(tmp_path / "node-data")}
+    out = run_doctor(env, "--node")
+    assert out.returncode == 1 and "FAIL  hub: the hub does not list this node ('stranger')" in out.stdout, out.stdout
+    assert "database" not in out.stdout and "watch" not in out.stdout
+    ok = run_doctor({**env, "EDGE_QUEUE_NODES__NODE_ID": "listed"}, "--node")
+    assert ok.returncode == 0 and "ok    hub: the hub lists this node (listed)" in ok.stdout, ok.stdout

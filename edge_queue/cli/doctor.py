@@ -292,11 +292,39 @@ def _old_base_topic(settings: Settings, service: dict[str, Any]) -> Iterator[Che
         )
 
 
-def run_checks(settings: Settings, *, model: bool = True) -> Iterator[Check]:
+def _hub_view(settings: Settings, service: dict[str, Any]) -> Iterator[Check]:
+    """A worker node: does the hub's retained info list it, compatible, its path maps inside
+    the hub's media roots (:func:`~edge_queue.nodes.hub_view.node_problems`)?"""
+    from edge_queue.nodes.hub_view import node_problems
+    from edge_queue.nodes.node import node_id_of
+
+    node_id = node_id_of(settings)
+    info = service.get("info")
+    if not isinstance(info, dict):
+        yield Check("hub", False, f"no hub publishes {settings.mqtt.base_topic}/info: is mqtt.base_topic the hub's?")
+        return
+    entries = [(str(m.hub), str(m.local)) for m in settings.path_map]
+    problems = node_problems(info, node_id, entries)
+    for problem in problems:
+        yield Check("hub", False, problem)
+    if not problems:
+        yield Check("hub", True, f"the hub lists this node ({node_id}); its path maps name the hub's folders")
+
+
+def run_checks(settings: Settings, *, model: bool = True, node: bool = False) -> Iterator[Check]:
     """Every check, in order: broker, data dir, disk, database, media roots, watch folders,
-    the queue page, model(s)."""
+    the queue page, model(s). With ``node``, what a worker node needs: broker, the hub's view
+    of this node, media roots, path maps, CUDA, model(s); nothing of a store it does not keep."""
     service: dict[str, Any] = {}
     yield from _broker(settings, service)
+    if node:
+        yield from _hub_view(settings, service)
+        yield from _media_roots(settings, {})
+        yield from _path_maps(settings)
+        yield from _cuda(settings)
+        if model:
+            yield from _model(settings)
+        return
     yield from _data_dir(settings)
     yield from _old_base_topic(settings, service)
     yield from _media_roots(settings, service)

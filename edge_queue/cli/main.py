@@ -531,6 +531,9 @@ def doctor(
     config: ConfigOpt = None,
     skip_model: Annotated[bool, typer.Option("--skip-model", help="do not load the Whisper model(s)")] = False,
     media_root: MediaRootOpt = None,
+    node: Annotated[
+        bool, typer.Option("--node", help="check this box as a worker node (edge-queue worker): the hub's view of it")
+    ] = False,
 ) -> None:
     """Check the broker, data dir, disk, database, media roots and model; exit 1 on a failure.
 
@@ -546,7 +549,7 @@ def doctor(
     def paint(text: str, colour: str) -> str:
         return typer.style(text, fg=colour, bold=colour == "red")
 
-    for check in run_checks(settings, model=not skip_model):
+    for check in run_checks(settings, model=not skip_model, node=node):
         typer.echo(check.line(paint))
         failed |= not check.ok
     raise typer.Exit(EXIT_FAILED if failed else 0)

@@ -1,5 +1,6 @@
 """What a worker node can tell from the hub's retained ``<base>/info`` about why it gets no
-work (docs/nodes.md, "When a node gets no job"): the hub does not list it in ``access.nodes``,
+work (docs/nodes.md, "When a node gets no job"): the hub does not list it in ``access.nodes``
+(``node_ids``; a hub of an earlier release: ``nodes``),
 it shows it ``incompatible``, or a ``[[path_map]]`` entry names a folder outside every one of the
 hub's media roots (no job input can ever lie there). Plain functions.
 """
@@ -26,12 +27,15 @@ def node_problems(info: Any, node_id: str, entries: Sequence[Entry]) -> list[str
     listed = info.get("nodes")
     nodes: list[Any] = listed if isinstance(listed, list) else []
     mine = next((n for n in nodes if isinstance(n, dict) and n.get("node_id") == node_id), None)
-    if mine is None:
+    allowed = info.get("node_ids")  # access.nodes; a node not running yet is in it, not in nodes
+    if node_id not in (
+        allowed if isinstance(allowed, list) else [n.get("node_id") for n in nodes if isinstance(n, dict)]
+    ):
         problems.append(
             f"the hub does not list this node ({node_id!r}) in its nodes: its access.nodes must name "
             "this node's id, which is its broker user name (or nodes.node_id)"
         )
-    elif isinstance(mine.get("incompatible"), str):
+    elif mine is not None and isinstance(mine.get("incompatible"), str):
         problems.append(f"the hub shows this node incompatible: {mine['incompatible'][:300]}")
     roots = [PurePosixPath(r) for r in info.get("media_roots") or [] if isinstance(r, str)]
     for hub_folder, _ in entries:

@@ -85,6 +85,7 @@ class Announcer:
             **({"watch": self.watch_info()} if self.settings.watch else {}),
             "workers": self.settings.workers,
             "nodes": self.nodes(),
+            "node_ids": sorted(self.settings.access.nodes),
             "broker_protocol": self.bridge.protocol_name,
             "http_port": page.port if page is not None else None,
         }
