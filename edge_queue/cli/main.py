@@ -531,9 +531,7 @@ def doctor(
     config: ConfigOpt = None,
     skip_model: Annotated[bool, typer.Option("--skip-model", help="do not load the Whisper model(s)")] = False,
     media_root: MediaRootOpt = None,
-    node: Annotated[
-        bool, typer.Option("--node", help="check this box as a worker node (edge-queue worker): the hub's view of it")
-    ] = False,
+    node: Annotated[bool, typer.Option("--node", help="check this box as a worker node: the hub's view of it")] = False,
 ) -> None:
     """Check the broker, data dir, disk, database, media roots and model; exit 1 on a failure.
 
