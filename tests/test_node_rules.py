@@ -519,3 +519,22 @@ def test_one_outage_is_logged_once(tmp_path: Path, caplog: pytest.LogCaptureFixt
         say(nodes, "n1", {"v": 1, "state": "offline", "kinds": ["noop"], "slots": 1}, "announce")
         nodes.poll(True)
     assert caplog.text.count("node n1 is offline") == 1
+
+
+def test_what_the_hub_shows_of_a_node_follows_what_it_hears(tmp_path: Path) -> None:
+    """A node behind a bridge during an outage: its retained announcement still says online,
+    but the hub has heard nothing for a lease: info, queue and Home Assistant's sensor say
+    offline (silent) until it is heard again."""
+    nodes, _, clock = hub(tmp_path)
+    online(nodes, "n1")
+    nodes.end_turn()
+    clock.t += 9
+    nodes.poll(True)
+    assert nodes.summary()[0]["online"] is True and not nodes.end_turn()
+    clock.t += 2  # 11 s without a word, over lease_s (10)
+    nodes.poll(True)
+    assert nodes.summary()[0]["online"] is False
+    assert nodes.summary()[0]["silent"] is True and nodes.end_turn()  # info and queue are due
+    say(nodes, "n1", {"op": "beat", "jobs": []})
+    nodes.poll(True)
+    assert nodes.summary()[0]["online"] is True and nodes.end_turn()

@@ -208,6 +208,7 @@ class Nodes:
         self.excluded: OrderedDict[str, set[str]] = OrderedDict()
         self.refused = RejectionLog("node message(s) refused", logging.WARNING, log)
         self._told: set[str] = set()  # node ids not in access.nodes, logged once each
+        self.heard, self.silent = dict[str, float](), set[str]()  # when each was last heard; not for lease_s
         self.changed = False  # a node came or went: <base>/info and <base>/queue are due
 
     # -- from the broker ----------------------------------------------------------------
@@ -247,10 +248,12 @@ class Nodes:
         """The outcomes of what nodes sent since the last call, then of leases that ran out
         (none while the hub is not ``connected`` to the broker: then they start again)."""
         out: list[Outcome] = []
+        now = self.clock()
         inbox, self.inbox = within(self.inbox, POLL_BYTES_PER_NODE)  # the rest waits for the next turn
         self.inbox_bytes = sum(len(item[2]) for item in self.inbox)
         self.waiting, self.waiting_bytes = counted(self.inbox)
         for node_id, level, payload in inbox:
+            self.heard[node_id] = now
             try:
                 msg = json.loads(payload) if payload else None
             except (ValueError, RecursionError):  # RecursionError: nested too deep to read
@@ -262,7 +265,9 @@ class Nodes:
                 self._up(node_id, msg, out)
             else:
                 self.refused.warning("node %s sent a message with no known op", node_id)
-        now = self.clock()
+        # what the hub shows of a node follows what it hears of it (a bridge's outage)
+        silent = {n for n, at in self.heard.items() if now - at > self.lease_s} if connected else self.silent
+        self.changed, self.silent = self.changed or silent != self.silent, silent
         if not connected:
             self.renew_all(now)
         for lease in list(self.leases.values()):  # timeouts and cancels, on the hub's clock
@@ -561,7 +566,7 @@ class Nodes:
 
     def summary(self) -> list[dict[str, Any]]:
         """The nodes for ``<base>/info`` and ``<base>/queue`` (:func:`summary_of`)."""
-        return summary_of(self.nodes.values(), self.leases.values())
+        return summary_of(self.nodes.values(), self.leases.values(), self.silent)
 
 
 def _encode(msg: dict[str, Any]) -> bytes:

@@ -4,7 +4,7 @@ messages one loop turn reads, and how the nodes are shown (docs/nodes.md)."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 #: Bytes of one node's messages read in one loop turn, at most (the rest waits for the next
@@ -40,14 +40,16 @@ def counted(inbox: list[tuple[str, str, bytes]]) -> tuple[Counter[str], Counter[
     return messages, size
 
 
-def summary_of(nodes: Iterable[Any], leases: Iterable[Any]) -> list[dict[str, Any]]:
+def summary_of(nodes: Iterable[Any], leases: Iterable[Any], silent: Collection[str] = ()) -> list[dict[str, Any]]:
     """``nodes`` (:class:`~.hub.Node`) as ``<base>/info`` and ``<base>/queue`` show them: id,
-    online, host, version, kinds, slots, running (their ``leases`` now), device, models."""
+    online (false while ``silent``: not heard from for a lease, whatever its announcement
+    says), silent, host, version, kinds, slots, running (their ``leases`` now), device, models."""
     held = Counter(lease.node_id for lease in leases)
     return [
         {
             "node_id": n.node_id,
-            "online": n.online,
+            "online": n.online and n.node_id not in silent,
+            "silent": n.node_id in silent,
             "incompatible": n.announcement.get("incompatible"),
             "host": n.announcement.get("host"),
             "version": n.announcement.get("version"),

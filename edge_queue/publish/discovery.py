@@ -215,8 +215,12 @@ def device_config(
             "p": "binary_sensor",
             "name": f"Node {node_id}",
             "unique_id": uid(f"node_{node_id}"),
-            "stat_t": topics.node(node_id),
-            "val_tpl": "{{ 'ON' if value_json.state == 'online' else 'OFF' }}",
+            # what the hub sees of the node (its queue's nodes), not the node's own announcement,
+            # which a bridge keeps "online" through an outage
+            "stat_t": queue,
+            "val_tpl": "{{ 'ON' if (value_json.nodes | selectattr('node_id', 'equalto', '"
+            + node_id
+            + "') | map(attribute='online') | list | first | default(false)) else 'OFF' }}",
             "dev_cla": "connectivity",
         }
         components[f"node_{node_id}_running"] = {
