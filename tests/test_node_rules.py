@@ -538,3 +538,17 @@ def test_what_the_hub_shows_of_a_node_follows_what_it_hears(tmp_path: Path) -> N
     say(nodes, "n1", {"op": "beat", "jobs": []})
     nodes.poll(True)
     assert nodes.summary()[0]["online"] is True and nodes.end_turn()
+
+
+def test_forged_outcomes_cost_the_broker_a_bounded_number_of_answers(tmp_path: Path) -> None:
+    """20,000 forged outcomes in one turn: at most ACKS_PER_NODE answers (before: 20,000 QoS 1
+    messages, whose backlog held every new job on the hub)."""
+    from edge_queue.nodes.hub_rules import ACKS_PER_NODE
+
+    nodes, wire, _ = hub(tmp_path)
+    online(nodes, "n1")
+    for i in range(20_000):
+        say(nodes, "n1", {"op": "done", "job_id": f"forged{i}", "attempt": 1, "result": {}})
+    assert nodes.poll(True) == []
+    nodes.send_acks()
+    assert len([t for t, _ in wire.sent if t == "b/nodes/n1/down"]) == ACKS_PER_NODE

@@ -39,7 +39,7 @@ from edge_queue.store.chunks import MAX_CHUNK_BYTES
 from edge_queue.workers.supervisor import Outcome
 
 from .announcements import bounded
-from .hub_rules import POLL_BYTES_PER_NODE, counted, summary_of, within
+from .hub_rules import ACKS_PER_NODE, POLL_BYTES_PER_NODE, capped, counted, summary_of, within
 
 log = logging.getLogger(__name__)
 
@@ -481,8 +481,9 @@ class Nodes:
         return max(0.0, min(due) - self.clock())
 
     def send_acks(self) -> None:
-        """Publish the turn's ``ok`` answers (inside the turn: they leave after its commit)."""
-        for node_id, msg in self.acks:
+        """Publish the turn's ``ok`` answers (inside the turn: they leave after its commit), at
+        most :data:`ACKS_PER_NODE` to a node (one unanswered resends it with its next heartbeat)."""
+        for node_id, msg in capped(self.acks, ACKS_PER_NODE):
             self._send(node_id, msg)
         self.acks.clear()
 

@@ -11,6 +11,9 @@ from typing import Any
 #: turn; its first message always goes): a node flooding the hub with 4 MB heartbeats costs
 #: each turn a bounded parse (about 0.1 s), and the other nodes' messages are read meanwhile.
 POLL_BYTES_PER_NODE = 8 * 1024 * 1024
+#: ``ok`` answers sent to one node in one turn, at most (a node holds at most ``nodes.max_slots``
+#: jobs: its honest outcomes are a handful).
+ACKS_PER_NODE = 64
 
 
 def within(inbox: list[tuple[str, str, bytes]], budget: int) -> tuple[list[Any], list[Any]]:
@@ -29,6 +32,18 @@ def within(inbox: list[tuple[str, str, bytes]], budget: int) -> tuple[list[Any],
             used[node_id] += size
             now.append(item)
     return now, later
+
+
+def capped(acks: list[tuple[str, Any]], most: int) -> list[tuple[str, Any]]:
+    """``acks`` ((node id, message), in order) with at most ``most`` for each node: 20,000
+    forged outcomes in a turn cost the broker at most ``most`` answers, not 20,000."""
+    sent: Counter[str] = Counter()
+    out = []
+    for node_id, msg in acks:
+        if sent[node_id] < most:
+            sent[node_id] += 1
+            out.append((node_id, msg))
+    return out
 
 
 def counted(inbox: list[tuple[str, str, bytes]]) -> tuple[Counter[str], Counter[str]]:
