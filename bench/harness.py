@@ -592,6 +592,8 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "mosquitto": mosq,
         "data_dir_fs": _fs_of(Path(tempfile.gettempdir())),
+        # what else the machine was doing when the run began: 1, 5 and 15-minute load averages
+        "load_at_start": [round(x, 2) for x in os.getloadavg()],
     }
 
 
