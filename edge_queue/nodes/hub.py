@@ -481,8 +481,7 @@ class Nodes:
         return max(0.0, min(due) - self.clock())
 
     def send_acks(self) -> None:
-        """Publish the turn's ``ok`` answers (inside the turn: they leave after its commit), at
-        most :data:`ACKS_PER_NODE` to a node (one unanswered resends it with its next heartbeat)."""
+        """Publish the turn's ``ok`` answers after its commit, :data:`ACKS_PER_NODE` a node at most."""
         for node_id, msg in capped(self.acks, ACKS_PER_NODE):
             self._send(node_id, msg)
         self.acks.clear()
