@@ -181,6 +181,7 @@ class Service:
             lambda: self.page,
             iso(clock()),
             self.nodes.summary,
+            self.publisher.ha_finished,
         )
         retry = settings.retry
         self.disk = DiskGuard(settings.data_dir, settings.limits.min_free_disk_mb)
@@ -274,8 +275,7 @@ class Service:
         return 0 if self.bridge.foreign.shared is None else EXIT_SHARED_CLIENT_ID
 
     def step(self, max_wait_s: float = 1.0) -> None:
-        """One turn of the loop: wait for something (at most ``max_wait_s`` seconds), then act
-        on what is pending, within the turn's budgets."""
+        """One loop turn: wait for something (at most ``max_wait_s`` s), then act on what is pending."""
         sock = self.bridge.fileno()
         readable: list[Any] = [self._wake_r, *self.supervisor.wait_handles()]
         writable: list[Any] = []
@@ -367,7 +367,7 @@ class Service:
         if not item.session_present:  # a new session: nothing sent on it is a redelivery
             self.job_store().forget_all_requests()
         self.bridge.foreign.record(self.job_store())
-        self.announcer.announce()
+        self.announcer.connected()
         for job in self._boot_changes:
             self.publisher.publish_job(job)
         self._boot_changes.clear()
@@ -446,8 +446,7 @@ class Service:
         self.publisher.publish_queue(self.clock())
 
     def republish(self) -> bool:
-        """Republish ``status``, ``info``, ``queue``, every job and batch, in pieces between
-        requests. False when one was already in progress: it covers this request too."""
+        """Republish status, info, queue, every job and batch, in pieces; False if one is running (it covers this)."""
         if self.republisher.active:
             return False
         self.announcer.announce()
@@ -487,6 +486,7 @@ class Service:
         except (sqlite3.Error, OSError) as e:
             log.error("could not record the graceful stop in %s: %s", self.settings.db_path, e)
         self.bridge.close(offline=True)
+        self.publisher.ha_finished.step()  # the runs Home Assistant got before the last PUBACKs
         self.close()
         log.info("stopped (longest loop turn %.0f ms)", self.longest_turn_s * 1000)
 

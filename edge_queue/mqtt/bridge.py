@@ -278,7 +278,7 @@ class Bridge:
         self.inbox.append(item)
 
     def _on_publish(self, client: mqtt.Client, userdata: Any, mid: int, reason: Any, properties: Any) -> None:
-        self.outbox.acknowledged(mid)
+        self.outbox.acknowledged(mid, getattr(reason, "value", 0))
 
     # -- connecting ---------------------------------------------------------------------
 

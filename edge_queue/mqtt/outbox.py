@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -61,6 +61,8 @@ class Pub:
     retain: bool
     props: Properties | None = None
     once: bool = False  # not sent again after a disconnect (a copy on a topic a client named)
+    #: called with the PUBACK's reason code (MQTT 5; 0 with 3.1.1) once the broker acknowledges it
+    receipt: Callable[[int], None] | None = None
 
     @property
     def size(self) -> int:
@@ -97,6 +99,7 @@ class Outbox:
         self.inflight: dict[int, int] = {}
         self.inflight_bytes = 0
         self.once: set[int] = set()  # message ids of in-flight publishes not to send again
+        self.receipts: dict[int, Callable[[int], None]] = {}  # message id -> its Pub's receipt
         self.held_list: list[Pub | Ack] | None = None
         #: payload bytes made inside the current :meth:`held` block
         self.held_bytes = 0
@@ -152,10 +155,14 @@ class Outbox:
     def window_open(self) -> bool:
         return len(self.inflight) < WINDOW and (self.inflight_bytes < WINDOW_BYTES or not self.inflight)
 
-    def acknowledged(self, mid: int) -> None:
-        """The broker acknowledged our publish ``mid``."""
+    def acknowledged(self, mid: int, reason_code: int = 0) -> None:
+        """The broker acknowledged our publish ``mid`` (``reason_code``: its PUBACK's)."""
         self.inflight_bytes -= self.inflight.pop(mid, 0)
         self.once.discard(mid)
+        if self.receipts:
+            receipt = self.receipts.pop(mid, None)
+            if receipt is not None:
+                receipt(reason_code)
 
     def connected(self, connection: int, mqtt5: bool, properties: Properties | None) -> None:
         """A new connection (``properties``: its CONNACK's): its packet limit (the Maximum
@@ -239,12 +246,16 @@ class Outbox:
                 mid = client.publish_qos1(m.topic, payload, m.retain)
                 self.inflight[mid] = size
                 self.inflight_bytes += size
+                if m.receipt is not None:
+                    self.receipts[mid] = m.receipt
                 if client.socket() is None:
                     break
                 continue
             info = client.publish(m.topic, m.payload, qos=1, retain=m.retain, properties=m.props)
             self.inflight[info.mid] = size
             self.inflight_bytes += size
+            if m.receipt is not None:
+                self.receipts[info.mid] = m.receipt
             if m.once:
                 self.once.add(info.mid)
                 self.copies_sent_on = connection

@@ -162,7 +162,7 @@ class FastClient(mqtt.Client):
             with self._msgtime_mutex:
                 self._last_bytes_received = time.monotonic()
             if command == 0x40 and self._puback_ok(buf, at, length):
-                self._acked((buf[at] << 8) | buf[at + 1])
+                self._acked((buf[at] << 8) | buf[at + 1], buf[at + 2] if length > 2 else 0)
                 return MQTTErrorCode.MQTT_ERR_SUCCESS
             self._in_packet = {
                 "command": command,
@@ -198,14 +198,16 @@ class FastClient(mqtt.Client):
         subscribers": an event nobody listens to) and an empty property length."""
         return n == 2 or (2 < n <= 4 and packet[at + 2] < 0x80 and not any(packet[at + 3 : at + n]))
 
-    def _acked(self, mid: int) -> None:
-        """Our QoS 1 publish ``mid`` was acknowledged with success (paho's bookkeeping)."""
+    def _acked(self, mid: int, code: int = 0) -> None:
+        """Our QoS 1 publish ``mid`` was acknowledged with success (paho's bookkeeping); ``code``,
+        its reason code (0, or 16 "no matching subscribers"), goes to ``on_publish``."""
         msg = self._out_messages.pop(mid, None)
         if msg is not None:
             self._inflight_messages -= 1
             on_publish = self.on_publish
             if on_publish is not None:
-                on_publish(self, self._userdata, mid, _PUBACK_OK, _NO_PROPERTIES)  # type: ignore[call-arg]
+                reason = _PUBACK_OK if code == 0 else ReasonCode(PacketTypes.PUBACK, identifier=code)
+                on_publish(self, self._userdata, mid, reason, _NO_PROPERTIES)  # type: ignore[call-arg]
             msg.info._set_as_published()
 
     def publish_qos1(self, topic: str, payload: bytes, retain: bool) -> int:
@@ -367,7 +369,7 @@ class FastClient(mqtt.Client):
     def _handle_pubackcomp(self, cmd: Literal["PUBACK", "PUBCOMP"]) -> MQTTErrorCode:
         packet = self._in_packet["packet"]
         if cmd == "PUBACK" and self._puback_ok(packet, 0, len(packet)):
-            self._acked((packet[0] << 8) | packet[1])
+            self._acked((packet[0] << 8) | packet[1], packet[2] if len(packet) > 2 else 0)
             return MQTTErrorCode.MQTT_ERR_SUCCESS
         return super()._handle_pubackcomp(cmd)
 

@@ -22,7 +22,7 @@ from edge_queue.mqtt.instance import describe
 from edge_queue.mqtt.topics import ONLINE, Topics
 from edge_queue.store import Store, iso
 
-from . import discovery
+from . import discovery, ha_diagnostics
 from .ha_finished import FinishedJobs
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,9 @@ class Announcer:
         store: returns the open store (the discovery flag is kept there).
         watch_info: the ``watch`` entries of ``info``.
         page: returns the queue page's server, or None without one.
+        started_at: when the service started (ISO 8601).
+        nodes: the worker nodes' summary.
+        finished: ``<base>/ha/finished`` (the publisher's, shared; a new one when None).
     """
 
     def __init__(
@@ -52,12 +55,16 @@ class Announcer:
         page: Callable[[], PageServer | None],
         started_at: str,
         nodes: Callable[[], list[dict[str, Any]]] = list,
+        finished: FinishedJobs | None = None,
     ) -> None:
         self.settings, self.topics, self.kinds, self.bridge = settings, topics, kinds, bridge
         self.store, self.watch_info, self.page, self.nodes = store, watch_info, page, nodes
         self.started_at = started_at
-        self.finished = FinishedJobs(bridge, topics, store)  # <base>/ha/finished after an absence
+        # <base>/ha/finished: what Home Assistant has not received (the publisher's, shared)
+        self.finished = finished or FinishedJobs(bridge, topics, store)
         self.instance_id = ""  # the installation's id, from the store (set at boot)
+        if settings.homeassistant.discovery:
+            ha_diagnostics.install()  # the last warnings and errors, for <base>/ha/diagnostics
         #: other installations seen announcing themselves on our base topic: id -> their info
         self.conflicts: dict[str, dict[str, Any]] = {}
 
@@ -93,6 +100,12 @@ class Announcer:
     def publish_info(self) -> None:
         self.bridge.publish(self.topics.info, payloads.encode(self.info()), retain=True)
 
+    def connected(self) -> None:
+        """A (re)connect: :meth:`announce`, and the finished runs Home Assistant has not got."""
+        self.announce()
+        if self.settings.homeassistant.discovery:
+            self.finished.connected(self.bridge.protocol_name == "5")
+
     def announce(self) -> None:
         """``online``, ``info`` and the Home Assistant config, retained: at every connect and
         at the start of a republish."""
@@ -117,6 +130,17 @@ class Announcer:
             submit.encode() if submit else payloads.encode(discovery.NO_SUBMIT),
             retain=True,
         )
+        self.publish_diagnostics()
+
+    def publish_diagnostics(self) -> None:
+        """``<base>/ha/diagnostics`` (retained; :mod:`.ha_diagnostics`), with discovery on."""
+        if not self.settings.homeassistant.discovery:
+            return
+        store = self.store()
+        failed = [payloads.job_object(j) for j in store.list_jobs(state="failed", limit=ha_diagnostics.FAILED_MAX)]
+        settings = self.settings.model_dump(mode="json")
+        body = ha_diagnostics.payload(settings, self.info(), store.counts(), failed)
+        self.bridge.publish(discovery.diagnostics_topic(self.topics), payloads.encode(body), retain=True)
 
     def submitted(self, request: bytes, response: dict[str, Any]) -> None:
         """A submit was answered on the shared request topic (Home Assistant's "Submit" text
@@ -170,11 +194,12 @@ class Announcer:
 
     def on_homeassistant_status(self, payload: bytes, retained: bool) -> None:
         """Home Assistant's birth message (not retained): it has just started; send the config,
-        and the jobs that ended while it was offline. Its Last Will (``offline``): keep the
-        event cursor for that (:mod:`.ha_finished`)."""
+        and the finished jobs it has not received. Its Last Will (``offline``): finished jobs
+        are kept for it until it is back (:mod:`.ha_finished`)."""
         if payload.strip() == b"online":
             log.info("Home Assistant came online: sending the discovery config again")
             self.publish_discovery()
+            self.publish_diagnostics()
             self.finished.home_assistant(online=True)
         elif payload.strip() == b"offline" and self.settings.homeassistant.discovery:
             self.finished.home_assistant(online=False)

@@ -43,6 +43,11 @@ def finished_topic(topics: Topics) -> str:
     return topics.ha("finished")
 
 
+def diagnostics_topic(topics: Topics) -> str:
+    """``<base>/ha/diagnostics``: settings, counts, nodes, recent problems (retained)."""
+    return topics.ha("diagnostics")
+
+
 def submit_topic(topics: Topics) -> str:
     """``<base>/ha/submit``: the last submit on the shared request topic and its result (retained)."""
     return topics.ha("submit")
@@ -104,6 +109,8 @@ def device_config(
         "running": count("running", "Jobs running", "mdi:cog-play"),
         "retrying": count("retrying", "Jobs retrying", "mdi:restart"),
         "failed": count("failed", "Jobs failed", "mdi:alert-circle"),
+        "succeeded": count("succeeded", "Jobs succeeded", "mdi:check-circle"),
+        "cancelled": count("cancelled", "Jobs cancelled", "mdi:cancel"),
         "current_job": {
             "p": "sensor",
             "name": "Current job",
@@ -145,7 +152,8 @@ def device_config(
             # <base>/ha/finished: once per finished run, and the runs that ended while Home
             # Assistant was offline when it is back (edge_queue/publish/ha_finished.py)
             "stat_t": finished_topic(topics),
-            "evt_typ": ["succeeded", "failed", "cancelled"],
+            # missed: one summary of the jobs Home Assistant did not get (rules/ha_delivery.py)
+            "evt_typ": ["succeeded", "failed", "cancelled", "missed"],
             "ic": "mdi:flag-checkered",
         },
         "paused": {
@@ -209,7 +217,7 @@ def device_config(
             "ic": "mdi:inbox-arrow-down",
         },
     }
-    components.update(diagnostics(topics, uid, workers))
+    components.update(diagnostics(topics, uid, workers, instance_id))
     for node_id in nodes or []:
         components[f"node_{node_id}"] = {
             "p": "binary_sensor",
@@ -291,9 +299,10 @@ def submit_payload(request: bytes, response: dict[str, Any], at: str) -> dict[st
     }
 
 
-def diagnostics(topics: Topics, uid: Any, workers: int) -> dict[str, Any]:
+def diagnostics(topics: Topics, uid: Any, workers: int, instance_id: str) -> dict[str, Any]:
     """The device's diagnostic entities (entity category ``diagnostic``, as Zigbee2MQTT's and
-    Frigate's devices have): version, start time, worker health, store size and free disk."""
+    Frigate's devices have): version, start time, worker health, store size, free disk, another
+    installation on the base topic, and the diagnostics object (``<base>/ha/diagnostics``)."""
     queue, info = topics.queue, topics.info
 
     def diag(key: str, p: str, name: str, stat_t: str, val_tpl: str, **more: Any) -> dict[str, Any]:
@@ -332,6 +341,28 @@ def diagnostics(topics: Topics, uid: Any, workers: int) -> dict[str, Any]:
             unit_of_meas="MB",
             stat_cla="measurement",
             ic="mdi:database",
+        ),
+        # another installation on our base topic: its info there, or ours naming it (announce.py)
+        "conflict": diag(
+            "conflict",
+            "binary_sensor",
+            "Base topic shared",
+            info,
+            "{{ 'ON' if value_json.conflict or value_json.instance_id != '" + instance_id + "' else 'OFF' }}",
+            dev_cla="problem",
+            json_attr_t=info,
+            json_attr_tpl="{{ {'installations': value_json.conflict or [], "
+            "'info_from': value_json.instance_id} | tojson }}",
+        ),
+        "diagnostics": diag(
+            "diagnostics",
+            "sensor",
+            "Diagnostics",
+            diagnostics_topic(topics),
+            "{{ value_json.generated_at }}",
+            dev_cla="timestamp",
+            json_attr_t=diagnostics_topic(topics),
+            ic="mdi:stethoscope",
         ),
         "disk_free": diag(
             "disk_free",

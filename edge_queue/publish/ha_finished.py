@@ -1,85 +1,144 @@
-"""``<base>/ha/finished``: one message per finished job for Home Assistant's "Job finished"
-event entity, and, when Home Assistant comes back after being offline, the ones that ended
-meanwhile (docs/home-assistant.md, "Jobs that end while Home Assistant is down").
+"""``<base>/ha/finished``: each finished job for Home Assistant's "Job finished" event entity,
+once, whatever restarts in whatever order (docs/home-assistant.md, "Jobs that end while Home
+Assistant is down").
 
-Home Assistant's MQTT integration has the broker publish ``offline`` on
-``<prefix>/status`` when it stops or loses its connection (its Last Will; it does not
-disconnect cleanly on purpose), and ``online`` once it has started, its discovered entities
-have subscribed and discovery has cooled down (its birth message). The event log's newest id
-when ``offline`` came is kept in the store (``ha_offline_after``), so that a restart of
-edge-queue while Home Assistant is down loses nothing; at ``online`` the ``end`` events after
-it are sent again, marked ``late``: the first :data:`REPLAY_MAX`, oldest first.
+A run's end is owed to Home Assistant from the commit that ends it (``ha_owed`` in the store, in
+the same transaction) until the broker's PUBACK for the message carrying it says a subscriber
+got it; the rules are :mod:`edge_queue.rules.ha_delivery`. Home Assistant's MQTT integration
+has the broker publish ``offline`` on ``<prefix>/status`` when it stops or loses its connection
+(its Last Will) and ``online`` once its entities have subscribed (its birth message); neither is
+retained, so after our own (re)connect its state is not known until it speaks again.
 """
 
 from __future__ import annotations
 
 import logging
+import sqlite3
+import time
 from collections.abc import Callable
 from typing import Any
 
 from edge_queue.errors import NotFoundError
 from edge_queue.mqtt import payloads
 from edge_queue.mqtt.bridge import Bridge
+from edge_queue.mqtt.outbox import Pub
 from edge_queue.mqtt.topics import Topics
+from edge_queue.rules import ha_delivery
 from edge_queue.store import Store
 
 from . import discovery
 
 log = logging.getLogger(__name__)
 
-#: At most this many finished jobs are sent again when Home Assistant comes back.
-REPLAY_MAX = 100
-#: The store key of the event cursor kept while Home Assistant is offline.
-CURSOR_KEY = "ha_offline_after"
-#: The cursor's value while Home Assistant is not known to be offline.
-NOT_OFFLINE = -1
-
 
 class FinishedJobs:
-    """``<base>/ha/finished`` (discovery on), live and after Home Assistant was offline.
+    """``<base>/ha/finished`` (discovery on): live, and what Home Assistant did not get.
 
     Args:
         bridge: where messages go.
         topics: the installation's topic names.
-        store: returns the open store (the event log and the cursor).
+        store: returns the open store (``ha_owed``).
     """
 
     def __init__(self, bridge: Bridge, topics: Topics, store: Callable[[], Store]) -> None:
         self.bridge, self.topics, self.store = bridge, topics, store
+        #: Home Assistant's last word on this connection: True (birth), False (Last Will), None
+        self.ha_online: bool | None = None
+        #: owed runs handed to the broker and not yet acknowledged: event id -> monotonic time
+        self.in_flight: dict[int, float] = {}
+        self.reached: list[int] = []  # event ids a subscriber got, deleted from ha_owed by step()
+        self.dropped_reported = False  # a summary with the dropped count reached a subscriber
 
     def ended(self, job: dict[str, Any]) -> None:
-        """A job reached a terminal state (its ``end`` event, ``event_id`` in ``job``)."""
-        self._send(discovery.finished_payload(job, job["state"], job.get("event_id"), late=False))
+        """A job reached a terminal state (its ``end`` event, ``event_id`` in ``job``), inside
+        the turn's group: owed in the same transaction, and sent unless Home Assistant's Last
+        Will is the last word heard of it."""
+        event_id, state = job.get("event_id"), job["state"]
+        body = discovery.finished_payload(job, state, event_id, late=False)
+        if event_id is None:  # (every end has one; without it nothing could be tracked)
+            self._publish(body, None)
+            return
+        row = {"event_id": int(event_id), "job_id": job["job_id"], "state": state}
+        self.store().ha_owed.owe(row["event_id"], row["job_id"], state, job.get("finished_at"))
+        if ha_delivery.send_live(self.ha_online):
+            self._send([row], body, summary=False)
+
+    def step(self) -> None:
+        """Forget the runs that reached Home Assistant (inside a turn's group, or on its own)."""
+        if not self.reached:
+            return
+        owed = self.store().ha_owed
+        try:
+            owed.delivered(self.reached)
+            if self.dropped_reported:
+                owed.forget_dropped()
+        except (sqlite3.Error, OSError) as e:  # kept for the next turn
+            log.warning("could not record what Home Assistant received: %s", e)
+            return
+        self.reached, self.dropped_reported = [], False
+
+    def connected(self, mqtt5: bool) -> None:
+        """Our own (re)connect: Home Assistant's state is not known; the owed runs are sent when
+        the broker can say whether anyone got them (MQTT 5)."""
+        self.ha_online = None
+        if ha_delivery.send_owed("connect", mqtt5):
+            self.send_owed("connect")
 
     def home_assistant(self, online: bool) -> None:
-        """Home Assistant's status: ``offline`` keeps the event cursor (once, until it is back);
-        ``online`` sends the jobs that ended meanwhile."""
-        store = self.store()
-        after = store.meta(CURSOR_KEY)
-        offline = after is not None and after >= 0
-        if not online:
-            if not offline:
-                store.set_meta(CURSOR_KEY, store.newest_event_id())
-            return
-        if not offline:
-            return
-        assert after is not None
-        events, _, dropped = store.events_after(after, REPLAY_MAX + 1, types=["end"])
-        store.set_meta(CURSOR_KEY, NOT_OFFLINE)
-        sent = 0
-        for event in events[:REPLAY_MAX]:
-            try:
-                job = store.get(event["job_id"])
-            except NotFoundError:  # purged since
-                continue
-            self._send(discovery.finished_payload(job, event["state"], event["event_id"], late=True))
-            sent += 1
-        if sent or len(events) > REPLAY_MAX or dropped:
-            log.info(
-                "Home Assistant is back: sent it %d job(s) that ended while it was offline%s",
-                sent,
-                f" (the first {REPLAY_MAX} only: more ended)" if len(events) > REPLAY_MAX else "",
-            )
+        """Home Assistant's status: its Last Will (``online`` False) or its birth message, at
+        which everything it did not get is sent."""
+        self.ha_online = online
+        if online and ha_delivery.send_owed("online", True):
+            self.send_owed("online")
 
-    def _send(self, body: dict[str, Any]) -> None:
-        self.bridge.publish(discovery.finished_topic(self.topics), payloads.encode(body))
+    def send_owed(self, why: str) -> None:
+        """Send the owed runs not in flight: one by one, or a summary and the newest."""
+        store = self.store()
+        try:
+            rows, dropped = store.ha_owed.owed()
+        except (sqlite3.Error, OSError) as e:  # (a full disk): sent at the next chance
+            log.warning("could not read the finished jobs owed to Home Assistant: %s", e)
+            return
+        now = time.monotonic()
+        self.in_flight = {i: t for i, t in self.in_flight.items() if now - t < ha_delivery.IN_FLIGHT_S}
+        rows = [r for r in rows if now - self.in_flight.get(r["event_id"], -1e9) >= ha_delivery.IN_FLIGHT_S]
+        if not rows:
+            return
+        groups = ha_delivery.plan(rows)
+        for group in groups:
+            if len(group) > 1:
+                self._send(group, ha_delivery.summary(group, dropped), summary=bool(dropped))
+                continue
+            row = group[0]
+            try:
+                job = store.get(row["job_id"])
+            except NotFoundError:  # purged since: nothing to tell
+                self.reached.append(row["event_id"])
+                continue
+            self._send(group, discovery.finished_payload(job, row["state"], row["event_id"], late=True), summary=False)
+        log.info(
+            "Home Assistant %s: sending it %d finished job(s) it has not received%s",
+            "is online" if why == "online" else "may be online (edge-queue connected)",
+            len(rows) + dropped,
+            " as one summary and the newest" if len(groups[0]) > 1 else "",
+        )
+
+    def _send(self, rows: list[dict[str, Any]], body: dict[str, Any], *, summary: bool) -> None:
+        ids = [r["event_id"] for r in rows]
+        now = time.monotonic()
+        for i in ids:
+            self.in_flight[i] = now
+
+        def receipt(reason_code: int) -> None:
+            for i in ids:
+                self.in_flight.pop(i, None)
+            if ha_delivery.delivered(reason_code):
+                self.reached.extend(ids)
+                self.dropped_reported = self.dropped_reported or summary
+
+        self._publish(body, receipt)
+
+    def _publish(self, body: dict[str, Any], receipt: Callable[[int], None] | None) -> None:
+        # QoS 1, with the PUBACK's reason code handed to ``receipt`` (Outbox.acknowledged)
+        topic = discovery.finished_topic(self.topics)
+        self.bridge.outbox.put(Pub(topic, payloads.encode(body), False, receipt=receipt))

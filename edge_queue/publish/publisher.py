@@ -222,7 +222,10 @@ class Publisher:
             self.publish_job(job, "update")
 
     def flush(self, now: float) -> None:
-        """Publish throttled progress, batches and the queue summary whose interval has passed."""
+        """Publish throttled progress, batches and the queue summary whose interval has passed;
+        forget the finished runs Home Assistant got (inside the turn's group)."""
+        if self.ha_enabled:
+            self.ha_finished.step()
         for job_id in list(self.pending_progress):
             if now - self.last_progress_pub.get(job_id, 0) >= PROGRESS_PUBLISH_INTERVAL_S:
                 self.flush_progress(job_id, now)

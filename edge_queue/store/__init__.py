@@ -41,6 +41,7 @@ from .chunks import Chunks
 from .claims import Claims
 from .connection import WAL_LIMIT_BYTES, Connection
 from .events import EventLog
+from .ha_owed import HaOwed
 from .ids import dedupe_key, ids_after, iso, new_id, parse_iso
 from .jobs import Jobs
 from .meta import Meta, backup
@@ -96,6 +97,7 @@ class Store:
         self.meta_ = Meta(c)
         self.chunks = Chunks(c)
         self.outputs = OutputFiles(c)
+        self.ha_owed = HaOwed(c)  # finished runs not yet known notified to Home Assistant
 
     @property
     def conn(self) -> sqlite3.Connection:

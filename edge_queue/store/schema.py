@@ -11,6 +11,7 @@ import logging
 
 from .chunks import create_chunks_table
 from .connection import Connection
+from .ha_owed import create_ha_owed_table
 from .outputs import create_outputs_table
 
 log = logging.getLogger(__name__)
@@ -177,3 +178,4 @@ def ensure_tables(c: Connection) -> None:
     create_watch_table(c)
     create_chunks_table(c)
     create_outputs_table(c)
+    create_ha_owed_table(c)
