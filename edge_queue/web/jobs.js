@@ -165,6 +165,10 @@ function renderReady() {
       "what was sent before it went away takes effect then."
     : "";
   $("loading").hidden = page.view.loaded || !page.connected;
+  const away = !page.connected && !!page.away;
+  $("broker").hidden = !away;
+  $("broker").textContent = away ? `Not connected to the broker: ${page.away}. Add files, Cancel, Retry and Pause ` +
+    "are off until it is back." : "";
 }
 
 function progressText(job) {
