@@ -66,3 +66,52 @@ def test_show_more_only_when_more_jobs_exist(
     assert b.eval(f"{MORE}.getBoundingClientRect().height") == 0
     b.do("screenshot", path=str(artifacts / "exactly-100-phone.png"), full_page=True)
     print(f"screenshot: {artifacts}/exactly-100-phone.png")
+
+
+@pytest.mark.slow
+@pytest.mark.serial
+@pytest.mark.usefixtures("model_installed")
+def test_a_transcription_without_json_has_its_downloads(
+    ws_mosquitto: Broker,  # noqa: F811 (the fixtures imported by name)
+    service_factory,
+    browser: Browser,  # noqa: F811
+    media: Path,  # noqa: F811
+    artifacts: Path,  # noqa: F811
+) -> None:
+    svc, url = page_service(service_factory, ws_mosquitto, media, ws_mosquitto.ws_port)
+    # Given a transcription that wrote txt and srt, and no json (before: no download at all,
+    # the buttons were made from the segments of the json output only)
+    w = svc.watcher("#")
+    try:
+        options = {"formats": ["txt", "srt"]}
+        data = svc.request(
+            "submit", {"kind": "transcribe", "input": str(media / "speech" / "jfk.flac"), "options": options}, w
+        )
+        job_id = data["data"]["jobs"][0]["job_id"]
+        w.wait_json(f"{svc.base}/events", lambda e: e["type"] == "end" and e["job"]["job_id"] == job_id, 180)
+        got = svc.request("get", {"job_id": job_id, "segments": True}, w)["data"]["result"]
+    finally:
+        w.close()
+    outputs = got["outputs"]
+    assert sorted(outputs) == ["srt", "txt"], outputs
+    # get reads the segments from the srt, to the millisecond
+    assert got["segment_list"] and not got["segment_list_truncated"], got
+    assert "fellow Americans" in got["segment_list"][0]["text"]
+    b = browser
+    b.do("emulate", width=390, height=844, color_scheme="light")
+    b.do("goto", url=url)
+    b.wait(f"{ROWS} === 1 && document.querySelector('#jobs .job[data-state=succeeded]')")
+    # When its detail opens on a phone
+    b.do("click", selector="#jobs .job .name")
+    b.wait("document.querySelector('#detail').open && document.querySelector('#d-body .downloads')", 30)
+    # Then it offers the formats the job wrote, and each is the job's own file, byte for byte
+    offered = b.eval("[...document.querySelectorAll('#d-body .downloads a')].map(a => a.dataset.format)")
+    assert offered == ["txt", "srt"], offered
+    assert b.eval("document.querySelectorAll('#d-body .segments time').length") == len(got["segment_list"])
+    b.do("screenshot", path=str(artifacts / "no-json-downloads-phone.png"))
+    for fmt in offered:
+        saved = artifacts / f"download.{fmt}"
+        suggested = b.do("download", selector=f"#d-body .downloads a[data-format={fmt}]", path=str(saved))
+        assert suggested == f"jfk.{fmt}"
+        assert saved.read_bytes() == Path(outputs[fmt]).read_bytes(), fmt
+    print(f"screenshot: {artifacts}/no-json-downloads-phone.png")
