@@ -340,3 +340,32 @@ def test_an_attempt_lost_while_it_moves_its_recorded_files_into_place(
     # Then the next attempt (or the one after a retry) replaces its own files (no
     # output_exists) and writes every format
     _retried_with_every_format(svc, job_id, media, by)
+
+
+def test_the_segments_of_an_srt_or_vtt_output_render_the_same_bytes_again() -> None:
+    """``get`` with segments reads a transcription's srt (or vtt) when it wrote no json, and
+    the queue page builds its downloads from them: rendered again, each is the file it came
+    from, also with cue text that looks like a cue header or holds a blank line."""
+    import random
+
+    from edge_queue.kinds.transcribe import render
+    from edge_queue.requests.outputs import cues
+
+    rng = random.Random(46)
+    texts = [" And so, my fellow Americans", "", "12", "3\n00:00:01,000 --> 00:00:02,000", "a\n\nb", " ünï "]
+    for _ in range(200):
+        at, segments = 0.0, []
+        for _ in range(rng.randint(0, 6)):
+            start = at + rng.random() * 5
+            at = start + rng.random() * 4000
+            segments.append({"start": start, "end": at, "text": rng.choice(texts)})
+        for fmt in ("srt", "vtt"):
+            doc = render(fmt, segments, {})
+            read = cues(doc, fmt)
+            assert render(fmt, read, {}) == doc
+            assert render("txt", read, {}) == render("txt", segments, {})
+            assert [s["start"] for s in read] == [round(s["start"], 3) for s in segments]
+    with pytest.raises(ValueError):
+        cues("not a subtitle\n", "srt")
+    with pytest.raises(ValueError):
+        cues("1\n00:00:00,000 --> 00:00:01,000\nhi\n", "vtt")

@@ -22,6 +22,12 @@ from .test_load import PrivateMosquitto
 from .test_page import Browser, artifacts, browser, page_service, ws_mosquitto  # noqa: F401 (fixtures, by name)
 
 STATUS = "document.querySelector('#status').dataset.state"
+BANNER = "document.querySelector('#broker')"
+#: the banner is shown, whole, inside a phone's screen, and is not wider than it
+BANNER_READABLE = f"""(() => {{ const b = {BANNER}, r = b.getBoundingClientRect();
+  return !b.hidden && r.height > 0 && r.top >= 0 && r.bottom <= innerHeight && r.right <= innerWidth
+    && b.scrollWidth <= b.clientWidth && parseFloat(getComputedStyle(b).fontSize) >= 13
+    && document.documentElement.scrollWidth <= innerWidth; }})()"""
 
 
 @pytest.fixture
@@ -86,8 +92,16 @@ def test_a_page_opened_during_a_broker_outage_reads_the_jobs_once_edge_queue_ans
     # When the page is opened while the broker is down, and edge-queue is held so that it
     # comes back after the page (its HTTP server too: the page is loaded first)
     forgetful_mosquitto.stop()
+    browser.do("emulate", width=390, height=844, color_scheme="light")
     browser.do("goto", url=url)
     browser.wait(f"{STATUS} === 'connecting'")
+    # Then the page says why in words under the header, readable on a phone (before: only a
+    # grey "connecting" pill, the reason in tooltips that a phone never shows)
+    browser.wait(BANNER_READABLE, timeout=15)
+    banner = browser.eval(f"{BANNER}.textContent")
+    assert banner.startswith("Not connected to the broker: cannot reach"), banner
+    assert f":{forgetful_mosquitto.ws_port}/" in banner and "are off until it is back" in banner, banner
+    assert browser.eval("document.querySelector('#add').disabled && document.querySelector('#pause').disabled")
     browser.do("screenshot", path=str(artifacts / "outage-connecting.png"))
     _hold(svc, held)
     forgetful_mosquitto.start()
@@ -97,6 +111,7 @@ def test_a_page_opened_during_a_broker_outage_reads_the_jobs_once_edge_queue_ans
         # and no session to keep the request for it; no answer comes while edge-queue is held,
         # for longer than the 20 s the page once waited: it asks again (three asks take over 20 s)
         browser.wait(f"{STATUS} === 'connecting' && page.connected", timeout=30)
+        assert browser.eval(f"{BANNER}.hidden")  # connected: the broker is back
         wait_until(lambda: len(requests.on(f"{svc.base}/request/list")) >= 3, 60, "the page asking for the list again")
         asked = [json.loads(p) for p in requests.on(f"{svc.base}/request/list")]
         assert len({a["transaction"] for a in asked}) == len(asked)
@@ -114,8 +129,22 @@ def test_a_page_opened_during_a_broker_outage_reads_the_jobs_once_edge_queue_ans
     assert browser.eval("document.querySelector('#shown').textContent") == "1 of 1 job"
     assert browser.eval("document.querySelector('#notice').hidden")
     assert browser.eval("document.querySelector('#loading').hidden")
+    assert browser.eval(f"{BANNER}.hidden")
     browser.do("screenshot", path=str(artifacts / "outage-after.png"))
-    print(f"screenshots: {artifacts}/outage-connecting.png, outage-after.png")
+    # When the broker goes away under the open page, the banner comes back with the reason,
+    # in the dark theme too, and the buttons are off
+    forgetful_mosquitto.stop()
+    browser.do("emulate", width=390, height=844, color_scheme="dark")
+    browser.wait(f"{BANNER_READABLE} && document.querySelector('#add').disabled", timeout=30)
+    assert browser.eval(f"{BANNER}.textContent").startswith("Not connected to the broker: "), browser.eval(
+        f"{BANNER}.textContent"
+    )
+    assert browser.do("axe") == []
+    browser.do("screenshot", path=str(artifacts / "outage-lost-phone-dark.png"))
+    # and it goes once the broker is back
+    forgetful_mosquitto.start()
+    browser.wait(f"page.connected && {BANNER}.hidden", timeout=30)
+    print(f"screenshots: {artifacts}/outage-connecting.png, outage-after.png, outage-lost-phone-dark.png")
 
 
 @pytest.mark.slow
@@ -183,6 +212,7 @@ def test_offline_means_offline_and_an_action_sent_before_is_never_called_failed(
     browser.wait(f"{STATUS} === 'offline'", timeout=30)
     browser.wait("!document.querySelector('#offline').hidden")
     assert "edge-queue is offline" in browser.eval("document.querySelector('#offline').textContent")
+    assert browser.eval(f"{BANNER}.hidden")  # the broker is there: only edge-queue is away
     assert browser.eval("document.querySelector('#add').disabled && document.querySelector('#pause').disabled")
     assert browser.eval(f"document.querySelector('#jobs .job[data-id={json.dumps(job_id)}]').dataset.state") in {
         "running",

@@ -291,7 +291,8 @@ class Commands:
             "input_contains": req.input_contains,
         }
         store = self.service.job_store()
-        data = list_page(store.list_jobs(before=req.before, limit=req.limit, **filters), req.limit)
+        # one job more than the page: whether it exists says whether another page follows
+        data = list_page(store.list_jobs(before=req.before, limit=req.limit + 1, **filters), req.limit)
         if req.count:
             data["total"] = store.count_jobs(**filters)
         return data
@@ -442,19 +443,21 @@ class Commands:
 
 
 def list_page(rows: list[dict[str, Any]], limit: int) -> dict[str, Any]:
-    """``list``'s answer for ``rows`` (at most ``limit``, newest first): their job objects up
-    to :data:`LIST_MAX_BYTES` of JSON, and ``next_before``, the last listed job's id when more
-    may follow (the page is full or was cut), else ``None``."""
+    """``list``'s answer for ``rows`` (newest first, at most ``limit + 1``: one more than the
+    page, to know whether another follows): the job objects of at most ``limit`` of them, up to
+    :data:`LIST_MAX_BYTES` of JSON, and ``next_before``, the last listed job's id when more
+    jobs follow (a row was left out: beyond the limit, or the page was cut), else ``None``
+    (a filter matching exactly ``limit`` jobs has no next page)."""
     jobs: list[dict[str, Any]] = []
     size = 0
-    for row in rows:
+    for row in rows[:limit]:
         job = payloads.job_object(row)
         size += len(payloads.encode(job))
         if jobs and size > LIST_MAX_BYTES:
             break  # the page ends here; next_before goes on from the last job listed
         jobs.append(job)
-    full = len(jobs) == limit or len(jobs) < len(rows)
-    return {"jobs": jobs, "next_before": jobs[-1]["job_id"] if jobs and full else None}
+    more = len(jobs) < len(rows)
+    return {"jobs": jobs, "next_before": jobs[-1]["job_id"] if jobs and more else None}
 
 
 def checked_options(kind: Any, options: dict[str, Any], settings: Settings) -> dict[str, Any]:

@@ -10,6 +10,7 @@ job, or a job of a release before the record).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -54,7 +55,7 @@ def with_outputs(
     given = result.get("outputs")
     outputs: dict[str, Any] = given if isinstance(given, dict) else {}
     if segments:
-        listed = transcript_segments(outputs.get("json"), recorded, roots, min(SEGMENTS_MAX_BYTES, room // 2), errors)
+        listed = transcript_segments(outputs, recorded, roots, min(SEGMENTS_MAX_BYTES, room // 2), errors)
         out.update(listed)
         room -= len(orjson.dumps(listed))
     if result.get("text_truncated"):
@@ -105,19 +106,25 @@ def full_text(
 
 
 def transcript_segments(
-    path: Any, recorded: dict[str, dict[str, Any]], roots: list[str], max_bytes: int, errors: dict[str, Any]
+    outputs: dict[str, Any],
+    recorded: dict[str, dict[str, Any]],
+    roots: list[str],
+    max_bytes: int,
+    errors: dict[str, Any],
 ) -> dict[str, Any]:
     """``{"segment_list": [{"start", "end", "text"}], "segment_list_truncated": bool}`` from a
-    transcription's ``json`` output (times in seconds), or ``{}`` when it wrote none or the file
-    cannot be read. At most ``max_bytes`` of JSON (and at least one segment when it fits)."""
-    read = _read("json", path, recorded, roots, SEGMENTS_READ_MAX_BYTES, errors)
+    transcription's ``json`` output, else from its ``srt`` or ``vtt`` output (times in seconds,
+    to the millisecond the file has), or ``{}`` when it wrote none of them or the file cannot be
+    read. At most ``max_bytes`` of JSON (and at least one segment when it fits)."""
+    fmt = next((f for f in ("json", "srt", "vtt") if f in outputs), "")
+    read = _read(fmt, outputs[fmt], recorded, roots, SEGMENTS_READ_MAX_BYTES, errors) if fmt else None
     if read is None:
         return {}
     raw, more = read
     if more:
         return {"segment_list": [], "segment_list_truncated": True}
     try:
-        segments = orjson.loads(raw).get("segments") or []
+        segments = (orjson.loads(raw).get("segments") or []) if fmt == "json" else cues(raw.decode("utf-8"), fmt)
     except (ValueError, AttributeError):
         return {}
     out: list[dict[str, Any]] = []
@@ -131,3 +138,36 @@ def transcript_segments(
             break
         out.append(item)
     return {"segment_list": out, "segment_list_truncated": len(out) < len(segments)}
+
+
+_TIME = r"(\d{2,}):(\d\d):(\d\d)[,.](\d{3})"
+_CUE = re.compile(rf"(?:(\d+)\n)?{_TIME} --> {_TIME}\n")
+
+
+def cues(text: str, fmt: str) -> list[dict[str, Any]]:
+    """The segments of a transcription's own ``srt`` or ``vtt`` output (kinds/transcribe.py,
+    ``render``: cues joined by a blank line, an srt cue numbered from 1, a vtt file headed
+    ``WEBVTT``), so that rendering them again gives the same bytes. Raises ValueError for a
+    file that is not one."""
+    at = 0
+    if fmt == "vtt":
+        if not text.startswith("WEBVTT\n\n"):
+            raise ValueError("not a vtt output")
+        at = len("WEBVTT\n\n")
+    found: list[tuple[int, int, float, float]] = []  # header start, header end, start, end
+    for m in _CUE.finditer(text, at):
+        numbered = m.group(1) is not None
+        if numbered != (fmt == "srt") or (numbered and int(m.group(1)) != len(found) + 1):
+            continue  # cue text that looks like a header
+        if (m.start() != at) if not found else (text[m.start() - 2 : m.start()] != "\n\n"):
+            continue  # a cue begins the file, or follows a blank line
+        g = [int(x) for x in m.groups()[1:]]
+        start, end = ((((h * 60 + mi) * 60 + s) * 1000 + ms) / 1000 for h, mi, s, ms in (g[:4], g[4:]))
+        found.append((m.start(), m.end(), start, end))
+    if not found and text[at:]:
+        raise ValueError(f"no cue in the {fmt} output")
+    segments = []
+    for i, (_, body, start, end) in enumerate(found):
+        stop = found[i + 1][0] - 2 if i + 1 < len(found) else len(text) - 1
+        segments.append({"start": start, "end": end, "text": text[body:stop]})
+    return segments

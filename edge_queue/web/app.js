@@ -17,6 +17,9 @@ const ACTION_SLOW_MS = 5000;
 
 const page = {
   cfg: null, client: null, base: "", reply: "", user: "", online: null, connected: false,
+  // why the page is not connected to the broker, shown under the header; null while connected
+  // or still trying for the first time
+  away: null,
   info: null, queue: null, kinds: {}, jobs: new Map(), rows: new Map(), pending: new Map(),
   login: null, txn: 0, detailId: null, picker: { path: null, after: null, selected: new Set() },
   // the list as shown: job ids newest first, the filter, the total and where the next page starts
@@ -157,16 +160,20 @@ function connect() {
   setStatus("connecting", `connecting to ${wsUrl()}`);
   const client = mqtt.connect(wsUrl(), opts);
   page.client = client;
+  // a first try that takes this long is said on the page, not only in the pill's tooltip
+  setTimeout(() => { if (page.client === client && !page.connected && !page.away) brokerAway(`no answer from ${wsUrl()} yet`); }, 4000);
   client.on("connect", () => {
     notice(null);
     const topics = ["status", "info", "queue", "events"].map((t) => `${page.base}/${t}`);
     client.subscribe([...topics, page.reply], { qos: 1 }, (err, granted) => {
       if (err || granted.some((g) => g.qos === 128)) {
         notice("The broker refused a subscription: this user may not read edge-queue's topics (check the ACL).");
+        brokerAway("it refused a subscription to edge-queue's topics (check the ACL)");
         return;
       }
       // what changed while the page was away (events it missed) is read again
       page.connected = true;
+      page.away = null;
       changed();
       refresh();
     });
@@ -177,6 +184,7 @@ function connect() {
     if (code === 4 || code === 5 || code === 134 || code === 135) {
       client.end(true);
       setStatus("offline", "the broker refused the login");
+      brokerAway(login?.username ? `it refused the login of "${login.username}"` : "it asks for a user name and password");
       askLogin(login?.username ? `The broker refused the login of "${login.username}".` :
         "The MQTT broker asks for a user name and password.");
     }
@@ -186,7 +194,7 @@ function connect() {
     page.connected = false;
     // the broker's retained status is read again at the next connect
     page.online = null;
-    if (was) setStatus("connecting", "lost the broker; reconnecting");
+    if (was) { setStatus("connecting", "lost the broker; reconnecting"); page.away = "the connection was lost; reconnecting"; }
     // a read is asked again once connected; an action stays: it may have reached the broker,
     // and its answer, or its effect on the job, settles it
     for (const [t, p] of page.pending) if (!p.keep) { page.pending.delete(t); p.reject(transportError("the connection to the broker was lost")); }
@@ -195,7 +203,7 @@ function connect() {
   client.on("offline", () => {
     if (!page.connected) {
       setStatus("connecting", `cannot reach the broker at ${wsUrl()}`);
-      notice(`Cannot reach the MQTT broker at ${wsUrl()} (its WebSocket listener). Retrying…`);
+      brokerAway(`cannot reach its WebSocket listener at ${wsUrl()}; trying again every 3 s`);
     }
   });
 }
@@ -298,6 +306,12 @@ function setStatus(state, title) {
   s.textContent = state;
   s.title = title || "";
   s.className = "pill " + (state === "online" ? "pill-ok" : state === "offline" ? "pill-bad" : "pill-wait");
+}
+
+// The broker is away: why, in words on the page (a phone shows no tooltips).
+function brokerAway(why) {
+  page.away = why;
+  renderReady();
 }
 
 function notice(text) {

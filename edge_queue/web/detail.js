@@ -44,8 +44,9 @@ const byHand = (events) => (events || []).filter((e) => e.state === "queued" && 
 
 $("detail").addEventListener("close", () => { page.detailId = null; });
 
-// Subtitle and text files from get's segment_list, built in the browser: the same bytes
-// as the transcription's own txt, srt and vtt outputs (kinds/transcribe.py, render).
+// Subtitle and text files from get's segment_list (read from the job's json output, else
+// its srt or vtt), built in the browser: the same bytes as the transcription's own txt, srt
+// and vtt outputs (kinds/transcribe.py, render).
 function srtTime(seconds, sep) {
   let ms = Math.round(seconds * 1000);
   const h = Math.floor(ms / 3600000); ms -= h * 3600000;
@@ -67,7 +68,10 @@ const MIME = { txt: "text/plain", srt: "application/x-subrip", vtt: "text/vtt" }
 function downloads(job, segments, truncated) {
   const stem = baseName(job.input).replace(/\.[^.]*$/, "") || job.job_id;
   const box = el("p", { class: "downloads" }, el("span", { class: "muted", text: "Download" }));
-  for (const fmt of ["txt", "srt", "vtt"]) {
+  // every format from a json output; from an srt or vtt, the formats the job wrote
+  const wrote = Object.keys(job.result?.outputs || {});
+  const formats = ["txt", "srt", "vtt"].filter((f) => !wrote.length || wrote.includes("json") || wrote.includes(f));
+  for (const fmt of formats) {
     const a = el("a", { class: "btn btn-small", href: "#", download: `${stem}.${fmt}`, "data-format": fmt,
       "aria-label": `Download the transcript as ${fmt}` }, fmt);
     // the file is made on click, so a long transcript costs nothing until it is wanted

@@ -165,6 +165,10 @@ function renderReady() {
       "what was sent before it went away takes effect then."
     : "";
   $("loading").hidden = page.view.loaded || !page.connected;
+  const away = !page.connected && !!page.away;
+  $("broker").hidden = !away;
+  $("broker").textContent = away ? `Not connected to the broker: ${page.away}. Add files, Cancel, Retry and Pause ` +
+    "are off until it is back." : "";
 }
 
 function progressText(job) {
@@ -269,7 +273,8 @@ function renderJobs() {
   $("empty").replaceChildren(...(filtered ? ["No jobs match the filter."]
     : ["No jobs yet. ", el("b", { text: "Add files" }), " to give edge-queue work."]));
   $("shown").textContent = v.loaded && v.total != null ? `${v.ids.length} of ${v.total} job${v.total === 1 ? "" : "s"}` : "";
-  $("more-jobs").hidden = !v.loaded || v.next == null;
+  // more only when some exist: all that match may be shown with a page that was full
+  $("more-jobs").hidden = !v.loaded || v.next == null || (v.total != null && v.ids.length >= v.total);
 }
 
 // -- actions ----------------------------------------------------------------------------
