@@ -69,6 +69,7 @@ def blocks() -> dict[str, str]:
                     ("sensors", "mqtt:"),
                     ("script", "edge_queue_transcribe_doorbell:"),
                     ("card", "type: button"),
+                    ("script_use", "- id: edge_queue_transcribe_voicemail"),
                     ("automations", "- id: "),
                 ]
                 if first.startswith(start)
@@ -280,6 +281,83 @@ def test_the_blueprint_notifies_each_finished_job_once_also_after_home_assistant
         # And a restart of Home Assistant with nothing missed sends nothing
         restart_home_assistant(h, inst, extra)
         quiet("Home Assistant restart, nothing missed", 0)
+    finally:
+        w.close()
+        svc.stop()
+
+
+@pytest.mark.usefixtures("model_installed")
+def test_the_submit_script_hands_back_the_job_id(ha, tmp_path: Path, speech: Path) -> None:
+    """Issue 46, item 7: the page's script edge_queue_submit, called from an automation as the
+    page shows (and directly with return_response), submits with a kind and options and hands
+    back the job id, or edge-queue's error."""
+    h, inst, broker = ha
+    doc = blocks()
+    media = tmp_path / "media"
+    media.mkdir()
+    clip = media / "voicemail.flac"
+    shutil.copy(speech / "jfk.flac", clip)
+    svc = service(broker, tmp_path, [media], "data", "eqs-" + tmp_path.name[-8:])
+    svc.start()
+    config = Path(inst["config"])
+    w = svc.watcher("jobs/+")
+    try:
+
+        def ours(text: str) -> str:
+            return text.replace(DOC_BASE, svc.base + "/")
+
+        # Given the page's sensors and scripts, and its automation that uses the script
+        (config / "scripts.yaml").write_text(ours(doc["script"]))
+        (config / "edge_queue_mqtt.yaml").write_text(ours(doc["sensors"]).removeprefix("mqtt:\n"))
+        (config / "automations.yaml").write_text(ours(doc["script_use"]))
+        extra = tmp_path / "extra.yaml"
+        extra.write_text(EXTRA_YAML)
+        restart_home_assistant(h, inst, extra)
+        wait_state(h, inst, "script.edge_queue_submit", lambda s, a: s == "off", "the script loaded")
+        wait_state(h, inst, "sensor.edge_queue_queued", lambda s, a: s == "0", "edge-queue seen")
+        # When it is called with a kind and options, as an action with a response
+        answer = h.ws_call(
+            inst,
+            "execute_script",
+            sequence=[
+                {
+                    "action": "script.edge_queue_submit",
+                    "data": {"input": str(clip), "kind": "transcribe", "options": {"formats": ["txt", "srt"]}},
+                    "response_variable": "submitted",
+                },
+                {"stop": "done", "response_variable": "submitted"},
+            ],
+        )
+        result = answer["response"]
+        # Then it hands back the job's id, and the job runs with those options
+        assert result["status"] == "ok" and not result["error"], answer
+        job = w.wait_json(f"{svc.base}/jobs/{result['job_id']}", lambda m: m["state"] == "succeeded", timeout=120)
+        assert job["options"]["formats"] == ["txt", "srt"] and job["input"] == str(clip), job
+        # And a refused submit hands back edge-queue's error
+        answer = h.ws_call(
+            inst,
+            "execute_script",
+            sequence=[
+                {
+                    "action": "script.edge_queue_submit",
+                    "data": {"input": "/etc/passwd"},
+                    "response_variable": "submitted",
+                },
+                {"stop": "done", "response_variable": "submitted"},
+            ],
+        )
+        refused = answer["response"]
+        assert refused["status"] == "error" and not refused["job_id"] and refused["error"]["code"], refused
+        # And the page's automation, fired by its event, queues the file through it
+        h.ws_call(
+            inst, "fire_event", event_type="folder_watcher", event_data={"event_type": "closed", "path": str(clip)}
+        )
+        wait_until(
+            lambda: any("edge-queue: " in n["message"] and "error" not in n["message"] for n in notifications(h, inst)),
+            30,
+            "the automation's notification with the job id",
+        )
+        figures(script_response=result, refused=refused, notified=notifications(h, inst))
     finally:
         w.close()
         svc.stop()
