@@ -29,6 +29,7 @@ from .media import container_duration_s, open_media, require_audio
 from .outputs import check_free, write_outputs
 from .signature import model_identity, sampled_digest
 from .streams import best_audio
+from .subtitles import subtitle_cues
 from .whisper import decode, load_model
 
 log = logging.getLogger(__name__)
@@ -523,6 +524,7 @@ class Transcribe(Kind):
                 "resumed after %d kept chunk(s) (%.1f s of audio); decoded %d", resumed, resumed_s, n_chunks - resumed
             )
         elapsed = time.monotonic() - started
+        segments = subtitle_cues(segments)  # in order, no overlap, at most 7 s where speech allows a cut
         text = " ".join(s["text"].strip() for s in segments if s["text"].strip())
         model_name = options.model or model_label(cfg.model, model_ref)
         meta = {
