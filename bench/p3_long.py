@@ -1,9 +1,11 @@
 """P3, long files: one recording of 10 (and 60) minutes made from the shared speech clips,
-transcribed by edge-queue's path (sequential and batched) and by faster-whisper itself
-(sequential, and batched with 8 and 16 windows), each in a process of its own
+transcribed by edge-queue's default path (and with ``chunks_at_once = 2``) and by faster-whisper
+itself: the reference, its batched pipeline with batches of 8 and timestamp tokens
+(``without_timestamps=False``, its like-for-like mode for subtitles), and beside it the same
+pipeline on its defaults and the sequential decoder; each in a process of its own
 (bench/ref/long_child.py), alternated run by run: wall and CPU seconds, peak RSS, WER against
-the clips' reference transcripts, and how far the segment times stray from the sequential
-decoder's.
+the clips' reference transcripts, and the cues each makes (count, median and longest duration,
+share over 7 s, overlaps with the next).
 """
 
 from __future__ import annotations
@@ -32,15 +34,32 @@ GAP_S = 0.6
 
 #: name -> (variant, extra arguments of long_child.py)
 SIDES: dict[str, tuple[str, list[str]]] = {
-    "edge-queue sequential": ("eq", ["batch_size=1"]),
     "edge-queue batched": ("eq", []),
-    "edge-queue batched 6, 180-s chunks": ("eq", ["batch_size=6", "chunk_s=180"]),
     "edge-queue batched, 2 chunks at once": ("eq", ["chunks_at_once=2", "cpu_threads=1"]),
-    "faster-whisper sequential": ("fw", []),
+    "faster-whisper batched 8, timestamps": ("fw-batched", ["batch_size=8", "timestamps=1"]),
     "faster-whisper batched 8": ("fw-batched", ["batch_size=8"]),
-    "faster-whisper batched 8, word times": ("fw-batched", ["batch_size=8", "words=1"]),
-    "faster-whisper batched 16": ("fw-batched", ["batch_size=16"]),
+    "faster-whisper sequential": ("fw", []),
 }
+#: The side the targets compare with.
+REFERENCE_SIDE = "faster-whisper batched 8, timestamps"
+#: The longest cue subtitle guidance allows (s).
+CUE_MAX_S = 7.0
+
+
+def cue_stats(segments: list[dict[str, Any]]) -> dict[str, float]:
+    """``cues``, ``median`` and ``longest`` duration (s), ``over`` (the share over
+    :data:`CUE_MAX_S`, %), ``overlaps`` (cues that end after the next one starts)."""
+    import statistics
+
+    lengths = [s["end"] - s["start"] for s in segments] or [0.0]
+    overlaps = sum(1 for a, b in zip(segments, segments[1:], strict=False) if a["end"] > b["start"] + 1e-6)
+    return {
+        "cues": float(len(segments)),
+        "median": statistics.median(lengths),
+        "longest": max(lengths),
+        "over": 100.0 * sum(1 for x in lengths if x > CUE_MAX_S + 1e-6) / max(len(segments), 1),
+        "overlaps": float(overlaps),
+    }
 
 
 def build(seconds: float, folder: Path) -> tuple[Path, str]:
@@ -101,7 +120,8 @@ def run(runs: int, minutes: list[float], folder: Path, log: Any) -> dict[str, An
     for m in minutes:
         path, reference = build(60 * m, folder)
         runs_m = runs if m <= 20 else 1
-        got: dict[str, dict[str, list[float]]] = {s: {"wall": [], "cpu": [], "rss": [], "wer": []} for s in SIDES}
+        keys = ("wall", "cpu", "rss", "wer", "cues", "median", "longest", "over", "overlaps")
+        got: dict[str, dict[str, list[float]]] = {s: {k: [] for k in keys} for s in SIDES}
         names = list(SIDES)
         for r in range(runs_m):
             for side in names if r % 2 == 0 else names[::-1]:
@@ -111,15 +131,21 @@ def run(runs: int, minutes: list[float], folder: Path, log: Any) -> dict[str, An
                 g["cpu"].append(res["cpu_s"])
                 g["rss"].append(res["peak_rss_mib"])
                 g["wer"].append(wer(reference, res["text"]))
+                for k, v in cue_stats(res["segments"]).items():
+                    g[k].append(v)
                 log(
                     f"P3 long {m:g} min run {r + 1}/{runs_m} {side}: wall {res['wall_s']:.1f} s, "
-                    f"CPU {res['cpu_s']:.1f} s, peak {res['peak_rss_mib']:.0f} MiB, WER {g['wer'][-1]:.3f}"
+                    f"CPU {res['cpu_s']:.1f} s, peak {res['peak_rss_mib']:.0f} MiB, WER {g['wer'][-1]:.3f}, "
+                    f"{g['cues'][-1]:.0f} cues, longest {g['longest'][-1]:.1f} s, {g['over'][-1]:.1f} % over 7 s, "
+                    f"{g['overlaps'][-1]:.0f} overlaps"
                 )
         for side, g in got.items():
             figures[f"{m:g} min: {side}: wall"] = Figure(g["wall"], "s")
             figures[f"{m:g} min: {side}: cpu"] = Figure(g["cpu"], "s")
             figures[f"{m:g} min: {side}: rss"] = Figure(g["rss"], "MiB")
             figures[f"{m:g} min: {side}: wer"] = Figure(g["wer"], "")
+            for k, unit in (("cues", ""), ("median", "s"), ("longest", "s"), ("over", "%"), ("overlaps", "")):
+                figures[f"{m:g} min: {side}: {k}"] = Figure(g[k], unit)
     return {"figures": figures, "minutes": minutes, "sides": list(SIDES)}
 
 

@@ -36,6 +36,8 @@ KEYS = [
     "running",
     "retrying",
     "failed",
+    "succeeded",
+    "cancelled",
     "current_job",
     "current_progress",
     "last_result",
@@ -52,6 +54,8 @@ KEYS = [
     "workers_problem",
     "store_size",
     "disk_free",
+    "conflict",
+    "diagnostics",
 ]
 
 

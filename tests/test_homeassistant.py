@@ -283,7 +283,17 @@ def test_diagnostic_entities_and_device_classes(ha, tmp_path: Path) -> None:
         e = entities_of(h, inst, instance_id(svc))
         registry = {x["entity_id"]: x for x in h.ws_call(inst, "config/entity_registry/list")}
         category = {key: registry[eid].get("entity_category") for key, eid in e.items()}
-        diagnostic = {"version", "started", "workers_alive", "workers_problem", "store_size", "disk_free", "republish"}
+        diagnostic = {
+            "version",
+            "started",
+            "workers_alive",
+            "workers_problem",
+            "store_size",
+            "disk_free",
+            "republish",
+            "conflict",
+            "diagnostics",
+        }
         assert {k for k, c in category.items() if c == "diagnostic"} == diagnostic, category
         states = {
             key: wait_state(h, inst, e[key], lambda s, a: s not in NO_STATE, key) for key in diagnostic - {"republish"}
@@ -306,6 +316,38 @@ def test_diagnostic_entities_and_device_classes(ha, tmp_path: Path) -> None:
         wait_state(h, inst, e["workers_alive"], lambda s, a: s == "0", "0 workers alive")
         svc.request("republish", {}, w)
         wait_state(h, inst, e["workers_problem"], lambda s, a: s == "off", "no problem")
+        # Issue 46, item 5: another installation announcing itself on our base topic is a
+        # problem Home Assistant shows (before: only logged and shown on the page)
+        assert states["conflict"]["state"] == "off", states["conflict"]
+        other = {"v": 1, "instance_id": "0123456789ab", "host": "other-box", "version": "0", "started_at": "x"}
+        publish(broker, f"{svc.base}/info", json.dumps(other))
+        on = wait_state(h, inst, e["conflict"], lambda s, a: s == "on", "the shared base topic shown")
+        assert on["attributes"]["installations"][0]["host"] == "other-box", on
+        # Issue 46, item 7: the diagnostics, as the device's "Download diagnostics" gives them
+        # (Home Assistant's own endpoint): settings without secrets, counts, the last problems
+        svc.request("republish", {}, w)  # (the "Republish" button): the diagnostics made again
+
+        def with_the_conflict(s: str, a: dict[str, Any]) -> bool:
+            return any("another edge-queue announced itself" in p["message"] for p in a.get("problems", []))
+
+        diag = wait_state(h, inst, e["diagnostics"], with_the_conflict, "the conflict in the diagnostics")["attributes"]
+        assert diag["settings"]["mqtt"]["base_topic"] == svc.base and diag["counts"]["queued"] == 0, diag
+        assert diag["conflict"][0]["host"] == "other-box", diag
+        device = next(
+            d
+            for d in h.ws_call(inst, "config/device_registry/list")
+            if ["mqtt", f"edge_queue_{instance_id(svc)}"] in [list(i) for i in d["identifiers"]]
+        )
+        entry = next(c for c in h.ws_call(inst, "config_entries/get") if c["domain"] == "mqtt")
+        status, download = h.http(
+            "GET",
+            f"{inst['url']}/api/diagnostics/config_entry/{entry['entry_id']}/device/{device['id']}",
+            inst["token"],
+        )
+        assert status == 200, (status, download)
+        text = json.dumps(download)
+        assert '"settings"' in text and svc.base in text and '"problems"' in text, text[:2000]
+        figures(diagnostics_download_bytes=len(text))
         w.close()
     finally:
         svc.stop()

