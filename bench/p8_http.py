@@ -7,9 +7,11 @@
   sample, so neither side is answered from an earlier run's job. Target: HTTP at most 1.05×.
 - **Bazarr's burst**: ``uploads`` Bazarr-shaped calls at once (raw 16-bit PCM at 16 kHz, no
   key, ``/asr?task=transcribe&language=en&output=srt&encode=false``), each of ``minutes_burst``
-  minutes of the clips in an order of its own, so that each answer can be told apart: every
-  answer must be 200 with its own order of clips. The service process's memory (RSS, sampled
-  every 50 ms; workers not counted) from before the burst to its peak: target at most 50 MiB.
+  minutes of the clips in an order of its own, so that each answer can be told apart. Once a
+  quarter are answered the service is killed with SIGKILL and started again, and the calls it
+  took down are sent again: every answer must be its own order of clips or an error, never
+  another's. The service process's memory (RSS, sampled every 50 ms; workers not counted) from
+  before the calls to its peak, for the process killed and the one after: target at most 50 MiB.
 """
 
 from __future__ import annotations
@@ -138,6 +140,11 @@ def end_to_end(runs: int, minutes: float, folder: Path, log: Any) -> dict[str, A
 
 
 def burst(uploads: int, minutes: float, folder: Path, log: Any) -> dict[str, Any]:
+    """``uploads`` Bazarr-shaped calls at once; once a quarter of them are answered the service is
+    killed with SIGKILL and started again, and every call whose connection it took down is sent
+    again, as Bazarr sends a subtitle search again. Each answer must be the caller's own text (or
+    an error, never someone else's). Service RSS growth from before the calls to the peak, for
+    the process killed and for the one after it."""
     clips = _decoded()
     orders = list(itertools.permutations(CLIPS))[:uploads]
     files = []
@@ -149,65 +156,112 @@ def burst(uploads: int, minutes: float, folder: Path, log: Any) -> dict[str, Any
     svc = _service(folder, port)
     svc.start()
     url = f"http://127.0.0.1:{port}"
-    proc = psutil.Process(svc.pid)
-    time.sleep(1.0)
-    before = proc.memory_info().rss / 2**20
-    peak = [before]
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.wait(0.05):
-            try:
-                peak[0] = max(peak[0], proc.memory_info().rss / 2**20)
-            except psutil.Error:
-                return
-
     answers: list[Any] = [None] * len(files)
 
     def call(i: int) -> None:
         path, _ = files[i]
-        with open(path, "rb") as f:
-            answers[i] = httpx.post(
-                url + "/asr",
-                params={"task": "transcribe", "language": "en", "output": "srt", "encode": "false"},
-                files={"audio_file": ("audio_file", f)},
-                timeout=httpx.Timeout(7200, connect=5),
-            )
+        try:
+            with open(path, "rb") as f:
+                answers[i] = httpx.post(
+                    url + "/asr",
+                    params={"task": "transcribe", "language": "en", "output": "srt", "encode": "false"},
+                    files={"audio_file": ("audio_file", f)},
+                    timeout=httpx.Timeout(7200, connect=5),
+                )
+        except httpx.HTTPError as e:  # the service went away under the call
+            answers[i] = e
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    t0 = time.monotonic()
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(files))]
-    try:
+    def ok(a: Any) -> bool:
+        return isinstance(a, httpx.Response) and a.status_code == 200
+
+    def calls(which: list[int]) -> list[threading.Thread]:
+        threads = [threading.Thread(target=call, args=(i,)) for i in which]
         for t in threads:
             t.start()
+        return threads
+
+    t0 = time.monotonic()
+    growth: list[float] = []
+    resent = 0
+    try:
+        with RssPeak(svc.pid) as first:
+            threads = calls(list(range(len(files))))
+            while sum(ok(a) for a in answers) < max(1, len(files) // 4) and any(t.is_alive() for t in threads):
+                time.sleep(0.5)
+        growth.append(first.peak - first.before)
+        killed_at = time.monotonic() - t0
+        svc.kill()
         for t in threads:
             t.join()
+        gone = [i for i, a in enumerate(answers) if not ok(a)]
+        answered = len(files) - len(gone)
+        log(f"P8 burst: killed with SIGKILL after {killed_at:.0f} s, {answered} answered; resending {len(gone)}")
+        svc.start()
+        resent = len(gone)
+        with RssPeak(svc.pid) as second:
+            for t in calls(gone):
+                t.join()
+        growth.append(second.peak - second.before)
     finally:
-        stop.set()
-        sampler.join()
         svc.cleanup()
     took = time.monotonic() - t0
-    own = 0
+    own = wrong = refused = 0
     for answer, (_, order) in zip(answers, files, strict=True):
-        if answer is None or answer.status_code != 200:
+        if not ok(answer):
+            refused += 1
             continue
         text = answer.text.lower()
         seen = sorted(order, key=lambda n: text.find(MARKERS[n]) if MARKERS[n] in text else 1 << 30)
-        own += tuple(seen) == order
+        if tuple(seen) == order:
+            own += 1
+        else:
+            wrong += 1
     log(
-        f"P8 burst: {own}/{len(files)} answered with their own subtitles in {took:.0f} s; "
-        f"RSS {before:.0f} -> {peak[0]:.0f} MiB"
+        f"P8 burst: {own}/{len(files)} answered with their own subtitles, {wrong} with another's, "
+        f"{refused} refused, in {took:.0f} s; RSS growth {growth[0]:.0f} MiB before the kill, "
+        f"{growth[1]:.0f} MiB after"
     )
     return {
         "uploads": len(files),
         "own": own,
+        "wrong": wrong,
+        "refused": refused,
+        "resent_after_kill": resent,
+        "killed_after_s": killed_at,
         "seconds": took,
-        "rss_before_mb": before,
-        "rss_peak_mb": peak[0],
-        "growth": Figure([peak[0] - before], "MiB"),
+        "growth": Figure([max(growth)], "MiB"),
+        "growth_before_kill_mb": growth[0],
+        "growth_after_restart_mb": growth[1],
         "upload_mb": files[0][0].stat().st_size / 1e6,
     }
+
+
+class RssPeak:
+    """The peak RSS (MiB) of process ``pid`` sampled every 50 ms inside the block, and its RSS
+    one second after the block begins (``before``)."""
+
+    def __init__(self, pid: int) -> None:
+        self.proc = psutil.Process(pid)
+        self.stop = threading.Event()
+        self.before = self.peak = 0.0
+
+    def __enter__(self) -> RssPeak:
+        time.sleep(1.0)
+        self.before = self.peak = self.proc.memory_info().rss / 2**20
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self.stop.wait(0.05):
+            try:
+                self.peak = max(self.peak, self.proc.memory_info().rss / 2**20)
+            except psutil.Error:
+                return
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
 
 
 def run(runs: int, minutes_one: float, uploads: int, minutes_burst: float, log: Any) -> dict[str, Any]:

@@ -434,17 +434,20 @@ def rows_for(pid: str, res: dict[str, Any]) -> list[dict[str, Any]]:
         growth = f["burst: service RSS growth"]
         what = (
             f"{res['uploads']} Bazarr uploads at once ({res['minutes_burst']:g} min of PCM, "
-            f"{res['upload_mb']:.0f} MB each): service RSS growth; {res['own']}/{res['uploads']} answered "
-            f"with their own subtitles in {res['seconds']:.0f} s"
+            f"{res['upload_mb']:.0f} MB each), killed with SIGKILL after {res.get('killed_after_s', 0):.0f} s and "
+            f"{res.get('resent_after_kill', 0)} sent again: service RSS growth (the larger of the two "
+            f"processes); {res['own']}/{res['uploads']} answered with their own subtitles, "
+            f"{res.get('wrong', 0)} with another's, {res.get('refused', 0)} refused, in {res['seconds']:.0f} s"
         )
-        met = growth.median <= 50 and res["own"] == res["uploads"]
+        met = growth.median <= 50 and res["own"] == res["uploads"] and not res.get("wrong")
         out.append(
             row(
                 "P8",
                 what,
                 "≤ 50 MiB, every answer its own",
                 growth,
-                f"RSS before {res['rss_before_mb']:.0f} MiB",
+                f"growth before the kill {res.get('growth_before_kill_mb', 0):.0f} MiB, after the restart "
+                f"{res.get('growth_after_restart_mb', 0):.0f} MiB",
                 "",
                 met,
             )
