@@ -61,7 +61,7 @@ class FinishedJobs:
         row = {"event_id": int(event_id), "job_id": job["job_id"], "state": state}
         self.store().ha_owed.owe(row["event_id"], row["job_id"], state, job.get("finished_at"))
         if ha_delivery.send_live(self.ha_online):
-            self._send([row], body, summary=False)
+            self._send([row], body, reports_dropped=False)
 
     def step(self) -> None:
         """Forget the runs that reached Home Assistant (inside a turn's group, or on its own)."""
@@ -107,7 +107,7 @@ class FinishedJobs:
         groups = ha_delivery.plan(rows)
         for group in groups:
             if len(group) > 1:
-                self._send(group, ha_delivery.summary(group, dropped), summary=bool(dropped))
+                self._send(group, ha_delivery.summary(group, dropped), reports_dropped=bool(dropped))
                 continue
             row = group[0]
             try:
@@ -115,7 +115,9 @@ class FinishedJobs:
             except NotFoundError:  # purged since: nothing to tell
                 self.reached.append(row["event_id"])
                 continue
-            self._send(group, discovery.finished_payload(job, row["state"], row["event_id"], late=True), summary=False)
+            self._send(
+                group, discovery.finished_payload(job, row["state"], row["event_id"], late=True), reports_dropped=False
+            )
         log.info(
             "Home Assistant %s: sending it %d finished job(s) it has not received%s",
             "is online" if why == "online" else "may be online (edge-queue connected)",
@@ -123,7 +125,7 @@ class FinishedJobs:
             " as one summary and the newest" if len(groups[0]) > 1 else "",
         )
 
-    def _send(self, rows: list[dict[str, Any]], body: dict[str, Any], *, summary: bool) -> None:
+    def _send(self, rows: list[dict[str, Any]], body: dict[str, Any], *, reports_dropped: bool) -> None:
         ids = [r["event_id"] for r in rows]
         now = time.monotonic()
         for i in ids:
@@ -134,7 +136,7 @@ class FinishedJobs:
                 self.in_flight.pop(i, None)
             if ha_delivery.delivered(reason_code):
                 self.reached.extend(ids)
-                self.dropped_reported = self.dropped_reported or summary
+                self.dropped_reported = self.dropped_reported or reports_dropped
 
         self._publish(body, receipt)
 
