@@ -61,8 +61,11 @@ def main() -> None:
         settings = Settings(data_dir=out, transcribe={"cpu_threads": threads, **extra})
         load_model(model_dir, "int8", threads, "cpu", int(extra.get("chunks_at_once", 1)))
 
-        class Ctx:
-            job_id, attempt, output_dir, kept = "bench", 1, out, []
+        class Ctx:  # edge_queue.kinds.base.JobContext, without a service behind it
+            job_id, attempt, output_dir, kept, written = "bench", 1, out, [], {}
+
+            def claim_outputs(self, files: dict[str, Any]) -> None:
+                pass
 
             def keep_chunk(self, index: int, data: Any) -> None:
                 pass

@@ -74,6 +74,7 @@ class ApiServer:
             http=HeaderDeadline,
             lifespan="off",
             log_config=None,
+            log_level="warning",  # its start and stop lines are ours to log
             access_log=False,
             limit_concurrency=max_connections(api.uploads_at_once),
             timeout_keep_alive=KEEP_ALIVE_S,
