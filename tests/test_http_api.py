@@ -167,9 +167,14 @@ def test_upload_bounds(tmp_path: Path) -> None:
         feed_in_pieces(full, body, 1000)
     assert (e.value.status, e.value.code) == (507, "disk_full")
     boundary, body = multipart({"x": "y"}, "other", "a.wav", b"x")
+    misnamed = Upload(tmp_path, boundary, file_field="file", raw_pcm=False, max_bytes=1 << 20, min_free_bytes=0)
+    with pytest.raises(UploadError) as e:  # a file part under another name
+        feed_in_pieces(misnamed, body, 10)
+    assert e.value.status == 400 and "'file'" in e.value.message
+    body = b"--" + boundary + b'\r\nContent-Disposition: form-data; name="x"\r\n\r\ny\r\n--' + boundary + b"--\r\n"
     missing = Upload(tmp_path, boundary, file_field="file", raw_pcm=False, max_bytes=1 << 20, min_free_bytes=0)
     feed_in_pieces(missing, body, 10)
-    with pytest.raises(UploadError) as e:
+    with pytest.raises(UploadError) as e:  # no file part at all
         missing.finish()
     assert e.value.status == 400
     assert suffix_of("a.tar.gz") == "gz" and suffix_of("a.$(rm)") == "bin" and suffix_of(None) == "bin"

@@ -15,9 +15,11 @@ A Starlette application, served by uvicorn (:mod:`.api_server`).
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -27,7 +29,8 @@ from typing import Any, Protocol
 import anyio
 import orjson
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -50,6 +53,11 @@ MAX_OUTPUT_BYTES = 256 * 2**20
 MEDIA_ERRORS = frozenset({"unsupported_media", "no_audio_stream", "truncated_media", "decode_error"})
 #: HTTP status of a refused submit, by its error code (docs/http-api.md, "Errors").
 SUBMIT_STATUS = {"queue_full": 503, "disk_full": 507, "forbidden": 403, "payload_too_large": 413}
+#: An upload slower than this many bytes a second over :data:`RATE_WINDOW_S` is dropped (408).
+MIN_UPLOAD_BYTES_S = 16 * 1024
+RATE_WINDOW_S = 10.0
+#: One caller receives at most this share of ``api.uploads_at_once`` uploads at a time.
+CALLER_SHARE = 0.75
 
 
 @dataclass(slots=True)
@@ -112,6 +120,8 @@ class Api:
         self.outputs = str(settings.outputs_dir)
         self.rate = CallRate(self.api.calls_per_minute)
         self.receiving = 0  # uploads being received now (the event loop's thread only)
+        self.receiving_by: Counter[str] = Counter()  # ... by caller
+        self.holding: Counter[Path] = Counter()  # upload files of calls not yet answered
 
     def app(self) -> Starlette:
         """The Starlette application."""
@@ -123,7 +133,7 @@ class Api:
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/api/system/status", self.status, methods=["GET"]),
         ]
-        return Starlette(routes=routes)
+        return Starlette(routes=routes, exception_handlers={HTTPException: _http_error})  # type: ignore[dict-item]
 
     # -- routes -------------------------------------------------------------------------
 
@@ -151,7 +161,7 @@ class Api:
         output = q.get("output", "txt")
         if output not in transcripts.ASR_FORMATS:
             raise ApiError(400, "invalid_request", f"output must be one of {', '.join(transcripts.ASR_FORMATS)}")
-        upload = await self._receive(request, "audio_file", raw_pcm=not flag(q.get("encode"), True))
+        upload = await self._receive(request, caller, "audio_file", raw_pcm=not flag(q.get("encode"), True))
         options: dict[str, Any] = {"task": q.get("task") or "transcribe"}
         if q.get("language"):
             options["language"] = q["language"]
@@ -180,7 +190,7 @@ class Api:
     async def _detect(self, request: Request, caller: Caller) -> Response:
         raw_pcm = not flag(request.query_params.get("encode"), True)
         keep = DETECT_S * PCM_RATE * PCM_WIDTH if raw_pcm else None
-        upload = await self._receive(request, "audio_file", raw_pcm=raw_pcm, keep_bytes=keep)
+        upload = await self._receive(request, caller, "audio_file", raw_pcm=raw_pcm, keep_bytes=keep)
         ended = await self._run(request, caller, upload, {"task": "transcribe"})
         if ended is None:
             return Response(status_code=499)
@@ -205,7 +215,7 @@ class Api:
         return await self._guarded(request, lambda caller: self._openai(request, caller, "translate"))
 
     async def _openai(self, request: Request, caller: Caller, task: str) -> Response:
-        upload = await self._receive(request, "file", raw_pcm=False)
+        upload = await self._receive(request, caller, "file", raw_pcm=False)
         model = field(upload, "model")
         if not model:
             raise ApiError(400, "invalid_request", "model is required (GET /v1/models lists them)")
@@ -240,22 +250,50 @@ class Api:
     # -- one call -----------------------------------------------------------------------
 
     async def _guarded(self, request: Request, handle: Callable[[Caller], Awaitable[Response]]) -> Response:
-        """Who calls, at what rate; every refusal and failure in the error shape."""
+        """Who calls, at what rate, with which role, before any of the body is read; every
+        refusal and failure in the error shape; the call's upload released at its end."""
+        address = request.client.host if request.client else "?"
         try:
-            address = request.client.host if request.client else "?"
             key = presented_key(request.headers.get("authorization"), request.headers.get("x-api-key"))
-            caller = caller_of(self.api, key, address)
+            try:
+                caller = caller_of(self.api, key, address)
+            except Refused:
+                self.rate.take(f"addr:{address}", time.monotonic())  # wrong keys count against the address
+                raise
             self.rate.take(caller.key, time.monotonic())
+            if self.settings.access.role_of(caller.user) == "none":
+                raise Refused(403, "forbidden", f"user {caller.user!r} has the none role ([access])")
             return await handle(caller)
         except (ApiError, Refused, UploadError) as e:
             return error_response(e)
+        except ClientDisconnect:
+            log.info("HTTP caller from %s went away during its upload", address)
+            return Response(status_code=499)
+        finally:
+            self._release(getattr(request.state, "upload", None))
+
+    def _release(self, upload: Upload | None) -> None:
+        """The call of ``upload`` has ended: its file is deleted when no job names it, this
+        call made it and no other call holds it (a refused call leaves nothing on disk)."""
+        if upload is None or upload.path is None:
+            return
+        self.holding[upload.path] -= 1
+        if self.holding[upload.path] <= 0:
+            del self.holding[upload.path]
+            if upload.created and not upload.used:
+                upload.path.unlink(missing_ok=True)
 
     async def _receive(
-        self, request: Request, file_field: str, *, raw_pcm: bool, keep_bytes: int | None = None
+        self, request: Request, caller: Caller, file_field: str, *, raw_pcm: bool, keep_bytes: int | None = None
     ) -> Upload:
-        """Stream the body to an upload file; at most ``api.uploads_at_once`` at a time."""
+        """Stream the body to an upload file: at most ``api.uploads_at_once`` at a time, of
+        which one caller at most :data:`CALLER_SHARE`; each at least :data:`MIN_UPLOAD_BYTES_S`
+        over every :data:`RATE_WINDOW_S`."""
         if self.receiving >= self.api.uploads_at_once:
             raise ApiError(503, "busy", f"{self.receiving} uploads at once ([api] uploads_at_once)", 10)
+        share = max(1, int(self.api.uploads_at_once * CALLER_SHARE))
+        if self.receiving_by[caller.key] >= share:
+            raise ApiError(503, "busy", f"{share} uploads of this caller at once (of [api] uploads_at_once)", 10)
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > self.api.max_upload_mb * 2**20 + 2**20:
             raise UploadError(
@@ -271,8 +309,10 @@ class Api:
             keep_bytes=keep_bytes,
         )
         self.receiving += 1
+        self.receiving_by[caller.key] += 1
         try:
             stream = request.stream().__aiter__()
+            window, window_bytes = time.monotonic(), 0
             while True:
                 try:
                     chunk = await asyncio.wait_for(stream.__anext__(), self.api.idle_timeout_s)
@@ -283,13 +323,30 @@ class Api:
                         408, "upload_timeout", f"nothing sent for {self.api.idle_timeout_s:g} s ([api] idle_timeout_s)"
                     ) from None
                 upload.feed(chunk)
+                window_bytes += len(chunk)
+                if (elapsed := time.monotonic() - window) >= RATE_WINDOW_S:
+                    if window_bytes < MIN_UPLOAD_BYTES_S * elapsed:
+                        raise UploadError(
+                            408, "upload_timeout", f"the upload is slower than {MIN_UPLOAD_BYTES_S // 1024} KiB/s"
+                        )
+                    window, window_bytes = time.monotonic(), 0
             await anyio.to_thread.run_sync(upload.finish)
+            self.holding[upload.path] += 1  # type: ignore[index]
+            request.state.upload = upload
             return upload
+        except OSError as e:
+            upload.discard()
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise UploadError(507, "disk_full", "the disk is full: the upload is refused") from None
+            raise
         except BaseException:
             upload.discard()
             raise
         finally:
             self.receiving -= 1
+            self.receiving_by[caller.key] -= 1
+            if self.receiving_by[caller.key] <= 0:
+                del self.receiving_by[caller.key]
 
     async def _run(self, request: Request, caller: Caller, upload: Upload, options: dict[str, Any]) -> Ended | None:
         """Submit the upload's job and wait for its end; None when the caller went away first
@@ -310,6 +367,7 @@ class Api:
             code = str(err.get("code", "internal_error"))
             status = SUBMIT_STATUS.get(code, 400 if code in ("invalid_request", "unknown_kind") else 500)
             raise ApiError(status, code, str(err.get("message", "")), 30 if status == 503 else None)
+        upload.used = True  # a job names the file now
         job_id = response["data"]["jobs"][0]["job_id"]
         done = await self._wait(request, ended)
         if done is not None and response["data"]["jobs"][0].get("duplicate") and again(done.job):
@@ -402,6 +460,12 @@ async def _disconnected(request: Request) -> None:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    """Starlette's own refusals (no such route 404, another method 405) in the error shape."""
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
+    return error_response(ApiError(exc.status_code, code, f"{request.method} {request.url.path[:200]}: {exc.detail}"))
 
 
 async def _json(data: Any) -> Response:

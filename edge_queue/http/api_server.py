@@ -15,7 +15,8 @@ import logging
 import socket
 import threading
 import time
-from typing import Any
+from collections import Counter
+from typing import Any, ClassVar
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -27,7 +28,8 @@ from .uploads import sweep
 
 log = logging.getLogger(__name__)
 
-#: Seconds a connection has to send its first request's headers.
+#: Seconds a connection has to send a request's headers: from connecting, and from the end of
+#: its previous response.
 HEADER_S = 10.0
 #: The largest block of request headers, bytes (h11's bound on an incomplete event).
 MAX_HEADER_BYTES = 32 * 1024
@@ -43,21 +45,64 @@ def max_connections(uploads_at_once: int) -> int:
     return max(256, 4 * uploads_at_once)
 
 
+def max_connections_per_address(uploads_at_once: int) -> int:
+    """Connections at once from one client address: a quarter of :func:`max_connections`, so
+    that one host cannot take them all."""
+    return max_connections(uploads_at_once) // 4
+
+
+#: A connection over its address's share, answered before it is closed (uvicorn has not read it).
+TOO_MANY = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 10\r\n"
+    b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
+)
+TOO_MANY_BODY = (
+    b'{"error": {"message": "too many connections from this address", "type": "server_error", '
+    b'"param": null, "code": "busy"}}'
+)
+
+
 class HeaderDeadline(H11Protocol):
     """uvicorn's h11 protocol, closing a connection that has not sent a whole request head
-    within :data:`HEADER_S` seconds of connecting (``cycle`` is uvicorn's current request:
-    ``None`` until the first head is complete; checked by tests/test_http_api.py)."""
+    within :data:`HEADER_S` seconds of connecting or of its previous response's end, and
+    answering 503 to a connection over its address's share (``per_address``). ``cycle`` is
+    uvicorn's current request (``None`` until the first head is complete, a new one at each
+    head; ``response_complete``), ``client`` its peer: uvicorn's own names, pinned with its
+    version and checked by tests/test_http_api.py and tests/test_http_refusals.py."""
+
+    #: connections open by client address (every connection runs on the server's one loop)
+    open_by_address: ClassVar[Counter[str]] = Counter()
+    per_address: ClassVar[int] = 64
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._head_deadline = asyncio.get_running_loop().call_later(HEADER_S, self._head_late)
+        self._address = self.client[0] if self.client else "?"
+        self.open_by_address[self._address] += 1
+        self._arm(None)
+        if self.open_by_address[self._address] > self.per_address:
+            transport.write(TOO_MANY % (len(TOO_MANY_BODY), TOO_MANY_BODY))
+            transport.close()
 
-    def _head_late(self) -> None:
-        if self.cycle is None and not self.transport.is_closing():
+    def _arm(self, cycle: Any) -> None:
+        self._head_deadline = asyncio.get_running_loop().call_later(HEADER_S, self._head_late, cycle)
+
+    def _head_late(self, cycle: Any) -> None:
+        # still the request of when the deadline was set, and that one answered: no new head came
+        idle = self.cycle is cycle and (cycle is None or cycle.response_complete)
+        if idle and not self.transport.is_closing():
             self.transport.close()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._head_deadline.cancel()
+            self._arm(self.cycle)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._head_deadline.cancel()
+        self.open_by_address[self._address] -= 1
+        if self.open_by_address[self._address] <= 0:
+            del self.open_by_address[self._address]
         super().connection_lost(exc)
 
 
@@ -69,6 +114,7 @@ class ApiServer:
         api = settings.api
         self.sock = socket.create_server((api.host, api.port), reuse_port=False)  # OSError: taken
         self.port = self.sock.getsockname()[1]
+        HeaderDeadline.per_address = max_connections_per_address(api.uploads_at_once)
         config = uvicorn.Config(
             Api(settings, gateway, version).app(),
             http=HeaderDeadline,

@@ -21,6 +21,7 @@ import hashlib
 import os
 import re
 import shutil
+import threading
 import uuid
 import wave
 from pathlib import Path
@@ -39,6 +40,8 @@ DISK_CHECK_BYTES = 8 * 2**20
 MAX_PARTS = 32
 #: Raw PCM as Bazarr sends it: 16-bit samples, one channel, 16 kHz.
 PCM_RATE, PCM_WIDTH, PCM_CHANNELS = 16_000, 2, 1
+#: Held while an upload takes its content's name, so that :attr:`Upload.created` is exact.
+_NAMING = threading.Lock()
 
 
 class UploadError(Exception):
@@ -90,6 +93,10 @@ class Upload:
         self.fields: dict[str, list[str]] = {}
         self.size = 0
         self.path: Path | None = None
+        #: True when :meth:`finish` made the file (no upload of the same content was there)
+        self.created = False
+        #: True once a job names the file (set by the API when the submit is answered)
+        self.used = False
         # what the file holds: the same bytes sent the same way, and kept the same, are one file
         self._digest = hashlib.sha256(f"{'pcm' if raw_pcm else 'file'}:{keep_bytes}\0".encode())
         self._part_path: Path | None = None
@@ -139,7 +146,9 @@ class Upload:
         self._fh = None
         name = f"{self._digest.hexdigest()}.{'wav' if self.raw_pcm else suffix_of(self._filename)}"
         final = self.folder / name
-        os.replace(self._part_path, final)  # the same content under the same name: either is it
+        with _NAMING:
+            self.created = not final.exists()
+            os.replace(self._part_path, final)  # the same content under the same name: either is it
         self._part_path = None
         dir_fd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY)
         try:
@@ -179,6 +188,10 @@ class Upload:
     def _headers_finished(self) -> None:
         _, params = parse_options_header(self._headers.get(b"content-disposition", b""))
         name = params.get(b"name", b"").decode("utf-8", "replace")
+        if name != self.file_field and b"filename" in params:
+            raise UploadError(
+                400, "invalid_request", f"the file part must be named {self.file_field!r}, not {name[:40]!r}"
+            )
         if name == self.file_field:
             if self._part_path is not None:
                 raise UploadError(400, "invalid_request", f"more than one {self.file_field!r} part")
