@@ -247,3 +247,24 @@ def test_every_http_error_code_is_documented() -> None:
     assert {"forbidden", "busy", "disk_full", "not_found", "method_not_allowed"} <= codes
     missing = sorted(c for c in codes if f"`{c}`" not in docs)
     assert not missing, f"error codes of edge_queue/http not in docs/http-api.md: {missing}"
+
+
+def test_a_caller_gone_mid_upload_is_one_line_not_an_error(
+    service_factory: Any, mosquitto: Any, tmp_path: Path
+) -> None:
+    # before: each ClientDisconnect logged an ERROR with a 50-line traceback (6,000 a minute)
+    media = tmp_path / "media"
+    media.mkdir()
+    svc, url = api_service(service_factory, mosquitto, media)
+    port = int(url.rsplit(":", 1)[1])
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(
+                f"POST /asr HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+                "Content-Type: multipart/form-data; boundary=b\r\nContent-Length: 1000000\r\n\r\n"
+                '--b\r\nContent-Disposition: form-data; name="audio_file"; filename="a"\r\n\r\n'.encode()
+                + b"x" * 10000
+            )
+    wait_until(lambda: svc.log().count("went away during its upload") == 3, 15, "three departures logged")
+    assert "Traceback" not in svc.log() and " ERROR " not in svc.log()
+    assert uploads(svc) == [] and not list((svc.data_dir / "uploads").glob(".part-*"))
