@@ -79,3 +79,17 @@ def test_any_transcript_comes_out_ordered_without_overlaps_and_within_7_s() -> N
             single = len(c["text"].split()) == 1
             assert single or c["end"] - c["start"] <= MAX_CUE_S + 1e-3, c  # (times to the ms)
         assert sorted(joined(cues).split()) == sorted(joined(segs).split())
+
+
+def test_no_last_word_is_left_alone_for_a_blink() -> None:
+    # A sentence of 7.14 s whose last word ends 0.14 s past the limit (a LibriVox clip, heard
+    # through POST /asr): before, "them." was a cue of its own for 0.38 s
+    text = (
+        "And Mr. John Dashwood had then leisure to consider how much there might be prudently in his power "
+        "to do for them."
+    )
+    seg = {"start": 0.0, "end": 7.14, "text": text}
+    cues = subtitle_cues([seg])
+    assert len(cues) == 2 and all(c["end"] - c["start"] <= MAX_CUE_S for c in cues)
+    assert all(c["end"] - c["start"] >= 1.0 for c in cues), cues
+    assert " ".join(c["text"].strip() for c in cues) == text

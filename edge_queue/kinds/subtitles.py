@@ -17,6 +17,9 @@ from typing import Any
 
 #: The longest cue, in seconds, where a cut between two words is possible.
 MAX_CUE_S = 7.0
+#: A cut leaves at least this many seconds of the segment after it, where another cut allows:
+#: no last word alone on the screen for a blink.
+MIN_REST_S = 1.0
 #: Text that ends a sentence, or a clause: the preferred places to cut.
 SENTENCE_END = (".", "?", "!", "…", "。", "？", "！")
 CLAUSE_END = (",", ";", ":", "、", "，")
@@ -86,12 +89,14 @@ def shared_out(seg: dict[str, Any]) -> list[dict[str, Any]]:
 def groups(words: list[dict[str, Any]], max_s: float) -> list[list[dict[str, Any]]]:
     """``words`` in runs of at most ``max_s`` seconds (a single longer word stays whole), each
     cut after a sentence's end where one falls in its second half, else after a clause's, else
-    at the longest pause there."""
+    at the longest pause there; a cut leaving less than :data:`MIN_REST_S` of the words after
+    it is taken only when no other is possible."""
     out: list[list[dict[str, Any]]] = []
     cur: list[dict[str, Any]] = []
+    last_end = words[-1]["end"] if words else 0.0
     for w in words:
         while cur and w["end"] - cur[0]["start"] > max_s:
-            k = best_cut(cur, w)
+            k = best_cut(cur, w, last_end)
             out.append(cur[:k])
             cur = cur[k:]
         cur.append(w)
@@ -100,11 +105,17 @@ def groups(words: list[dict[str, Any]], max_s: float) -> list[list[dict[str, Any
     return out
 
 
-def best_cut(cur: list[dict[str, Any]], following: dict[str, Any]) -> int:
-    """Where to end the run ``cur`` (``following``: the word after it): the number of its words
-    the run keeps, at least half of them (rounded up), at least one."""
+def best_cut(cur: list[dict[str, Any]], following: dict[str, Any], last_end: float) -> int:
+    """Where to end the run ``cur`` (``following``: the word after it; ``last_end``: the end of
+    the segment's last word, s): the number of its words the run keeps, at least half of them
+    (rounded up), at least one."""
     first = max(1, math.ceil(len(cur) / 2))
-    ks = range(len(cur), first - 1, -1)
+
+    def rest_s(k: int) -> float:
+        return float(last_end - (cur[k] if k < len(cur) else following)["start"])
+
+    ks: Any = range(len(cur), first - 1, -1)
+    ks = [k for k in ks if rest_s(k) >= MIN_REST_S] or list(ks)
 
     def ends(k: int, marks: tuple[str, ...]) -> bool:
         return cur[k - 1]["word"].strip().rstrip("\"'”’)]»").endswith(marks)
