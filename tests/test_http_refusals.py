@@ -71,6 +71,11 @@ def test_a_refused_call_leaves_nothing_and_a_none_role_is_refused_first(
         ok = post(url, "/asr?output=txt", audio, ALICE)
         assert ok.status_code == 200 and "country" in ok.text
     assert len(uploads(svc)) == 1
+    # another caller's refused call of the same audio does not take the file from the job
+    assert post(url, "/asr?task=evil", audio, {}).status_code == 400
+    assert len(uploads(svc)) == 1
+    again = post(url, "/asr?output=txt", audio, ALICE)
+    assert again.status_code == 200 and again.text == ok.text
     # Starlette's own refusals are in the error shape too (they were text/plain)
     for method, route, status, code in (
         ("GET", "/asr", 405, "method_not_allowed"),
