@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -24,7 +24,7 @@ from pydantic_settings import (
 
 from edge_queue.config_api import ApiSettings
 from edge_queue.config_sources import not_json_in_environment, toml_type_problems
-from edge_queue.config_values import NODE_ID_PATTERN, NOT_IN_USER, host_problem
+from edge_queue.config_values import NODE_ID_PATTERN, NOT_IN_USER, address_problem, host_problem, origin_problem
 from edge_queue.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = Path("/etc/edge-queue/config.toml")
@@ -287,6 +287,13 @@ class HttpSettings(_Section):
     #: Home Assistant of a Webpage card or panel (docs/operations.md, "In a Home Assistant
     #: dashboard"). Empty: no page may frame it (``frame-ancestors 'none'``).
     frame_ancestors: list[str] = Field([], max_length=16)
+    #: Origins (``scheme://host[:port]``) of pages allowed to open the broker's WebSocket besides
+    #: the page's own (docs/operations.md, "Which pages may connect to the broker"): the
+    #: address a reverse proxy serves the page at, or a name of the box the page is opened by.
+    allowed_origins: list[str] = Field([], max_length=16)
+    #: Addresses of reverse proxies in front of the page (Home Assistant's ingress:
+    #: ``172.30.32.2``): their relayed WebSockets are not bounded per address.
+    trusted_proxies: list[str] = Field([], max_length=16)
 
     @field_validator("host")
     @classmethod
@@ -295,17 +302,20 @@ class HttpSettings(_Section):
             raise ValueError(problem)
         return v
 
-    @field_validator("frame_ancestors")
+    @field_validator("frame_ancestors", "allowed_origins")
     @classmethod
-    def _origins(cls, v: list[str]) -> list[str]:
-        for origin in v:  # 'self': the page's own origin only (Home Assistant's ingress)
-            if origin != "'self'" and not re.fullmatch(
-                r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?", origin
-            ):
-                raise ValueError(
-                    f"{origin[:100]!r} is not an origin: scheme, host and port only, "
-                    'like "http://homeassistant.local:8123" (no path, no wildcard, no trailing /)'
-                )
+    def _origins(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        for origin in v:  # 'self': the page's own origin only (Home Assistant's ingress's frame)
+            if (origin != "'self'" or info.field_name == "allowed_origins") and (why := origin_problem(origin)):
+                raise ValueError(why)
+        return v
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies(cls, v: list[str]) -> list[str]:
+        for address in v:
+            if (why := address_problem(address)) is not None:
+                raise ValueError(why)
         return v
 
 

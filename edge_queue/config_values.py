@@ -1,5 +1,5 @@
 """Rules for one configuration value at a time, used by :mod:`edge_queue.config`'s validators:
-host names and addresses, and the broker user names of ``[access]`` (docs/configuration.md).
+host names and addresses, origins, and the broker user names of ``[access]`` (docs/configuration.md).
 Plain functions and patterns: they import nothing of the package.
 """
 
@@ -28,6 +28,25 @@ def host_problem(host: str) -> str | None:
     if labels[-1].isdigit():
         return f"{host[:100]!r} is not an IP address (each of the four numbers is 0-255), nor a host name"
     return None
+
+
+def origin_problem(origin: str) -> str | None:
+    """Why ``origin`` is not a web origin of scheme, host and port (``http://nas.local:8099``), or None."""
+    if re.fullmatch(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?", origin):
+        return None
+    return (
+        f"{origin[:100]!r} is not an origin: scheme, host and port only, "
+        'like "http://homeassistant.local:8123" (no path, no wildcard, no trailing /)'
+    )
+
+
+def address_problem(address: str) -> str | None:
+    """Why ``address`` is not an IP address (a proxy's, ``172.30.32.2``), or None."""
+    try:
+        ipaddress.ip_address(address)
+        return None
+    except ValueError:
+        return f'{address[:100]!r} is not an IP address (a proxy\'s, like "172.30.32.2")'
 
 
 #: What a broker user name in ``[access]`` may not hold: it is a topic level of the ACL's

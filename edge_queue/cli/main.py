@@ -200,6 +200,7 @@ def broker(config: ConfigOpt = None) -> None:
     import signal
 
     from edge_queue.mqtt.embedded_broker import serve as serve_broker
+    from edge_queue.mqtt.origins import page_origins
 
     settings = _settings(config)
     broker_cfg = _broker_config(settings)
@@ -209,7 +210,7 @@ def broker(config: ConfigOpt = None) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve_broker(broker_cfg, stop)
+        await serve_broker(broker_cfg, stop, origins=page_origins(settings.http))
 
     asyncio.run(main())
 
@@ -249,6 +250,7 @@ def _websocket_port(settings: Settings) -> int | None:
 def up(config: ConfigOpt = None, media_root: MediaRootOpt = None) -> None:
     """Start the embedded broker (when configured, or when none answers) and the service."""
     from edge_queue.mqtt.embedded_broker import BrokerThread, port_open
+    from edge_queue.mqtt.origins import page_origins
     from edge_queue.service import Service
 
     settings = _service_settings(config, media_root)
@@ -258,7 +260,7 @@ def up(config: ConfigOpt = None, media_root: MediaRootOpt = None) -> None:
         typer.echo(f"edge-queue: {host}:{port} is in use; cannot start the embedded broker there", err=True)
         raise typer.Exit(EXIT_NO_BROKER)
     if mode == "true" or (mode == "auto" and not port_open(host, port)):
-        embedded = BrokerThread(_broker_config(settings))
+        embedded = BrokerThread(_broker_config(settings), origins=page_origins(settings.http))
         try:
             embedded.start()
         except RuntimeError as e:

@@ -19,15 +19,20 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import selectors
 import socket
 import threading
+import time
+from dataclasses import replace
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from edge_queue.config import HttpSettings, Settings
+from edge_queue.mqtt.origins import PageOrigins, RefusalLog, origin_refusal, page_origins
+from edge_queue.mqtt.probe import anonymous_over_websocket
+
+from .relay import RELAY_IDLE_S, Login, LoginGate, RelaySlots, is_loopback, pump
 
 log = logging.getLogger(__name__)
 
@@ -94,14 +99,8 @@ def page_config(settings: HttpSettings, base_topic: str, version: str) -> dict[s
 
 #: Seconds a client has to send a whole request line and its headers.
 REQUEST_READ_S = 10.0
-#: The path of the relayed WebSocket (``http.websocket_proxy``).
+#: The path of the relayed WebSocket (``http.websocket_proxy``; :mod:`edge_queue.http.relay`).
 RELAY_PATH = "/mqtt"
-#: Relayed WebSockets at once at most (each holds a connection of :data:`MAX_CONNECTIONS`;
-#: they do not count against one address's :data:`MAX_CONNECTIONS_PER_ADDRESS`, since behind
-#: Home Assistant's ingress every page comes from one address).
-MAX_RELAYS = 32
-#: Seconds a relayed WebSocket may carry nothing either way (the page's MQTT keepalive is 30 s).
-RELAY_IDLE_S = 300.0
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -113,6 +112,8 @@ class _Handler(BaseHTTPRequestHandler):
     files: dict[str, tuple[bytes, str, str]] = {}  # set per server: path -> (body, type, etag)
     headers_out: dict[str, str] = HEADERS  # set per server: :func:`headers`
     relay_to: tuple[str, int] | None = None  # set per server: the broker's WebSocket listener
+    origins: PageOrigins | None = None  # set per server with relay_to: the page's origins
+    gate: LoginGate | None = None  # set per server with relay_to
 
     def handle_one_request(self) -> None:
         # The request line and headers must arrive within REQUEST_READ_S in all: a client that
@@ -147,30 +148,55 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _relay(self, to: tuple[str, int]) -> None:
         """``/mqtt``: the page's WebSocket handshake sent on to the broker's WebSocket listener,
-        then every byte both ways until either side closes or :data:`RELAY_IDLE_S` pass."""
+        then every byte both ways (:mod:`edge_queue.http.relay` says what it must pass)."""
         self.close_connection = True
         if self.headers.get("Upgrade", "").lower() != "websocket":
             self._plain(HTTPStatus.BAD_REQUEST, b"WebSocket only\n", True)
             return
-        server: Any = self.server
         address = self.client_address[0]
-        if not server.relay_begin(address):
-            self._plain(HTTPStatus.SERVICE_UNAVAILABLE, b"too many relayed connections\n", True)
+        origin = self.headers.get("Origin")
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        assert self.origins is not None and self.gate is not None
+        local = self.connection.getsockname()[:2]
+        if (why := origin_refusal(self.origins, origin, local=local, headers=headers)) is not None:
+            text = f"page: refused a relayed WebSocket from {address} with Origin {origin!r}: {why}"
+            server: Any = self.server
+            if (line := server.refusals.line(text[:400], time.monotonic())) is not None:
+                log.warning("%s", line)
+            self._plain(HTTPStatus.FORBIDDEN, b"this page may not connect to the broker\n", True)
+            return
+        allowed = self.gate.may_relay()
+        if allowed is False:
+            self._plain(HTTPStatus.FORBIDDEN, b"the broker takes clients without a login: not relayed\n", True)
+            return
+        if allowed is None:
+            self._plain(HTTPStatus.BAD_GATEWAY, b"the broker's WebSocket listener does not answer\n", True)
+            return
+        server = self.server
+        if (why := server.relay_begin(address)) is not None:
+            self._plain(HTTPStatus.SERVICE_UNAVAILABLE, why.encode() + b"\n", True)
             return
         try:
-            try:
-                upstream = socket.create_connection(to, timeout=5)
-            except OSError as e:
-                log.warning("page: the broker's WebSocket listener %s:%d does not answer: %s", to[0], to[1], e)
-                self._plain(HTTPStatus.BAD_GATEWAY, b"the broker's WebSocket listener does not answer\n", True)
-                return
-            with upstream:
-                head = ["GET / HTTP/1.1", f"Host: {to[0]}:{to[1]}"]
-                head += [f"{k}: {v}" for k, v in self.headers.items() if k.lower() != "host"]
-                upstream.sendall(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
-                pump(self.connection, upstream, RELAY_IDLE_S)
+            self._relay_to(to, address)
         finally:
             server.relay_end(address)
+
+    def _relay_to(self, to: tuple[str, int], address: str) -> None:
+        try:
+            upstream = socket.create_connection(to, timeout=5)
+        except OSError as e:
+            log.warning("page: the broker's WebSocket listener %s:%d does not answer: %s", to[0], to[1], e)
+            self._plain(HTTPStatus.BAD_GATEWAY, b"the broker's WebSocket listener does not answer\n", True)
+            return
+        with upstream:
+            # The Origin was checked here: the broker gets the handshake as from a client that
+            # is no browser (its own listener would not know the page's origins behind a proxy).
+            head = ["GET / HTTP/1.1", f"Host: {to[0]}:{to[1]}"]
+            head += [f"{k}: {v}" for k, v in self.headers.items() if k.lower() not in ("host", "origin")]
+            upstream.sendall(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
+            why = pump(self.connection, upstream, RELAY_IDLE_S, Login(time.monotonic()))
+            if why is not None:
+                log.debug("page: closed a relayed WebSocket from %s: %s", address, why)
 
     def do_HEAD(self) -> None:  # noqa: N802
         self._answer(with_body=False)
@@ -230,59 +256,38 @@ MAX_CONNECTIONS = 64
 MAX_CONNECTIONS_PER_ADDRESS = 8
 
 
-def pump(a: socket.socket, b: socket.socket, idle_s: float) -> None:
-    """Copy bytes both ways between sockets ``a`` and ``b`` until one closes, fails, or both
-    stay silent ``idle_s`` seconds. A send waits at most 30 s for a slow reader."""
-    a.settimeout(30)
-    b.settimeout(30)
-    with selectors.DefaultSelector() as sel:
-        sel.register(a, selectors.EVENT_READ, b)
-        sel.register(b, selectors.EVENT_READ, a)
-        while True:
-            ready = sel.select(idle_s)
-            if not ready:
-                return
-            for key, _ in ready:
-                try:
-                    data = key.fileobj.recv(65536)  # type: ignore[union-attr]
-                    if not data:
-                        return
-                    key.data.sendall(data)
-                except OSError:
-                    return
-
-
 class _BoundedServer(ThreadingHTTPServer):
     """``ThreadingHTTPServer`` with at most :data:`MAX_CONNECTIONS` connections (threads) at
     once; a connection over it is closed unanswered and counted in the debug log."""
 
     daemon_threads = True
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, trusted: frozenset[str] = frozenset(), **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._lock = threading.Lock()
         self._per_address: dict[str, int] = {}
-        self._relays = 0
+        self.relays = RelaySlots(trusted)
+        self.refusals = RefusalLog()
 
-    def relay_begin(self, address: str) -> bool:
-        """A connection from ``address`` becomes a relayed WebSocket: False when
-        :data:`MAX_RELAYS` run; else it stops counting against its address."""
+    def relay_begin(self, address: str) -> str | None:
+        """A connection from ``address`` becomes a relayed WebSocket: why not when no relay
+        slot is free for it (:class:`~edge_queue.http.relay.RelaySlots`); else it stops counting
+        against its address's :data:`MAX_CONNECTIONS_PER_ADDRESS` (it counts as a relay)."""
+        if (why := self.relays.take(address)) is not None:
+            return why
         with self._lock:
-            if self._relays >= MAX_RELAYS:
-                return False
-            self._relays += 1
             left = self._per_address.get(address, 1) - 1
             if left > 0:
                 self._per_address[address] = left
             else:
                 self._per_address.pop(address, None)
-            return True
+        return None
 
     def relay_end(self, address: str) -> None:
         """The relayed WebSocket ended (its connection is given back as any other's)."""
+        self.relays.give_back(address)
         with self._lock:
-            self._relays -= 1
             self._per_address[address] = self._per_address.get(address, 0) + 1
 
     def _take(self, address: str) -> bool:
@@ -348,16 +353,25 @@ class PageServer:
             files[url] = (body, ctype, _etag(body))
         config = json.dumps(page_config(settings, base_topic, version)).encode()
         files["/config.json"] = (config, "application/json", _etag(config))
-        attrs = {"files": files, "headers_out": headers(settings), "relay_to": relay_to}
-        handler = type("PageHandler", (_Handler,), attrs)
-        self.httpd = _BoundedServer((settings.host, settings.port), handler)
+        attrs: dict[str, Any] = {"files": files, "headers_out": headers(settings), "relay_to": relay_to}
+        handler: Any = type("PageHandler", (_Handler,), attrs)
+        self.httpd = _BoundedServer(
+            (settings.host, settings.port), handler, trusted=frozenset(settings.trusted_proxies)
+        )
         self.port: int = self.httpd.server_address[1]
         self.host = settings.host
+        self.gate: LoginGate | None = None
+        if relay_to is not None:
+            self.gate = LoginGate(relay_to, not is_loopback(settings.host), anonymous_over_websocket)
+            handler.gate = self.gate
+            handler.origins = replace(page_origins(settings), port=self.port)
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="page", daemon=True)
 
     def start(self) -> PageServer:
         self._thread.start()
         log.info("queue page on http://%s:%d/", self.host, self.port)
+        if self.gate is not None and self.gate.needed:  # the line at start, when it must refuse
+            threading.Thread(target=self.gate.may_relay, name="page-login-check", daemon=True).start()
         return self
 
     def stop(self) -> None:

@@ -19,6 +19,11 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+from edge_queue.config import HttpSettings
+
+from .origins import PageOrigins, page_origins
+from .ws_listener import WsListener, serve_listeners
+
 log = logging.getLogger(__name__)
 
 #: The amqtt version this module is written against (pyproject.toml pins it).
@@ -466,17 +471,40 @@ def _quiet_loggers() -> None:
                 logger.addFilter(f)
 
 
+def _websocket_listeners(broker: Any) -> list[WsListener]:
+    """Each ``ws`` listener of ``broker``'s configuration, made one of amqtt's ``external``
+    listeners (served by :func:`~edge_queue.mqtt.ws_listener.serve_listeners` instead, with the
+    page's origins only): amqtt's own has no ``Origin`` check."""
+    from amqtt.contexts import ListenerType
+
+    found = []
+    for name, listener in broker.listeners_config.items():
+        if listener.type == ListenerType.WS and "bind" in listener:
+            fields = ("max_connections", "ssl", "cafile", "capath", "cadata", "certfile", "keyfile")
+            found.append(WsListener(name, listener.bind, **{f: getattr(listener, f) for f in fields}))
+            listener.type = ListenerType.EXTERNAL
+    return found
+
+
 async def serve(
     config: dict[str, Any],
     stop: asyncio.Event,
     started: threading.Event | None = None,
     trusted: Collection[str] = (),
+    origins: PageOrigins | None = None,
 ) -> None:
     """Run an amqtt broker with ``config`` until ``stop`` is set; ``started`` is set once it
-    listens. :func:`guard_clients` runs beside it, with ``trusted``."""
+    listens. :func:`guard_clients` runs beside it, with ``trusted``. Its WebSocket listeners
+    take browsers of ``origins`` only (default: the page's defaults, ``[http]`` unset)."""
     _quiet_loggers()
     broker = _broker_class()(config)
+    websockets = _websocket_listeners(broker)
     await broker.start()
+    try:
+        servers = await serve_listeners(websockets, broker.ws_connected, origins or page_origins(HttpSettings()))
+    except BaseException:
+        await broker.shutdown()
+        raise
     guard = asyncio.create_task(guard_clients(broker, stop, trusted))
     if started is not None:
         started.set()
@@ -487,6 +515,9 @@ async def serve(
         await stop.wait()
     finally:
         guard.cancel()
+        for server in servers:
+            server.close()
+            await server.wait_closed()
         await broker.shutdown()
         log.info("embedded broker stopped")
 
@@ -495,11 +526,13 @@ class BrokerThread:
     """The embedded broker on its own event loop thread, for ``edge-queue up``.
 
     ``start()`` returns once the listener accepts connections; raises ``RuntimeError`` when it
-    cannot bind within ``timeout_s``.
+    cannot bind within ``timeout_s``. ``origins``: the browser pages its WebSocket listeners
+    take (:func:`serve`).
     """
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: dict[str, Any], origins: PageOrigins | None = None) -> None:
         self.config = config
+        self.origins = origins
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._run, name="embedded-broker", daemon=True)
@@ -518,7 +551,7 @@ class BrokerThread:
         self._loop = loop
         self._stop = asyncio.Event()
         try:
-            loop.run_until_complete(serve(self.config, self._stop, self._started, self.trusted))
+            loop.run_until_complete(serve(self.config, self._stop, self._started, self.trusted, self.origins))
         except BaseException as e:  # reported to start() / logged; the thread must not raise
             self._error = e
             log.exception("embedded broker failed")

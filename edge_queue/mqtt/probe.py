@@ -1,5 +1,6 @@
 """Finding out what listens at ``mqtt.host:port`` before connecting for real: MQTT 5, MQTT
-3.1.1, or something that is not an MQTT broker (docs/cli.md, exit code 3).
+3.1.1, or something that is not an MQTT broker (docs/cli.md, exit code 3); and whether the
+broker's WebSocket listener takes clients without a login (the page's relay, `doctor`).
 """
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -117,3 +119,38 @@ def detect_protocol(s: MqttSettings, client_id: str, timeout_s: float, *, wait_r
             last = e
             time.sleep(min(1.0, max(deadline - time.monotonic(), 0)))
     raise last or BrokerUnavailable(f"no MQTT broker answered at {s.host}:{s.port} within {timeout_s} s")
+
+
+def anonymous_over_websocket(host: str, port: int, timeout_s: float = 3.0) -> bool | None:
+    """Whether the broker's MQTT over WebSocket listener at ``host:port`` takes a client without
+    a login: True when it answers an MQTT 3.1.1 CONNECT with no user name with "accepted",
+    False when it refuses it, None when nothing answers within ``timeout_s`` seconds (no
+    listener, or no broker there). The client id (``login-check-<random>``) is no one's."""
+    answer: dict[str, bool] = {}
+    done = threading.Event()
+
+    def on_connect(client: mqtt.Client, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
+        answer["accepted"] = not reason.is_failure
+        done.set()
+
+    check = mqtt.Client(
+        CallbackAPIVersion.VERSION2,
+        client_id=f"login-check-{uuid.uuid4().hex[:12]}",
+        protocol=mqtt.MQTTv311,
+        transport="websockets",
+    )
+    check.ws_set_options(path="/")
+    check.on_connect = on_connect
+    check.on_disconnect = lambda *a: done.set()
+    check.connect_timeout = timeout_s
+    try:
+        check.connect(host, port, keepalive=30)
+    except (OSError, ValueError):
+        return None
+    check.loop_start()
+    try:
+        done.wait(timeout_s)
+    finally:
+        check.disconnect()
+        check.loop_stop()
+    return answer.get("accepted")

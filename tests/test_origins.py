@@ -1,0 +1,171 @@
+"""The rules of who may open a WebSocket to the broker and hold the page's relay, as plain
+functions (edge_queue/mqtt/origins.py, edge_queue/http/relay.py; docs/operations.md, "Which
+pages may connect to the broker"): milliseconds, no socket."""
+
+from __future__ import annotations
+
+import pytest
+
+from edge_queue.config import HttpSettings
+from edge_queue.http import relay
+from edge_queue.http.relay import Login, LoginGate, RelaySlots, first_frame, is_loopback
+from edge_queue.mqtt.origins import REFUSAL_LOG_S, RefusalLog, origin_refusal, page_origins, parse_origin
+
+ORIGINS = page_origins(
+    HttpSettings(host="0.0.0.0", port=8099, allowed_origins=["https://nas.example.org"]), hostname="mybox"
+)
+
+
+def refusal(origin: str | None, local: tuple[str, int] | None = ("127.0.0.1", 9001), **headers: str) -> str | None:
+    return origin_refusal(ORIGINS, origin, local=local, headers={k.replace("_", "-"): v for k, v in headers.items()})
+
+
+@pytest.mark.parametrize(
+    "origin",
+    [
+        None,  # not a browser: paho, mosquitto_sub, Home Assistant
+        "http://127.0.0.1:8099",
+        "http://localhost:8099",
+        "http://[::1]:8099",
+        "http://mybox:8099",
+        "http://MyBox.local:8099",
+        "https://nas.example.org",  # http.allowed_origins
+        "http://127.0.0.1:9001",  # paho's: the address it connects to
+    ],
+)
+def test_the_pages_own_origins_and_clients_without_one_are_taken(origin: str | None) -> None:
+    assert refusal(origin) is None
+
+
+@pytest.mark.parametrize(
+    "origin",
+    [
+        "http://evil.example",
+        "http://evil.example:8099",  # DNS rebinding: a foreign name on the page's port
+        "http://evil.example:9001",
+        "https://127.0.0.1:8099",  # the page itself is plain http
+        "http://127.0.0.1:8100",
+        "http://192.168.1.9:8099",  # an address that is not the one the connection reached
+        "null",  # a sandboxed frame, a file:// page
+        "file://",
+        "http://127.0.0.1:8099/path",
+        "",
+    ],
+)
+def test_other_origins_are_refused(origin: str) -> None:
+    assert refusal(origin) is not None
+
+
+def test_the_box_address_the_connection_reached_is_the_pages_on_the_lan() -> None:
+    assert refusal("http://192.168.1.5:8099", local=("192.168.1.5", 9001)) is None
+    assert refusal("http://192.168.1.5:8099", local=("::ffff:192.168.1.5", 9001)) is None
+    assert refusal("http://192.168.1.5:8099", local=("192.168.1.6", 9001)) is not None
+
+
+def test_a_reverse_proxy_says_which_origin_the_browser_asked_for() -> None:
+    # Home Assistant's ingress passes the browser's Origin and sets both headers
+    ha = {"x_forwarded_host": "ha.example.org", "x_forwarded_proto": "https"}
+    assert refusal("https://ha.example.org", **ha) is None
+    assert refusal("https://evil.example", **ha) is not None
+    assert refusal("http://ha.example.org", **ha) is not None  # another scheme is another origin
+    assert refusal("http://ha.local:8123", x_forwarded_host="ha.local:8123") is None
+
+
+def test_the_configured_host_is_one_of_the_pages() -> None:
+    origins = page_origins(HttpSettings(host="192.168.1.5", port=8099), hostname="x")
+    assert origin_refusal(origins, "http://192.168.1.5:8099", local=None, headers={}) is None
+    assert "0.0.0.0" not in ORIGINS.hosts
+
+
+def test_parse_origin() -> None:
+    assert parse_origin("http://[::1]:8099") == ("http", "::1", 8099)
+    assert parse_origin("https://Nas.Example.org") == ("https", "nas.example.org", 443)
+    assert parse_origin("http://a:99999") is None
+    assert parse_origin("ws://a") is None
+
+
+def test_refused_handshakes_are_logged_once_a_minute_with_a_count() -> None:
+    log = RefusalLog()
+    assert log.line("refused", 0.0) == "refused"
+    assert [log.line("refused", t) for t in (1.0, 2.0, 3.0)] == [None, None, None]
+    assert log.line("refused", REFUSAL_LOG_S + 1) == f"refused (3 more refused in the last {REFUSAL_LOG_S:.0f} s)"
+
+
+def connect_frame(masked: bool = True) -> bytes:
+    payload = bytes([0x10, 12, 0, 4]) + b"MQTT" + bytes([4, 2, 0, 30, 0, 0])
+    if not masked:
+        return bytes([0x82, len(payload)]) + payload
+    mask = bytes([0x37, 0xFA, 0x21, 0x3D])
+    return bytes([0x82, 0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+def test_first_frame_reads_the_first_payload_byte_through_the_mask() -> None:
+    frame = connect_frame()
+    assert first_frame(frame) == (0x2, 0x10)
+    assert first_frame(connect_frame(masked=False)) == (0x2, 0x10)
+    assert all(first_frame(frame[:n]) is None for n in range(6))  # header and mask not all there
+    assert first_frame(bytes([0x81, 0x80, 1, 2, 3, 4])) == (0x1, None)  # an empty text frame
+    long = bytes([0x82, 0xFE, 0x01, 0x00]) + b"\0\0\0\0" + b"\x10"
+    assert first_frame(long) == (0x2, 0x10)
+
+
+def test_a_relay_logs_in_with_a_connect_and_an_answer_in_time() -> None:
+    login = Login(start=100.0)
+    assert login.client_sent(connect_frame()[:3])  # more to come
+    assert not login.connect_seen
+    assert login.client_sent(connect_frame()[3:])
+    assert login.connect_seen and not login.done
+    login.broker_sent(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n")
+    assert not login.answered  # the handshake's answer is not the CONNACK
+    login.broker_sent(bytes([0x82, 4, 0x20, 2, 0, 0]))
+    assert login.done and login.overdue(10_000.0) is None and login.next_deadline() is None
+
+
+def test_a_relay_without_connect_or_answer_is_overdue() -> None:
+    login = Login(start=100.0)
+    assert login.overdue(100.0 + relay.CONNECT_S - 0.01) is None
+    assert "CONNECT" in (login.overdue(100.0 + relay.CONNECT_S) or "")
+    login.client_sent(connect_frame())
+    assert login.overdue(100.0 + relay.ANSWER_S - 0.01) is None
+    assert "answer" in (login.overdue(100.0 + relay.ANSWER_S) or "")
+    # a first frame that is not an MQTT CONNECT (a text frame, a PUBLISH) ends it at once
+    assert not Login(0.0).client_sent(bytes([0x81, 0x01, 0x10]))
+    assert not Login(0.0).client_sent(bytes([0x82, 0x01, 0x30]))
+
+
+def test_one_address_gets_a_quarter_of_the_relay_slots_unless_it_is_a_trusted_proxy() -> None:
+    slots = RelaySlots(trusted=frozenset({"172.30.32.2"}))
+    assert [slots.take("10.0.0.1") for _ in range(relay.MAX_RELAYS_PER_ADDRESS)] == [None] * 8
+    assert slots.take("10.0.0.1") == "too many relayed connections from this address"
+    assert slots.take("10.0.0.2") is None
+    slots.give_back("10.0.0.1")
+    assert slots.take("10.0.0.1") is None
+    # the proxy takes what is left, and the relay as a whole stays bounded
+    left = relay.MAX_RELAYS - slots.taken
+    assert [slots.take("172.30.32.2") for _ in range(left)] == [None] * left
+    assert slots.take("10.0.0.3") == "too many relayed connections"
+
+
+def test_the_login_gate_asks_the_broker_and_holds_its_verdict() -> None:
+    now = [0.0]
+    asked: list[tuple[str, int]] = []
+    answers = [True, False]
+
+    def check(host: str, port: int) -> bool | None:
+        asked.append((host, port))
+        return answers.pop(0)
+
+    gate = LoginGate(("127.0.0.1", 9001), True, check, clock=lambda: now[0])
+    assert gate.may_relay() is False  # anonymous
+    now[0] = relay.LOGIN_CHECK_S - 1
+    assert gate.may_relay() is False and len(asked) == 1
+    now[0] = relay.LOGIN_CHECK_S
+    assert gate.may_relay() is True and len(asked) == 2  # the broker now asks for a login
+    # a page on loopback only needs no check: nothing beyond this box reaches it
+    assert LoginGate(("127.0.0.1", 9001), False, check).may_relay() is True
+    assert LoginGate(("127.0.0.1", 9001), True, lambda h, p: None).may_relay() is None
+
+
+def test_is_loopback() -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.5") and not is_loopback("nas.local")
