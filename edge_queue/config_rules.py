@@ -59,3 +59,33 @@ def serve_problems(settings: Settings) -> list[str]:
             "set workers to 1 or more, or list the worker nodes in access.nodes"
         )
     return problems
+
+
+def relay_warning(settings: Settings) -> str | None:
+    """Why the page's ``/mqtt`` relay will refuse to relay under ``edge-queue up``, or None:
+    ``http.websocket_proxy`` with the page listening beyond this box (``http.host`` not a
+    loopback address), and the broker ``up`` starts (``broker.embedded`` not ``false``, on
+    ``mqtt.host`` of this machine) without ``broker.config_file``, so without a login: the
+    relay never hands an anonymous broker to the LAN (docs/operations.md, "Behind a reverse
+    proxy or Home Assistant's ingress"). A warning, not a problem: the queue runs, and
+    ``serve`` with a broker that asks for a login relays."""
+    http = settings.http
+    if not (http.enabled and http.websocket_proxy) or _loopback(http.host):
+        return None
+    if settings.broker.embedded == "false" or settings.broker.config_file is not None:
+        return None
+    if not _on_this_machine(settings.mqtt.host):
+        return None
+    return (
+        f"http.websocket_proxy relays the broker's WebSocket to the LAN (http.host = {http.host!r}), and the "
+        "embedded broker of `edge-queue up` without broker.config_file takes clients without a login: /mqtt "
+        "refuses it (403). Give the embedded broker passwords (broker.config_file, broker/amqtt.yaml), or set "
+        'http.host = "127.0.0.1"'
+    )
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"

@@ -216,3 +216,53 @@ def test_an_amqtt_configuration_of_an_earlier_release_still_names_the_plugin() -
     from edge_queue.mqtt.amqtt_plugins import ReservedClientIds
 
     assert importlib.import_module("edge_queue.amqtt_plugins").ReservedClientIds is ReservedClientIds
+
+
+#: An MQTT 3.1.1 CONNECT, clean session, keepalive 30 s, client id "ab", no login.
+ANONYMOUS_CONNECT = bytes([0x10, 14, 0, 4]) + b"MQTT" + bytes([4, 2, 0, 30, 0, 2]) + b"ab"
+
+
+def ws_connack(port: int, origin: str | None, path: str = "/") -> bytes:
+    """A browser-like MQTT over WebSocket handshake with ``Origin: origin`` (the websockets
+    library's client, as a browser sends it), then an anonymous CONNECT: the broker's answer."""
+    from websockets.sync.client import connect
+
+    with connect(f"ws://127.0.0.1:{port}{path}", subprotocols=["mqtt"], origin=origin, open_timeout=10) as ws:
+        ws.send(ANONYMOUS_CONNECT)
+        return bytes(ws.recv(timeout=10))
+
+
+def test_a_foreign_origin_gets_nothing_from_the_websocket_listener_and_the_pages_own_connects(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from websockets.exceptions import InvalidStatus
+
+    from edge_queue.config import HttpSettings
+    from edge_queue.mqtt.origins import page_origins
+
+    caplog.set_level(logging.WARNING)
+    # Given the embedded broker as `edge-queue up` starts it: anonymous, with its WebSocket
+    # listener for the queue page on 127.0.0.1, the page on its port
+    port, ws, page = free_port(), free_port(), free_port()
+    broker = BrokerThread(
+        broker_config("127.0.0.1", port, websocket_port=ws), origins=page_origins(HttpSettings(port=page))
+    )
+    broker.start()
+    try:
+        # When a web site open in a browser on the box connects (before: CONNACK, as an admin)
+        with pytest.raises(InvalidStatus) as refused:
+            ws_connack(ws, "http://evil.example")
+        # Then it is refused in the handshake, and the log says so
+        assert refused.value.response.status_code == 403
+        assert any(
+            "refused a WebSocket from 127.0.0.1 with Origin 'http://evil.example'" in r.getMessage()
+            for r in caplog.records
+        )
+        with pytest.raises(InvalidStatus):
+            ws_connack(ws, f"http://evil.example:{page}")  # DNS rebinding onto the page's port
+        # While the page's own origins and clients that are no browser still connect
+        assert ws_connack(ws, f"http://127.0.0.1:{page}") == b"\x20\x02\x00\x00"
+        assert ws_connack(ws, f"http://localhost:{page}") == b"\x20\x02\x00\x00"
+        assert ws_connack(ws, None) == b"\x20\x02\x00\x00"
+    finally:
+        broker.stop()

@@ -198,6 +198,27 @@ def _page(settings: Settings) -> Iterator[Check]:
     else:
         broker = http.websocket_url or f"port {http.websocket_port}"
         yield Check("queue page", True, f"{where}; broker WebSocket {broker}")
+    yield from _relay(settings)
+
+
+def _relay(settings: Settings) -> Iterator[Check]:
+    """The page's ``/mqtt`` relay (``http.websocket_proxy``) when the page listens beyond this
+    box: whether the broker behind it asks for a login (else the relay refuses it)."""
+    from edge_queue.http.page import relay_target
+    from edge_queue.http.relay import anonymous_line, is_loopback
+    from edge_queue.mqtt.probe import anonymous_over_websocket
+
+    if (to := relay_target(settings)) is None or is_loopback(settings.http.host):
+        return
+    anonymous = anonymous_over_websocket(*to)
+    if anonymous is None:
+        yield Check(
+            "page relay", True, f"the broker's WebSocket listener at {to[0]}:{to[1]} does not answer", warn=True
+        )
+    elif anonymous:
+        yield Check("page relay", True, anonymous_line(to), warn=True)
+    else:
+        yield Check("page relay", True, f"/mqtt relays the broker at {to[0]}:{to[1]}, which asks for a login")
 
 
 def _model(settings: Settings) -> Iterator[Check]:

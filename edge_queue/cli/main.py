@@ -580,7 +580,7 @@ def config_check(
     file: Annotated[Path | None, typer.Argument(envvar="EDGE_QUEUE_CONFIG", help="TOML file to check")] = None,
 ) -> None:
     """Validate a configuration file (and the environment); name every invalid key."""
-    from edge_queue.config_rules import serve_problems
+    from edge_queue.config_rules import relay_warning, serve_problems
     from edge_queue.service import checked_kinds
     from edge_queue.watch.folders import check_watches
 
@@ -592,6 +592,8 @@ def config_check(
     except ConfigError as e:
         typer.echo(f"edge-queue: {e.message}", err=True)
         raise typer.Exit(EXIT_USAGE) from e
+    if (warning := relay_warning(settings)) is not None:
+        typer.echo(f"warning: {warning}", err=True)
     typer.echo(
         f"ok: data_dir={settings.data_dir} broker={settings.mqtt.host}:{settings.mqtt.port} "
         f"base_topic={settings.mqtt.base_topic} media_roots={[str(p) for p in settings.media_roots]}"

@@ -163,30 +163,40 @@ class _Handler(BaseHTTPRequestHandler):
             server: Any = self.server
             if (line := server.refusals.line(text[:400], time.monotonic())) is not None:
                 log.warning("%s", line)
-            self._plain(HTTPStatus.FORBIDDEN, b"this page may not connect to the broker\n", True)
+            self._refuse_relay(HTTPStatus.FORBIDDEN, b"this page may not connect to the broker\n")
             return
         allowed = self.gate.may_relay()
         if allowed is False:
-            self._plain(HTTPStatus.FORBIDDEN, b"the broker takes clients without a login: not relayed\n", True)
+            self._refuse_relay(HTTPStatus.FORBIDDEN, b"the broker takes clients without a login: not relayed\n")
             return
         if allowed is None:
-            self._plain(HTTPStatus.BAD_GATEWAY, b"the broker's WebSocket listener does not answer\n", True)
+            self._refuse_relay(HTTPStatus.BAD_GATEWAY, b"the broker's WebSocket listener does not answer\n")
             return
         server = self.server
         if (why := server.relay_begin(address)) is not None:
-            self._plain(HTTPStatus.SERVICE_UNAVAILABLE, why.encode() + b"\n", True)
+            self._refuse_relay(HTTPStatus.SERVICE_UNAVAILABLE, why.encode() + b"\n")
             return
         try:
             self._relay_to(to, address)
         finally:
             server.relay_end(address)
 
+    def _refuse_relay(self, status: HTTPStatus, body: bytes) -> None:
+        # HTTP/1.1, as the handshake's answer must be (RFC 6455 section 4.1), then closed
+        self.protocol_version = "HTTP/1.1"
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+
     def _relay_to(self, to: tuple[str, int], address: str) -> None:
         try:
             upstream = socket.create_connection(to, timeout=5)
         except OSError as e:
             log.warning("page: the broker's WebSocket listener %s:%d does not answer: %s", to[0], to[1], e)
-            self._plain(HTTPStatus.BAD_GATEWAY, b"the broker's WebSocket listener does not answer\n", True)
+            self._refuse_relay(HTTPStatus.BAD_GATEWAY, b"the broker's WebSocket listener does not answer\n")
             return
         with upstream:
             # The Origin was checked here: the broker gets the handshake as from a client that
@@ -391,10 +401,7 @@ def start_page(settings: Settings, base_topic: str, version: str) -> PageServer 
     http = settings.http
     if not http.enabled:
         return None
-    relay_to = None
-    if http.websocket_proxy:
-        host = settings.mqtt.host if settings.mqtt.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
-        relay_to = (host, http.websocket_port)
+    relay_to = relay_target(settings)
     try:
         page = PageServer(http, base_topic, version, relay_to).start()
     except OSError as e:
@@ -403,6 +410,15 @@ def start_page(settings: Settings, base_topic: str, version: str) -> PageServer 
     if (why := page_broker_problem(settings)) is not None:
         log.warning("queue page: %s", why)
     return page
+
+
+def relay_target(settings: Settings) -> tuple[str, int] | None:
+    """``(host, port)`` the page's ``/mqtt`` relays to (the broker's WebSocket listener on
+    ``mqtt.host``, ``http.websocket_port``), or None without ``http.websocket_proxy``."""
+    if not settings.http.websocket_proxy:
+        return None
+    host = settings.mqtt.host if settings.mqtt.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+    return host, settings.http.websocket_port
 
 
 def page_broker_problem(settings: Settings) -> str | None:
