@@ -238,15 +238,12 @@ def test_a_foreign_origin_gets_nothing_from_the_websocket_listener_and_the_pages
     from websockets.exceptions import InvalidStatus
 
     from edge_queue.config import HttpSettings
-    from edge_queue.mqtt.origins import page_origins
 
     caplog.set_level(logging.WARNING)
     # Given the embedded broker as `edge-queue up` starts it: anonymous, with its WebSocket
     # listener for the queue page on 127.0.0.1, the page on its port
     port, ws, page = free_port(), free_port(), free_port()
-    broker = BrokerThread(
-        broker_config("127.0.0.1", port, websocket_port=ws), origins=page_origins(HttpSettings(port=page))
-    )
+    broker = BrokerThread(broker_config("127.0.0.1", port, websocket_port=ws), page=HttpSettings(port=page))
     broker.start()
     try:
         # When a web site open in a browser on the box connects (before: CONNACK, as an admin)

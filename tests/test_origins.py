@@ -169,3 +169,22 @@ def test_the_login_gate_asks_the_broker_and_holds_its_verdict() -> None:
 def test_is_loopback() -> None:
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.5") and not is_loopback("nas.local")
+
+
+def test_config_rules_warn_of_a_relay_that_will_refuse_ups_anonymous_broker() -> None:
+    from pathlib import Path
+
+    from edge_queue.config import Settings
+    from edge_queue.config_rules import relay_warning
+
+    def warning(**http: object) -> str | None:
+        broker = http.pop("broker", {})
+        mqtt = http.pop("mqtt", {})
+        return relay_warning(Settings(http={"websocket_proxy": True, **http}, broker=broker, mqtt=mqtt))
+
+    assert warning() is not None and "takes clients without a login" in (warning() or "")
+    assert warning(host="127.0.0.1") is None  # the page for this box only
+    assert warning(websocket_proxy=False) is None
+    assert warning(broker={"config_file": Path("/etc/edge-queue/amqtt.yaml")}) is None  # its passwords
+    assert warning(broker={"embedded": "false"}) is None
+    assert warning(mqtt={"host": "mosquitto"}) is None  # a broker elsewhere: up starts none

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -27,7 +30,7 @@ from edge_queue.http.page import MAX_CONNECTIONS_PER_ADDRESS, PageServer
 from edge_queue.http.relay import MAX_RELAYS_PER_ADDRESS
 from edge_queue.mqtt.embedded_broker import BrokerThread, broker_config
 
-from .conftest import Broker, free_port, port_open, wait_until
+from .conftest import Broker, free_port, port_open, run_doctor, wait_until
 from .test_page import Browser, _browser_ready, ws_mosquitto  # noqa: F401 (a fixture, by name)
 
 
@@ -343,3 +346,44 @@ def test_up_with_its_embedded_broker_refuses_foreign_origins_and_does_not_relay_
         connack(page, f"http://127.0.0.1:{page}")
     assert not_relayed.value.response.status_code == 403
     wait_until(lambda: svc.log().count("/mqtt is not relayed") == 1, 10, "the line at start")
+
+
+@pytest.mark.slow
+def test_config_check_and_doctor_say_the_relay_will_not_carry_an_anonymous_broker(tmp_path: Path) -> None:
+    # Given the page's relay on every address (http.host's default) and `up`'s embedded broker
+    # without broker.config_file: anonymous (before: nothing warned, config check passed)
+    ws, port = free_port(), free_port()
+    env = {
+        **os.environ,
+        "EDGE_QUEUE_DATA_DIR": str(tmp_path / "data"),
+        "EDGE_QUEUE_MEDIA_ROOTS": json.dumps([str(tmp_path)]),
+        "EDGE_QUEUE_MQTT__PORT": str(port),
+        "EDGE_QUEUE_MQTT__BASE_TOPIC": "eqt" + uuid.uuid4().hex[:8],
+        "EDGE_QUEUE_HTTP__WEBSOCKET_PORT": str(ws),
+        "EDGE_QUEUE_HTTP__WEBSOCKET_PROXY": "true",
+    }
+    env.pop("EDGE_QUEUE_CONFIG", None)
+    # Then config check says so, and still passes: the queue runs, the relay refuses
+    check = subprocess.run(
+        [sys.executable, "-m", "edge_queue", "config", "check"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert check.returncode == 0, check.stderr
+    assert "warning: http.websocket_proxy relays the broker's WebSocket to the LAN" in check.stderr
+    local = subprocess.run(
+        [sys.executable, "-m", "edge_queue", "config", "check"],
+        env={**env, "EDGE_QUEUE_HTTP__HOST": "127.0.0.1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert local.returncode == 0 and "warning" not in local.stderr, local.stderr
+    # And doctor, with that broker running, says the relay will not carry it
+    broker = BrokerThread(broker_config("127.0.0.1", port, websocket_port=ws))
+    broker.start()
+    try:
+        out = run_doctor(env)
+        assert (
+            f"warn  page relay: /mqtt is not relayed: the broker's WebSocket listener at 127.0.0.1:{ws}" in out.stdout
+        )
+    finally:
+        broker.stop()

@@ -200,7 +200,6 @@ def broker(config: ConfigOpt = None) -> None:
     import signal
 
     from edge_queue.mqtt.embedded_broker import serve as serve_broker
-    from edge_queue.mqtt.origins import page_origins
 
     settings = _settings(config)
     broker_cfg = _broker_config(settings)
@@ -210,16 +209,17 @@ def broker(config: ConfigOpt = None) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await serve_broker(broker_cfg, stop, origins=page_origins(settings.http))
+        await serve_broker(broker_cfg, stop, page=settings.http)
 
     asyncio.run(main())
 
 
 def _broker_config(settings: Settings) -> dict[str, Any]:
     from edge_queue.mqtt.embedded_broker import broker_config, load_config
+    from edge_queue.mqtt.ws_listener import page_listener_port
 
     if settings.broker.config_file is None:
-        return broker_config(settings.mqtt.host, settings.mqtt.port, websocket_port=_websocket_port(settings))
+        return broker_config(settings.mqtt.host, settings.mqtt.port, websocket_port=page_listener_port(settings))
     try:
         return load_config(settings.broker.config_file)
     except ValueError as e:
@@ -227,30 +227,10 @@ def _broker_config(settings: Settings) -> dict[str, Any]:
         raise typer.Exit(EXIT_USAGE) from e
 
 
-def _websocket_port(settings: Settings) -> int | None:
-    """The embedded broker's MQTT over WebSocket port for the queue page (``http.websocket_port``),
-    or ``None`` when the page is off or the port is taken (then the broker runs without it: the
-    page is worth less than the queue)."""
-    from edge_queue.mqtt.embedded_broker import port_open
-
-    http = settings.http
-    if not http.enabled:
-        return None
-    if port_open(settings.mqtt.host, http.websocket_port):
-        logging.getLogger("edge_queue").warning(
-            "%s:%d is in use: the embedded broker runs without its WebSocket listener (http.websocket_port)",
-            settings.mqtt.host,
-            http.websocket_port,
-        )
-        return None
-    return http.websocket_port
-
-
 @app.command(cls=PlainCommand)
 def up(config: ConfigOpt = None, media_root: MediaRootOpt = None) -> None:
     """Start the embedded broker (when configured, or when none answers) and the service."""
     from edge_queue.mqtt.embedded_broker import BrokerThread, port_open
-    from edge_queue.mqtt.origins import page_origins
     from edge_queue.service import Service
 
     settings = _service_settings(config, media_root)
@@ -260,7 +240,7 @@ def up(config: ConfigOpt = None, media_root: MediaRootOpt = None) -> None:
         typer.echo(f"edge-queue: {host}:{port} is in use; cannot start the embedded broker there", err=True)
         raise typer.Exit(EXIT_NO_BROKER)
     if mode == "true" or (mode == "auto" and not port_open(host, port)):
-        embedded = BrokerThread(_broker_config(settings), origins=page_origins(settings.http))
+        embedded = BrokerThread(_broker_config(settings), page=settings.http)
         try:
             embedded.start()
         except RuntimeError as e:
@@ -592,7 +572,7 @@ def config_check(
     except ConfigError as e:
         typer.echo(f"edge-queue: {e.message}", err=True)
         raise typer.Exit(EXIT_USAGE) from e
-    if (warning := relay_warning(settings)) is not None:
+    if (warning := relay_warning(settings)) is not None:  # the queue runs; the relay refuses
         typer.echo(f"warning: {warning}", err=True)
     typer.echo(
         f"ok: data_dir={settings.data_dir} broker={settings.mqtt.host}:{settings.mqtt.port} "

@@ -21,7 +21,7 @@ from typing import Any
 
 from edge_queue.config import HttpSettings
 
-from .origins import PageOrigins, page_origins
+from .origins import page_origins
 from .ws_listener import WsListener, serve_listeners
 
 log = logging.getLogger(__name__)
@@ -491,17 +491,17 @@ async def serve(
     stop: asyncio.Event,
     started: threading.Event | None = None,
     trusted: Collection[str] = (),
-    origins: PageOrigins | None = None,
+    page: HttpSettings | None = None,
 ) -> None:
     """Run an amqtt broker with ``config`` until ``stop`` is set; ``started`` is set once it
     listens. :func:`guard_clients` runs beside it, with ``trusted``. Its WebSocket listeners
-    take browsers of ``origins`` only (default: the page's defaults, ``[http]`` unset)."""
+    take browsers of the queue page of ``page`` only (``[http]``; default: its defaults)."""
     _quiet_loggers()
     broker = _broker_class()(config)
     websockets = _websocket_listeners(broker)
     await broker.start()
     try:
-        servers = await serve_listeners(websockets, broker.ws_connected, origins or page_origins(HttpSettings()))
+        servers = await serve_listeners(websockets, broker.ws_connected, page_origins(page or HttpSettings()))
     except BaseException:
         await broker.shutdown()
         raise
@@ -526,13 +526,13 @@ class BrokerThread:
     """The embedded broker on its own event loop thread, for ``edge-queue up``.
 
     ``start()`` returns once the listener accepts connections; raises ``RuntimeError`` when it
-    cannot bind within ``timeout_s``. ``origins``: the browser pages its WebSocket listeners
-    take (:func:`serve`).
+    cannot bind within ``timeout_s``. ``page``: the queue page whose browser pages its
+    WebSocket listeners take (:func:`serve`).
     """
 
-    def __init__(self, config: dict[str, Any], origins: PageOrigins | None = None) -> None:
+    def __init__(self, config: dict[str, Any], page: HttpSettings | None = None) -> None:
         self.config = config
-        self.origins = origins
+        self.page = page
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._run, name="embedded-broker", daemon=True)
@@ -551,7 +551,7 @@ class BrokerThread:
         self._loop = loop
         self._stop = asyncio.Event()
         try:
-            loop.run_until_complete(serve(self.config, self._stop, self._started, self.trusted, self.origins))
+            loop.run_until_complete(serve(self.config, self._stop, self._started, self.trusted, self.page))
         except BaseException as e:  # reported to start() / logged; the thread must not raise
             self._error = e
             log.exception("embedded broker failed")

@@ -8,12 +8,14 @@ turns each ``ws`` listener into one of amqtt's ``external`` listeners and serves
 same websockets server (subprotocol ``mqtt``, TLS when the listener has ``ssl``), with a
 handshake check (websockets' public ``process_request`` hook) before the connection is handed to
 amqtt's public ``Broker.ws_connected``. A listener's ``max_connections`` is kept: connections over
-it are answered 503. Nothing here imports amqtt.
+it are answered 503. Nothing here imports amqtt. Also: which port the embedded broker's listener
+for the page takes (:func:`page_listener_port`).
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import ssl as tls
 import time
 from collections.abc import Awaitable, Callable
@@ -22,6 +24,8 @@ from functools import partial
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
+
+from edge_queue.config import Settings
 
 from .origins import PageOrigins, RefusalLog, origin_refusal
 
@@ -119,3 +123,23 @@ async def serve_listeners(
         )
         servers.append(server)
     return servers
+
+
+def page_listener_port(settings: Settings) -> int | None:
+    """The embedded broker's MQTT over WebSocket port for the queue page (``http.websocket_port``),
+    or ``None`` when the page is off or the port is taken (then the broker runs without it: the
+    page is worth less than the queue)."""
+    http = settings.http
+    if not http.enabled:
+        return None
+    try:
+        with socket.create_connection((settings.mqtt.host, http.websocket_port), timeout=1.0):
+            pass
+    except OSError:
+        return http.websocket_port
+    logging.getLogger("edge_queue").warning(
+        "%s:%d is in use: the embedded broker runs without its WebSocket listener (http.websocket_port)",
+        settings.mqtt.host,
+        http.websocket_port,
+    )
+    return None
