@@ -292,6 +292,7 @@ class Broker:
     def __init__(self, host: str, port: int, kind: str, proc: subprocess.Popen[bytes] | None = None) -> None:
         self.host, self.port, self.kind, self.proc = host, port, kind, proc
         self.ws_port: int | None = None  # MQTT over WebSocket, when the broker listens for it
+        self.page_port: int | None = None  # the queue page's port its WebSocket listener knows
 
 
 @pytest.fixture
@@ -303,13 +304,15 @@ def mosquitto() -> Broker:
 
 @pytest.fixture
 def amqtt(tmp_path: Path) -> Iterator[Broker]:
-    """The embedded amqtt broker (``edge-queue broker``) on a free port, as a subprocess."""
-    port, ws_port = free_port(), free_port()
+    """The embedded amqtt broker (``edge-queue broker``) on a free port, as a subprocess; its
+    WebSocket listener takes the pages of a queue page on ``page_port`` (a free port too)."""
+    port, ws_port, page_port = free_port(), free_port(), free_port()
     env = {
         **os.environ,
         "EDGE_QUEUE_MQTT__PORT": str(port),
         "EDGE_QUEUE_DATA_DIR": str(tmp_path / "b"),
         "EDGE_QUEUE_HTTP__WEBSOCKET_PORT": str(ws_port),
+        "EDGE_QUEUE_HTTP__PORT": str(page_port),
     }
     with open(tmp_path / "broker.log", "wb") as log:
         proc = subprocess.Popen(
@@ -318,7 +321,7 @@ def amqtt(tmp_path: Path) -> Iterator[Broker]:
     wait_until(lambda: port_open("127.0.0.1", port) or proc.poll() is not None, 20, "amqtt to listen")
     assert proc.poll() is None, (tmp_path / "broker.log").read_text()
     broker = Broker("127.0.0.1", port, "amqtt", proc)
-    broker.ws_port = ws_port
+    broker.ws_port, broker.page_port = ws_port, page_port
     yield broker
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(15) == 0

@@ -360,7 +360,7 @@ def media(tmp_path: Path, speech: Path, long_speech: Path) -> Path:
 
 
 def page_service(service_factory: Any, broker: Broker, media: Path, ws_port: int) -> tuple[ServiceProcess, str]:
-    port = free_port()
+    port = broker.page_port or free_port()  # the embedded broker takes its own page's origin only
     env = {
         "EDGE_QUEUE_HTTP__ENABLED": "true",
         "EDGE_QUEUE_HTTP__HOST": "127.0.0.1",
