@@ -153,14 +153,14 @@ class _Handler(BaseHTTPRequestHandler):
         if self.headers.get("Upgrade", "").lower() != "websocket":
             self._plain(HTTPStatus.BAD_REQUEST, b"WebSocket only\n", True)
             return
+        server: Any = self.server
         address = self.client_address[0]
         origin = self.headers.get("Origin")
         headers = {k.lower(): v for k, v in self.headers.items()}
-        assert self.origins is not None and self.gate is not None
+        assert self.origins is not None and self.gate is not None  # set with relay_to
         local = self.connection.getsockname()[:2]
         if (why := origin_refusal(self.origins, origin, local=local, headers=headers)) is not None:
             text = f"page: refused a relayed WebSocket from {address} with Origin {origin!r}: {why}"
-            server: Any = self.server
             if (line := server.refusals.line(text[:400], time.monotonic())) is not None:
                 log.warning("%s", line)
             self._refuse_relay(HTTPStatus.FORBIDDEN, b"this page may not connect to the broker\n")
@@ -172,7 +172,6 @@ class _Handler(BaseHTTPRequestHandler):
         if allowed is None:
             self._refuse_relay(HTTPStatus.BAD_GATEWAY, b"the broker's WebSocket listener does not answer\n")
             return
-        server = self.server
         if (why := server.relay_begin(address)) is not None:
             self._refuse_relay(HTTPStatus.SERVICE_UNAVAILABLE, why.encode() + b"\n")
             return
