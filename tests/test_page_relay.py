@@ -220,6 +220,7 @@ def test_an_anonymous_broker_is_never_relayed_to_the_lan(caplog: pytest.LogCaptu
         broker.stop()
 
 
+@pytest.mark.slow
 def test_a_broker_that_asks_for_a_login_is_relayed_to_the_lan(tmp_path: Path) -> None:
     from pwdlib import PasswordHash
 
