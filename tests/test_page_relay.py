@@ -195,14 +195,19 @@ def lan_relay(ws_port: int) -> PageServer:
     return PageServer(settings, "eqt-relay", "9.9.9", relay_to=("127.0.0.1", ws_port)).start()
 
 
-def test_an_anonymous_broker_is_never_relayed_to_the_lan(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("any_user", [False, True], ids=["no-login", "any-user-name"])
+def test_an_anonymous_broker_is_never_relayed_to_the_lan(caplog: pytest.LogCaptureFixture, any_user: bool) -> None:
     from websockets.exceptions import InvalidStatus
 
     caplog.set_level(logging.WARNING)
-    # Given the embedded broker without passwords (`edge-queue up`'s default) and the page on
-    # every address with its relay (before: the LAN got the anonymous broker, as an admin)
+    # Given the embedded broker without passwords (`edge-queue up`'s default; or amqtt's
+    # allow-anonymous false without a password file, which takes any user name) and the page
+    # on every address with its relay (before: the LAN got the anonymous broker, as an admin)
     ws = free_port()
-    broker = BrokerThread(broker_config("127.0.0.1", free_port(), websocket_port=ws))
+    config = broker_config("127.0.0.1", free_port(), websocket_port=ws)
+    if any_user:
+        config["plugins"] = {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": False}}
+    broker = BrokerThread(config)
     broker.start()
     page = lan_relay(ws)
     try:

@@ -123,9 +123,21 @@ def detect_protocol(s: MqttSettings, client_id: str, timeout_s: float, *, wait_r
 
 def anonymous_over_websocket(host: str, port: int, timeout_s: float = 3.0) -> bool | None:
     """Whether the broker's MQTT over WebSocket listener at ``host:port`` takes a client without
-    a login: True when it answers an MQTT 3.1.1 CONNECT with no user name with "accepted",
-    False when it refuses it, None when nothing answers within ``timeout_s`` seconds (no
-    listener, or no broker there). The client id (``login-check-<random>``) is no one's."""
+    a login: True when it accepts an MQTT 3.1.1 CONNECT with no user name, or one with a made-up
+    user name and password (amqtt's ``AnonymousAuthPlugin`` with ``allow-anonymous: false``
+    and no password file takes any user name); False when it refuses both; None when nothing
+    answers within ``timeout_s`` seconds (no listener, or no broker there). The client ids
+    (``login-check-<random>``) are no one's."""
+    accepted = _websocket_connack(host, port, None, timeout_s)
+    if accepted is False:
+        made_up = f"login-check-{uuid.uuid4().hex[:12]}"
+        accepted = _websocket_connack(host, port, (made_up, uuid.uuid4().hex), timeout_s)
+    return accepted
+
+
+def _websocket_connack(host: str, port: int, login: tuple[str, str] | None, timeout_s: float) -> bool | None:
+    """One CONNECT on the WebSocket listener at ``host:port``: True accepted, False refused,
+    None no answer."""
     answer: dict[str, bool] = {}
     done = threading.Event()
 
@@ -140,6 +152,8 @@ def anonymous_over_websocket(host: str, port: int, timeout_s: float = 3.0) -> bo
         transport="websockets",
     )
     check.ws_set_options(path="/")
+    if login is not None:
+        check.username_pw_set(*login)
     check.on_connect = on_connect
     check.on_disconnect = lambda *a: done.set()
     check.connect_timeout = timeout_s
