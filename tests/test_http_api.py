@@ -63,7 +63,10 @@ def test_openai_shapes() -> None:
     assert [w["word"] for w in verbose["words"]] == [" General", " Kenobi."]
     only_words = json.loads(transcripts.openai_verbose(DOCUMENT, "transcribe", words=True, segments=False))
     assert "segments" not in only_words
-    assert json.loads(transcripts.openai_json(DOCUMENT)) == {"text": DOCUMENT["text"]}
+    assert json.loads(transcripts.openai_json(DOCUMENT)) == {
+        "text": DOCUMENT["text"],
+        "usage": {"type": "duration", "seconds": 11.0},
+    }
     assert json.loads(transcripts.whisper_json(DOCUMENT))["language"] == "en"
     assert transcripts.language_name("de") == "german" and transcripts.language_name("zz") == "zz"
 
