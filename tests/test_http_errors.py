@@ -126,7 +126,7 @@ def test_a_callers_fault_is_a_4xx_in_the_error_shape_and_one_line(
         head = f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nX-Pad: {'a' * pad}\r\n\r\n"
         status, headers, answer = raw_call(port, head.encode())
         assert status == 400 and headers["content-type"] == "application/json", answer
-        assert b'"invalid_request"' in answer and b"32 KiB" in answer
+        assert b'"invalid_request"' in answer and b"32 KiB" in answer and headers["x-request-id"].startswith("req_")
     with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
         s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Pad: ")
         try:

@@ -136,8 +136,7 @@ class Api:
             Route("/v1/models/{model_id:path}", self.model, methods=["GET"]),
             Route("/api/system/status", self.status, methods=["GET"]),
         ]
-        app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})  # type: ignore[dict-item]
-        return with_request_ids(app)
+        return Starlette(routes=routes, exception_handlers={HTTPException: _http_error})  # type: ignore[dict-item]
 
     # -- routes -------------------------------------------------------------------------
 
@@ -518,9 +517,9 @@ def _refused(request: Request, error: HttpError, address: str) -> JSONResponse:
 
 
 def with_request_ids(app: Any) -> Any:
-    """``app`` answering every request with an ``x-request-id: req_<32 hex>`` header, as OpenAI's
-    API does (its clients show it as ``request_id``); the id is in the scope's state for the
-    log lines."""
+    """The ASGI ``app`` answering every request with an ``x-request-id: req_<32 hex>`` header,
+    as OpenAI's API does (its clients show it as ``request_id``); the id is in the scope's state
+    (``request_id``) for the log lines."""
 
     async def asgi(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":

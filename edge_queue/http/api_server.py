@@ -24,7 +24,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from edge_queue.config import Settings
 
-from .api import Api, ApiError, JobGateway, error_response
+from .api import Api, ApiError, JobGateway, error_response, with_request_ids
 from .uploads import sweep
 
 log = logging.getLogger(__name__)
@@ -90,8 +90,13 @@ class HeadBound:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and (size := head_bytes(scope)) > MAX_HEADER_BYTES:
             client = scope.get("client") or ("?",)
+            request_id = scope.get("state", {}).get("request_id", "-")
             log.info(
-                "HTTP %s from %s refused: 400 invalid_request: a head of %d bytes", scope["method"], client[0], size
+                "HTTP %s from %s refused: 400 invalid_request: a head of %d bytes (%s)",
+                scope["method"],
+                client[0],
+                size,
+                request_id,
             )
             error = ApiError("invalid_request", f"the request's head is over {MAX_HEADER_BYTES // 1024} KiB")
             await error_response(error, openai=scope["path"].startswith("/v1/"))(scope, receive, send)
@@ -165,7 +170,7 @@ class ApiServer:
         self.port = self.sock.getsockname()[1]
         HeaderDeadline.per_address = max_connections_per_address(api.uploads_at_once)
         config = uvicorn.Config(
-            HeadBound(Api(settings, gateway, version).app()),
+            with_request_ids(HeadBound(Api(settings, gateway, version).app())),
             http=HeaderDeadline,
             lifespan="off",
             log_config=None,
@@ -223,7 +228,9 @@ def start_api(settings: Settings, gateway: JobGateway, version: str) -> ApiServe
         return None
     keys = len(api.keys)
     who = f"{keys} API key(s)" + (
-        f", callers without a key act as {api.anonymous_user!r}" if api.anonymous_user else ""
+        f", callers without a key (or with one not in [api] keys) act as {api.anonymous_user!r}"
+        if api.anonymous_user
+        else ""
     )
     log.info("HTTP API on http://%s:%d/ (%s)", api.host, server.port, who)
     return server
