@@ -36,6 +36,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edge_queue.config import Settings
+from edge_queue.rules.limits import RejectionLog
 from edge_queue.written import NotTheFileWritten, read_written
 
 from . import transcripts
@@ -44,6 +45,8 @@ from .statuses import HttpError, status_of
 from .uploads import PCM_RATE, PCM_WIDTH, Upload, UploadError, boundary_of, field
 
 log = logging.getLogger(__name__)
+#: Refused calls, one INFO line each, at most 20 in 10 s (a client can repeat them without end).
+refusals = RejectionLog("refused HTTP call(s)", logging.INFO, log)
 
 #: The model name OpenAI's clients send by default: the configured ``transcribe.model``.
 DEFAULT_MODEL = "whisper-1"
@@ -499,11 +502,11 @@ async def _answer(answered: Future[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _refused(request: Request, error: HttpError, address: str) -> JSONResponse:
-    """A refused call: one INFO line (no traceback), and its answer in the error shape, with
-    OpenAI's statuses on OpenAI's routes (``/v1/``)."""
+    """A refused call: one INFO line (no traceback; :data:`refusals`), and its answer in the
+    error shape, with OpenAI's statuses on OpenAI's routes (``/v1/``)."""
     openai = request.url.path.startswith("/v1/")
     status = status_of(error.code, openai=openai)
-    log.info(
+    refusals.warning(
         "HTTP %s %s from %s refused: %d %s: %s (%s)",
         request.method,
         request.url.path[:100],

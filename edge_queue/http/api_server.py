@@ -24,7 +24,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from edge_queue.config import Settings
 
-from .api import Api, ApiError, JobGateway, error_response, with_request_ids
+from .api import Api, ApiError, JobGateway, error_response, refusals, with_request_ids
 from .uploads import sweep
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class HeadBound:
         if scope["type"] == "http" and (size := head_bytes(scope)) > MAX_HEADER_BYTES:
             client = scope.get("client") or ("?",)
             request_id = scope.get("state", {}).get("request_id", "-")
-            log.info(
+            refusals.warning(
                 "HTTP %s from %s refused: 400 invalid_request: a head of %d bytes (%s)",
                 scope["method"],
                 client[0],
