@@ -63,6 +63,8 @@ class Gateway:
         self._waiting: dict[str, list[Future[Ended]]] = {}
         #: jobs found already ended by this turn's submits (a duplicate of a finished job)
         self._done_now: list[str] = []
+        #: set by :meth:`stop`: a request handed over after it is let go at once
+        self._stopped = False
 
     # -- the API's thread ---------------------------------------------------------------
 
@@ -90,6 +92,9 @@ class Gateway:
 
     def _hand_over(self, call: _Call) -> None:
         self._incoming.append(call)
+        if self._stopped:  # after stop() took the requests waiting: let this one go too
+            _let_go(call)
+            return
         try:
             self._wake.send(b"\0")
         except (BlockingIOError, OSError):
@@ -170,13 +175,18 @@ class Gateway:
         self._done_now.clear()
 
     def stop(self) -> None:
-        """The service stops: every caller still waiting is let go (its job stays queued)."""
-        for call in self._incoming:
-            call.answered.cancel()
-            if call.ended is not None:
-                call.ended.cancel()
-        self._incoming.clear()
+        """The service stops: every caller still waiting is let go (its job stays queued), and
+        so is every request handed over after (the API answers them 503 ``stopping``)."""
+        self._stopped = True  # before taking the waiting requests: none is missed by both
+        while self._incoming:
+            _let_go(self._incoming.popleft())
         for waiters in self._waiting.values():
             for fut in waiters:
                 fut.cancel()
         self._waiting.clear()
+
+
+def _let_go(call: _Call) -> None:
+    call.answered.cancel()
+    if call.ended is not None:
+        call.ended.cancel()

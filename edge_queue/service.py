@@ -497,9 +497,9 @@ class Service:
             sock.close()
         self.notifier.close()
         self.turn_log.detach()
+        self.gateway.stop()  # first: the API answers its waiting callers while it stops
         if self.api is not None:
             self.api.stop()
-        self.gateway.stop()
         if self.page is not None:
             self.page.stop()
             self.page = None

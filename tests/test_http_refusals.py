@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from edge_queue.http.api_server import HEADER_S
+from edge_queue.http.statuses import STATUS
 
 from .conftest import ROOT, need, wait_until
 from .test_http_api import KEY, NOBODY_KEY, api_service
@@ -244,13 +245,15 @@ def test_a_disk_that_fills_during_uploads_is_a_507_and_its_space_comes_back(
 
 def test_every_http_error_code_is_documented() -> None:
     docs = (ROOT / "docs" / "http-api.md").read_text()
-    codes: set[str] = set()
+    raised: set[str] = set()
     for module in (ROOT / "edge_queue" / "http").glob("*.py"):
         text = module.read_text()
-        codes |= set(re.findall(r"(?:ApiError|UploadError|Refused)\(\s*\d{3},\s*\"([a-z_]+)\"", text))
-        codes |= set(re.findall(r"\d{3}: \"([a-z_]+)\"", text))
-    assert {"forbidden", "busy", "disk_full", "not_found", "method_not_allowed"} <= codes
-    missing = sorted(c for c in codes if f"`{c}`" not in docs)
+        raised |= set(re.findall(r"(?:ApiError|UploadError|Refused|HttpError)\(\s*\"([a-z_]+)\"", text))
+    assert {"forbidden", "busy", "disk_full", "model_not_found", "stopping"} <= raised
+    assert raised <= set(STATUS), (
+        f"codes raised without a status in edge_queue/http/statuses.py: {raised - set(STATUS)}"
+    )
+    missing = sorted(c for c in STATUS if f"`{c}`" not in docs)
     assert not missing, f"error codes of edge_queue/http not in docs/http-api.md: {missing}"
 
 

@@ -262,3 +262,11 @@ def test_every_step_is_a_transition_the_table_allows(
     assert allowed(j, step), f"{state} + {op}/{code} -> {step.state} is not in the transition table"
     if step.state == "retrying":
         assert step.changes["retry_at"] >= NOW and attempt < max_
+
+
+def test_a_file_that_is_not_usable_audio_fails_its_job_with_a_warning_not_an_error() -> None:
+    # before: an ERROR line for every upload or watched file that is not audio (a caller's fault)
+    for code in ("unsupported_media", "no_audio_stream", "truncated_media", "decode_error"):
+        step = report(job(), "failed", {"code": code, "message": "not audio", "retryable": False})
+        assert step.state == JobState.FAILED and step.level == logging.WARNING, code
+    assert report(job(), "failed", {"code": "output_not_writable", "retryable": False}).level == logging.ERROR

@@ -19,7 +19,8 @@ import errno
 import hashlib
 import logging
 import time
-from collections import Counter
+import uuid
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -35,13 +36,17 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edge_queue.config import Settings
+from edge_queue.rules.limits import RejectionLog
 from edge_queue.written import NotTheFileWritten, read_written
 
 from . import transcripts
-from .callers import Caller, CallRate, Refused, caller_of, presented_key
+from .callers import MAX_TRACKED_CALLERS, Caller, CallRate, Refused, caller_of, presented_key
+from .statuses import HttpError, status_of
 from .uploads import PCM_RATE, PCM_WIDTH, Upload, UploadError, boundary_of, field
 
 log = logging.getLogger(__name__)
+#: Refused calls, one INFO line each, at most 20 in 10 s (a client can repeat them without end).
+refusals = RejectionLog("refused HTTP call(s)", logging.INFO, log)
 
 #: The model name OpenAI's clients send by default: the configured ``transcribe.model``.
 DEFAULT_MODEL = "whisper-1"
@@ -49,10 +54,11 @@ DEFAULT_MODEL = "whisper-1"
 DETECT_S = 30
 #: An output file is read up to this many bytes (a ``json`` of a 10-hour recording is ~20 MB).
 MAX_OUTPUT_BYTES = 256 * 2**20
-#: Codes of a job's error that say the file sent is not usable audio: 422, not 500.
+#: Codes of a job's error that say the file sent is not usable audio (never run again).
 MEDIA_ERRORS = frozenset({"unsupported_media", "no_audio_stream", "truncated_media", "decode_error"})
-#: HTTP status of a refused submit, by its error code (docs/http-api.md, "Errors").
-SUBMIT_STATUS = {"queue_full": 503, "disk_full": 507, "forbidden": 403, "payload_too_large": 413}
+#: Seconds a caller is told to wait (``Retry-After``) before sending again after a refusal of
+#: these codes (docs/http-api.md, "Errors").
+RETRY_AFTER_S = {"queue_full": 30, "stopping": 10}
 #: An upload slower than this many bytes a second over :data:`RATE_WINDOW_S` is dropped (408).
 MIN_UPLOAD_BYTES_S = 16 * 1024
 RATE_WINDOW_S = 10.0
@@ -77,26 +83,24 @@ class JobGateway(Protocol):
     ) -> tuple[Future[dict[str, Any]], Future[Ended]]: ...
 
 
-class ApiError(Exception):
-    """An answer that is not a transcript: ``status``, error ``code``, ``message``, and the
-    seconds of ``Retry-After`` when the caller may try again."""
-
-    def __init__(self, status: int, code: str, message: str, retry_after_s: int | None = None) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.retry_after_s = status, code, message, retry_after_s
+class ApiError(HttpError):
+    """An answer that is not a transcript: error ``code`` (its status: :mod:`.statuses`),
+    ``message``, the seconds of ``Retry-After`` when the caller may try again, and the
+    ``param`` at fault."""
 
 
-def error_response(e: ApiError | Refused | UploadError) -> JSONResponse:
+def error_response(e: HttpError, *, openai: bool = False) -> JSONResponse:
     """OpenAI's error shape for every route: ``{"error": {"message", "type", "param", "code"}}``
-    (``type``: ``invalid_request_error`` for 4xx, ``server_error`` for 5xx). Never 200, never
-    a body a subtitle parser would take."""
-    kind = "invalid_request_error" if e.status < 500 else "server_error"
-    if e.status == 429:
+    (``type``: ``invalid_request_error`` for 4xx, ``server_error`` for 5xx), with the status
+    of :func:`~.statuses.status_of` the code (OpenAI's on its routes: ``openai``). Never 200,
+    never a body a subtitle parser would take."""
+    status = status_of(e.code, openai=openai)
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    if status == 429:
         kind = "rate_limit_error"
-    body = {"error": {"message": e.message, "type": kind, "param": None, "code": e.code}}
-    retry_after = e.retry_after_s if isinstance(e, ApiError | Refused) else None
-    headers = {"Retry-After": str(retry_after)} if retry_after else None
-    return JSONResponse(body, status_code=e.status, headers=headers)
+    body = {"error": {"message": e.message, "type": kind, "param": e.param, "code": e.code}}
+    headers = {"Retry-After": str(e.retry_after_s)} if e.retry_after_s else None
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def flag(value: Any, default: bool) -> bool:
@@ -108,7 +112,7 @@ def flag(value: Any, default: bool) -> bool:
         return True
     if text in ("false", "0", "no", "off"):
         return False
-    raise ApiError(400, "invalid_request", f"{str(value)[:40]!r} is not true or false")
+    raise ApiError("invalid_request", f"{str(value)[:40]!r} is not true or false")
 
 
 class Api:
@@ -122,6 +126,7 @@ class Api:
         self.receiving = 0  # uploads being received now (the event loop's thread only)
         self.receiving_by: Counter[str] = Counter()  # ... by caller
         self.holding: Counter[Path] = Counter()  # upload files of calls not yet answered
+        self.placeholders: OrderedDict[str, None] = OrderedDict()  # addresses sending unknown keys
 
     def app(self) -> Starlette:
         """The Starlette application."""
@@ -131,6 +136,7 @@ class Api:
             Route("/v1/audio/transcriptions", self.openai_transcriptions, methods=["POST"]),
             Route("/v1/audio/translations", self.openai_translations, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/models/{model_id:path}", self.model, methods=["GET"]),
             Route("/api/system/status", self.status, methods=["GET"]),
         ]
         return Starlette(routes=routes, exception_handlers={HTTPException: _http_error})  # type: ignore[dict-item]
@@ -147,8 +153,17 @@ class Api:
     async def models(self, request: Request) -> Response:
         """``GET /v1/models``: ``whisper-1`` (the configured model) and each of ``transcribe.models``."""
         names = [DEFAULT_MODEL, *self.settings.transcribe.models]
-        data = [{"id": n, "object": "model", "created": 0, "owned_by": "edge-queue"} for n in names]
+        data = [_model_object(n) for n in names]
         return await self._guarded(request, lambda caller: _json({"object": "list", "data": data}))
+
+    async def model(self, request: Request) -> Response:
+        """``GET /v1/models/{id}``: the model ``id`` of ``GET /v1/models``, or 404 ``model_not_found``."""
+        return await self._guarded(request, lambda caller: self._model(request.path_params["model_id"]))
+
+    async def _model(self, name: str) -> Response:
+        if name != DEFAULT_MODEL and name not in self.settings.transcribe.models:
+            raise ApiError("model_not_found", f"no model {name[:100]!r}; GET /v1/models lists them", param="model")
+        return JSONResponse(_model_object(name))
 
     async def asr(self, request: Request) -> Response:
         """``POST /asr``: whisper-asr-webservice's transcription (query parameters ``task``,
@@ -160,7 +175,7 @@ class Api:
         q = request.query_params
         output = q.get("output", "txt")
         if output not in transcripts.ASR_FORMATS:
-            raise ApiError(400, "invalid_request", f"output must be one of {', '.join(transcripts.ASR_FORMATS)}")
+            raise ApiError("invalid_request", f"output must be one of {', '.join(transcripts.ASR_FORMATS)}")
         upload = await self._receive(request, caller, "audio_file", raw_pcm=not flag(q.get("encode"), True))
         options: dict[str, Any] = {"task": q.get("task") or "transcribe"}
         if q.get("language"):
@@ -218,19 +233,21 @@ class Api:
         upload = await self._receive(request, caller, "file", raw_pcm=False)
         model = field(upload, "model")
         if not model:
-            raise ApiError(400, "invalid_request", "model is required (GET /v1/models lists them)")
+            raise ApiError("invalid_request", "model is required (GET /v1/models lists them)")
         if model != DEFAULT_MODEL and model not in self.settings.transcribe.models:
-            raise ApiError(404, "model_not_found", f"no model {model[:100]!r}; GET /v1/models lists them")
+            raise ApiError("model_not_found", f"no model {model[:100]!r}; GET /v1/models lists them", param="model")
+        if flag(field(upload, "stream"), False):
+            raise ApiError(
+                "invalid_request", "stream is not supported: send the call without it for the text", param="stream"
+            )
         fmt = field(upload, "response_format", "json")
         if fmt not in transcripts.OPENAI_FORMATS:
-            raise ApiError(
-                400, "invalid_request", f"response_format must be one of {', '.join(transcripts.OPENAI_FORMATS)}"
-            )
+            raise ApiError("invalid_request", f"response_format must be one of {', '.join(transcripts.OPENAI_FORMATS)}")
         granularities = set(
             upload.fields.get("timestamp_granularities[]", []) + upload.fields.get("timestamp_granularities", [])
         )
         if granularities - {"word", "segment"}:
-            raise ApiError(400, "invalid_request", "timestamp_granularities[] takes word and segment")
+            raise ApiError("invalid_request", "timestamp_granularities[] takes word and segment")
         options: dict[str, Any] = {"task": task}
         if model != DEFAULT_MODEL:
             options["model"] = model
@@ -261,16 +278,28 @@ class Api:
                 self.rate.take(f"addr:{address}", time.monotonic())  # wrong keys count against the address
                 raise
             self.rate.take(caller.key, time.monotonic())
+            if caller.placeholder and self._first_placeholder(address):
+                log.info("HTTP callers from %s send a key not in [api] keys: they act as %r", address, caller.user)
             if self.settings.access.role_of(caller.user) == "none":
-                raise Refused(403, "forbidden", f"user {caller.user!r} has the none role ([access])")
+                raise Refused("forbidden", f"user {caller.user!r} has the none role ([access])")
             return await handle(caller)
-        except (ApiError, Refused, UploadError) as e:
-            return error_response(e)
+        except HttpError as e:
+            return _refused(request, e, address)
         except ClientDisconnect:
             log.info("HTTP caller from %s went away during its upload", address)
             return Response(status_code=499)
         finally:
             self._release(getattr(request.state, "upload", None))
+
+    def _first_placeholder(self, address: str) -> bool:
+        """True the first time (of the last :data:`MAX_TRACKED_CALLERS` addresses) ``address``
+        sends a key that is not one of ``[api] keys``."""
+        if address in self.placeholders:
+            return False
+        self.placeholders[address] = None
+        if len(self.placeholders) > MAX_TRACKED_CALLERS:
+            self.placeholders.popitem(last=False)
+        return True
 
     def _release(self, upload: Upload | None) -> None:
         """The call of ``upload`` has ended: its file is deleted when no job names it, this
@@ -290,14 +319,14 @@ class Api:
         which one caller at most :data:`CALLER_SHARE`; each at least :data:`MIN_UPLOAD_BYTES_S`
         over every :data:`RATE_WINDOW_S`."""
         if self.receiving >= self.api.uploads_at_once:
-            raise ApiError(503, "busy", f"{self.receiving} uploads at once ([api] uploads_at_once)", 10)
+            raise ApiError("busy", f"{self.receiving} uploads at once ([api] uploads_at_once)", 10)
         share = max(1, int(self.api.uploads_at_once * CALLER_SHARE))
         if self.receiving_by[caller.key] >= share:
-            raise ApiError(503, "busy", f"{share} uploads of this caller at once (of [api] uploads_at_once)", 10)
+            raise ApiError("busy", f"{share} uploads of this caller at once (of [api] uploads_at_once)", 10)
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > self.api.max_upload_mb * 2**20 + 2**20:
             raise UploadError(
-                413, "payload_too_large", f"the upload is over {self.api.max_upload_mb} MiB ([api] max_upload_mb)"
+                "payload_too_large", f"the upload is over {self.api.max_upload_mb} MiB ([api] max_upload_mb)"
             )
         upload = Upload(
             self.uploads,
@@ -320,14 +349,14 @@ class Api:
                     break
                 except TimeoutError:
                     raise UploadError(
-                        408, "upload_timeout", f"nothing sent for {self.api.idle_timeout_s:g} s ([api] idle_timeout_s)"
+                        "upload_timeout", f"nothing sent for {self.api.idle_timeout_s:g} s ([api] idle_timeout_s)"
                     ) from None
                 upload.feed(chunk)
                 window_bytes += len(chunk)
                 if (elapsed := time.monotonic() - window) >= RATE_WINDOW_S:
                     if window_bytes < MIN_UPLOAD_BYTES_S * elapsed:
                         raise UploadError(
-                            408, "upload_timeout", f"the upload is slower than {MIN_UPLOAD_BYTES_S // 1024} KiB/s"
+                            "upload_timeout", f"the upload is slower than {MIN_UPLOAD_BYTES_S // 1024} KiB/s"
                         )
                     window, window_bytes = time.monotonic(), 0
             await anyio.to_thread.run_sync(upload.finish)
@@ -337,7 +366,7 @@ class Api:
         except OSError as e:
             upload.discard()
             if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise UploadError(507, "disk_full", "the disk is full: the upload is refused") from None
+                raise UploadError("disk_full", "the disk is full: the upload is refused") from None
             raise
         except BaseException:
             upload.discard()
@@ -361,12 +390,12 @@ class Api:
             "idempotency_key": f"http:{upload.path.stem}:{digest}",
         }
         answered, ended = self.gateway.submit_and_wait(orjson.dumps(payload), caller.user, input_roots=[self.uploads])
-        response = await asyncio.wrap_future(answered)
+        response = await _answer(answered)
         if response.get("status") != "ok":
             err = response.get("error") or {}
             code = str(err.get("code", "internal_error"))
-            status = SUBMIT_STATUS.get(code, 400 if code in ("invalid_request", "unknown_kind") else 500)
-            raise ApiError(status, code, str(err.get("message", "")), 30 if status == 503 else None)
+            message = str(err.get("message", "")).replace(f"{self.uploads}/", "")  # no path of the box
+            raise ApiError(code, message, RETRY_AFTER_S.get(code))
         upload.used = True  # a job names the file now
         job_id = response["data"]["jobs"][0]["job_id"]
         done = await self._wait(request, ended)
@@ -375,7 +404,7 @@ class Api:
             log.info("HTTP caller %s sent the audio of failed job %s again: retried", caller.user, job_id)
             retry = orjson.dumps({"job_id": job_id})
             answered, ended = self.gateway.submit_and_wait(retry, caller.user, command="retry")
-            if (await asyncio.wrap_future(answered)).get("status") == "ok":
+            if (await _answer(answered)).get("status") == "ok":
                 done = await self._wait(request, ended)
         if done is None:
             log.info("HTTP caller %s went away; job %s goes on", caller.user, job_id)
@@ -384,8 +413,7 @@ class Api:
         if job.get("state") != "succeeded":
             err = job.get("error") or {}
             code = str(err.get("code") or job.get("state"))
-            status = 422 if code in MEDIA_ERRORS else 500
-            raise ApiError(status, code, f"job {job_id} {job.get('state')}: {err.get('message', '')}")
+            raise ApiError(code, f"job {job_id} {job.get('state')}: {err.get('message', '')}")
         return done
 
     async def _wait(self, request: Request, ended: Future[Ended]) -> Ended | None:
@@ -398,13 +426,14 @@ class Api:
         finally:
             gone.cancel()
         if end in finished:
+            if ended.cancelled():  # the service stops (Gateway.stop): the job stays queued
+                raise _stopping()
             return end.result()
         ended.cancel()
         end.cancel()
         if gone in finished:
             return None
         raise ApiError(
-            504,
             "timeout",
             f"the job did not end within {self.api.wait_s:g} s ([api] wait_s); "
             "send the same audio again to be answered from it",
@@ -422,7 +451,7 @@ class Api:
             return self._read(outputs.get(fmt), ended)
         document = orjson.loads(self._read(outputs.get("json"), ended))
         if not isinstance(document, dict):
-            raise ApiError(500, "output_changed", "the job's json output is not an object")
+            raise ApiError("output_changed", "the job's json output is not an object")
         if fmt == "tsv":
             return transcripts.tsv(document)
         if fmt == "json":
@@ -436,13 +465,13 @@ class Api:
 
     def _read(self, path: Any, ended: Ended) -> bytes:
         if not isinstance(path, str) or path not in ended.recorded:
-            raise ApiError(500, "output_unrecorded", "the job's output is not a file the service recorded writing")
+            raise ApiError("output_unrecorded", "the job's output is not a file the service recorded writing")
         try:
             data, more = read_written(path, ended.recorded[path], [self.outputs], MAX_OUTPUT_BYTES)
         except NotTheFileWritten as e:
-            raise ApiError(500, str(e.code), f"the job's output cannot be read: {e.why}") from None
+            raise ApiError(str(e.code), f"the job's output cannot be read: {e.why}") from None
         if more:
-            raise ApiError(500, "response_too_large", f"the job's output is over {MAX_OUTPUT_BYTES // 2**20} MiB")
+            raise ApiError("response_too_large", f"the job's output is over {MAX_OUTPUT_BYTES // 2**20} MiB")
         return data
 
 
@@ -452,6 +481,68 @@ def again(job: dict[str, Any]) -> bool:
     if job.get("state") not in ("failed", "cancelled"):
         return False
     return str((job.get("error") or {}).get("code")) not in MEDIA_ERRORS
+
+
+def _stopping() -> ApiError:
+    return ApiError(
+        "stopping", "edge-queue is stopping; the job stays queued: send the same call again", RETRY_AFTER_S["stopping"]
+    )
+
+
+async def _answer(answered: Future[dict[str, Any]]) -> dict[str, Any]:
+    """The loop's response to a request handed over; raises :class:`ApiError` ``stopping``
+    when the service let the request go as it stops (``Gateway.stop`` cancels it)."""
+    try:
+        return await asyncio.wrap_future(answered)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if answered.cancelled() and not (task is not None and task.cancelling()):
+            raise _stopping() from None
+        raise
+
+
+def _refused(request: Request, error: HttpError, address: str) -> JSONResponse:
+    """A refused call: one INFO line (no traceback; :data:`refusals`), and its answer in the
+    error shape, with OpenAI's statuses on OpenAI's routes (``/v1/``)."""
+    openai = request.url.path.startswith("/v1/")
+    status = status_of(error.code, openai=openai)
+    refusals.warning(
+        "HTTP %s %s from %s refused: %d %s: %s (%s)",
+        request.method,
+        request.url.path[:100],
+        address,
+        status,
+        error.code,
+        error.message[:300],
+        request.scope.get("state", {}).get("request_id", "-"),
+    )
+    return error_response(error, openai=openai)
+
+
+def with_request_ids(app: Any) -> Any:
+    """The ASGI ``app`` answering every request with an ``x-request-id: req_<32 hex>`` header,
+    as OpenAI's API does (its clients show it as ``request_id``); the id is in the scope's state
+    (``request_id``) for the log lines."""
+
+    async def asgi(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        request_id = f"req_{uuid.uuid4().hex}"
+        scope.setdefault("state", {})["request_id"] = request_id
+
+        async def send_with_id(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+            await send(message)
+
+        await app(scope, receive, send_with_id)
+
+    return asgi
+
+
+def _model_object(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "edge-queue"}
 
 
 async def _disconnected(request: Request) -> None:
@@ -465,7 +556,8 @@ async def _disconnected(request: Request) -> None:
 async def _http_error(request: Request, exc: HTTPException) -> Response:
     """Starlette's own refusals (no such route 404, another method 405) in the error shape."""
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
-    return error_response(ApiError(exc.status_code, code, f"{request.method} {request.url.path[:200]}: {exc.detail}"))
+    error = ApiError(code, f"{request.method} {request.url.path[:200]}: {exc.detail}")
+    return _refused(request, error, request.client.host if request.client else "?")
 
 
 async def _json(data: Any) -> Response:

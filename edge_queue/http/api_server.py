@@ -18,12 +18,13 @@ import time
 from collections import Counter
 from typing import Any, ClassVar
 
+import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from edge_queue.config import Settings
 
-from .api import Api, JobGateway
+from .api import Api, ApiError, JobGateway, error_response, refusals, with_request_ids
 from .uploads import sweep
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,8 @@ log = logging.getLogger(__name__)
 #: Seconds a connection has to send a request's headers: from connecting, and from the end of
 #: its previous response.
 HEADER_S = 10.0
-#: The largest block of request headers, bytes (h11's bound on an incomplete event).
+#: The largest request head (request line and headers), bytes: h11's bound on an incomplete
+#: event, and :class:`HeadBound`'s on a head that came whole.
 MAX_HEADER_BYTES = 32 * 1024
 #: Seconds an idle kept-alive connection stays open.
 KEEP_ALIVE_S = 5
@@ -60,6 +62,46 @@ TOO_MANY_BODY = (
     b'{"error": {"message": "too many connections from this address", "type": "server_error", '
     b'"param": null, "code": "busy"}}'
 )
+#: The answer to a request h11 cannot read (a broken request line, a head over
+#: :data:`MAX_HEADER_BYTES` still incomplete), in the error shape instead of uvicorn's text.
+UNREADABLE_BODY = (
+    b'{"error": {"message": "the request cannot be read as HTTP/1.1, or its head is over 32 KiB", '
+    b'"type": "invalid_request_error", "param": null, "code": "invalid_request"}}'
+)
+
+
+def head_bytes(scope: dict[str, Any]) -> int:
+    """The size of a request's head as sent, bytes: the request line and each header line
+    (``<name>: <value>\r\n``; h11 keeps neither the spaces around a value nor the head's last
+    ``\r\n``, so this is at most a few bytes short)."""
+    target = len(scope.get("raw_path", b"")) + (len(scope["query_string"]) + 1 if scope.get("query_string") else 0)
+    line = len(scope.get("method", "")) + 1 + target + len(" HTTP/1.1\r\n")
+    return line + sum(len(name) + len(value) + 4 for name, value in scope.get("headers", []))
+
+
+class HeadBound:
+    """The ASGI ``app``, refusing a request whose head is over :data:`MAX_HEADER_BYTES` (400
+    ``invalid_request``, one INFO line): h11 bounds only a head still incomplete, so a larger
+    one written at once would be served."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and (size := head_bytes(scope)) > MAX_HEADER_BYTES:
+            client = scope.get("client") or ("?",)
+            request_id = scope.get("state", {}).get("request_id", "-")
+            refusals.warning(
+                "HTTP %s from %s refused: 400 invalid_request: a head of %d bytes (%s)",
+                scope["method"],
+                client[0],
+                size,
+                request_id,
+            )
+            error = ApiError("invalid_request", f"the request's head is over {MAX_HEADER_BYTES // 1024} KiB")
+            await error_response(error, openai=scope["path"].startswith("/v1/"))(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 class HeaderDeadline(H11Protocol):
@@ -98,6 +140,18 @@ class HeaderDeadline(H11Protocol):
             self._head_deadline.cancel()
             self._arm(self.cycle)
 
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request h11 cannot read (it has logged ``msg`` as a warning),
+        in the error shape."""
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+        for event in (
+            h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+            h11.Data(data=UNREADABLE_BODY),
+            h11.EndOfMessage(),
+        ):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._head_deadline.cancel()
         self.open_by_address[self._address] -= 1
@@ -116,7 +170,7 @@ class ApiServer:
         self.port = self.sock.getsockname()[1]
         HeaderDeadline.per_address = max_connections_per_address(api.uploads_at_once)
         config = uvicorn.Config(
-            Api(settings, gateway, version).app(),
+            with_request_ids(HeadBound(Api(settings, gateway, version).app())),
             http=HeaderDeadline,
             lifespan="off",
             log_config=None,
@@ -174,7 +228,9 @@ def start_api(settings: Settings, gateway: JobGateway, version: str) -> ApiServe
         return None
     keys = len(api.keys)
     who = f"{keys} API key(s)" + (
-        f", callers without a key act as {api.anonymous_user!r}" if api.anonymous_user else ""
+        f", callers without a key (or with one not in [api] keys) act as {api.anonymous_user!r}"
+        if api.anonymous_user
+        else ""
     )
     log.info("HTTP API on http://%s:%d/ (%s)", api.host, server.port, who)
     return server

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from edge_queue.config_api import ApiSettings
 
+from .statuses import HttpError
+
 #: Callers whose recent calls are remembered, at most (the oldest are forgotten first): the
 #: rate limit's memory is bounded whatever the number of addresses calling.
 MAX_TRACKED_CALLERS = 4096
@@ -22,20 +24,17 @@ MAX_TRACKED_CALLERS = 4096
 @dataclass(frozen=True, slots=True)
 class Caller:
     """``user``: the user the calls act as; ``key``: what the rate limit counts by (the user
-    with a key, ``addr:<address>`` without one)."""
+    with a key, ``addr:<address>`` without one); ``placeholder``: a key not in ``[api] keys``
+    taken as no key (``api.anonymous_user``)."""
 
     user: str
     key: str
+    placeholder: bool = False
 
 
-class Refused(Exception):
-    """A call refused before its body is read. ``status``: the HTTP status (401, 429, 503, 507);
-    ``code``: the error code (docs/http-api.md, "Errors"); ``retry_after_s`` when the caller may
-    try again later."""
-
-    def __init__(self, status: int, code: str, message: str, retry_after_s: int | None = None) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.retry_after_s = status, code, message, retry_after_s
+class Refused(HttpError):
+    """A call refused before its body is read: its error ``code`` (docs/http-api.md, "Errors");
+    ``retry_after_s`` when the caller may try again later."""
 
 
 def presented_key(authorization: str | None, api_key: str | None) -> str | None:
@@ -51,19 +50,24 @@ def presented_key(authorization: str | None, api_key: str | None) -> str | None:
 
 def caller_of(settings: ApiSettings, key: str | None, address: str) -> Caller:
     """The caller presenting ``key`` (``None``: none) from ``address``. Every configured key is
-    compared in constant time. Raises :class:`Refused` 401 (``unauthorized``) for a wrong key,
-    and for no key when ``api.anonymous_user`` is unset."""
+    compared in constant time. A key that is not one of ``[api] keys`` is no key when
+    ``api.anonymous_user`` is set: OpenAI's clients cannot send none, and send a placeholder
+    (``sk-no-key-required``, ``EMPTY``, ...) that opens nothing a call without a key does not
+    open already (docs/http-api.md, "Who may call"). Raises :class:`Refused` 401
+    (``unauthorized``) for a wrong key, and for no key, when ``api.anonymous_user`` is unset."""
     if key is not None:
         found = None
         for user, secret in settings.keys.items():
             if hmac.compare_digest(key.encode(), secret.get_secret_value().encode()):
                 found = user
-        if found is None:
-            raise Refused(401, "unauthorized", "the API key is not one of [api] keys")
-        return Caller(found, found)
+        if found is not None:
+            return Caller(found, found)
+        if settings.anonymous_user is None:
+            raise Refused("unauthorized", "the API key is not one of [api] keys")
+        return Caller(settings.anonymous_user, f"addr:{address}", placeholder=True)
     if settings.anonymous_user is None:
         raise Refused(
-            401, "unauthorized", "an API key is needed (Authorization: Bearer <key>); [api] anonymous_user is unset"
+            "unauthorized", "an API key is needed (Authorization: Bearer <key>); [api] anonymous_user is unset"
         )
     return Caller(settings.anonymous_user, f"addr:{address}")
 
@@ -85,9 +89,7 @@ class CallRate:
         if len(calls) >= self.per_minute:
             self._calls[key] = calls
             wait = max(1, math.ceil(60.0 - (now - calls[0])))
-            raise Refused(
-                429, "rate_limited", f"more than {self.per_minute} calls a minute ([api] calls_per_minute)", wait
-            )
+            raise Refused("rate_limited", f"more than {self.per_minute} calls a minute ([api] calls_per_minute)", wait)
         calls.append(now)
         self._calls[key] = calls
         while len(self._calls) > MAX_TRACKED_CALLERS:

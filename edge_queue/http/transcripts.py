@@ -85,8 +85,8 @@ def whisper_json(document: dict[str, Any]) -> bytes:
 
 
 def openai_json(document: dict[str, Any]) -> bytes:
-    """OpenAI's ``json``: ``{"text"}``."""
-    return orjson.dumps({"text": _text(document)})
+    """OpenAI's ``json``: ``{"text", "usage"}``."""
+    return orjson.dumps({"text": _text(document), "usage": usage(document)})
 
 
 def openai_text(document: dict[str, Any]) -> bytes:
@@ -131,7 +131,16 @@ def openai_verbose(document: dict[str, Any], task: str, words: bool, segments: b
             and isinstance(w.get("start"), int | float)
             and isinstance(w.get("end"), int | float)
         ]
+    out["usage"] = usage(document)
     return orjson.dumps(out)
+
+
+def usage(document: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's ``usage`` of a model billed by audio duration: ``{"type": "duration",
+    "seconds"}``, the recording's seconds (the ``openai`` package's ``UsageDuration``)."""
+    listed = segments_of(document)
+    seconds = document.get("duration_s") or (listed[-1]["end"] if listed else 0.0)
+    return {"type": "duration", "seconds": round(float(seconds), 3)}
 
 
 def _text(document: dict[str, Any]) -> str:

@@ -28,8 +28,10 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from python_multipart import MultipartParser
-from python_multipart.exceptions import MultipartParseError
+from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import parse_options_header
+
+from .statuses import HttpError
 
 #: A form field's value, bytes at most; and all fields of one request together.
 MAX_FIELD_BYTES = 16 * 1024
@@ -44,12 +46,8 @@ PCM_RATE, PCM_WIDTH, PCM_CHANNELS = 16_000, 2, 1
 _NAMING = threading.Lock()
 
 
-class UploadError(Exception):
-    """An upload refused. ``status``: 400, 408, 413 or 507; ``code``: docs/http-api.md, "Errors"."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
+class UploadError(HttpError):
+    """An upload refused: its error ``code`` (docs/http-api.md, "Errors")."""
 
 
 def boundary_of(content_type: str | None) -> bytes:
@@ -57,7 +55,7 @@ def boundary_of(content_type: str | None) -> bytes:
     body is not ``multipart/form-data``."""
     kind, params = parse_options_header(content_type or "")
     if kind != b"multipart/form-data" or not params.get(b"boundary"):
-        raise UploadError(400, "invalid_request", "the body must be multipart/form-data with the audio as a file part")
+        raise UploadError("invalid_request", "the body must be multipart/form-data with the audio as a file part")
     return params[b"boundary"]
 
 
@@ -111,7 +109,13 @@ class Upload:
         self._parts = 0
         self._fields_bytes = 0
         self._since_check = 0
-        self._parser = MultipartParser(
+        try:
+            self._parser = self._parser_of(boundary)
+        except FormParserError as e:  # a boundary python-multipart refuses (over 256 bytes)
+            raise UploadError("invalid_request", f"the multipart boundary cannot be used: {e}") from None
+
+    def _parser_of(self, boundary: bytes) -> MultipartParser:
+        return MultipartParser(
             boundary,
             {
                 "on_part_begin": self._part_begin,
@@ -128,8 +132,8 @@ class Upload:
         """Parse and write the next piece of the body. Raises :class:`UploadError`."""
         try:
             self._parser.write(chunk)
-        except MultipartParseError as e:
-            raise UploadError(400, "invalid_request", f"the multipart body cannot be read: {e}") from None
+        except FormParserError as e:
+            raise UploadError("invalid_request", f"the multipart body cannot be read: {e}") from None
 
     def finish(self) -> Path:
         """The body ended: make the file durable and give it its content's name
@@ -137,7 +141,7 @@ class Upload:
         when no file part came, and ``OSError`` when the disk fails."""
         self._parser.finalize()
         if self._part_path is None or self._fh is None or self._in_file:
-            raise UploadError(400, "invalid_request", f"no file part named {self.file_field!r} in the body")
+            raise UploadError("invalid_request", f"no file part named {self.file_field!r} in the body")
         if self._wav is not None:
             self._wav.close()  # writes the header's sizes
         self._fh.flush()
@@ -175,12 +179,12 @@ class Upload:
     def _part_begin(self) -> None:
         self._parts += 1
         if self._parts > MAX_PARTS:
-            raise UploadError(400, "invalid_request", f"more than {MAX_PARTS} parts in the body")
+            raise UploadError("invalid_request", f"more than {MAX_PARTS} parts in the body")
         self._headers.clear()
 
     def _header_end(self) -> None:
         if len(self._header_name) + len(self._header_value) > 4096:
-            raise UploadError(400, "invalid_request", "a part's header is over 4,096 bytes")
+            raise UploadError("invalid_request", "a part's header is over 4,096 bytes")
         self._headers[bytes(self._header_name).lower()] = bytes(self._header_value)
         self._header_name.clear()
         self._header_value.clear()
@@ -189,12 +193,10 @@ class Upload:
         _, params = parse_options_header(self._headers.get(b"content-disposition", b""))
         name = params.get(b"name", b"").decode("utf-8", "replace")
         if name != self.file_field and b"filename" in params:
-            raise UploadError(
-                400, "invalid_request", f"the file part must be named {self.file_field!r}, not {name[:40]!r}"
-            )
+            raise UploadError("invalid_request", f"the file part must be named {self.file_field!r}, not {name[:40]!r}")
         if name == self.file_field:
             if self._part_path is not None:
-                raise UploadError(400, "invalid_request", f"more than one {self.file_field!r} part")
+                raise UploadError("invalid_request", f"more than one {self.file_field!r} part")
             self._filename = params.get(b"filename", b"").decode("utf-8", "replace") or None
             self._open()
             self._in_file = True
@@ -218,13 +220,12 @@ class Upload:
         if not self._in_file:
             self._fields_bytes += len(piece)
             if len(self._value) + len(piece) > MAX_FIELD_BYTES or self._fields_bytes > MAX_FIELDS_BYTES:
-                raise UploadError(413, "payload_too_large", f"a form field is over {MAX_FIELD_BYTES} bytes")
+                raise UploadError("payload_too_large", f"a form field is over {MAX_FIELD_BYTES} bytes")
             self._value.extend(piece)
             return
         self.size += len(piece)
         if self.size > self.max_bytes:
             raise UploadError(
-                413,
                 "payload_too_large",
                 f"the upload is over {self.max_bytes // 2**20} MiB ([api] max_upload_mb)",
             )
@@ -255,7 +256,6 @@ class Upload:
         free = shutil.disk_usage(self.folder).free
         if free - DISK_CHECK_BYTES < self.min_free_bytes:
             raise UploadError(
-                507,
                 "disk_full",
                 f"{free // 2**20} MiB free where edge-queue keeps {self.min_free_bytes // 2**20} "
                 "(limits.min_free_disk_mb): the upload is refused",

@@ -39,6 +39,12 @@ from .states import JobState, cancelled_error
 
 #: The states in which a job has a current attempt that a report may speak for.
 IN_ATTEMPT = (JobState.RUNNING, JobState.CANCELLING)
+#: Codes of a failure that say the job's input is not usable audio: the file's fault, not the
+#: service's, so a WARNING and not an ERROR (a caller or a watch folder sending junk fills no
+#: error log).
+MEDIA_FAULTS = frozenset(
+    {ErrorCode.UNSUPPORTED_MEDIA, ErrorCode.NO_AUDIO_STREAM, ErrorCode.TRUNCATED_MEDIA, ErrorCode.DECODE_ERROR}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +151,8 @@ def after_report(
         return Step(JobState.RETRYING, changes, None, logging.WARNING, note)
     error = {"code": code, "message": message, "retryable": retryable}
     note = f"job {job_id} failed: {code}: {clip(message)}"
-    return Step(JobState.FAILED, {"crashes": crashes, "error": error}, None, logging.ERROR, note)
+    level = logging.WARNING if code in MEDIA_FAULTS else logging.ERROR
+    return Step(JobState.FAILED, {"crashes": crashes, "error": error}, None, level, note)
 
 
 def after_service_death(job: Mapping[str, Any]) -> Step:
