@@ -78,7 +78,8 @@ class Announcer:
             "base_topic": self.topics.base,
             "instance_id": self.instance_id,
             "host": socket.gethostname(),
-            **({"conflict": list(self.conflicts.values())} if self.conflicts else {}),
+            # always present, [] when alone: Home Assistant's templates warn of an absent key
+            "conflict": list(self.conflicts.values()),
             "kinds": {  # the options' JSON Schemas: the kinds request
                 name: {
                     "description": k.description,
@@ -227,3 +228,10 @@ class Announcer:
             describe(info),
         )
         self.publish_info()
+        self.publish_diagnostics()  # its `conflict` too, not only at the next republish
+
+    def forget_conflicts(self) -> None:
+        """Forget the other installations seen (the ``republish`` command: "Base topic shared"
+        goes off once the other box is gone; one still there shows again when it announces
+        itself, at its next start or connect)."""
+        self.conflicts.clear()
