@@ -157,8 +157,11 @@ class Announcer:
         self.bridge.publish(discovery.submit_topic(self.topics), body, retain=True)
 
     def page_url(self) -> str | None:
-        """The page's address for Home Assistant's device link, or ``None`` without a page:
+        """Home Assistant's device link: ``homeassistant.device_url`` when set, else the page's
+        address, or ``None`` without a page:
         ``http://<http.host, or this machine's name for a wildcard address>:<port>/``."""
+        if self.settings.homeassistant.device_url:
+            return self.settings.homeassistant.device_url
         page = self.page()
         if page is None:
             return None
