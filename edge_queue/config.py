@@ -173,6 +173,9 @@ class HomeAssistantSettings(_Section):
     #: The device's name (and so the start of its entity ids); empty: ``edge-queue <host name>``,
     #: followed by the base topic when it is not the default (two boxes on one host differ).
     name: str = Field("", max_length=64)
+    #: The device's "Visit" link in Home Assistant; empty: the queue page's own address. The
+    #: add-on sets its ingress panel (``homeassistant://hassio/ingress/<slug>``).
+    device_url: str = Field("", max_length=256, pattern=r"^$|^(https?|homeassistant)://\S+$")
 
 
 #: A role of docs/configuration.md, "[access]": ``admin`` may do everything; ``user`` submits and

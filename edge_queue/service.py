@@ -62,7 +62,7 @@ from edge_queue.rules.inputs import roots_text
 from edge_queue.rules.lifecycle import backoff_s
 from edge_queue.rules.limits import DiskGuard, RejectionLog
 from edge_queue.store import Store, iso, new_id
-from edge_queue.store.preflight import check_data_dir, private_store_files
+from edge_queue.store.preflight import check_data_dir, no_locks, private_store_files
 from edge_queue.watch.folders import WatchFolders
 from edge_queue.workers.supervisor import Outcome, Supervisor
 
@@ -104,6 +104,9 @@ def lock_data_dir(data_dir: Path) -> Any:
     except BlockingIOError as e:
         fh.close()
         raise ConfigError(f"another edge-queue service is using {data_dir} (it holds edge-queue.lock)") from e
+    except OSError as e:  # ENOLCK: a file system without locks (store/preflight.py checks it first)
+        fh.close()
+        raise ConfigError(no_locks(data_dir, e.strerror or str(e))) from e
     return fh
 
 
@@ -449,6 +452,7 @@ class Service:
         """Republish status, info, queue, every job and batch, in pieces; False if one is running (it covers this)."""
         if self.republisher.active:
             return False
+        self.announcer.forget_conflicts()
         self.announcer.announce()
         self.republisher.start()
         return True

@@ -271,9 +271,10 @@ def _venv_tool(name: str) -> str | None:
 class FakeSupervisor:
     """The Supervisor's ``GET /services/mqtt`` as its API documents it (the Supervisor itself
     cannot run here): ``{"result": "ok", "data": {"host", "port", "ssl", "protocol", "username",
-    "password"}}`` for the add-on's token, 401 for any other."""
+    "password"}}`` for the add-on's token, 401 for any other; ``GET /addons/self/info``: its
+    ``slug``."""
 
-    def __init__(self, broker: Any, token: str) -> None:
+    def __init__(self, broker: Any, token: str, slug: str = "local_edge_queue") -> None:
         import http.server
 
         data = {
@@ -287,8 +288,9 @@ class FakeSupervisor:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802
-                ok = self.path == "/services/mqtt" and self.headers.get("Authorization") == f"Bearer {token}"
-                body = json.dumps({"result": "ok", "data": data} if ok else {"result": "error"}).encode()
+                answers = {"/services/mqtt": data, "/addons/self/info": {"slug": slug, "ingress": True}}
+                ok = self.path in answers and self.headers.get("Authorization") == f"Bearer {token}"
+                body = json.dumps({"result": "ok", "data": answers[self.path]} if ok else {"result": "error"}).encode()
                 self.send_response(200 if ok else 401)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()

@@ -27,7 +27,7 @@ def test_a_few_missed_runs_are_sent_one_by_one_oldest_first() -> None:
 
 
 def test_a_burst_is_one_summary_then_the_newest() -> None:
-    # 120 jobs ended while Home Assistant was down (before: the first 100 sent, one
+    # 120 jobs ended while Home Assistant or the broker was away (before: the first 100 sent, one
     # notification each, the newest 20 never)
     owed = rows(120, ("succeeded", "succeeded", "failed"))
     summary_rows, newest = rules.plan(owed)
@@ -37,7 +37,9 @@ def test_a_burst_is_one_summary_then_the_newest() -> None:
     assert (body["count"], body["succeeded"], body["failed"], body["cancelled"]) == (120, 80, 40, 0)
     assert body["job_ids"][0] == "j120" and len(body["job_ids"]) == rules.SUMMARY_IDS
     assert (body["first_finished_at"], body["last_finished_at"]) == ("t1", "t120")
-    assert body["text"].startswith("120 jobs ended while Home Assistant was down: 80 succeeded, 40 failed")
+    assert body["text"].startswith(
+        "120 jobs ended while Home Assistant or the broker was away: 80 succeeded, 40 failed"
+    )
     assert "5 older" in rules.summary(summary_rows, dropped=5)["text"]
     assert rules.summary(summary_rows, dropped=5)["count"] == 125
 

@@ -276,6 +276,8 @@ def test_diagnostic_entities_and_device_classes(ha, tmp_path: Path) -> None:
     from edge_queue import package_version
 
     h, inst, broker = ha
+    ha_log = Path(inst["config"]) / "home-assistant.log"
+    log_start = ha_log.stat().st_size if ha_log.exists() else 0
     svc = service(broker, tmp_path, [tmp_path], "data", "eqg-" + tmp_path.name[-8:])
     svc.env["EDGE_QUEUE_WORKERS"] = "1"
     svc.start()
@@ -324,8 +326,8 @@ def test_diagnostic_entities_and_device_classes(ha, tmp_path: Path) -> None:
         on = wait_state(h, inst, e["conflict"], lambda s, a: s == "on", "the shared base topic shown")
         assert on["attributes"]["installations"][0]["host"] == "other-box", on
         # Issue 46, item 7: the diagnostics, as the device's "Download diagnostics" gives them
-        # (Home Assistant's own endpoint): settings without secrets, counts, the last problems
-        svc.request("republish", {}, w)  # (the "Republish" button): the diagnostics made again
+        # (Home Assistant's own endpoint): settings without secrets, counts, the last problems;
+        # issue 52, row 19: with the conflict at once (before: only after a republish)
 
         def with_the_conflict(s: str, a: dict[str, Any]) -> bool:
             return any("another edge-queue announced itself" in p["message"] for p in a.get("problems", []))
@@ -333,6 +335,12 @@ def test_diagnostic_entities_and_device_classes(ha, tmp_path: Path) -> None:
         diag = wait_state(h, inst, e["diagnostics"], with_the_conflict, "the conflict in the diagnostics")["attributes"]
         assert diag["settings"]["mqtt"]["base_topic"] == svc.base and diag["counts"]["queued"] == 0, diag
         assert diag["conflict"][0]["host"] == "other-box", diag
+        # Issue 52, row 19: the other box gone, "Republish" turns "Base topic shared" off
+        # (before: on until edge-queue restarted), and the diagnostics follow
+        svc.request("republish", {}, w)
+        wait_state(h, inst, e["conflict"], lambda s, a: s == "off", "the shared base topic cleared by republish")
+        diag = wait_state(h, inst, e["diagnostics"], lambda s, a: a.get("conflict") == [], "no conflict")["attributes"]
+        assert with_the_conflict("", diag), diag  # what was logged stays among the problems
         device = next(
             d
             for d in h.ws_call(inst, "config/device_registry/list")
@@ -349,5 +357,12 @@ def test_diagnostic_entities_and_device_classes(ha, tmp_path: Path) -> None:
         assert '"settings"' in text and svc.base in text and '"problems"' in text, text[:2000]
         figures(diagnostics_download_bytes=len(text))
         w.close()
+        # Issue 52, row 17: no template warning about edge-queue's topics in Home Assistant's
+        # log (before: 2 per start and reconnect, `value_json.conflict` absent from <base>/info)
+        with open(ha_log, "rb") as f:
+            f.seek(log_start)
+            logged = f.read().decode(errors="replace")
+        warned = [line for line in logged.splitlines() if "Template variable" in line and "conflict" in line]
+        assert not warned, "\n".join(warned[:4])
     finally:
         svc.stop()

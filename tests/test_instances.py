@@ -142,8 +142,12 @@ def test_another_install_announcing_itself_is_reported(tmp_path: Path, service_f
     # Given a running install
     broker = own_broker
     svc = _default_id(service_factory(broker, [tmp_path])).start()
-    ours = _info(svc)["instance_id"]
-    watcher = svc.watcher("info")
+    alone = _info(svc)
+    ours = alone["instance_id"]
+    # issue 52, row 17: `conflict` is there when alone too (Home Assistant's templates warned
+    # of the absent key at each of its starts and each reconnect)
+    assert alone["conflict"] == [], alone
+    watcher = svc.watcher("info", "response/#")
     # When another installation announces itself on its base topic (live, as at its connect)
     other = {"v": 1, "instance_id": "0123456789ab", "host": "otherbox", "version": "0.1.0"}
     pub = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="other-" + uuid.uuid4().hex[:6])
@@ -154,8 +158,14 @@ def test_another_install_announcing_itself_is_reported(tmp_path: Path, service_f
     pub.disconnect()
     # Then the log names it, and our own info lists it under conflict
     wait_until(lambda: "another edge-queue announced itself" in svc.log(), 10, "the error line")
-    mine = watcher.wait_json(f"{svc.base}/info", lambda m: m.get("instance_id") == ours and "conflict" in m)
+    mine = watcher.wait_json(f"{svc.base}/info", lambda m: m.get("instance_id") == ours and m["conflict"])
     assert mine["conflict"][0]["instance_id"] == "0123456789ab" and mine["conflict"][0]["host"] == "otherbox"
+    # And issue 52, row 19: once the other box is gone, a republish clears it (before: listed
+    # until the service restarted)
+    seen = len(watcher.on(f"{svc.base}/info"))
+    svc.request("republish", {}, watcher)
+    wait_until(lambda: len(watcher.on(f"{svc.base}/info")) > seen, 10, "info republished")
+    assert json.loads(watcher.on(f"{svc.base}/info")[-1])["conflict"] == []
     watcher.close()
 
 

@@ -30,7 +30,7 @@ from edge_queue.config import Settings
 from edge_queue.store import SCHEMA_VERSION, JobSpec, Store
 from edge_queue.store.preflight import boot_failure, check_data_dir
 
-from .conftest import Broker, ServiceProcess, Watcher, need, publish, wait_until
+from .conftest import Broker, ServiceProcess, Watcher, need, publish, run_doctor, wait_until
 
 DB = "edge-queue.db"
 DOCTOR = "`edge-queue doctor`"
@@ -344,3 +344,106 @@ def test_boot_failure_covers_errors_of_boot_only(tmp_path: Path, monkeypatch: py
         raise sqlite3.DatabaseError("database disk image is malformed")
     except sqlite3.DatabaseError as e:
         assert boot_failure(settings, e) is None
+
+
+# -- a file system without working locks (issue 52 row 10) --------------------------------
+
+NO_LOCKS = "without working file locks"
+
+
+@pytest.fixture(params=["nfs", "posix"])
+def no_locks_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+    """A folder on a real mounted file system whose locks fail with ENOLCK (tests/nolock_fs.py,
+    FUSE): ``nfs``, every lock fails (an NFS mount without a lock manager); ``posix``, only the
+    POSIX record locks SQLite takes fail, ``flock`` is granted (a local ``flock``, some SMB)."""
+    need(os.path.exists("/dev/fuse") and shutil.which("fusermount3") is not None, "no FUSE (/dev/fuse, fuse3)")
+    try:
+        import mfusepy  # noqa: F401
+    except (ImportError, OSError) as e:
+        need(False, f"mfusepy or libfuse 3 missing: {e}")
+    source, mountpoint = tmp_path / "disk", tmp_path / "mnt"
+    source.mkdir()
+    mountpoint.mkdir()
+    mode = [] if request.param == "nfs" else ["posix"]
+    fs = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("nolock_fs.py")), str(source), str(mountpoint), *mode],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    assert fs.stderr is not None
+    try:
+        wait_until(lambda: os.path.ismount(mountpoint) or fs.poll() is not None, 10, "the FUSE mount")
+        if not os.path.ismount(mountpoint):
+            fs.kill()
+            _, err = fs.communicate(timeout=10)
+            need(False, f"FUSE mount refused here: {err.decode(errors='replace').strip()}")
+        yield mountpoint
+    finally:
+        subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True)
+        try:
+            fs.wait(10)
+        except subprocess.TimeoutExpired:
+            fs.kill()
+            fs.wait(10)
+        fs.stderr.close()
+
+
+def assert_no_locks_line(line: str) -> None:
+    assert NO_LOCKS in line and "No locks available" in line and "local disk" in line, line
+    # the store is not damaged: never the advice to restore a backup or start an empty one
+    assert "backup" not in line and "empty store" not in line and "damaged" not in line, line
+
+
+def test_new_store_on_a_file_system_without_locks(svc: ServiceProcess, notify, no_locks_dir: Path) -> None:
+    # Given data_dir on a mounted file system whose locks fail (before: a 79-line traceback
+    # from flock, or after 6 s "could not be opened (database is locked)" with the advice to
+    # restore a backup or start with an empty store)
+    data_dir = no_locks_dir / "data"
+    stderr = serve(svc, data_dir, notify[0])
+    # Then one line says the file system has no working locks, and to use a local disk
+    line = assert_refused(svc, stderr, notify[1], data_dir, NO_LOCKS)
+    assert_no_locks_line(line)
+
+
+def test_existing_store_on_a_file_system_without_locks_is_left_alone(
+    svc: ServiceProcess, notify, tmp_path: Path, no_locks_dir: Path
+) -> None:
+    # Given a healthy store of 300 jobs copied onto a file system without locks
+    local = make_store(tmp_path / "local" / DB)
+    data_dir = no_locks_dir / "data"
+    data_dir.mkdir()
+    shutil.copyfile(local, data_dir / DB)
+    before = (data_dir / DB).read_bytes()
+    # When the service starts, then the one line names the file system, not the store
+    line = assert_refused(svc, serve(svc, data_dir, notify[0]), notify[1], data_dir, NO_LOCKS)
+    assert_no_locks_line(line)
+    assert (data_dir / DB).read_bytes() == before
+
+
+def test_doctor_on_a_file_system_without_locks(svc: ServiceProcess, no_locks_dir: Path) -> None:
+    # Given data_dir on a file system without locks and no store yet (before: doctor said
+    # "ok data_dir ... writable" and "ok database ... does not exist yet")
+    data_dir = no_locks_dir / "data"
+    out = run_doctor({**svc.env, "EDGE_QUEUE_DATA_DIR": str(data_dir)})
+    # Then doctor fails on data_dir with the service's line, and checks no store there
+    assert out.returncode != 0, out.stdout
+    lines = [line for line in out.stdout.splitlines() if "data_dir" in line]
+    assert len(lines) == 1 and lines[0].startswith("FAIL"), out.stdout
+    assert_no_locks_line(lines[0])
+    assert "database" not in out.stdout, out.stdout
+
+
+def test_store_held_by_another_program_is_not_called_damaged(svc: ServiceProcess, notify, tmp_path: Path) -> None:
+    # Given a healthy store on a local disk that another program holds in an exclusive
+    # transaction (a sqlite3 shell's BEGIN EXCLUSIVE; before: "is damaged (database is
+    # locked)" with the advice to restore a backup or start with an empty store)
+    db = make_store(tmp_path / "d" / DB)
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("PRAGMA journal_mode=DELETE")
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        line = assert_refused(svc, serve(svc, db.parent, notify[0]), notify[1], db, "is locked by another program")
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert "backup" not in line and "empty store" not in line and "damaged (" not in line, line

@@ -113,3 +113,30 @@ def test_no_worker_up_no_hand_out(tmp_path: Path) -> None:
     store.submit([JobSpec("noop", "x", {})], NOW)
     scheduler.schedule(NOW)
     assert assigned == [] and store.counts()["queued"] == 1
+
+
+def test_max_concurrency_caps_the_hub_and_a_node_adds_its_own(tmp_path: Path) -> None:
+    # Given transcribe capped at 1, two idle hub workers and a node with 2 free slots
+    # (before: the cap counted node jobs too, so the node could add no transcription)
+    settings = Settings(
+        data_dir=tmp_path, workers=2, kinds={"transcribe": {"max_concurrency": 1}}, access={"nodes": ["n1"]}
+    )
+    store = Store(tmp_path / "q.db")
+    sup = Supervisor(settings)
+    for slot in sup.slots:
+        slot.process = object()
+    nodes = Nodes(settings, Topics("t"), Wire())  # type: ignore[arg-type]
+    announce = {"v": 1, "state": "online", "kinds": ["transcribe"], "slots": 2}
+    nodes.on_message("t/nodes/n1", json.dumps(announce).encode(), True)
+    nodes.poll(True)
+    assert nodes.free() == {"n1": 2}
+    assigned: list[dict[str, Any]] = []
+    scheduler = Scheduler(settings, ["noop", "probe", "transcribe"], lambda: store, sup, "run1", assigned.append, nodes)
+    for i in range(5):
+        store.submit([JobSpec("transcribe", f"t{i}", {})], NOW)
+    scheduler.schedule(NOW + 1)
+    # Then the node takes 2 and the hub 1: three at once, one on the hub
+    owners = sorted(j["owner"] for j in assigned)
+    assert len(owners) == 3 and sum(o == "run1" for o in owners) == 1, owners
+    assert sum(len(s.jobs) for s in sup.slots) == 1
+    assert store.counts()["queued"] == 2

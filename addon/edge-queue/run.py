@@ -9,6 +9,13 @@ edge-queue's settings, then ``edge-queue serve`` (docs/install.md, "Home Assista
 - ``media_roots`` that do not exist in the add-on (a folder not mapped) are left out, with a line
   saying so.
 
+- The device in Home Assistant: named ``edge-queue`` (not after the container's host name), its
+  "Visit" link the add-on's ingress panel (``homeassistant://hassio/ingress/<slug>``, the slug
+  from the Supervisor's ``GET /addons/self/info``, else from the host name).
+- Root only for this: the service runs as uid/gid 1000 (the image's ``edge-queue`` user,
+  through ``setpriv``), its ``data_dir`` handed to that user, so FFmpeg never parses an upload
+  as root.
+
 ``--print``: print the settings (without passwords and keys) as JSON and exit.
 """
 
@@ -16,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import urllib.request
 from pathlib import Path
@@ -24,23 +32,39 @@ from typing import Any
 OPTIONS = Path(os.environ.get("ADDON_OPTIONS", "/data/options.json"))
 SUPERVISOR = os.environ.get("SUPERVISOR_API", "http://supervisor")
 SECRET = ("EDGE_QUEUE_MQTT__PASSWORD", "EDGE_QUEUE_API__KEYS")
+#: The service's user and group: the image's ``edge-queue`` (container/Containerfile)
+SERVICE_UID = SERVICE_GID = 1000
+
+
+def supervisor_get(path: str) -> dict[str, Any] | None:
+    """The ``data`` of the Supervisor's ``GET <path>``, or None without a token or an answer."""
+    token = os.environ.get("SUPERVISOR_TOKEN")
+    if not token:
+        return None
+    request = urllib.request.Request(f"{SUPERVISOR}{path}", headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            body = json.loads(answer.read())
+    except (OSError, ValueError) as e:
+        print(f"edge-queue add-on: the Supervisor's {path} is not available ({e})", file=sys.stderr)
+        return None
+    data = body.get("data") if isinstance(body, dict) else None
+    return data if isinstance(data, dict) else None
+
+
+def ingress_url() -> str:
+    """The add-on's ingress panel as a link Home Assistant opens: the slug from the Supervisor,
+    else from the host name the Supervisor gives the container (the slug, ``_`` as ``-``)."""
+    info = supervisor_get("/addons/self/info") or {}
+    slug = info.get("slug") if isinstance(info.get("slug"), str) else None
+    return f"homeassistant://hassio/ingress/{slug or socket.gethostname().replace('-', '_')}"
 
 
 def supervisor_mqtt() -> dict[str, Any] | None:
     """The Supervisor's MQTT service (``{"host", "port", "username", "password", ...}``), or
     None without a Supervisor token or service."""
-    token = os.environ.get("SUPERVISOR_TOKEN")
-    if not token:
-        return None
-    request = urllib.request.Request(f"{SUPERVISOR}/services/mqtt", headers={"Authorization": f"Bearer {token}"})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            body = json.loads(answer.read())
-    except (OSError, ValueError) as e:
-        print(f"edge-queue add-on: the Supervisor's MQTT service is not available ({e})", file=sys.stderr)
-        return None
-    data = body.get("data") if isinstance(body, dict) else None
-    return data if isinstance(data, dict) and data.get("host") else None
+    data = supervisor_get("/services/mqtt")
+    return data if data is not None and data.get("host") else None
 
 
 def settings(options: dict[str, Any], mqtt: dict[str, Any] | None) -> dict[str, str]:
@@ -79,6 +103,8 @@ def settings(options: dict[str, Any], mqtt: dict[str, Any] | None) -> dict[str, 
     env["EDGE_QUEUE_HTTP__WEBSOCKET_PROXY"] = "true"
     env["EDGE_QUEUE_HTTP__WEBSOCKET_PORT"] = str(options.get("mqtt_websocket_port", 1884))
     env["EDGE_QUEUE_HTTP__FRAME_ANCESTORS"] = json.dumps(["'self'"])
+    env["EDGE_QUEUE_HOMEASSISTANT__NAME"] = "edge-queue"  # not the container's host name
+    env["EDGE_QUEUE_HOMEASSISTANT__DEVICE_URL"] = ingress_url()
     if options.get("api_anonymous_user"):
         env["EDGE_QUEUE_API__ANONYMOUS_USER"] = str(options["api_anonymous_user"])
     keys = {k["user"]: k["key"] for k in options.get("api_keys", []) if k.get("user") and k.get("key")}
@@ -96,8 +122,23 @@ def main(argv: list[str]) -> int:
     data_dir = Path(os.environ.get("EDGE_QUEUE_DATA_DIR", "/data/edge-queue"))
     data_dir.mkdir(parents=True, exist_ok=True)
     os.environ.update(env)
-    os.execvp("edge-queue", ["edge-queue", "serve"])
+    command = ["edge-queue", "serve"]
+    if os.geteuid() == 0:
+        command = [*drop_root(data_dir), *command]
+    os.execvp(command[0], command)
     return 1  # not reached
+
+
+def drop_root(data_dir: Path) -> list[str]:
+    """Hand ``data_dir`` (and what an older add-on wrote there as root) to the service's user;
+    the command prefix that runs the service as that user for good (util-linux's ``setpriv``:
+    real, effective and saved ids, no supplementary groups, no capabilities left)."""
+    for path in (data_dir, *data_dir.rglob("*")):
+        st = path.lstat()
+        if (st.st_uid, st.st_gid) != (SERVICE_UID, SERVICE_GID):
+            os.lchown(path, SERVICE_UID, SERVICE_GID)
+    os.environ["HOME"] = str(data_dir)  # root's home is not the service's
+    return ["setpriv", f"--reuid={SERVICE_UID}", f"--regid={SERVICE_GID}", "--clear-groups", "--"]
 
 
 if __name__ == "__main__":

@@ -98,16 +98,23 @@ def _grant(settings: Settings, topics: Any, protocol: str) -> Check:
 
 
 def _data_dir(settings: Settings) -> Iterator[Check]:
+    from edge_queue.store.preflight import lock_problem
+
     d = settings.data_dir
     try:
         d.mkdir(parents=True, exist_ok=True)
         probe = d / f".doctor-{os.getpid()}"
         probe.write_bytes(b"x")
         probe.unlink()
-        yield Check("data_dir", True, f"{d} is writable")
+        problem = lock_problem(d)
     except OSError as e:
         yield Check("data_dir", False, f"{d}: {e.strerror or e}")
         return
+    if problem is not None:
+        # a store cannot be opened or checked there: say only why
+        yield Check("data_dir", False, problem)
+        return
+    yield Check("data_dir", True, f"{d} is writable, with working file locks")
     free = shutil.disk_usage(d).free
     yield Check(
         "disk",

@@ -16,6 +16,7 @@ browser never holds up the service's loop.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import logging
@@ -51,6 +52,13 @@ FILES: dict[str, tuple[str, str]] = {
     "/mqtt.LICENSE.md": ("mqtt.LICENSE.md", "text/markdown; charset=utf-8"),
     "/favicon.svg": ("favicon.svg", "image/svg+xml"),
 }
+#: index.html's one inline script: a page opened at an address without its trailing slash (an
+#: ingress or proxy prefix, ``/api/hassio_ingress/<token>``) would load its relative files from
+#: the folder above (404, a blank page), so it goes to the address with the slash first. Not a
+#: redirect of the server's: behind a proxy that strips the prefix both addresses arrive as ``/``.
+SLASH_SCRIPT = (
+    'if(!/(\\/|\\.html)$/.test(location.pathname))location.replace(location.pathname+"/"+location.search+location.hash)'
+)
 #: Headers of every answer. ``no-cache``: the browser may keep a file but asks (with its ETag)
 #: before using it, so an upgrade of edge-queue never mixes old and new files.
 HEADERS = {
@@ -59,10 +67,12 @@ HEADERS = {
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",
     "Content-Security-Policy": (
-        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "default-src 'none'; script-src 'self' "
+        + f"'sha256-{base64.b64encode(hashlib.sha256(SLASH_SCRIPT.encode()).digest()).decode()}'; "
+        + "style-src 'self'; img-src 'self' data:; "
         # mqtt.js runs its keepalive timers in a worker made from a blob (worker-timers)
         "connect-src 'self' ws: wss:; worker-src 'self' blob:; "
-        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+        + "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
     ),
 }
 

@@ -105,12 +105,13 @@ class Scheduler:
         store, sup, owner = self.store(), self.supervisor, self.owner
         if not store.waiting():
             return
-        busy = sup.busy_by_kind() + self.nodes.busy_by_kind()
+        # max_concurrency caps the hub's own workers: a node adds capacity of its own (its slots)
+        busy = sup.busy_by_kind()
         free = self.nodes.free()
         places: dict[str, Collection[str]] = {n: self.nodes.kinds(n) for n in free}
         if sup.idle():
             places[HUB] = self.concurrency.keys()
-        self.to_nodes(now, free, places, busy)
+        self.to_nodes(now, free, places)
         if not store.waiting():
             return
         for slot in sup.idle():
@@ -143,10 +144,11 @@ class Scheduler:
                 self.assign(slot, job)
                 busy[job["kind"]] += 1
 
-    def to_nodes(self, now: float, free: dict[str, int], places: dict[str, Collection[str]], busy: Any) -> None:
-        """Fill the worker nodes' free slots, one claim per slot, of the kinds each node runs;
-        the nodes a ``prefer`` list ranks first claim first. A node done claiming leaves
-        ``places``: what it did not take may go to the places ranked after it."""
+    def to_nodes(self, now: float, free: dict[str, int], places: dict[str, Collection[str]]) -> None:
+        """Fill the worker nodes' free slots, one claim per slot, of the kinds each node runs
+        (``max_concurrency`` does not apply: it caps the hub's own workers, and a node's slots
+        are its own limit); the nodes a ``prefer`` list ranks first claim first. A node done
+        claiming leaves ``places``: what it did not take may go to the places ranked after it."""
 
         def best_rank(node_id: str) -> int:
             return min((order.index(node_id) for order in self.prefer.values() if node_id in order), default=99)
@@ -157,8 +159,7 @@ class Scheduler:
             for _ in range(free[node_id]):
                 if not store.waiting():
                     return
-                kinds = allowed_kinds(self.concurrency, busy, lambda _: False, fast_only=False)
-                kinds = preferred([k for k in kinds if k in places[node_id]], node_id, self.prefer, places)
+                kinds = preferred([k for k in self.concurrency if k in places[node_id]], node_id, self.prefer, places)
                 job = store.claim(now, kinds, NODE_OWNER + node_id, exclude=skip) if kinds else None
                 if job is None:
                     break
@@ -168,7 +169,6 @@ class Scheduler:
                     "job %s handed to node %s: %s (attempt %d)", job["job_id"], node_id, job["kind"], job["attempt"]
                 )
                 self.on_assign(job)
-                busy[job["kind"]] += 1
             del places[node_id]
 
     def assign(self, slot: WorkerSlot, job: dict[str, Any]) -> None:

@@ -78,7 +78,8 @@ class Announcer:
             "base_topic": self.topics.base,
             "instance_id": self.instance_id,
             "host": socket.gethostname(),
-            **({"conflict": list(self.conflicts.values())} if self.conflicts else {}),
+            # always present, [] when alone: Home Assistant's templates warn of an absent key
+            "conflict": list(self.conflicts.values()),
             "kinds": {  # the options' JSON Schemas: the kinds request
                 name: {
                     "description": k.description,
@@ -156,8 +157,11 @@ class Announcer:
         self.bridge.publish(discovery.submit_topic(self.topics), body, retain=True)
 
     def page_url(self) -> str | None:
-        """The page's address for Home Assistant's device link, or ``None`` without a page:
+        """Home Assistant's device link: ``homeassistant.device_url`` when set, else the page's
+        address, or ``None`` without a page:
         ``http://<http.host, or this machine's name for a wildcard address>:<port>/``."""
+        if self.settings.homeassistant.device_url:
+            return self.settings.homeassistant.device_url
         page = self.page()
         if page is None:
             return None
@@ -227,3 +231,10 @@ class Announcer:
             describe(info),
         )
         self.publish_info()
+        self.publish_diagnostics()  # its `conflict` too, not only at the next republish
+
+    def forget_conflicts(self) -> None:
+        """Forget the other installations seen (the ``republish`` command: "Base topic shared"
+        goes off once the other box is gone; one still there shows again when it announces
+        itself, at its next start or connect)."""
+        self.conflicts.clear()

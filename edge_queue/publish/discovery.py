@@ -348,10 +348,13 @@ def diagnostics(topics: Topics, uid: Any, workers: int, instance_id: str) -> dic
             "binary_sensor",
             "Base topic shared",
             info,
-            "{{ 'ON' if value_json.conflict or value_json.instance_id != '" + instance_id + "' else 'OFF' }}",
+            # `| default`: an info retained by an older edge-queue has no `conflict` when alone
+            "{{ 'ON' if value_json.conflict | default([]) or value_json.instance_id != '"
+            + instance_id
+            + "' else 'OFF' }}",
             dev_cla="problem",
             json_attr_t=info,
-            json_attr_tpl="{{ {'installations': value_json.conflict or [], "
+            json_attr_tpl="{{ {'installations': value_json.conflict | default([]), "
             "'info_from': value_json.instance_id} | tojson }}",
         ),
         "diagnostics": diag(

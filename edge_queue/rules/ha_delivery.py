@@ -89,7 +89,7 @@ def summary(rows: list[dict[str, Any]], dropped: int) -> dict[str, Any]:
         "job_ids": [r["job_id"] for r in reversed(rows)][:SUMMARY_IDS],
         "first_finished_at": rows[0].get("finished_at") if rows else None,
         "last_finished_at": rows[-1].get("finished_at") if rows else None,
-        "text": f"{count} jobs ended while Home Assistant was down: "
+        "text": f"{count} jobs ended while Home Assistant or the broker was away: "
         + ", ".join(parts)
         + (f" ({dropped} older not counted by state)" if dropped else "")
         + "; the newest follows",

@@ -47,6 +47,10 @@ RESTORE = (
     "(docs/operations.md, Backup and restore), or move it and its -wal and -shm files away to start with an empty store"
 )
 FIX_PERMISSIONS = "fix its permissions so the service's user can read and write it (sudo chown edge-queue: {path})"
+LOCAL_DISK = (
+    "the store (SQLite) needs them to keep its files whole; set data_dir to a folder on a local disk "
+    "(docs/configuration.md, data_dir), then run `edge-queue doctor`"
+)
 
 
 class DataDirError(ConfigError):
@@ -122,6 +126,15 @@ def boot_failure(settings: Settings, exc: BaseException) -> DataDirError | None:
     if not _raised_in_boot(exc):
         return None
     db = settings.db_path
+    if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+        # not damage: a file system without locks, or another program holding the store's lock
+        try:
+            problem = lock_problem(settings.data_dir)
+        except OSError:
+            problem = None
+        if problem is not None:
+            return DataDirError(settings.data_dir, problem)
+        return locked_by_another(db, exc)
     if isinstance(exc, sqlite3.DatabaseError):
         return StoreDamaged(db, f"the store {db} could not be opened ({exc}): {RESTORE}")
     if isinstance(exc, OSError) and exc.filename is not None:
@@ -187,11 +200,56 @@ def _check_folder(data_dir: Path) -> None:
             f"write it (sudo chown -R edge-queue: {data_dir}), or set data_dir to a writable folder; "
             "then run `edge-queue doctor`",
         ) from e
-    os.close(fd)
     try:
+        problem = _lock_problem(fd, data_dir)
+    finally:
+        os.close(fd)
+        try:
+            os.unlink(probe)
+        except OSError:
+            pass
+    if problem is not None:
+        raise DataDirError(data_dir, problem)
+
+
+def lock_problem(data_dir: Path) -> str | None:
+    """One line saying that ``data_dir``'s file system has no working file locks (an NFS
+    mount without a lock manager, an SMB mount without byte-range locks), or ``None`` when a
+    POSIX lock and a ``flock`` on a new file in it both work. ``edge-queue doctor`` uses it;
+    :func:`check_data_dir` runs the same probe. Raises ``OSError`` when no file can be created
+    in ``data_dir``."""
+    fd, probe = tempfile.mkstemp(prefix=".edge-queue-probe-", dir=data_dir)
+    try:
+        return _lock_problem(fd, data_dir)
+    finally:
+        os.close(fd)
         os.unlink(probe)
-    except OSError:
-        pass
+
+
+def _lock_problem(fd: int, data_dir: Path) -> str | None:
+    """Lock ``fd``, a new file of ``data_dir`` nothing else holds, as SQLite (POSIX record
+    locks) and the service (``flock`` on ``edge-queue.lock``) do. Any error is the file
+    system's: no other process can hold a lock on a file just created."""
+    import fcntl
+
+    for take, drop in (
+        (lambda: fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB), lambda: fcntl.lockf(fd, fcntl.LOCK_UN)),
+        (lambda: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB), lambda: fcntl.flock(fd, fcntl.LOCK_UN)),
+    ):
+        try:
+            take()
+            drop()
+        except OSError as e:
+            return no_locks(data_dir, _reason(e))
+    return None
+
+
+def no_locks(data_dir: Path, reason: str) -> str:
+    """The one line for a ``data_dir`` whose file system refuses file locks."""
+    return (
+        f"data_dir {data_dir} is on a file system without working file locks ({reason}; an NFS mount without a "
+        f"lock manager, or an SMB mount without byte-range locks): {LOCAL_DISK}"
+    )
 
 
 def _check_file(path: Path, what: str) -> None:
@@ -254,6 +312,10 @@ def _check_store(db: Path) -> None:
             str(row[0])
             for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
         }
+    except sqlite3.OperationalError as e:
+        if "locked" in str(e):
+            raise locked_by_another(db, e) from e
+        raise StoreDamaged(db, f"the store {db} is damaged ({e}): {RESTORE}") from e
     except sqlite3.DatabaseError as e:
         raise StoreDamaged(db, f"the store {db} is damaged ({e}): {RESTORE}") from e
     finally:
@@ -290,6 +352,16 @@ def _check_store(db: Path) -> None:
             "upgrade edge-queue, or restore a backup made with `edge-queue backup` by this version "
             "(docs/operations.md, Upgrade)",
         )
+
+
+def locked_by_another(db: Path, exc: sqlite3.Error) -> DataDirError:
+    """The one line for a store another program holds locked (SQLite's ``database is locked``
+    on a file system whose locks work): not damage, so never the advice to restore it."""
+    return DataDirError(
+        db,
+        f"the store {db} is locked by another program ({exc}): end it (a sqlite3 shell, a copy tool), then "
+        "start the service again; the store is not damaged",
+    )
 
 
 def _names(tables: set[str] | frozenset[str]) -> str:
