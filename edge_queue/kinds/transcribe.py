@@ -24,6 +24,7 @@ from edge_queue.errors import ErrorCode, JobError, MediaError, RequestError
 from .ahead import DecodeAhead, Pending
 from .audio import Chunk, chunks, decode_pcm
 from .base import JobContext, Kind, OutputOptions, output_stem
+from .cue_layout import escaped, laid_out
 from .library import existing_subtitle, language_tag, subtitle_streams
 from .media import container_duration_s, open_media, require_audio
 from .outputs import check_free, write_outputs
@@ -300,17 +301,19 @@ def _stamp(seconds: float, sep: str) -> str:
 
 
 def render(fmt: str, segments: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    """One output document: ``txt`` (one line per segment), ``srt``, ``vtt`` or ``json``."""
+    """One output document: ``txt`` (one line per segment), ``srt``, ``vtt`` (one cue per
+    segment, its text :func:`.cue_layout.escaped`) or ``json``."""
     if fmt == "txt":
         return "".join(s["text"].strip() + "\n" for s in segments)
     if fmt == "srt":
         return "\n".join(
-            f"{i}\n{_stamp(s['start'], ',')} --> {_stamp(s['end'], ',')}\n{s['text'].strip()}\n"
+            f"{i}\n{_stamp(s['start'], ',')} --> {_stamp(s['end'], ',')}\n{escaped(s['text'].strip(), fmt)}\n"
             for i, s in enumerate(segments, 1)
         )
     if fmt == "vtt":
         return "WEBVTT\n\n" + "\n".join(
-            f"{_stamp(s['start'], '.')} --> {_stamp(s['end'], '.')}\n{s['text'].strip()}\n" for s in segments
+            f"{_stamp(s['start'], '.')} --> {_stamp(s['end'], '.')}\n{escaped(s['text'].strip(), fmt)}\n"
+            for s in segments
         )
     return json.dumps({**meta, "segments": segments}, ensure_ascii=False, indent=1)
 
@@ -536,7 +539,11 @@ class Transcribe(Kind):
             "text": text,
         }
         ctx.progress(100, "writing")
-        documents = {path: render(fmt, segments, meta).encode() for fmt, path in planned.items()}
+        events = laid_out(segments, language)  # srt and vtt: lines, times and reading speed of subtitles
+        documents = {
+            path: render(fmt, events if fmt in ("srt", "vtt") else segments, meta).encode()
+            for fmt, path in planned.items()
+        }
         write_outputs(ctx, documents, overwrite=options.overwrite or options.output == "data_dir")
         outputs = {fmt: str(path) for fmt, path in planned.items()}
         return {
