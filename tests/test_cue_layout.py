@@ -72,6 +72,20 @@ def test_fast_speech_is_held_into_the_silence_after_it() -> None:
     assert kept(events, LATIN)["speed"] == 100.0
 
 
+def test_a_word_too_long_for_a_line_or_for_7_s_is_an_event_of_its_own() -> None:
+    # French for the English-only model, VAD off: one 12-s segment of "$1,000,000,000,...", and
+    # the layout failed on it
+    number = "$" + ",000" * 30
+    for segments in (
+        [{"start": 0.8, "end": 12.8, "text": " " + number}],
+        [{"start": 0.0, "end": 1.0, "text": " Then"}, {"start": 1.0, "end": 13.0, "text": " Hmmmmmm."}],
+        [seg("It cost " + number + " in the end.", 0.0, 2.0)],
+    ):
+        events = laid_out(segments)
+        assert flat(events) == flat(segments), events
+        assert any(e["text"] in (number, "Hmmmmmm.") for e in events), events
+
+
 def test_events_do_not_touch() -> None:
     events = laid_out([seg("One sentence here.", 0.0, 0.5), seg("Then right after it.", 1.5, 0.5)])
     assert events[1]["start"] - events[0]["end"] >= 2 / 24 - 1e-3, events

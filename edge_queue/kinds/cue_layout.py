@@ -193,7 +193,7 @@ def pieces(words: list[dict[str, Any]], rules: Rules) -> list[list[dict[str, Any
     out: list[list[dict[str, Any]]] = []
     rest = words
     while rest:
-        if fits(rest, rules):
+        if len(rest) == 1 or fits(rest, rules):
             out.append(rest)
             break
         longest = 1
