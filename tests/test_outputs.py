@@ -114,6 +114,12 @@ def test_get_reads_an_output_only_while_it_is_the_file_the_job_wrote(
     written = out.read_bytes()
     first = _get(svc, watcher, job_id)["data"]["result"]
     assert first["segment_list"] and "output_errors" not in first, first
+    # and the srt's own cues, laid out as subtitles (the queue page's srt and vtt downloads)
+    from edge_queue.requests.outputs import cues
+
+    srt = cues((media / "talks" / "jfk.en.srt").read_text(), "srt")
+    assert first["cue_list"] == [{**c, "text": c["text"].strip()} for c in srt], first
+    assert first["cue_list_truncated"] is False and first["cue_list"] != first["segment_list"], first
 
     def errors() -> tuple[dict[str, Any], str]:
         answer = _get(svc, watcher, job_id)

@@ -25,6 +25,7 @@ from .ahead import DecodeAhead, Pending
 from .audio import Chunk, chunks, decode_pcm
 from .base import JobContext, Kind, OutputOptions, output_stem
 from .cue_layout import escaped, laid_out
+from .hallucinations import real_speech
 from .library import existing_subtitle, language_tag, subtitle_streams
 from .media import container_duration_s, open_media, require_audio
 from .outputs import check_free, write_outputs
@@ -138,6 +139,7 @@ class TranscribeResult(BaseModel):
     text: str = Field(max_length=TEXT_SUMMARY_CHARS)
     text_truncated: bool
     segments: int = Field(ge=0)
+    segments_left_out: dict[Literal["no_speech", "repetitive", "junk", "repeated"], Annotated[int, Field(ge=0)]] = {}
     chunks: int = Field(ge=0)
     chunks_resumed: int = Field(ge=0)
     outputs: dict[Literal["txt", "srt", "vtt", "json"], Annotated[str, Field(max_length=4096)]]
@@ -527,6 +529,9 @@ class Transcribe(Kind):
                 "resumed after %d kept chunk(s) (%.1f s of audio); decoded %d", resumed, resumed_s, n_chunks - resumed
             )
         elapsed = time.monotonic() - started
+        segments, left_out = real_speech(segments)  # no text the model marks as no speech, loops, known junk
+        if left_out:
+            log.info("left out segments the model made up: %s", left_out)
         segments = subtitle_cues(segments)  # in order, no overlap, at most 7 s where speech allows a cut
         text = " ".join(s["text"].strip() for s in segments if s["text"].strip())
         model_name = options.model or model_label(cfg.model, model_ref)
@@ -553,6 +558,7 @@ class Transcribe(Kind):
             "text": text[:TEXT_SUMMARY_CHARS],
             "text_truncated": len(text) > TEXT_SUMMARY_CHARS,
             "segments": len(segments),
+            "segments_left_out": left_out,
             "chunks": n_chunks,
             "chunks_resumed": resumed,
             "outputs": outputs,
