@@ -353,6 +353,10 @@ def test_openai_package(
     assert create(response_format="vtt").startswith("WEBVTT")
     verbose = create(response_format="verbose_json")
     assert verbose.language == "english" and 10 < verbose.duration < 12 and verbose.segments
+    # with the model's own confidence: 0.0 would read as "most confident" to a client's filter
+    for s in verbose.segments:
+        assert -1.0 < s.avg_logprob < 0.0 and 0.0 < s.no_speech_prob < 0.5 and s.compression_ratio > 0.5, s
+        assert s.tokens and all(isinstance(t, int) for t in s.tokens), s
     words = create(response_format="verbose_json", timestamp_granularities=["word"])
     assert words.words and words.words[0].start < words.words[-1].end
     with open(flac, "rb") as f, warnings.catch_warnings():
