@@ -25,6 +25,7 @@ from edge_queue.http import transcripts
 from edge_queue.http.api_server import HEADER_S
 from edge_queue.http.callers import MAX_TRACKED_CALLERS, CallRate, Refused, caller_of, presented_key
 from edge_queue.http.uploads import Upload, UploadError, suffix_of, sweep
+from edge_queue.requests.outputs import cues
 
 from .conftest import ROOT, ServiceProcess, free_port, need, wait_until, wer
 
@@ -283,7 +284,7 @@ def test_bazarr_session(
     first = bazarr_asr(url, pcm)
     assert first.status_code == 200, first.text
     srt = first.text
-    assert srt.startswith("1\n00:00:00,000 --> ") and wer(JFK, " ".join(srt.splitlines()[2::4])) < 0.15
+    assert srt.startswith("1\n00:00:00,000 --> ") and wer(JFK, " ".join(c["text"] for c in cues(srt, "srt"))) < 0.15
     assert first.headers["content-type"].startswith("text/plain") and first.headers["asr-engine"] == "edge-queue"
 
     # Bazarr resends after its read timeout: the same job answers, nothing decoded again
@@ -356,6 +357,10 @@ def test_openai_package(
     assert create(response_format="vtt").startswith("WEBVTT")
     verbose = create(response_format="verbose_json")
     assert verbose.language == "english" and 10 < verbose.duration < 12 and verbose.segments
+    # with the model's own confidence: 0.0 would read as "most confident" to a client's filter
+    for s in verbose.segments:
+        assert -1.0 < s.avg_logprob < 0.0 and 0.0 < s.no_speech_prob < 0.5 and s.compression_ratio > 0.5, s
+        assert s.tokens and all(isinstance(t, int) for t in s.tokens), s
     words = create(response_format="verbose_json", timestamp_granularities=["word"])
     assert words.words and words.words[0].start < words.words[-1].end
     with open(flac, "rb") as f, warnings.catch_warnings():

@@ -114,6 +114,12 @@ def test_get_reads_an_output_only_while_it_is_the_file_the_job_wrote(
     written = out.read_bytes()
     first = _get(svc, watcher, job_id)["data"]["result"]
     assert first["segment_list"] and "output_errors" not in first, first
+    # and the srt's own cues, laid out as subtitles (the queue page's srt and vtt downloads)
+    from edge_queue.requests.outputs import cues
+
+    srt = cues((media / "talks" / "jfk.en.srt").read_text(), "srt")
+    assert first["cue_list"] == [{**c, "text": c["text"].strip()} for c in srt], first
+    assert first["cue_list_truncated"] is False and first["cue_list"] != first["segment_list"], first
 
     def errors() -> tuple[dict[str, Any], str]:
         answer = _get(svc, watcher, job_id)
@@ -345,9 +351,11 @@ def test_an_attempt_lost_while_it_moves_its_recorded_files_into_place(
 def test_the_segments_of_an_srt_or_vtt_output_render_the_same_bytes_again() -> None:
     """``get`` with segments reads a transcription's srt (or vtt) when it wrote no json, and
     the queue page builds its downloads from them: rendered again, each is the file it came
-    from, also with cue text that looks like a cue header or holds a blank line."""
+    from, also with cue text that looks like a cue header or holds a blank line (escaped:
+    neither ``-->`` nor a blank line can be cue text)."""
     import random
 
+    from edge_queue.kinds.cue_layout import escaped
     from edge_queue.kinds.transcribe import render
     from edge_queue.requests.outputs import cues
 
@@ -363,7 +371,8 @@ def test_the_segments_of_an_srt_or_vtt_output_render_the_same_bytes_again() -> N
             doc = render(fmt, segments, {})
             read = cues(doc, fmt)
             assert render(fmt, read, {}) == doc
-            assert render("txt", read, {}) == render("txt", segments, {})
+            plain = [{**s, "text": escaped(s["text"].strip(), fmt)} for s in segments]
+            assert render("txt", read, {}) == render("txt", plain, {})
             assert [s["start"] for s in read] == [round(s["start"], 3) for s in segments]
     with pytest.raises(ValueError):
         cues("not a subtitle\n", "srt")

@@ -11,7 +11,9 @@ caller gets exactly what an MQTT job of the same audio writes. The rest are made
 - ``json`` of ``/asr``: openai-whisper's result, ``{"text", "segments", "language"}``.
 - OpenAI's ``json`` (``{"text"}``), ``text`` and ``verbose_json`` (``{"task", "language"
   (a language name, as OpenAI gives it), "duration", "text", "segments", "words"?}``; the
-  ``segments`` with OpenAI's fields, the ones faster-whisper has no value for set to 0).
+  ``segments`` with OpenAI's fields: ``tokens``, ``avg_logprob``, ``compression_ratio`` and
+  ``no_speech_prob`` as the model gave them (:func:`confidence`), ``seek`` and ``temperature``,
+  which the job does not keep, 0).
 """
 
 from __future__ import annotations
@@ -72,16 +74,33 @@ def whisper_json(document: dict[str, Any]) -> bytes:
             "start": s["start"],
             "end": s["end"],
             "text": s["text"],
-            "tokens": [],
             "temperature": 0.0,
-            "avg_logprob": s.get("avg_logprob", 0.0),
-            "compression_ratio": s.get("compression_ratio", 0.0),
-            "no_speech_prob": s.get("no_speech_prob", 0.0),
+            **confidence(s),
             **({"words": s["words"]} if isinstance(s.get("words"), list) else {}),
         }
         for i, s in enumerate(segments_of(document))
     ]
     return orjson.dumps({"text": _text(document), "segments": segments, "language": document.get("language")})
+
+
+def confidence(segment: dict[str, Any]) -> dict[str, Any]:
+    """A segment's ``tokens``, ``avg_logprob``, ``compression_ratio`` and ``no_speech_prob`` as
+    the job's ``json`` output holds them (the model's own, kinds/whisper.py); a value that is
+    not there (a job of an earlier release) or not a number is left out of a list, or 0."""
+
+    def number(key: str) -> float:
+        value = segment.get(key)
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+
+    tokens = segment.get("tokens")
+    return {
+        "tokens": [t for t in tokens if isinstance(t, int) and not isinstance(t, bool)]
+        if isinstance(tokens, list)
+        else [],
+        "avg_logprob": number("avg_logprob"),
+        "compression_ratio": number("compression_ratio"),
+        "no_speech_prob": number("no_speech_prob"),
+    }
 
 
 def openai_json(document: dict[str, Any]) -> bytes:
@@ -113,11 +132,8 @@ def openai_verbose(document: dict[str, Any], task: str, words: bool, segments: b
                 "start": float(s["start"]),
                 "end": float(s["end"]),
                 "text": s["text"],
-                "tokens": [],
                 "temperature": 0.0,
-                "avg_logprob": float(s.get("avg_logprob", 0.0)),
-                "compression_ratio": float(s.get("compression_ratio", 0.0)),
-                "no_speech_prob": float(s.get("no_speech_prob", 0.0)),
+                **confidence(s),
             }
             for i, s in enumerate(listed)
         ]

@@ -24,6 +24,8 @@ from edge_queue.errors import ErrorCode, JobError, MediaError, RequestError
 from .ahead import DecodeAhead, Pending
 from .audio import Chunk, chunks, decode_pcm
 from .base import JobContext, Kind, OutputOptions, output_stem
+from .cue_layout import escaped, laid_out
+from .hallucinations import real_speech
 from .library import existing_subtitle, language_tag, subtitle_streams
 from .media import container_duration_s, open_media, require_audio
 from .outputs import check_free, write_outputs
@@ -137,6 +139,7 @@ class TranscribeResult(BaseModel):
     text: str = Field(max_length=TEXT_SUMMARY_CHARS)
     text_truncated: bool
     segments: int = Field(ge=0)
+    segments_left_out: dict[Literal["no_speech", "repetitive", "junk", "repeated"], Annotated[int, Field(ge=0)]] = {}
     chunks: int = Field(ge=0)
     chunks_resumed: int = Field(ge=0)
     outputs: dict[Literal["txt", "srt", "vtt", "json"], Annotated[str, Field(max_length=4096)]]
@@ -300,17 +303,19 @@ def _stamp(seconds: float, sep: str) -> str:
 
 
 def render(fmt: str, segments: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    """One output document: ``txt`` (one line per segment), ``srt``, ``vtt`` or ``json``."""
+    """One output document: ``txt`` (one line per segment), ``srt``, ``vtt`` (one cue per
+    segment, its text :func:`.cue_layout.escaped`) or ``json``."""
     if fmt == "txt":
         return "".join(s["text"].strip() + "\n" for s in segments)
     if fmt == "srt":
         return "\n".join(
-            f"{i}\n{_stamp(s['start'], ',')} --> {_stamp(s['end'], ',')}\n{s['text'].strip()}\n"
+            f"{i}\n{_stamp(s['start'], ',')} --> {_stamp(s['end'], ',')}\n{escaped(s['text'].strip(), fmt)}\n"
             for i, s in enumerate(segments, 1)
         )
     if fmt == "vtt":
         return "WEBVTT\n\n" + "\n".join(
-            f"{_stamp(s['start'], '.')} --> {_stamp(s['end'], '.')}\n{s['text'].strip()}\n" for s in segments
+            f"{_stamp(s['start'], '.')} --> {_stamp(s['end'], '.')}\n{escaped(s['text'].strip(), fmt)}\n"
+            for s in segments
         )
     return json.dumps({**meta, "segments": segments}, ensure_ascii=False, indent=1)
 
@@ -524,6 +529,9 @@ class Transcribe(Kind):
                 "resumed after %d kept chunk(s) (%.1f s of audio); decoded %d", resumed, resumed_s, n_chunks - resumed
             )
         elapsed = time.monotonic() - started
+        segments, left_out = real_speech(segments)  # no text the model marks as no speech, loops, known junk
+        if left_out:
+            log.info("left out segments the model made up: %s", left_out)
         segments = subtitle_cues(segments)  # in order, no overlap, at most 7 s where speech allows a cut
         text = " ".join(s["text"].strip() for s in segments if s["text"].strip())
         model_name = options.model or model_label(cfg.model, model_ref)
@@ -536,7 +544,11 @@ class Transcribe(Kind):
             "text": text,
         }
         ctx.progress(100, "writing")
-        documents = {path: render(fmt, segments, meta).encode() for fmt, path in planned.items()}
+        events = laid_out(segments, language)  # srt and vtt: lines, times and reading speed of subtitles
+        documents = {
+            path: render(fmt, events if fmt in ("srt", "vtt") else segments, meta).encode()
+            for fmt, path in planned.items()
+        }
         write_outputs(ctx, documents, overwrite=options.overwrite or options.output == "data_dir")
         outputs = {fmt: str(path) for fmt, path in planned.items()}
         return {
@@ -546,6 +558,7 @@ class Transcribe(Kind):
             "text": text[:TEXT_SUMMARY_CHARS],
             "text_truncated": len(text) > TEXT_SUMMARY_CHARS,
             "segments": len(segments),
+            "segments_left_out": left_out,
             "chunks": n_chunks,
             "chunks_resumed": resumed,
             "outputs": outputs,

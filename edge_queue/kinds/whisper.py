@@ -44,6 +44,11 @@ CUE_SOFT_S, CUE_HARD_S = 12.0, 20.0
 #: as the sequential decoder's segments do (they were within 0.3 s of each other, measured).
 CONTIGUOUS_S = 2.0
 SENTENCE_END = (".", "?", "!", "。", "？", "！")
+#: The most tokens decoded for one 30-s window: openai-whisper's ``sample_len`` (half the
+#: text context, 448). Fast speech needs about 150 (4 words a second); a decoder caught in a
+#: loop on audio its model cannot place ("my baby, my baby, ...") stops here, not at 448, at
+#: each of the sequential decoder's temperatures.
+MAX_NEW_TOKENS = 224
 #: Sample rate of the audio faster-whisper decodes (Hz).
 SAMPLE_RATE = 16_000
 #: A stretch of at least this many seconds between the words of two batched windows (or
@@ -217,11 +222,17 @@ def decode(
         with HEAVY_STEP:  # VAD and the features run here; the windows are decoded as they are read
             release_free_memory()  # the chunk before's decoder buffers, before VAD runs
             it, info = BatchedInferencePipeline(OneWindowEncoder(model)).transcribe(
-                audio, batch_size=batch_size, vad_filter=True, without_timestamps=True, word_timestamps=True, **options
+                audio,
+                batch_size=batch_size,
+                vad_filter=True,
+                without_timestamps=True,
+                word_timestamps=True,
+                max_new_tokens=MAX_NEW_TOKENS,
+                **options,
             )
             release_free_memory()  # VAD's buffers, before the decoder's
         return batched_segments(model, audio, offset_s, it, words, options), info
-    it, info = model.transcribe(audio, vad_filter=vad, word_timestamps=words, **options)
+    it, info = model.transcribe(audio, vad_filter=vad, word_timestamps=words, max_new_tokens=MAX_NEW_TOKENS, **options)
     return (segment(seg, offset_s, words) for seg in it), info
 
 
@@ -248,7 +259,7 @@ def batched_segments(
     for seg in windows:
         first = seg.words[0].start if seg.words else seg.start
         yield from decode_missed(model, audio, offset_s, missed_stretch(heard_s, first, duration_s), words, options)
-        yield from cues(seg, offset_s, words)
+        yield from cues(seg, offset_s, words, getattr(model, "hf_tokenizer", None))
         heard_s = max(heard_s, seg.words[-1].end if seg.words else seg.end)
     yield from decode_missed(model, audio, offset_s, missed_stretch(heard_s, duration_s, duration_s), words, options)
 
@@ -269,6 +280,7 @@ def decode_missed(
         vad_filter=True,
         vad_parameters=VadOptions(min_speech_duration_ms=MISSED_SPEECH_MS),
         word_timestamps=words,
+        max_new_tokens=MAX_NEW_TOKENS,
         **options,
     )
     found = [segment(seg, offset_s + start, words) for seg in it]
@@ -282,9 +294,12 @@ def decode_missed(
 
 
 def segment(seg: Any, offset_s: float, words: bool) -> dict[str, Any]:
-    """A faster-whisper ``Segment`` as a dict, its times shifted by ``offset_s``."""
+    """A faster-whisper ``Segment`` as a dict, its times shifted by ``offset_s``, with the
+    model's own :func:`confidence`."""
     item: dict[str, Any] = {"start": seconds(offset_s + seg.start), "end": seconds(offset_s + seg.end)}
     item["text"] = str(seg.text)
+    item.update(confidence(seg))
+    item["tokens"] = [int(t) for t in seg.tokens or []]
     if words and seg.words:
         item["words"] = [word(w, offset_s) for w in seg.words]
     return item
@@ -296,6 +311,18 @@ def seconds(value: Any) -> float:
     return round(float(value), 3)
 
 
+def confidence(seg: Any) -> dict[str, float]:
+    """What the model says of a ``Segment``'s text, as faster-whisper computes it:
+    ``avg_logprob`` (the decoded tokens' mean log probability), ``no_speech_prob`` (of its
+    no-speech token) and ``compression_ratio`` (of its text, gzip). The batched pipeline gives
+    them per window: every cue cut from a window has its window's."""
+    return {
+        "avg_logprob": round(float(seg.avg_logprob), 4),
+        "no_speech_prob": round(float(seg.no_speech_prob), 4),
+        "compression_ratio": round(float(seg.compression_ratio), 4),
+    }
+
+
 def word(w: Any, offset_s: float) -> dict[str, Any]:
     return {
         "start": seconds(offset_s + w.start),
@@ -305,11 +332,12 @@ def word(w: Any, offset_s: float) -> dict[str, Any]:
     }
 
 
-def cues(seg: Any, offset_s: float, words: bool) -> list[dict[str, Any]]:
+def cues(seg: Any, offset_s: float, words: bool, tokenizer: Any = None) -> list[dict[str, Any]]:
     """A batched window (up to 30 s, without timestamp tokens) cut into cues from its word
     timestamps: after a sentence's end and a pause, at a longer pause, after a comma once a cue
     has lasted :data:`CUE_SOFT_S`, at any word once it has lasted :data:`CUE_HARD_S`. A window
-    without words stays one segment."""
+    without words stays one segment. Each cue has its window's :func:`confidence`, and as
+    ``tokens`` its text's tokens (``tokenizer``: the model's ``hf_tokenizer``; none without)."""
     if not seg.words:
         return [segment(seg, offset_s, False)] if seg.text.strip() else []
     groups: list[list[Any]] = [[]]
@@ -336,7 +364,9 @@ def cues(seg: Any, offset_s: float, words: bool) -> list[dict[str, Any]]:
             "end": seconds(offset_s + group[-1].end),
             "text": "".join(str(w.word) for w in group),
             "end_raw": group[-1].end,
+            **confidence(seg),
         }
+        item["tokens"] = list(tokenizer.encode(item["text"], add_special_tokens=False).ids) if tokenizer else []
         if words:
             item["words"] = [word(w, offset_s) for w in group]
         out.append(item)

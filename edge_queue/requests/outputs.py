@@ -47,10 +47,12 @@ def with_outputs(
     result: dict[str, Any], recorded: dict[str, dict[str, Any]], roots: list[str], *, segments: bool, room: int
 ) -> dict[str, Any]:
     """``result`` (a transcription's) with the whole text when it was cut (``text``,
-    ``text_truncated``), with ``segment_list`` and ``segment_list_truncated`` when ``segments``,
-    and ``output_errors`` for what could not be read. ``recorded``: the job's files as the store
-    recorded them (path -> identity); ``roots``: the media roots and the outputs folder, below
-    which no link is followed; ``room``: bytes of JSON the additions may take at most."""
+    ``text_truncated``), with ``segment_list`` and ``segment_list_truncated`` when ``segments``
+    (and, for a job that wrote a ``json`` and an ``srt`` or ``vtt``, the latter's cues as
+    ``cue_list`` and ``cue_list_truncated``), and ``output_errors`` for what could not be read.
+    ``recorded``: the job's files as the store recorded them (path -> identity); ``roots``: the
+    media roots and the outputs folder, below which no link is followed; ``room``: bytes of JSON
+    the additions may take at most."""
     out, errors = dict(result), dict[str, Any]()
     given = result.get("outputs")
     outputs: dict[str, Any] = given if isinstance(given, dict) else {}
@@ -58,6 +60,12 @@ def with_outputs(
         listed = transcript_segments(outputs, recorded, roots, min(SEGMENTS_MAX_BYTES, room // 2), errors)
         out.update(listed)
         room -= len(orjson.dumps(listed))
+        if "json" in outputs:  # the srt and vtt cues are laid out otherwise than the segments
+            laid = {f: p for f, p in outputs.items() if f in ("srt", "vtt")}
+            cued = transcript_segments(laid, recorded, roots, min(SEGMENTS_MAX_BYTES, max(room, 0) // 2), errors)
+            if cued:
+                out["cue_list"], out["cue_list_truncated"] = cued["segment_list"], cued["segment_list_truncated"]
+                room -= len(orjson.dumps(cued))
     if result.get("text_truncated"):
         out.update(full_text(outputs.get("txt"), recorded, roots, max(room, 0), errors))
     if errors:

@@ -45,8 +45,9 @@ const byHand = (events) => (events || []).filter((e) => e.state === "queued" && 
 $("detail").addEventListener("close", () => { page.detailId = null; });
 
 // Subtitle and text files from get's segment_list (read from the job's json output, else
-// its srt or vtt), built in the browser: the same bytes as the transcription's own txt, srt
-// and vtt outputs (kinds/transcribe.py, render).
+// its srt or vtt), and srt and vtt from its cue_list (the job's own srt or vtt cues, laid out
+// as subtitles) when there is one, built in the browser: the same bytes as the
+// transcription's own txt, srt and vtt outputs (kinds/transcribe.py, render).
 function srtTime(seconds, sep) {
   let ms = Math.round(seconds * 1000);
   const h = Math.floor(ms / 3600000); ms -= h * 3600000;
@@ -76,7 +77,8 @@ function downloads(job, segments, truncated) {
       "aria-label": `Download the transcript as ${fmt}` }, fmt);
     // the file is made on click, so a long transcript costs nothing until it is wanted
     a.addEventListener("click", () => {
-      const blob = new Blob([transcriptFile(fmt, segments)], { type: `${MIME[fmt]};charset=utf-8` });
+      const cues = fmt !== "txt" && Array.isArray(job.result?.cue_list) ? job.result.cue_list : segments;
+      const blob = new Blob([transcriptFile(fmt, cues)], { type: `${MIME[fmt]};charset=utf-8` });
       if (a.href.startsWith("blob:")) URL.revokeObjectURL(a.href);
       a.href = URL.createObjectURL(blob);
     });
