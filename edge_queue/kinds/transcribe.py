@@ -25,7 +25,7 @@ from .ahead import DecodeAhead, Pending
 from .audio import Chunk, chunks, decode_pcm
 from .base import JobContext, Kind, OutputOptions, output_stem
 from .library import existing_subtitle, language_tag, subtitle_streams
-from .media import container_duration_s, open_media, require_audio
+from .media import container_duration_s, input_descriptor, open_media, require_audio
 from .outputs import check_free, write_outputs
 from .signature import model_identity, sampled_digest
 from .streams import best_audio
@@ -203,17 +203,16 @@ def input_signature(path: str, cfg: Any, model_ref: str, vad: bool, languages: S
     modification time and sampled content (:func:`.signature.sampled_digest`), the audio track
     transcribed (:func:`~edge_queue.kinds.streams.best_audio`), and the settings that shape the
     transcript (the model's identity, not its path: :func:`.signature.model_identity`; compute
-    type, chunk length, VAD, batched or not, carried context). 16 hex digits of a SHA-1."""
-    import av
-
-    st = os.stat(path)
-    content = sampled_digest(path)
+    type, chunk length, VAD, batched or not, carried context). 16 hex digits of a SHA-1. The
+    input is read as :func:`.media.open_media` reads it (the worker's one descriptor of it)."""
+    with input_descriptor(path) as fd:
+        st, content = os.fstat(fd), sampled_digest(fd)
     model = model_identity(model_ref) if model_ref else ""
     try:
-        with av.open(path) as container:
+        with open_media(path) as container:
             chosen = best_audio(container.streams.audio, languages)
             track = None if chosen is None else chosen.index
-    except (av.FFmpegError, OSError):
+    except MediaError:
         track = None  # decoding says what is wrong with the file
     batched = cfg.batch_size > 1 and vad
     parts = [st.st_size, st.st_mtime_ns, content, track, model, cfg.compute_type, chunk_length_s(cfg, vad), vad]

@@ -16,6 +16,7 @@ This is the one place where exceptions of a job become outcomes: a
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -34,6 +35,7 @@ import orjson
 from edge_queue.config import Settings
 from edge_queue.errors import EdgeQueueError, ErrorCode, JobCancelled, JobError
 from edge_queue.kinds import registry
+from edge_queue.kinds.media import held_input
 
 #: Seconds between two progress messages of one job (stage changes are always sent).
 PROGRESS_INTERVAL_S = 0.25
@@ -233,10 +235,10 @@ class _Worker:
         try:
             kind = self.kinds[job["kind"]]()
             options = kind.Options.model_validate(job["options"])
-            if kind.needs_input and not os.path.isfile(job["input"] or ""):
-                raise JobError(f"{job['input']} no longer exists", code=ErrorCode.INPUT_NOT_FOUND)
-            ctx.checkpoint()
-            result = kind.run(ctx, job["input"], options)
+            # the input opened once, checked on its descriptor, and read through it alone
+            with held_input(job["input"] or "") if kind.needs_input else contextlib.nullcontext():
+                ctx.checkpoint()
+                result = kind.run(ctx, job["input"], options)
             try:
                 result = as_json(result)
             except (TypeError, ValueError) as e:
