@@ -26,6 +26,8 @@ SUBTITLE_SUFFIXES = frozenset({"srt", "vtt", "ass", "ssa", "sub", "sup", "smi"})
 MAX_NAMES = 10_000
 #: Bytes of a subtitle file read to tell it holds something (:func:`has_content`).
 CONTENT_BYTES = 4096
+#: UTF-8, UTF-16 LE and BE byte-order marks: no content of their own.
+BYTE_ORDER_MARKS = (b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff")
 
 Tag = Literal["alpha2", "alpha3"]
 
@@ -104,7 +106,9 @@ def has_content(path: str) -> bool:
         return False
     finally:
         os.close(fd)
-    return bool(head.replace(b"\xef\xbb\xbf", b"").replace(b"\xff\xfe", b"").replace(b"\xfe\xff", b"").strip(b" \t\r\n\x00"))
+    for mark in BYTE_ORDER_MARKS:
+        head = head.replace(mark, b"")
+    return bool(head.strip(b" \t\r\n\x00"))
 
 
 def subtitle_streams(container: Any) -> list[dict[str, Any]]:
