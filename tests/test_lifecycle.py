@@ -262,3 +262,14 @@ def test_every_step_is_a_transition_the_table_allows(
     assert allowed(j, step), f"{state} + {op}/{code} -> {step.state} is not in the transition table"
     if step.state == "retrying":
         assert step.changes["retry_at"] >= NOW and attempt < max_
+
+
+def test_a_job_keeps_its_chunks_only_while_they_can_serve_it() -> None:
+    unwritable = {"code": "output_not_writable", "message": "cannot write /m: Read-only file system"}
+    assert all(lifecycle.keeps_chunks(s, None) for s in (JobState.QUEUED, JobState.RUNNING, JobState.RETRYING))
+    assert lifecycle.keeps_chunks(JobState.CANCELLING, None)
+    assert lifecycle.keeps_chunks(JobState.FAILED, unwritable)  # decoded, only not written: a retry writes it
+    assert not lifecycle.keeps_chunks(JobState.FAILED, {"code": "decode_error", "message": "x"})
+    assert not lifecycle.keeps_chunks(JobState.FAILED, None)
+    assert not lifecycle.keeps_chunks(JobState.SUCCEEDED, None)
+    assert not lifecycle.keeps_chunks(JobState.CANCELLED, unwritable)

@@ -26,7 +26,7 @@ from .audio import Chunk, chunks, decode_pcm
 from .base import JobContext, Kind, OutputOptions, output_stem
 from .library import existing_subtitle, language_tag, subtitle_streams
 from .media import container_duration_s, input_descriptor, open_media, require_audio
-from .outputs import check_free, write_outputs
+from .outputs import check_free, check_writable, write_outputs
 from .signature import model_identity, sampled_digest
 from .streams import best_audio
 from .subtitles import subtitle_cues
@@ -402,6 +402,8 @@ class Transcribe(Kind):
         if options.skip_if_subtitled and options.language:
             if (found := existing_subtitle(input_path, options.language, embedded)) is not None:
                 return skipped(found, options.language, declared_s, options.model or model_label(cfg.model, model_ref))
+        if options.output == "beside":  # before any decoding (docs/topics.md, "Where outputs go")
+            check_writable(Path(input_path).parent)
         ctx.progress(100 * self._done, "loading_model")
         if no_model is not None:
             raise no_model
