@@ -463,6 +463,9 @@ class Settings(BaseSettings):
     watch: list[WatchSettings] = []
     #: Local worker processes; 0 on a hub that only hands jobs to worker nodes.
     workers: int = Field(2, ge=0, le=64)
+    #: The short lane: one more worker process for transcriptions of at most this many seconds
+    #: of audio, which it takes only while every worker is busy (docs/configuration.md); 0: none.
+    short_lane_s: float = Field(120.0, ge=0, le=3600)
     durability: Literal["full", "normal"] = "full"
     retention_days: float = Field(7.0, gt=0, le=RETENTION_DAYS_MAX)
     max_payload_bytes: int = Field(256 * 1024, ge=1024)

@@ -143,7 +143,7 @@ class Service:
         self.stopping = False
         self.stop_now = False  # a second SIGTERM/SIGINT: do not wait for running jobs
         self.store: Store | None = None
-        self.supervisor = Supervisor(settings)
+        self.supervisor = Supervisor(settings, lane=True)
         # payload_too_large from the size alone (bytes dropped); nothing over MAX_PACKET_BYTES (MQTT 5)
         self.bridge = Bridge(
             settings.mqtt,

@@ -1,9 +1,13 @@
-"""Job kinds that misbehave on purpose, loaded by the service through ``extra_kinds``."""
+"""Job kinds that misbehave on purpose, loaded by the service through ``extra_kinds``; and a
+share writer inside the worker processes (:func:`_swap_at_open`)."""
 
 from __future__ import annotations
 
+import json
+import multiprocessing
 import os
 import signal
+import sys
 import time
 from typing import Any
 
@@ -124,3 +128,34 @@ EXTRA_KINDS = (
     '["tests.kinds_for_tests:Crash", "tests.kinds_for_tests:Hang", "tests.kinds_for_tests:Fail", '
     '"tests.kinds_for_tests:Odd", "tests.kinds_for_tests:HalfClose"]'
 )
+
+
+#: ``{"path", "to": "fifo" | "link-out" | "none", "target", "log"}``: in a worker process, the
+#: first time anything opens ``path``, it is replaced (by a FIFO, or by a link to ``target``)
+#: just before that open runs, and every open of ``path`` is logged, one line each, to ``log``.
+SWAP_ENV = "EQ_TEST_INPUT_SWAP"
+
+
+def _swap_at_open(event: str, args: tuple[Any, ...]) -> None:
+    """An audit hook (``open`` events: ``open()``, ``os.open()``): a share writer who swaps a
+    job's input at the very moment the worker first opens it."""
+    if event != "open" or not args or not isinstance(args[0], (str, bytes)):
+        return
+    spec = json.loads(os.environ[SWAP_ENV])
+    if os.fsdecode(args[0]) != spec["path"]:
+        return
+    if not multiprocessing.current_process().name.startswith("edge-queue-worker"):
+        return  # the service's own checks at the submit
+    first = not os.path.exists(spec["log"])
+    with open(spec["log"], "a") as fh:
+        fh.write(f"{os.getpid()} {args[1]!r}\n")
+    if first and spec["to"] == "fifo":
+        os.unlink(spec["path"])
+        os.mkfifo(spec["path"])
+    elif first and spec["to"] == "link-out":
+        os.unlink(spec["path"])
+        os.symlink(spec["target"], spec["path"])
+
+
+if os.environ.get(SWAP_ENV):
+    sys.addaudithook(_swap_at_open)

@@ -9,6 +9,7 @@ whose words must appear in no result, output or log.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -23,6 +24,7 @@ from edge_queue.kinds.base import MAX_NAME_BYTES, output_stem
 from edge_queue.kinds.transcribe import WHISPER_LANGUAGES
 
 from .conftest import Broker, ServiceProcess
+from .kinds_for_tests import SWAP_ENV
 
 #: Words of the private recording (jfk.flac), none of which may leak.
 SECRET_WORDS = ("ask not what your country", "country can do for you")
@@ -229,6 +231,40 @@ def test_an_input_replaced_after_the_submit_is_checked_again_when_opened(
     assert final["error"]["code"] == code, final["error"]
     assert final["attempt"] == 1  # not retried
     assert time.monotonic() - t0 < 30
+    _no_leak(svc, root, secret)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("swap", "code"), [("none", None), ("fifo", "input_not_found"), ("link-out", "input_outside_media_roots")]
+)
+def test_the_worker_opens_its_input_once_and_a_swap_at_that_moment_fails_fast(
+    mosquitto: Broker, service_factory, layout: tuple[Path, Path], tmp_path: Path, swap: str, code: str | None
+) -> None:
+    # Given a share writer who swaps the input the moment the worker first opens it, and one slot
+    root, secret = layout
+    clip, opens = root / "swapped.wav", tmp_path / "opens.log"
+    shutil.copy(root / "clip.wav", clip)
+    spec = {"path": str(clip), "to": swap, "target": str(secret), "log": str(opens)}
+    env = {SWAP_ENV: json.dumps(spec), "EDGE_QUEUE_WORKERS": "1"}
+    svc = service_factory(mosquitto, [root], env).start()
+    watcher = svc.watcher("response/#", "jobs/+")
+    resp = svc.request("submit", {"kind": "transcribe", "input": str(clip)}, watcher)
+    job_id = resp["data"]["jobs"][0]["job_id"]
+    # Then the job fails at once with a clear code (a FIFO does not hold the only slot)...
+    final = watcher.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] in ("failed", "succeeded"), 30)
+    if code is None:
+        assert final["state"] == "succeeded", final
+    else:
+        assert final["state"] == "failed", final
+        assert final["error"]["code"] == code, final["error"]
+    # ...the worker opened the input's path once, for hashing, the track and decoding alike...
+    assert len(opens.read_text().splitlines()) == 1, opens.read_text()
+    # ...and the slot takes the next job
+    resp = svc.request("submit", {"kind": "transcribe", "input": str(root / "clip.wav")}, watcher)
+    next_id = resp["data"]["jobs"][0]["job_id"]
+    done = watcher.wait_json(f"{svc.base}/jobs/{next_id}", lambda m: m["state"] in ("failed", "succeeded"), 60)
+    assert done["state"] == "succeeded", done
     _no_leak(svc, root, secret)
 
 

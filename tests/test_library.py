@@ -57,6 +57,19 @@ def test_subtitles_beside(tmp_path: Path) -> None:
     assert existing_subtitle(str(film), "en", [])["reason"] == "subtitle_beside"
 
 
+def test_an_empty_or_unreadable_subtitle_is_no_subtitle(tmp_path: Path) -> None:
+    film = tmp_path / "film.mkv"
+    film.write_bytes(b"")
+    (tmp_path / "film.en.srt").write_bytes(b"")  # 0 bytes
+    (tmp_path / "film.eng.srt").write_bytes(b"\xef\xbb\xbf\r\n \n")  # a BOM and blank lines
+    os.mkfifo(tmp_path / "film.en.vtt")  # not a file: never waited on
+    (tmp_path / "film.en.ass").symlink_to(tmp_path / "gone.ass")  # a link to nothing
+    assert subtitle_beside(str(film), "en") is None
+    assert existing_subtitle(str(film), "en", []) is None
+    (tmp_path / "film.en.sdh.srt").write_text("1\n00:00:01,000 --> 00:00:02,000\nHello\n")
+    assert subtitle_beside(str(film), "en") == str(tmp_path / "film.en.sdh.srt")
+
+
 def test_subtitles_embedded() -> None:
     forced = [{"index": 2, "language": "eng", "forced": True, "codec": "subrip"}]
     assert existing_subtitle("/nowhere/film.mkv", "en", forced) is None
@@ -146,6 +159,12 @@ def test_a_library_s_rules_through_the_service(
     again = run_job(svc, {"input": str(movie), "options": {**library, "language": "en"}})
     assert again["skipped"] == {"reason": "subtitle_beside", "existing": str(media / "Movie (1961).eng.srt")}
     assert again["outputs"] == {}
+
+    # an empty subtitle beside a film is no subtitle: transcribed, not skipped
+    empty = film(media / "Empty.mkv", jfk, subtitle=("eng", True))
+    (media / "Empty.en.srt").write_bytes(b"")
+    done = run_job(svc, {"input": str(empty), "options": {**library, "language": "en", "formats": ["srt"]}})
+    assert "skipped" not in done and done["outputs"]["srt"] == str(media / "Empty.eng.srt")
 
     # embedded and not forced, the language detected on the first chunk: skipped
     other = film(media / "Other.mkv", jfk, subtitle=("eng", False))

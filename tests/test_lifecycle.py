@@ -270,3 +270,14 @@ def test_a_file_that_is_not_usable_audio_fails_its_job_with_a_warning_not_an_err
         step = report(job(), "failed", {"code": code, "message": "not audio", "retryable": False})
         assert step.state == JobState.FAILED and step.level == logging.WARNING, code
     assert report(job(), "failed", {"code": "output_not_writable", "retryable": False}).level == logging.ERROR
+
+
+def test_a_job_keeps_its_chunks_only_while_they_can_serve_it() -> None:
+    unwritable = {"code": "output_not_writable", "message": "cannot write /m: Read-only file system"}
+    assert all(lifecycle.keeps_chunks(s, None) for s in (JobState.QUEUED, JobState.RUNNING, JobState.RETRYING))
+    assert lifecycle.keeps_chunks(JobState.CANCELLING, None)
+    assert lifecycle.keeps_chunks(JobState.FAILED, unwritable)  # decoded, only not written: a retry writes it
+    assert not lifecycle.keeps_chunks(JobState.FAILED, {"code": "decode_error", "message": "x"})
+    assert not lifecycle.keeps_chunks(JobState.FAILED, None)
+    assert not lifecycle.keeps_chunks(JobState.SUCCEEDED, None)
+    assert not lifecycle.keeps_chunks(JobState.CANCELLED, unwritable)

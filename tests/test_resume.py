@@ -5,14 +5,18 @@ processes and signals."""
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
+import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .conftest import descendants, wait_until, wer
+from .conftest import descendants, need, wait_until, wer
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("model_installed")]
 
@@ -159,3 +163,58 @@ def test_a_worker_transcribing_20_minutes_stays_under_its_memory_bound(
             peaks.append(int(status.split("VmHWM:")[1].split()[0]) / 1024)
     assert peaks, "no worker process found"
     assert max(peaks) <= 500, peaks
+
+
+@contextmanager
+def unwritable(folder: Path) -> Iterator[None]:
+    """``folder`` made immutable (``chattr +i``): no file can be made in it, by root either
+    (the tests run as root, whom permission bits do not stop); its files stay readable."""
+    made = subprocess.run(["chattr", "+i", str(folder)], capture_output=True, text=True)
+    need(made.returncode == 0, f"chattr +i is refused here ({made.stderr.strip()})")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+def test_beside_outputs_into_a_folder_that_cannot_be_written(
+    mosquitto, service_factory, long_recording, tmp_path: Path
+) -> None:
+    # Given a 2-minute recording in a folder of its own, 15-s chunks, its outputs beside it
+    source, _ = long_recording(120)
+    folder = tmp_path / "media"
+    folder.mkdir()
+    path = folder / "talk.wav"
+    shutil.copy(source, path)
+    env = {**ENV, "EDGE_QUEUE_TRANSCRIBE__CHUNK_S": "15"}
+    svc = service_factory(mosquitto, [folder], env).start()
+    watcher = svc.watcher("response/#", "jobs/+")
+    body = {"input": str(path), "options": {"output": "beside", "formats": ["srt", "json"]}}
+
+    def ended(job_id: str) -> dict[str, Any]:
+        topic = f"{svc.base}/jobs/{job_id}"
+        return watcher.wait_json(topic, lambda m: m["state"] in ("succeeded", "failed"), 300)
+
+    # When the folder cannot be written as the job starts: it fails before decoding anything
+    with unwritable(folder):
+        first = svc.request("submit", body, watcher)["data"]["jobs"][0]["job_id"]
+        failed = ended(first)
+    assert failed["state"] == "failed" and failed["error"]["code"] == "output_not_writable", failed
+    stages = {m.get("stage") for m in watcher.json_on(f"{svc.base}/jobs/{first}")}
+    assert not stages & {"loading_model", "transcribing"}, stages
+    assert _kept(svc.db, first) == 0
+
+    # When the folder becomes unwritable while the job decodes (after its first kept chunk)
+    second = svc.request("submit", body, watcher)["data"]["jobs"][0]["job_id"]
+    wait_until(lambda: _kept(svc.db, second) >= 1, 300, "a kept chunk")
+    with unwritable(folder):
+        failed = ended(second)
+    assert failed["state"] == "failed" and failed["error"]["code"] == "output_not_writable", failed
+    kept = _kept(svc.db, second)
+    assert kept >= 6, kept  # the decoded transcript stays with the failed job
+    # Then a retry, once the folder is writable, writes the outputs without decoding again
+    assert svc.request("retry", {"job_id": second}, watcher)["status"] == "ok"
+    done = watcher.wait_json(f"{svc.base}/jobs/{second}", lambda m: m["state"] == "succeeded", 300)
+    assert done["result"]["chunks_resumed"] == done["result"]["chunks"] == kept, done["result"]
+    assert Path(done["result"]["outputs"]["srt"]) == folder / "talk.en.srt"
+    assert _kept(svc.db, second) == 0  # gone with the success

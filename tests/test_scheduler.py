@@ -6,17 +6,25 @@ runs in milliseconds."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from edge_queue.config import Settings
-from edge_queue.jobs.scheduler import Scheduler, allowed_kinds
+from edge_queue.jobs.scheduler import Scheduler, allowed_kinds, lane_kinds
 from edge_queue.mqtt.topics import Topics
 from edge_queue.nodes.hub import Nodes
+from edge_queue.rules.states import JobState
 from edge_queue.store import JobSpec, Store
-from edge_queue.workers.supervisor import Supervisor
+from edge_queue.workers.lane import PAUSE_S, ShortLane, to_pause
+from edge_queue.workers.processes import JobEntry, WorkerSlot
+from edge_queue.workers.supervisor import Outcome, Supervisor
+from edge_queue.workers.worker import fits_lane
 
 NOW = 1_000_000.0
 
@@ -49,10 +57,12 @@ def test_allowed_kinds(busy: dict[str, int], fast_only: bool, expected: list[str
     assert got == expected
 
 
-def pool(tmp_path: Path, workers: int, **kinds: Any) -> tuple[Scheduler, Store, Supervisor, list[dict[str, Any]]]:
+def pool(
+    tmp_path: Path, workers: int, lane: bool = False, **kinds: Any
+) -> tuple[Scheduler, Store, Supervisor, list[dict[str, Any]]]:
     settings = Settings(data_dir=tmp_path, workers=workers, kinds=kinds)
     store = Store(tmp_path / "q.db")
-    sup = Supervisor(settings)
+    sup = Supervisor(settings, lane=lane)
     for slot in sup.slots:
         slot.process = object()  # a worker that is up, as far as hand-outs go
     assigned: list[dict[str, Any]] = []
@@ -140,3 +150,82 @@ def test_max_concurrency_caps_the_hub_and_a_node_adds_its_own(tmp_path: Path) ->
     assert len(owners) == 3 and sum(o == "run1" for o in owners) == 1, owners
     assert sum(len(s.jobs) for s in sup.slots) == 1
     assert store.counts()["queued"] == 2
+
+
+def test_the_short_lane_s_rules() -> None:
+    assert lane_kinds(["noop", "probe", "transcribe"], idle_workers=0) == ["transcribe"]
+    assert lane_kinds(["noop", "transcribe"], idle_workers=1) == []  # an idle worker takes it
+    assert lane_kinds(["noop"], idle_workers=0) == []
+    assert fits_lane(11.0, 120.0) and fits_lane(120.0, 120.0)
+    assert not fits_lane(120.5, 120.0) and not fits_lane(None, 120.0)  # unknown: not short
+
+
+def test_a_transcription_waiting_behind_a_film_goes_to_the_short_lane(tmp_path: Path) -> None:
+    # Given one worker (transcribe one at a time) running a film, and the short lane
+    scheduler, store, sup, assigned = pool(tmp_path, 1, lane=True, transcribe={"max_concurrency": 1})
+    assert [s.lane for s in sup.slots] == [False, True]
+    store.submit([JobSpec("transcribe", "film", {})], NOW)
+    scheduler.schedule(NOW)
+    assert [j["input"] for j in assigned] == ["film"] and sup.slots[0].jobs
+    # When a clip and a second film are submitted
+    store.submit([JobSpec("transcribe", "film2", {})], NOW + 1)
+    store.submit([JobSpec("transcribe", "clip", {})], NOW + 2)
+    scheduler.schedule(NOW + 3)
+    # Then the lane takes the first waiting one (film2) with a bound on its input's length...
+    lane = sup.slots[1]
+    assert lane.job is not None and lane.job["input"] == "film2" and lane.job["within_s"] == 120.0
+    # ...which its worker gives back as too long: passed over by the lane from now on
+    film2 = lane.job
+    sup._handle(lane, {"op": "unstarted", "job_id": film2["job_id"], "attempt": 1, "reason": "long"}, out := [])
+    assert out == [Outcome("unstarted", film2["job_id"], 1, {"reason": "long"})] and not lane.jobs
+    store.transition(film2["job_id"], JobState.QUEUED, NOW + 4, attempt=0, owner=None, started_at=None)
+    scheduler.schedule(NOW + 5)
+    assert lane.job is not None and lane.job["input"] == "clip"
+    assert sup.slots[0].job is not None and sup.slots[0].job["input"] == "film"
+    # and the worker's own jobs carry no bound
+    assert "within_s" not in sup.slots[0].job
+
+
+def test_the_short_lane_stops_a_film_s_worker_only_while_its_job_runs(tmp_path: Path) -> None:
+    # Given a worker running a film (a real process stands for it) and the lane running a clip
+    film = subprocess.Popen(["sleep", "60"])
+    try:
+        worker, lane = WorkerSlot(0), WorkerSlot(1, lane=True)
+        worker.process, worker.pid, lane.process = object(), film.pid, object()
+        worker.jobs.append(JobEntry({"job_id": "film"}, None))
+        worker.jobs[0].started = 0.0
+        assert to_pause([worker, lane], 0.5, 1.0) == []  # a job of half a second is left alone
+        lane.jobs.append(JobEntry({"job_id": "clip"}, None))
+        short = ShortLane()
+        short.turn([worker, lane], 2.0, 1.0)
+        assert _stopped(film.pid, True) and short.next_time() == 2.0 + PAUSE_S
+        # When the clip ends, the film's worker is continued, and not stopped for as long again
+        lane.jobs.clear()
+        short.turn([worker, lane], 5.0, 1.0)
+        assert _stopped(film.pid, False) and short.next_time() is None
+        lane.jobs.append(JobEntry({"job_id": "clip2"}, None))
+        short.turn([worker, lane], 6.0, 1.0)
+        assert _stopped(film.pid, False)  # quiet until 8.0
+        short.turn([worker, lane], 8.0, 1.0)
+        assert _stopped(film.pid, True)
+        # and never longer than PAUSE_S for one job
+        short.turn([worker, lane], 8.0 + PAUSE_S, 1.0)
+        assert _stopped(film.pid, False)
+    finally:
+        os.kill(film.pid, signal.SIGCONT)
+        film.kill()
+        film.wait()
+
+
+def _stopped(pid: int, expected: bool) -> bool:
+    """True when the process is stopped (state ``T``) as ``expected`` says, once a signal just
+    sent to it has reached it (waited for up to 5 s)."""
+
+    def state() -> bool:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "T"
+
+    deadline = time.monotonic() + 5
+    while state() != expected and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return state() == expected

@@ -796,3 +796,28 @@ def _deep_tree(top: Path, levels: int, *, remove: bool = False) -> None:
             os.close(fd)
     if remove:
         top.rmdir()
+
+
+def test_doctor_fails_a_beside_watch_folder_where_no_file_can_be_made(tmp_path: Path, root: Path) -> None:
+    inbox = root / "inbox"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_QUEUE_")}
+    env.update(
+        PYTHONPATH=str(ROOT),
+        EDGE_QUEUE_DATA_DIR=str(tmp_path / "data"),
+        EDGE_QUEUE_MEDIA_ROOTS=json.dumps([str(root)]),
+        EDGE_QUEUE_HTTP__ENABLED="false",
+        EDGE_QUEUE_WATCH=json.dumps([{"path": str(inbox), "kind": "transcribe", "options": {"output": "beside"}}]),
+    )
+    # Given a watch folder whose outputs go beside the files, made immutable (root cannot write it)
+    made = subprocess.run(["chattr", "+i", str(inbox)], capture_output=True, text=True)
+    need(made.returncode == 0, f"chattr +i is refused here ({made.stderr.strip()})")
+    try:
+        doctor = run_doctor(env)
+    finally:
+        subprocess.run(["chattr", "-i", str(inbox)], check=True)
+    # Then doctor fails it, saying why; once writable, it is ok again
+    line = next(x for x in doctor.stdout.splitlines() if f"watch {inbox}:" in x)
+    assert line.startswith("FAIL") and "output = beside" in line and "Operation not permitted" in line, line
+    assert not list(inbox.iterdir())  # doctor's own try left nothing
+    again = run_doctor(env)
+    assert f"ok    watch {inbox}:" in again.stdout, again.stdout

@@ -161,10 +161,12 @@ def _media_roots(settings: Settings, service: dict[str, Any]) -> Iterator[Check]
 
 
 def _watch(settings: Settings, service: dict[str, Any]) -> Iterator[Check]:
-    """Each ``[[watch]]`` folder: inside a media root, present and readable, how it is watched
+    """Each ``[[watch]]`` folder: inside a media root, present and readable, writable when its
+    jobs' outputs go beside the files (``output = "beside"``), how it is watched
     (inotify, or polling on a network file system), and the state the running service
     publishes for it (``watch`` of ``<base>/info``: ``missing`` fails)."""
     from edge_queue.config import watch_problems
+    from edge_queue.kinds.outputs import writable_problem
     from edge_queue.watch.files import file_system_type, is_network_fs
 
     problems = watch_problems(settings)
@@ -181,6 +183,9 @@ def _watch(settings: Settings, service: dict[str, Any]) -> Iterator[Check]:
         mode = w.mode if w.mode != "auto" else ("poll" if is_network_fs(fs_type) else "events")
         how = f"polled every {w.poll_interval_s:g} s" if mode == "poll" else "inotify events"
         detail = f"{fs_type or 'unknown'} file system, {how}, kind {w.kind or settings.default_kind}"
+        if (w.options or {}).get("output") == "beside" and (why := writable_problem(p)) is not None:
+            yield Check(name, False, f"{detail}; its outputs go beside the files (output = beside): {why}")
+            continue
         live = published.get(str(p))
         if live is None:
             yield Check(name, True, detail)

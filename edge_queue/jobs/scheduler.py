@@ -35,6 +35,20 @@ def allowed_kinds(
     return [k for k, lim in concurrency.items() if (lim is None or busy.get(k, 0) < lim) and (not fast_only or fast(k))]
 
 
+#: The kinds the short lane runs (docs/configuration.md, ``short_lane_s``).
+LANE_KINDS = ("transcribe",)
+
+
+def lane_kinds(kinds: Iterable[str], idle_workers: int) -> list[str]:
+    """The kinds the short lane may claim a job of now: those of :data:`LANE_KINDS` among
+    ``kinds``, and only while no other worker is idle (``idle_workers``: a job that one of them
+    can take goes there). Outside each kind's ``max_concurrency``: the lane exists so that a
+    short transcription does not wait for a long one that holds the kind's only place."""
+    if idle_workers:
+        return []
+    return [k for k in kinds if k in LANE_KINDS]
+
+
 def preferred(
     kinds: Iterable[str], place: str, prefer: Mapping[str, list[str]], free: Mapping[str, Collection[str]]
 ) -> list[str]:
@@ -123,6 +137,14 @@ class Scheduler:
             busy[job["kind"]] += 1
             if not store.waiting():
                 return  # nothing left to claim: no query for the other workers (P2's idle case)
+        for slot in sup.lane_idle():  # every worker is busy: a short transcription goes here
+            kinds = lane_kinds(self.concurrency, len(sup.idle()))
+            job = store.claim(now, kinds, owner, exclude=list(sup.lane.long_jobs)) if kinds else None
+            if job is not None:
+                self.assign(slot, job)
+                busy[job["kind"]] += 1
+            if not store.waiting():
+                return
         unlimited = [k for k, lim in self.concurrency.items() if lim is None]
         for slot in sup.prefetching():
             if not store.waiting():

@@ -15,6 +15,7 @@ Plex or Emby library. Plain functions; languages by ISO 639 (pycountry's tables)
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -23,6 +24,10 @@ from typing import Any, Literal
 SUBTITLE_SUFFIXES = frozenset({"srt", "vtt", "ass", "ssa", "sub", "sup", "smi"})
 #: Names in a folder looked at, at most (a folder of a film holds a few dozen).
 MAX_NAMES = 10_000
+#: Bytes of a subtitle file read to tell it holds something (:func:`has_content`).
+CONTENT_BYTES = 4096
+#: UTF-8, UTF-16 LE and BE byte-order marks: no content of their own.
+BYTE_ORDER_MARKS = (b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff")
 
 Tag = Literal["alpha2", "alpha3"]
 
@@ -60,7 +65,8 @@ def language_tag(code: str, style: Tag) -> str:
 def subtitle_beside(input_path: str, language: str) -> str | None:
     """The path of a subtitle file in ``language`` beside ``input_path`` that is not forced
     (the first by name when there are several), or None (docs/topics.md, "Media libraries").
-    At most :data:`MAX_NAMES` names of the folder are looked at."""
+    An empty or unreadable file is no subtitle (:func:`has_content`). At most
+    :data:`MAX_NAMES` names of the folder are looked at."""
     folder, stem = os.path.dirname(input_path) or ".", Path(input_path).stem
     codes = language_codes(language)
     found: list[str] = []
@@ -76,11 +82,33 @@ def subtitle_beside(input_path: str, language: str) -> str | None:
                 if len(parts) < 2 or parts[-1] not in SUBTITLE_SUFFIXES:
                     continue
                 tags = set(parts[:-1])
-                if "forced" not in tags and tags & codes and entry.is_file():
+                if "forced" not in tags and tags & codes and has_content(entry.path):
                     found.append(entry.path)
     except OSError:
         return None
     return min(found) if found else None
+
+
+def has_content(path: str) -> bool:
+    """True when ``path`` is a regular file this process can read whose first
+    :data:`CONTENT_BYTES` bytes hold more than white space, byte-order marks and NULs: a
+    subtitle a player can show something of. Opened without blocking (a FIFO is not waited
+    on) and checked on the descriptor."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        head = os.pread(fd, CONTENT_BYTES, 0)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    for mark in BYTE_ORDER_MARKS:
+        head = head.replace(mark, b"")
+    return bool(head.strip(b" \t\r\n\x00"))
 
 
 def subtitle_streams(container: Any) -> list[dict[str, Any]]:

@@ -37,6 +37,9 @@ _FFMPEG_OPTIONS = {"format_whitelist": ",".join(SINGLE_FILE_DEMUXERS), "protocol
 #: The media roots inputs must stay in when they are opened (:func:`confine_inputs`); ``None``
 #: until the worker process sets them.
 _roots: tuple[Path, ...] | None = None
+#: The input of the attempt this worker process runs, opened once (:func:`held_input`):
+#: ``(path, descriptor)``; ``None`` between attempts.
+_held: tuple[str, int] | None = None
 
 
 def confine_inputs(media_roots: list[Path]) -> None:
@@ -58,8 +61,40 @@ def _kind_of(mode: int) -> str:
     return "not a regular file"
 
 
+@contextmanager
+def held_input(path: str) -> Iterator[int]:
+    """Open an attempt's input once, for the whole attempt (the worker, around a kind's
+    ``run``): checked on the descriptor as :func:`_open_input` says, and yielded. Until the block
+    ends, every :func:`open_media` and :func:`input_descriptor` of ``path`` reads this very file
+    (a duplicate of the descriptor), never the path again: a FIFO, a link or another file put
+    at the path once the attempt started is never opened, and hashing, the choice of the track
+    and decoding all read the same file. Raises as :func:`_open_input`."""
+    global _held
+    fd, _ = _open_input(path, confined=True)
+    _held = (path, fd)
+    try:
+        yield fd
+    finally:
+        _held = None
+        os.close(fd)
+
+
+@contextmanager
+def input_descriptor(path: str, *, confined: bool = True) -> Iterator[int]:
+    """A descriptor of the input ``path`` opened and checked as :func:`open_media` opens it
+    (the held input's own file during an attempt, :func:`held_input`), closed after the
+    block. For reading it without FFmpeg (``os.pread``, ``os.fstat``)."""
+    fd, _ = _open_input(path, confined)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
 def _open_input(path: str, confined: bool) -> tuple[int, int]:
-    """Open ``path`` for reading as the worker sees it now: ``(descriptor, size in bytes)``.
+    """Open ``path`` for reading as the worker sees it now: ``(descriptor, size in bytes)``;
+    during an attempt whose input is ``path``, a duplicate of the descriptor opened at its
+    start (:func:`held_input`), not the path again.
 
     The file is opened first (without blocking, so a FIFO cannot hold the worker) and checked
     after, on the descriptor: it must be a regular file and, when ``confined``, the file it
@@ -67,7 +102,13 @@ def _open_input(path: str, confined: bool) -> tuple[int, int]:
     link or FIFO swapped in after the submit's checks is caught here, and so is a link to a file
     whose real path is not UTF-8 text. Raises
     :class:`MediaError` ``input_not_found`` or ``input_outside_media_roots``.
+
+    ``O_NOFOLLOW`` is not used: a link inside the media roots is a valid input (a library of
+    links), and where a link leads is checked on the descriptor (its real path).
     """
+    if _held is not None and path == _held[0]:
+        fd = os.dup(_held[1])
+        return fd, os.fstat(fd).st_size
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as e:

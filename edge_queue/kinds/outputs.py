@@ -97,6 +97,33 @@ def publish_set(ctx: JobContext, parts: dict[Path, Path], *, overwrite: bool) ->
             tmp.unlink(missing_ok=True)
 
 
+def writable_problem(folder: Path) -> str | None:
+    """Why no file can be made in ``folder`` (the file system's reason: ``Read-only file
+    system``, ``Permission denied``, ``Operation not permitted`` for an immutable folder), or
+    None. Tried for real, with a temporary file (``.<name>.part``, which watch folders
+    ignore) made and removed at once: permission bits alone do not bind root, a read-only mount
+    or an immutable folder do."""
+    probe = folder / f".edge-queue-writable.{os.getpid()}.{os.urandom(4).hex()}.part"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        return e.strerror or str(e)
+    os.close(fd)
+    try:
+        probe.unlink()
+    except OSError as e:
+        return f"a file made there cannot be removed ({e.strerror or e})"
+    return None
+
+
+def check_writable(folder: Path) -> None:
+    """Raise :class:`JobError` ``output_not_writable`` when no file can be made in ``folder``
+    (:func:`writable_problem`): checked before the work, so a job whose outputs go where the
+    service cannot write fails before it decodes anything."""
+    if (why := writable_problem(folder)) is not None:
+        raise JobError(f"cannot write {folder}: {why}", code=ErrorCode.OUTPUT_NOT_WRITABLE)
+
+
 def check_free(ctx: JobContext, paths: list[Path], overwrite: bool) -> None:
     """Raise :class:`JobError` ``output_exists`` for the first of ``paths`` that holds someone
     else's file (:func:`someone_elses`): checked before the work, so a job whose outputs cannot

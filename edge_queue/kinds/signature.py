@@ -23,21 +23,34 @@ MODEL_FILES = ("config.json", "preprocessor_config.json", "tokenizer.json", "voc
 _MODEL_IDS: dict[tuple[str, int, int], str] = {}
 
 
-def sampled_digest(path: str | Path) -> str:
+def sampled_digest(source: str | Path | int) -> str:
     """SHA-256 (hex) of the file's size and :data:`SAMPLE_BLOCKS` blocks of
     :data:`SAMPLE_BYTES` at evenly spaced offsets from its start to its end (the whole file
-    when it is smaller than that). Raises ``OSError`` when it cannot be read."""
+    when it is smaller than that). ``source``: a path, or a descriptor of an open file (read
+    with ``pread``, its offset untouched: a job's input, opened once by the worker). Raises
+    ``OSError`` when it cannot be read."""
+    if isinstance(source, int):
+        return _digest_fd(source)
+    fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return _digest_fd(fd)
+    finally:
+        os.close(fd)
+
+
+def _digest_fd(fd: int) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        digest.update(size.to_bytes(8, "big"))
-        if size <= SAMPLE_BLOCKS * SAMPLE_BYTES:
-            while block := fh.read(1 << 20):
-                digest.update(block)
-            return digest.hexdigest()
-        step = (size - SAMPLE_BYTES) / (SAMPLE_BLOCKS - 1)
-        for i in range(SAMPLE_BLOCKS):
-            digest.update(os.pread(fh.fileno(), SAMPLE_BYTES, round(i * step)))
+    size = os.fstat(fd).st_size
+    digest.update(size.to_bytes(8, "big"))
+    if size <= SAMPLE_BLOCKS * SAMPLE_BYTES:
+        offset = 0
+        while block := os.pread(fd, 1 << 20, offset):
+            digest.update(block)
+            offset += len(block)
+        return digest.hexdigest()
+    step = (size - SAMPLE_BYTES) / (SAMPLE_BLOCKS - 1)
+    for i in range(SAMPLE_BLOCKS):
+        digest.update(os.pread(fd, SAMPLE_BYTES, round(i * step)))
     return digest.hexdigest()
 
 

@@ -27,8 +27,8 @@ from .base import JobContext, Kind, OutputOptions, output_stem
 from .cue_layout import escaped, laid_out
 from .hallucinations import real_speech
 from .library import existing_subtitle, language_tag, subtitle_streams
-from .media import container_duration_s, open_media, require_audio
-from .outputs import check_free, write_outputs
+from .media import container_duration_s, input_descriptor, open_media, require_audio
+from .outputs import check_free, check_writable, write_outputs
 from .signature import model_identity, sampled_digest
 from .streams import best_audio
 from .subtitles import subtitle_cues
@@ -206,17 +206,16 @@ def input_signature(path: str, cfg: Any, model_ref: str, vad: bool, languages: S
     modification time and sampled content (:func:`.signature.sampled_digest`), the audio track
     transcribed (:func:`~edge_queue.kinds.streams.best_audio`), and the settings that shape the
     transcript (the model's identity, not its path: :func:`.signature.model_identity`; compute
-    type, chunk length, VAD, batched or not, carried context). 16 hex digits of a SHA-1."""
-    import av
-
-    st = os.stat(path)
-    content = sampled_digest(path)
+    type, chunk length, VAD, batched or not, carried context). 16 hex digits of a SHA-1. The
+    input is read as :func:`.media.open_media` reads it (the worker's one descriptor of it)."""
+    with input_descriptor(path) as fd:
+        st, content = os.fstat(fd), sampled_digest(fd)
     model = model_identity(model_ref) if model_ref else ""
     try:
-        with av.open(path) as container:
+        with open_media(path) as container:
             chosen = best_audio(container.streams.audio, languages)
             track = None if chosen is None else chosen.index
-    except (av.FFmpegError, OSError):
+    except MediaError:
         track = None  # decoding says what is wrong with the file
     batched = cfg.batch_size > 1 and vad
     parts = [st.st_size, st.st_mtime_ns, content, track, model, cfg.compute_type, chunk_length_s(cfg, vad), vad]
@@ -408,6 +407,8 @@ class Transcribe(Kind):
         if options.skip_if_subtitled and options.language:
             if (found := existing_subtitle(input_path, options.language, embedded)) is not None:
                 return skipped(found, options.language, declared_s, options.model or model_label(cfg.model, model_ref))
+        if options.output == "beside":  # before any decoding (docs/topics.md, "Where outputs go")
+            check_writable(Path(input_path).parent)
         ctx.progress(100 * self._done, "loading_model")
         if no_model is not None:
             raise no_model

@@ -35,7 +35,7 @@ from typing import Any
 from edge_queue.errors import ErrorCode
 from edge_queue.logfmt import clip
 
-from .states import JobState, cancelled_error
+from .states import JobState, cancelled_error, is_terminal
 
 #: The states in which a job has a current attempt that a report may speak for.
 IN_ATTEMPT = (JobState.RUNNING, JobState.CANCELLING)
@@ -153,6 +153,22 @@ def after_report(
     note = f"job {job_id} failed: {code}: {clip(message)}"
     level = logging.WARNING if code in MEDIA_FAULTS else logging.ERROR
     return Step(JobState.FAILED, {"crashes": crashes, "error": error}, None, level, note)
+
+
+#: Failures after which a job keeps its kept chunks: the work is done, only its outputs could
+#: not be written, so a ``retry`` (once the folder is writable) writes them without decoding
+#: again. Every other end drops them.
+KEEPS_CHUNKS = frozenset({ErrorCode.OUTPUT_NOT_WRITABLE})
+
+
+def keeps_chunks(state: JobState, error: Mapping[str, Any] | None) -> bool:
+    """True when a job that reaches ``state`` with ``error`` (its ``error`` column) keeps its
+    kept chunks (docs/topics.md, "Long jobs resume"): a job that is not final, or one that
+    failed with a code of :data:`KEEPS_CHUNKS`. A job's chunks go with it in any case
+    (``purge``, ``retention_days``)."""
+    if not is_terminal(state):
+        return True
+    return state == JobState.FAILED and isinstance(error, Mapping) and error.get("code") in KEEPS_CHUNKS
 
 
 def after_service_death(job: Mapping[str, Any]) -> Step:

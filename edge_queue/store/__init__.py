@@ -33,7 +33,8 @@ from typing import Any
 
 import sqlite_utils
 
-from edge_queue.rules.states import JobState, is_terminal
+from edge_queue.rules.lifecycle import keeps_chunks
+from edge_queue.rules.states import JobState
 
 from . import space
 from .batches import Batches
@@ -343,11 +344,12 @@ class Store:
         current: dict[str, Any] | None = None,
         **fields: Any,
     ) -> dict[str, Any]:
-        """:meth:`.Jobs.transition`; a job that ends drops its kept chunks."""
+        """:meth:`.Jobs.transition`; a job that ends drops its kept chunks, unless the rule
+        says it keeps them for a retry (:func:`~edge_queue.rules.lifecycle.keeps_chunks`)."""
         job = self.jobs.transition(
             job_id, dst, now, expect_attempt=expect_attempt, detail=detail, current=current, **fields
         )
-        if job_id in self.chunks.sizes and is_terminal(dst):
+        if job_id in self.chunks.sizes and not keeps_chunks(dst, fields.get("error")):
             self.chunks.drop([job_id])
         return job
 

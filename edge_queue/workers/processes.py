@@ -80,6 +80,8 @@ class WorkerSlot:
     and the jobs given to it."""
 
     index: int
+    #: the short lane's slot (:meth:`Supervisor.lane_idle`): transcriptions of short inputs only
+    lane: bool = False
     process: Any = None
     conn: Connection | None = None
     #: Jobs given to this worker, in the order it runs them; the first is the one it runs now.

@@ -21,6 +21,7 @@ from typing import Any
 from edge_queue.config import Settings
 from edge_queue.errors import ErrorCode
 
+from .lane import ShortLane
 from .processes import JobEntry, ProcessPool, WorkerSlot
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,33 @@ def answer_claims(slots: list[WorkerSlot], claims: list[Outcome]) -> list[Outcom
     return waiting
 
 
+def fresh_size_said(limit: int, rss_mb: Any) -> bool:
+    """A worker just started takes ``rss_mb``: a ``max_worker_rss_mb`` (``limit``) below it would
+    replace the worker after every job (each job paying a worker start). Says so, and returns
+    True, when it is so."""
+    if not (limit and isinstance(rss_mb, (int, float)) and rss_mb >= limit):
+        return False
+    log.warning(
+        "max_worker_rss_mb is %d MiB, but a worker just started takes %.0f MiB: every job would be "
+        "followed by a new worker; raise it well above that (and above a loaded model's size)",
+        limit,
+        rss_mb,
+    )
+    return True
+
+
+def recycle_reason(s: Settings, slot: WorkerSlot, *, cancelled: bool) -> str | None:
+    """Why a worker that just finished a job should be replaced (``max_jobs_per_worker`` and
+    ``max_worker_rss_mb`` of docs/configuration.md), or None."""
+    if cancelled:
+        return "its job was cancelled mid-way (a fresh process runs the next job)"
+    if s.max_jobs_per_worker and slot.jobs_done >= s.max_jobs_per_worker:
+        return f"{slot.jobs_done} jobs done (max_jobs_per_worker {s.max_jobs_per_worker})"
+    if s.max_worker_rss_mb and slot.rss_mb and slot.rss_mb > s.max_worker_rss_mb:
+        return f"resident memory {slot.rss_mb:.0f} MiB > max_worker_rss_mb {s.max_worker_rss_mb}"
+    return None
+
+
 #: Seconds to wait, after an end of file on a worker's pipe, for the worker's exit: a dead
 #: worker is reported with its exit code, a live one as having closed its pipe.
 EOF_EXIT_WAIT_S = 0.1
@@ -108,12 +136,15 @@ class Supervisor:
         clock: monotonic seconds; injectable so deadlines can be tested without sleeping.
     """
 
-    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic, *, lane: bool = False) -> None:
         self.settings = settings
         self.said_fresh_size = False  # max_worker_rss_mb below a fresh worker's size was said
         self.clock = clock
         self.processes = ProcessPool(settings, clock)
         self.slots = [WorkerSlot(i) for i in range(settings.workers)]
+        if lane and settings.workers and settings.short_lane_s:  # the short lane: one slot more
+            self.slots.append(WorkerSlot(settings.workers, lane=True))
+        self.lane = ShortLane()
         self._avg_s: dict[str, tuple[float, int]] = {}  # kind -> (mean run time in s, attempts seen)
         self._claims: list[Outcome] = []  # workers' ``outputs``, answered by dispatch() after the commit
 
@@ -128,6 +159,7 @@ class Supervisor:
         caller waited for) is ended at once, SIGTERM then SIGKILL after ``KILL_AFTER_S``;
         an idle one is asked to stop and given up to ``timeout_s`` seconds. Waits for them,
         and for the workers already on their way out."""
+        self.lane.resume()  # a stopped worker ends only once continued
         for slot in self.slots:
             if slot.jobs and slot.process is not None:
                 self.processes.end(slot, wait=True)
@@ -171,6 +203,7 @@ class Supervisor:
             s
             for s in self.slots
             if s.process is not None
+            and not s.lane
             and s.recycle is None
             and s.jobs
             and self.room(s) > 0
@@ -199,8 +232,12 @@ class Supervisor:
             pass  # the worker is gone: poll() reports its jobs
 
     def idle(self) -> list[WorkerSlot]:
-        """Workers with no job (and not waiting to be replaced)."""
-        return [s for s in self.slots if not s.jobs and s.process is not None and s.recycle is None]
+        """Workers with no job (and not waiting to be replaced); not the short lane's."""
+        return [s for s in self.slots if not s.lane and not s.jobs and s.process is not None and s.recycle is None]
+
+    def lane_idle(self) -> list[WorkerSlot]:
+        """The short lane's worker, when it has no job (docs/configuration.md, ``short_lane_s``)."""
+        return [s for s in self.slots if s.lane and not s.jobs and s.process is not None and s.recycle is None]
 
     def busy_by_kind(self) -> Counter[str]:
         return Counter(e.msg["kind"] for s in self.slots for e in s.jobs)
@@ -213,13 +250,18 @@ class Supervisor:
         return {e.msg["job_id"] for s in self.slots for e in s.jobs}
 
     def alive(self) -> int:
-        return sum(1 for s in self.slots if s.process is not None and s.process.is_alive())
+        """Workers up (of ``workers``; the short lane's is not counted)."""
+        return sum(1 for s in self.slots if not s.lane and s.process is not None and s.process.is_alive())
 
     def assign(self, slot: WorkerSlot, job: dict[str, Any], output_dir: str, timeout_s: float | None) -> None:
         """Give a claimed job to a worker. It is sent by :meth:`dispatch`, after the claim is
         committed; :meth:`unassign` takes back what was not sent (the commit failed)."""
         msg = {k: job[k] for k in ("job_id", "attempt", "kind", "input", "options")}
         msg["output_dir"] = output_dir
+        if slot.lane:  # the worker gives it back when its input is longer
+            msg["within_s"] = self.settings.short_lane_s
+        else:
+            self.lane.handed_to_worker(job["job_id"])
         # the chunks earlier attempts finished (Store.kept_chunks), the files they wrote (output_files)
         msg.update({k: job[k] for k in ("kept", "written") if job.get(k)})
         entry = JobEntry(msg, timeout_s)
@@ -337,7 +379,8 @@ class Supervisor:
             logging.getLogger(msg["name"]).log(msg["level"], "[worker %d] %s", slot.index, msg["message"])
             return
         if op == "ready":
-            self._fresh_size(msg.get("rss_mb"))
+            if not self.said_fresh_size:
+                self.said_fresh_size = fresh_size_said(self.settings.max_worker_rss_mb, msg.get("rss_mb"))
             return
         if op == "released":
             self._released(slot, msg, out)
@@ -351,10 +394,12 @@ class Supervisor:
         out.append(outcome := Outcome(str(op), job["job_id"], job["attempt"], data))
         if op == "outputs":
             self._claims.append(outcome)
-        if op in ("done", "failed"):
+        if op == "unstarted":  # the short lane gave back a job whose input is longer than it takes
+            self.lane.gave_back(job["job_id"])
+        if op in ("done", "failed", "unstarted"):
             now = self.clock()
             took = msg.get("took_s")
-            if isinstance(took, float):
+            if isinstance(took, float) and op != "unstarted":
                 mean, n = self._avg_s.get(job["kind"], (0.0, 0))
                 # An exponentially weighted mean over about the last 10 attempts.
                 self._avg_s[job["kind"]] = (took if n == 0 else mean + (took - mean) / min(n + 1, 10), n + 1)
@@ -365,7 +410,7 @@ class Supervisor:
                 out.append(Outcome("started", nxt.msg["job_id"], nxt.msg["attempt"], {}))
             slot.jobs_done += 1
             slot.rss_mb = msg.get("rss_mb")
-            reason = self._recycle_reason(slot, cancelled=data.get("code") == ErrorCode.CANCELLED)
+            reason = recycle_reason(self.settings, slot, cancelled=data.get("code") == ErrorCode.CANCELLED)
             if reason and slot.recycle is None:
                 slot.recycle = reason
             if slot.recycle is not None and not slot.jobs:
@@ -391,18 +436,6 @@ class Supervisor:
                 kept.append(entry)
         slot.jobs = kept
         log.debug("worker %d gave back %d job(s) it had not started", slot.index, len(given))
-
-    def _recycle_reason(self, slot: WorkerSlot, *, cancelled: bool) -> str | None:
-        """Why a worker that just finished a job should be replaced (``max_jobs_per_worker`` and
-        ``max_worker_rss_mb`` of docs/configuration.md), or None."""
-        s = self.settings
-        if cancelled:
-            return "its job was cancelled mid-way (a fresh process runs the next job)"
-        if s.max_jobs_per_worker and slot.jobs_done >= s.max_jobs_per_worker:
-            return f"{slot.jobs_done} jobs done (max_jobs_per_worker {s.max_jobs_per_worker})"
-        if s.max_worker_rss_mb and slot.rss_mb and slot.rss_mb > s.max_worker_rss_mb:
-            return f"resident memory {slot.rss_mb:.0f} MiB > max_worker_rss_mb {s.max_worker_rss_mb}"
-        return None
 
     def _lost(self, slot: WorkerSlot, out: list[Outcome]) -> None:
         """The worker is gone: its current job is ``lost``, the jobs it had not started are
@@ -431,19 +464,6 @@ class Supervisor:
         self.processes.end(slot)
         self.processes.spawn(slot)
 
-    def _fresh_size(self, rss_mb: Any) -> None:
-        """A worker just started takes ``rss_mb``: a ``max_worker_rss_mb`` below it would replace
-        the worker after every job (each job paying a worker start); said once."""
-        limit = self.settings.max_worker_rss_mb
-        if limit and isinstance(rss_mb, (int, float)) and rss_mb >= limit and not self.said_fresh_size:
-            self.said_fresh_size = True
-            log.warning(
-                "max_worker_rss_mb is %d MiB, but a worker just started takes %.0f MiB: every job would be "
-                "followed by a new worker; raise it well above that (and above a loaded model's size)",
-                limit,
-                rss_mb,
-            )
-
     def _pipe_closed(self, slot: WorkerSlot, error: BaseException, out: list[Outcome]) -> None:
         """The worker's pipe gave an end of file (or an error) while the process may still
         live: a plug-in kind can close or shut down the worker's file descriptors. The worker
@@ -457,6 +477,7 @@ class Supervisor:
 
     def _deadlines(self, out: list[Outcome]) -> None:
         now = self.clock()
+        self.lane.turn(self.slots, now, OVERRUN_S)
         for slot in self.slots:
             if not slot.jobs or slot.process is None:
                 continue
@@ -479,6 +500,8 @@ class Supervisor:
         """Seconds until the nearest timeout or cancel deadline, or ``None``."""
         times: list[float] = [s.respawn_at for s in self.slots if s.respawn_at is not None]
         times += [d.kill_at if d.term_at is None else d.term_at for d in self.processes.dying if not d.killed]
+        if (resume_at := self.lane.next_time()) is not None:
+            times.append(resume_at)
         for s in self.slots:
             if s.jobs:
                 head = s.jobs[0]

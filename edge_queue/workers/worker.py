@@ -16,6 +16,7 @@ This is the one place where exceptions of a job become outcomes: a
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -32,8 +33,9 @@ from typing import Any
 import orjson
 
 from edge_queue.config import Settings
-from edge_queue.errors import EdgeQueueError, ErrorCode, JobCancelled, JobError
+from edge_queue.errors import EdgeQueueError, ErrorCode, JobCancelled, JobError, MediaError
 from edge_queue.kinds import registry
+from edge_queue.kinds.media import container_duration_s, held_input, open_media
 
 #: Seconds between two progress messages of one job (stage changes are always sent).
 PROGRESS_INTERVAL_S = 0.25
@@ -45,6 +47,22 @@ OUTCOME_BATCH = 64
 OUTCOME_BATCH_S = 0.005
 #: Seconds between cancel checks while a job waits for the service to record its outputs.
 OUTPUTS_POLL_S = 0.2
+
+
+def fits_lane(seconds: float | None, within_s: float) -> bool:
+    """True when an input of ``seconds`` (its container's duration; ``None``: unknown) may run
+    on the short lane, which takes inputs of at most ``within_s`` seconds (``short_lane_s``)."""
+    return seconds is not None and seconds <= within_s
+
+
+def input_seconds(path: str | None) -> float | None:
+    """The duration the input's container declares, in seconds; ``None`` when it declares none
+    or cannot be opened (its kind says why when it runs)."""
+    try:
+        with open_media(path or "") as container:
+            return container_duration_s(container)
+    except MediaError:
+        return None
 
 
 def as_json(value: Any) -> Any:
@@ -233,10 +251,13 @@ class _Worker:
         try:
             kind = self.kinds[job["kind"]]()
             options = kind.Options.model_validate(job["options"])
-            if kind.needs_input and not os.path.isfile(job["input"] or ""):
-                raise JobError(f"{job['input']} no longer exists", code=ErrorCode.INPUT_NOT_FOUND)
-            ctx.checkpoint()
-            result = kind.run(ctx, job["input"], options)
+            # the input opened once, checked on its descriptor, and read through it alone
+            with held_input(job["input"] or "") if kind.needs_input else contextlib.nullcontext():
+                ctx.checkpoint()
+                if (within := job.get("within_s")) is not None and not fits_lane(input_seconds(job["input"]), within):
+                    reason = f"its input is longer than the short lane takes ({within:g} s): left for a worker"
+                    return {**base, "op": "unstarted", "reason": reason}
+                result = kind.run(ctx, job["input"], options)
             try:
                 result = as_json(result)
             except (TypeError, ValueError) as e:
