@@ -158,7 +158,7 @@ class Service:
         self.api: ApiServer | None = None  # the HTTP API ([api]), started by run()
         self.reply_areas = ReplyAreas([*settings.access.admins, *settings.access.users, *settings.access.nodes])
         self.commands = Commands(self)
-        self.gateway = Gateway(self.commands.execute, self.job_store, self._wake_w)  # [api]'s requests
+        self.gateway = Gateway(self.commands.execute, self.job_store, self._wake_w, settings.uploads_dir)  # [api]'s
         self.nodes = Nodes(settings, self.topics, self.bridge, kinds=self.kinds)  # worker nodes: docs/nodes.md
         self.watch_folders = WatchFolders(self)  # [[watch]] (edge_queue/watch/folders.py)
         self.publisher = Publisher(

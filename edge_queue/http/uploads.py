@@ -268,10 +268,31 @@ def field(upload: Upload, name: str, default: Any = None) -> Any:
     return values[-1] if values else default
 
 
+def user_folder(uploads: Path, user: str) -> Path:
+    """``<uploads>/<the first 16 hex digits of the user name's SHA-256>``: a user's uploads,
+    apart so that what each user keeps on disk is known, whatever characters its name has
+    (docs/http-api.md, "Uploads")."""
+    return uploads / hashlib.sha256(user.encode()).hexdigest()[:16]
+
+
+def disk_of(folder: Path) -> tuple[int, int]:
+    """``(bytes of the files in folder, bytes free on its disk)``; the folder is made when
+    missing. Raises ``OSError``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    held = 0
+    for entry in os.scandir(folder):
+        try:
+            held += entry.stat(follow_symlinks=False).st_size
+        except OSError:
+            continue
+    return held, shutil.disk_usage(folder).free
+
+
 def sweep(folder: Path, keep_s: float, now: float) -> int:
-    """Delete the uploads of ``folder`` last written over ``keep_s`` seconds before ``now``
-    (unix seconds; their jobs are gone by then, docs/http-api.md, "Uploads"), and unfinished
-    ones (``.part-*``) over an hour old. Returns how many were deleted."""
+    """Delete the uploads of ``folder`` and of its users' folders last written over ``keep_s``
+    seconds before ``now`` (unix seconds; their jobs are gone by then, docs/http-api.md,
+    "Uploads"), and unfinished ones (``.part-*``) over an hour old. Returns how many were
+    deleted."""
     deleted = 0
     try:
         entries = list(os.scandir(folder))
@@ -279,6 +300,9 @@ def sweep(folder: Path, keep_s: float, now: float) -> int:
         return 0
     for entry in entries:
         try:
+            if entry.is_dir(follow_symlinks=False):
+                deleted += sweep(Path(entry.path), keep_s, now)
+                continue
             age = now - entry.stat(follow_symlinks=False).st_mtime
             if age > (3600 if entry.name.startswith(".part-") else keep_s):
                 os.unlink(entry.path)
