@@ -28,6 +28,7 @@ import orjson
 
 from edge_queue.errors import ErrorCode
 from edge_queue.http.api import Ended
+from edge_queue.http.uploads import delete
 from edge_queue.mqtt import payloads
 from edge_queue.rules.states import is_terminal
 from edge_queue.store import Store
@@ -179,7 +180,7 @@ class Gateway:
                 upload = Path(path)
                 if upload.is_relative_to(self._uploads) and ".." not in upload.parts:
                     try:
-                        upload.unlink(missing_ok=True)
+                        delete(upload)
                     except OSError as e:
                         log.warning("HTTP API: cannot delete the upload of failed job %s: %s", job.get("job_id"), e)
 

@@ -101,6 +101,8 @@ def test_sweep_goes_into_the_users_folders(tmp_path: Path) -> None:
     os.utime(old, (1000.0, 1000.0))
     assert sweep(tmp_path, 3600, 1000.0 + 7200) == 1
     assert not old.exists() and new.exists()
+    assert sweep(tmp_path, 3600, time.time() + 7200) == 1
+    assert list(tmp_path.iterdir()) == []  # the emptied user's folder goes too
 
 
 # -- a real service -----------------------------------------------------------------------------
@@ -144,6 +146,7 @@ def test_a_failed_jobs_upload_goes_with_it(
     again = httpx.post(url + "/asr", files={"audio_file": ("a.mp3", noise)}, headers=ALICE, timeout=60)
     assert again.status_code == 422 and again.json()["error"]["code"] == code
     assert files_under(svc) == [] and len(jobs_listed(svc)) == 1
+    assert list((svc.data_dir / "uploads").iterdir()) == []  # not even the user's folder
     # a job cancelled after its caller went away: its upload goes too (no call is there to see it)
     pause(svc)
     gone_after_upload(url, os.urandom(300_000), ALICE)

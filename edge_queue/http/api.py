@@ -40,7 +40,7 @@ from edge_queue.written import NotTheFileWritten, read_written
 from . import transcripts
 from .callers import Caller, CallRate, Refused, caller_of, presented_key
 from .shares import Shares, Slot, user_bytes_allowed
-from .uploads import PCM_RATE, PCM_WIDTH, Upload, UploadError, boundary_of, disk_of, field, user_folder
+from .uploads import PCM_RATE, PCM_WIDTH, Upload, UploadError, boundary_of, delete, disk_of, field, user_folder
 
 log = logging.getLogger(__name__)
 
@@ -279,7 +279,7 @@ class Api:
         if self.holding[upload.path] <= 0:
             del self.holding[upload.path]
             if upload.created and not upload.used:
-                upload.path.unlink(missing_ok=True)
+                delete(upload.path)
 
     async def _receive(
         self, request: Request, caller: Caller, file_field: str, *, raw_pcm: bool, keep_bytes: int | None = None
