@@ -281,9 +281,9 @@ def test_waiting_calls_are_bounded_per_job_and_per_caller(service_factory: Any, 
         return t
 
     def refused(data: bytes) -> httpx.Response | None:
-        """The answer to one more call of ``data``; None when it waits (it goes away after 2 s)."""
+        """The answer to one more call of ``data``; None when it waits (it goes away after 10 s)."""
         try:
-            return httpx.post(url + "/asr", files={"audio_file": ("a.wav", data)}, headers=ALICE, timeout=2)
+            return httpx.post(url + "/asr", files={"audio_file": ("a.wav", data)}, headers=ALICE, timeout=10)
         except httpx.ReadTimeout:
             return None
 

@@ -35,6 +35,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edge_queue.config import Settings
+from edge_queue.config_api import ApiSettings
 from edge_queue.written import NotTheFileWritten, read_written
 
 from . import transcripts
@@ -312,7 +313,7 @@ class Api:
             window, window_bytes = time.monotonic(), 0
             deadline = window + self.api.max_upload_s
             while True:
-                chunk = await self._next_chunk(stream, slot, dropped, deadline)
+                chunk = await next_piece(stream, slot, dropped, deadline, self.api)
                 if chunk is None:
                     break
                 upload.feed(chunk)
@@ -347,29 +348,6 @@ class Api:
         finally:
             dropped.cancel()
             self.shares.release(slot)
-
-    async def _next_chunk(self, stream: Any, slot: Slot, dropped: asyncio.Future[Any], deadline: float) -> bytes | None:
-        """The body's next piece, None at its end. Raises :class:`UploadError` 408 after
-        ``api.idle_timeout_s`` without data, past ``deadline`` (``api.max_upload_s``), or when
-        a new call took the slot of this slow upload."""
-        piece: asyncio.Future[bytes] = asyncio.ensure_future(stream.__anext__())
-        wait = max(0.0, min(self.api.idle_timeout_s, deadline - time.monotonic()))
-        await asyncio.wait({piece, dropped}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
-        if piece.done():
-            try:
-                return piece.result()
-            except StopAsyncIteration:
-                return None
-        piece.cancel()
-        if slot.dropped.is_set():
-            raise UploadError(408, "upload_timeout", "every upload slot was taken and this upload was the slowest")
-        if time.monotonic() >= deadline:
-            raise UploadError(
-                408, "upload_timeout", f"the upload took over {self.api.max_upload_s:g} s ([api] max_upload_s)"
-            )
-        raise UploadError(
-            408, "upload_timeout", f"nothing sent for {self.api.idle_timeout_s:g} s ([api] idle_timeout_s)"
-        )
 
     async def _run(self, request: Request, caller: Caller, upload: Upload, options: dict[str, Any]) -> Ended | None:
         """Submit the upload's job and wait for its end; None when the caller went away first
@@ -485,6 +463,28 @@ def again(job: dict[str, Any]) -> bool:
     if job.get("state") not in ("failed", "cancelled"):
         return False
     return str((job.get("error") or {}).get("code")) not in MEDIA_ERRORS
+
+
+async def next_piece(
+    stream: Any, slot: Slot, dropped: asyncio.Future[Any], deadline: float, api: ApiSettings
+) -> bytes | None:
+    """The body's next piece, None at its end. Raises :class:`UploadError` 408 after
+    ``api.idle_timeout_s`` without data, past ``deadline`` (``api.max_upload_s``), or when a new
+    call took the slot of this slow upload (``dropped``)."""
+    piece: asyncio.Future[bytes] = asyncio.ensure_future(stream.__anext__())
+    wait = max(0.0, min(api.idle_timeout_s, deadline - time.monotonic()))
+    await asyncio.wait({piece, dropped}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+    if piece.done():
+        try:
+            return piece.result()
+        except StopAsyncIteration:
+            return None
+    piece.cancel()
+    if slot.dropped.is_set():
+        raise UploadError(408, "upload_timeout", "every upload slot was taken and this upload was the slowest")
+    if time.monotonic() >= deadline:
+        raise UploadError(408, "upload_timeout", f"the upload took over {api.max_upload_s:g} s ([api] max_upload_s)")
+    raise UploadError(408, "upload_timeout", f"nothing sent for {api.idle_timeout_s:g} s ([api] idle_timeout_s)")
 
 
 async def _disconnected(request: Request) -> None:
