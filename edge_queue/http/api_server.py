@@ -104,7 +104,10 @@ class HeaderDeadline(H11Protocol):
             # which loses the answer on the client's side
             transport.write(TOO_MANY % (len(body), body))
             transport.write_eof()
-            asyncio.get_running_loop().call_later(REFUSED_S, transport.close)
+            if self.open_by_address.total() > 2 * self.at_most:
+                transport.close()  # a flood: no lingering, so that uvicorn's own limit is never reached
+            else:
+                asyncio.get_running_loop().call_later(REFUSED_S, transport.close)
 
     def data_received(self, data: bytes) -> None:
         if not self._refused:
