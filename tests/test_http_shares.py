@@ -129,6 +129,7 @@ def gone_after_upload(url: str, data: bytes, headers: dict[str, str], name: str 
         )
 
 
+@pytest.mark.slow
 def test_a_failed_jobs_upload_goes_with_it(
     service_factory: Any, mosquitto: Any, tmp_path: Path, model_installed: None
 ) -> None:
@@ -157,6 +158,7 @@ def test_a_failed_jobs_upload_goes_with_it(
     wait_until(lambda: files_under(svc) == [], 15, "the cancelled job's upload deleted")
 
 
+@pytest.mark.slow
 def test_one_users_uploads_on_disk_are_bounded(service_factory: Any, mosquitto: Any, tmp_path: Path) -> None:
     # before: no bound per user: one key's uploads filled the disk and everyone else got 507
     media = tmp_path / "media"
@@ -206,6 +208,7 @@ def drip(port: int, headers: str, stop: threading.Event, answers: list[bytes], s
         answers.append(got or b"closed")
 
 
+@pytest.mark.slow
 def test_an_uploads_time_is_bounded(service_factory: Any, mosquitto: Any, tmp_path: Path) -> None:
     # before: an upload above 16 KiB/s was never dropped (a 1 GiB one could last 18 hours)
     media = tmp_path / "media"
@@ -308,6 +311,7 @@ def test_waiting_calls_are_bounded_per_job_and_per_caller(service_factory: Any, 
         httpx.post(url + "/asr", files={"audio_file": ("a.wav", os.urandom(10_000))}, timeout=httpx.Timeout(3.0))
 
 
+@pytest.mark.slow
 def test_a_connection_past_the_boxs_bound_is_answered_in_the_error_shape(
     service_factory: Any, mosquitto: Any, tmp_path: Path
 ) -> None:
