@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -23,8 +23,9 @@ from pydantic_settings import (
 )
 
 from edge_queue.config_api import ApiSettings
+from edge_queue.config_http import HttpSettings
 from edge_queue.config_sources import not_json_in_environment, toml_type_problems
-from edge_queue.config_values import NODE_ID_PATTERN, NOT_IN_USER, address_problem, host_problem, origin_problem
+from edge_queue.config_values import NODE_ID_PATTERN, NOT_IN_USER, host_problem
 from edge_queue.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = Path("/etc/edge-queue/config.toml")
@@ -264,62 +265,6 @@ class NodesSettings(_Section):
     heartbeat_s: float = Field(5.0, ge=0.2, le=600)
     #: The hub's: the most jobs one node is given at once, whatever slots it announces.
     max_slots: int = Field(16, ge=1, le=1024)
-
-
-class HttpSettings(_Section):
-    """``[http]``: the queue page (docs/configuration.md, "[http]"), static files served by
-    ``edge-queue serve``. The page talks to the broker over MQTT over WebSocket; no job data
-    passes through this server."""
-
-    #: Serve the page; false: no HTTP server at all.
-    enabled: bool = True
-    #: Address to listen on (``0.0.0.0``: every IPv4 interface, so phones on the LAN reach it).
-    host: str = Field("0.0.0.0", min_length=1, max_length=255)
-    #: TCP port of the page: ``http://<host>:8099/``.
-    port: int = Field(8099, ge=1, le=65535)
-    #: The broker's MQTT-over-WebSocket port; the page connects to ``ws://<the host it was
-    #: loaded from>:<port>/``. The embedded broker without ``broker.config_file`` listens there.
-    websocket_port: int = Field(9001, ge=1, le=65535)
-    #: Relay the page's WebSocket to the broker's listener (``mqtt.host``, ``websocket_port``)
-    #: on the page's own ``/mqtt``: one origin for Home Assistant's ingress and reverse proxies.
-    websocket_proxy: bool = False
-    #: The whole WebSocket URL instead (``wss://nas.example.org:8443/mqtt`` behind a proxy or
-    #: with TLS); unset: built from ``websocket_port``.
-    websocket_url: str | None = Field(None, pattern=r"^wss?://[^\s]+$", max_length=2048)
-    #: Origins (``scheme://host[:port]``, no path) allowed to show the page in a frame: the
-    #: Home Assistant of a Webpage card or panel (docs/operations.md, "In a Home Assistant
-    #: dashboard"). Empty: no page may frame it (``frame-ancestors 'none'``).
-    frame_ancestors: list[str] = Field([], max_length=16)
-    #: Origins (``scheme://host[:port]``) of pages allowed to open the broker's WebSocket besides
-    #: the page's own (docs/operations.md, "Which pages may connect to the broker"): the
-    #: address a reverse proxy serves the page at, or a name of the box the page is opened by.
-    allowed_origins: list[str] = Field([], max_length=16)
-    #: Addresses of reverse proxies in front of the page (Home Assistant's ingress:
-    #: ``172.30.32.2``): their relayed WebSockets are not bounded per address.
-    trusted_proxies: list[str] = Field([], max_length=16)
-
-    @field_validator("host")
-    @classmethod
-    def _host(cls, v: str) -> str:
-        if (problem := host_problem(v)) is not None:
-            raise ValueError(problem)
-        return v
-
-    @field_validator("frame_ancestors", "allowed_origins")
-    @classmethod
-    def _origins(cls, v: list[str], info: ValidationInfo) -> list[str]:
-        for origin in v:  # 'self': the page's own origin only (Home Assistant's ingress's frame)
-            if (origin != "'self'" or info.field_name == "allowed_origins") and (why := origin_problem(origin)):
-                raise ValueError(why)
-        return v
-
-    @field_validator("trusted_proxies")
-    @classmethod
-    def _proxies(cls, v: list[str]) -> list[str]:
-        for address in v:
-            if (why := address_problem(address)) is not None:
-                raise ValueError(why)
-        return v
 
 
 class TranscribeSettings(_Section):

@@ -42,6 +42,11 @@ class ApiSettings(BaseModel):
     calls_per_minute: int = Field(120, ge=1, le=100_000)
     #: Seconds an upload may send nothing before it is dropped (408).
     idle_timeout_s: float = Field(60.0, gt=0, le=3600)
+    #: Seconds one upload may take from its head to its last byte; then it is dropped (408).
+    max_upload_s: float = Field(3600.0, gt=0, le=7 * 86400)
+    #: MiB one user's uploads may have on disk, those kept for its jobs and those being
+    #: received (also at most half of what uploads can have); past it, 507 ``uploads_full``.
+    max_user_uploads_mb: int = Field(2048, ge=1, le=1024 * 1024)
     #: Seconds a call waits for its job to end (Bazarr waits 3,600); then it is answered 504
     #: and the job goes on: the same audio sent again is answered from it.
     wait_s: float = Field(3 * 3600.0, gt=0, le=7 * 86400)

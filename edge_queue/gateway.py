@@ -8,7 +8,9 @@ answer reaches the API as a :class:`concurrent.futures.Future` (docs/http-api.md
 call becomes a job").
 
 Bounds: at most :data:`CALLS_PER_TURN` requests are run per turn (the rest wait for the next
-one), and a waiter costs one dictionary entry until its job ends or its caller goes away.
+one), and a waiter costs one dictionary entry until its job ends or its caller goes away. An
+upload goes with its job's failure or cancel (:meth:`Gateway.committed`): only a succeeded
+job's upload is kept (docs/http-api.md, "Uploads").
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import orjson
 
 from edge_queue.errors import ErrorCode
 from edge_queue.http.api import Ended
+from edge_queue.http.uploads import delete
 from edge_queue.mqtt import payloads
 from edge_queue.rules.states import is_terminal
 from edge_queue.store import Store
@@ -54,8 +57,12 @@ class _Call:
 class Gateway:
     """Requests from the HTTP API, run by the loop (:class:`~edge_queue.service.Service`)."""
 
-    def __init__(self, execute: Execute, job_store: Callable[[], Store], wake: socket.socket) -> None:
+    def __init__(
+        self, execute: Execute, job_store: Callable[[], Store], wake: socket.socket, uploads: Path | None = None
+    ) -> None:
         self._execute, self._job_store, self._wake = execute, job_store, wake
+        #: ``<data_dir>/uploads``: the inputs of jobs that fail or are cancelled there are deleted
+        self._uploads = uploads
         self._incoming: deque[_Call] = deque()
         #: run this turn, answered at its commit
         self._turn: list[tuple[_Call, dict[str, Any]]] = []
@@ -137,6 +144,7 @@ class Gateway:
             if not call.answered.cancelled():
                 call.answered.set_result(response)
         self._turn.clear()
+        self._drop_failed_uploads(turn_jobs)
         if not self._waiting:
             self._done_now.clear()
             return
@@ -159,6 +167,27 @@ class Gateway:
         # API's connections meanwhile
         for job_id in [j for j, fs in self._waiting.items() if all(f.cancelled() for f in fs)]:
             del self._waiting[job_id]
+
+    def _drop_failed_uploads(self, turn_jobs: Mapping[str, tuple[bytes, bool]]) -> None:
+        """Delete the uploads of the jobs that failed or were cancelled in the turn: nothing
+        reads them again (the same audio sent again is answered from the job's error, or
+        uploaded anew for its retry), and a caller's refused audio would otherwise hold the
+        disk for ``retention_days`` and a day."""
+        if self._uploads is None:
+            return
+        folder = str(self._uploads).encode()
+        for body, terminal in turn_jobs.values():
+            if not terminal or folder not in body:
+                continue
+            job = orjson.loads(body)
+            path = job.get("input")
+            if job.get("state") in ("failed", "cancelled") and isinstance(path, str):
+                upload = Path(path)
+                if upload.is_relative_to(self._uploads) and ".." not in upload.parts:
+                    try:
+                        delete(upload)
+                    except OSError as e:
+                        log.warning("HTTP API: cannot delete the upload of failed job %s: %s", job.get("job_id"), e)
 
     def turn_failed(self, *, disk_full: bool) -> None:
         """The turn's commit failed: its requests are answered with ``disk_full`` or

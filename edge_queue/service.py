@@ -161,7 +161,7 @@ class Service:
         self.api: ApiServer | None = None  # the HTTP API ([api]), started by run()
         self.reply_areas = ReplyAreas([*settings.access.admins, *settings.access.users, *settings.access.nodes])
         self.commands = Commands(self)
-        self.gateway = Gateway(self.commands.execute, self.job_store, self._wake_w)  # [api]'s requests
+        self.gateway = Gateway(self.commands.execute, self.job_store, self._wake_w, settings.uploads_dir)  # [api]'s
         self.nodes = Nodes(settings, self.topics, self.bridge, kinds=self.kinds)  # worker nodes: docs/nodes.md
         self.watch_folders = WatchFolders(self)  # [[watch]] (edge_queue/watch/folders.py)
         self.publisher = Publisher(
@@ -452,8 +452,7 @@ class Service:
         """Republish status, info, queue, every job and batch, in pieces; False if one is running (it covers this)."""
         if self.republisher.active:
             return False
-        self.announcer.forget_conflicts()
-        self.announcer.announce()
+        self.announcer.announce(afresh=True)
         self.republisher.start()
         return True
 

@@ -237,7 +237,7 @@ def test_a_foreign_origin_gets_nothing_from_the_websocket_listener_and_the_pages
 ) -> None:
     from websockets.exceptions import InvalidStatus
 
-    from edge_queue.config import HttpSettings
+    from edge_queue.config_http import HttpSettings
 
     caplog.set_level(logging.WARNING)
     # Given the embedded broker as `edge-queue up` starts it: anonymous, with its WebSocket

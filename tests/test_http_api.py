@@ -327,7 +327,7 @@ def test_bazarr_session(
     assert not_multipart.status_code == 400 and not_multipart.json()["error"]["type"] == "invalid_request_error"
 
     # an MQTT user cannot name an upload
-    uploads = sorted((svc.data_dir / "uploads").iterdir())
+    uploads = sorted(p for p in (svc.data_dir / "uploads").rglob("*") if p.is_file())
     assert uploads and all(not p.name.startswith(".part-") for p in uploads)
     with svc.watcher("response/#") as w:
         resp = svc.request("submit", {"input": str(uploads[0])}, w)
@@ -414,7 +414,7 @@ def test_bounds(service_factory: Any, mosquitto: Any, speech: Path, tmp_path: Pa
     codes = [httpx.get(url + "/v1/models", headers=headers, timeout=10) for _ in range(4)]
     refused = [r for r in codes if r.status_code == 429]
     assert refused and int(refused[0].headers["retry-after"]) >= 1
-    assert not list((svc.data_dir / "uploads").glob(".part-*"))  # nothing of the refused uploads is left
+    assert not list((svc.data_dir / "uploads").rglob(".part-*"))  # nothing of the refused uploads is left
 
 
 @pytest.mark.slow

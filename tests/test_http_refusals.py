@@ -6,6 +6,7 @@ fills mid-upload is a 507, and Starlette's own refusals come in the error shape.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -31,8 +32,8 @@ RATE_WINDOW_S, PER_ADDRESS = 10.0, 64
 
 
 def uploads(svc: Any) -> list[str]:
-    folder = svc.data_dir / "uploads"
-    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    folder = svc.data_dir / "uploads"  # a folder per user
+    return sorted(p.name for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
 
 
 def post(url: str, route: str, data: bytes, headers: dict[str, str], name: str = "audio_file", **form: str) -> Any:
@@ -224,14 +225,24 @@ def test_a_disk_that_fills_during_uploads_is_a_507_and_its_space_comes_back(
     # before: ENOSPC while writing an upload was a text/plain 500, or a connection closed unanswered
     media = tmp_path / "media"
     media.mkdir()
-    svc, url = api_service(service_factory, mosquitto, media, EDGE_QUEUE_LIMITS__MIN_FREE_DISK_MB="0")
+    # three users (one user's uploads keep at most half of the space: docs/http-api.md, "Uploads")
+    keys = {"alice": KEY, "bob": "b" * 32}
+    svc, url = api_service(
+        service_factory,
+        mosquitto,
+        media,
+        EDGE_QUEUE_LIMITS__MIN_FREE_DISK_MB="0",
+        EDGE_QUEUE_API__KEYS=json.dumps(keys),
+        EDGE_QUEUE_ACCESS__USERS=json.dumps(["bazarr", "alice", "bob"]),
+    )
     assert svc.data_dir == small_data_dir
     answers: list[httpx.Response] = []
 
-    def send() -> None:
-        answers.append(post(url, "/asr?task=evil", os.urandom(12 << 20), ALICE))
+    def send(headers: dict[str, str]) -> None:
+        answers.append(post(url, "/asr?task=evil", os.urandom(10 << 20), headers))
 
-    threads = [threading.Thread(target=send) for _ in range(3)]
+    callers: list[dict[str, str]] = [ALICE, {"Authorization": f"Bearer {keys['bob']}"}, {}]
+    threads = [threading.Thread(target=send, args=(h,)) for h in callers]
     for t in threads:
         t.start()
     for t in threads:
@@ -275,4 +286,4 @@ def test_a_caller_gone_mid_upload_is_one_line_not_an_error(
             )
     wait_until(lambda: svc.log().count("went away during its upload") == 3, 15, "three departures logged")
     assert "Traceback" not in svc.log() and " ERROR " not in svc.log()
-    assert uploads(svc) == [] and not list((svc.data_dir / "uploads").glob(".part-*"))
+    assert uploads(svc) == [] and not list((svc.data_dir / "uploads").rglob(".part-*"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from edge_queue.config import HttpSettings
+from edge_queue.config_http import HttpSettings
 from edge_queue.http import relay
 from edge_queue.http.relay import Login, LoginGate, RelaySlots, first_frame, is_loopback
 from edge_queue.mqtt.origins import REFUSAL_LOG_S, RefusalLog, origin_refusal, page_origins, parse_origin

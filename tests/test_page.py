@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from edge_queue.config import HttpSettings
+from edge_queue.config_http import HttpSettings
 from edge_queue.http.page import FILES, PageServer
 
 from .conftest import ROOT, Broker, ServiceProcess, free_port, need, port_open, wait_until, words

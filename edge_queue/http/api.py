@@ -36,13 +36,15 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from edge_queue.config import Settings
+from edge_queue.config_api import ApiSettings
 from edge_queue.rules.limits import RejectionLog
 from edge_queue.written import NotTheFileWritten, read_written
 
 from . import transcripts
 from .callers import MAX_TRACKED_CALLERS, Caller, CallRate, Refused, caller_of, presented_key
+from .shares import Shares, Slot, user_bytes_allowed
 from .statuses import HttpError, status_of
-from .uploads import PCM_RATE, PCM_WIDTH, Upload, UploadError, boundary_of, field
+from .uploads import PCM_RATE, PCM_WIDTH, Upload, UploadError, boundary_of, delete, disk_of, field, user_folder
 
 log = logging.getLogger(__name__)
 #: Refused calls, one INFO line each, at most 20 in 10 s (a client can repeat them without end).
@@ -62,8 +64,6 @@ RETRY_AFTER_S = {"queue_full": 30, "stopping": 10}
 #: An upload slower than this many bytes a second over :data:`RATE_WINDOW_S` is dropped (408).
 MIN_UPLOAD_BYTES_S = 16 * 1024
 RATE_WINDOW_S = 10.0
-#: One caller receives at most this share of ``api.uploads_at_once`` uploads at a time.
-CALLER_SHARE = 0.75
 
 
 @dataclass(slots=True)
@@ -123,8 +123,7 @@ class Api:
         self.uploads = settings.uploads_dir
         self.outputs = str(settings.outputs_dir)
         self.rate = CallRate(self.api.calls_per_minute)
-        self.receiving = 0  # uploads being received now (the event loop's thread only)
-        self.receiving_by: Counter[str] = Counter()  # ... by caller
+        self.shares = Shares(self.api.uploads_at_once)  # upload slots and waits (the event loop's thread)
         self.holding: Counter[Path] = Counter()  # upload files of calls not yet answered
         self.placeholders: OrderedDict[str, None] = OrderedDict()  # addresses sending unknown keys
 
@@ -310,26 +309,23 @@ class Api:
         if self.holding[upload.path] <= 0:
             del self.holding[upload.path]
             if upload.created and not upload.used:
-                upload.path.unlink(missing_ok=True)
+                delete(upload.path)
 
     async def _receive(
         self, request: Request, caller: Caller, file_field: str, *, raw_pcm: bool, keep_bytes: int | None = None
     ) -> Upload:
-        """Stream the body to an upload file: at most ``api.uploads_at_once`` at a time, of
-        which one caller at most :data:`CALLER_SHARE`; each at least :data:`MIN_UPLOAD_BYTES_S`
-        over every :data:`RATE_WINDOW_S`."""
-        if self.receiving >= self.api.uploads_at_once:
-            raise ApiError("busy", f"{self.receiving} uploads at once ([api] uploads_at_once)", 10)
-        share = max(1, int(self.api.uploads_at_once * CALLER_SHARE))
-        if self.receiving_by[caller.key] >= share:
-            raise ApiError("busy", f"{share} uploads of this caller at once (of [api] uploads_at_once)", 10)
+        """Stream the body to an upload file of the caller's user's folder, in one of the
+        upload slots (:class:`~.shares.Shares`); each upload at least :data:`MIN_UPLOAD_BYTES_S`
+        over every :data:`RATE_WINDOW_S`, done within ``api.max_upload_s``, and the user's
+        uploads on disk within :func:`~.shares.user_bytes_allowed`."""
+        self.shares.may_wait(caller)
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > self.api.max_upload_mb * 2**20 + 2**20:
             raise UploadError(
                 "payload_too_large", f"the upload is over {self.api.max_upload_mb} MiB ([api] max_upload_mb)"
             )
         upload = Upload(
-            self.uploads,
+            user_folder(self.uploads, caller.user),
             boundary_of(request.headers.get("content-type")),
             file_field=file_field,
             raw_pcm=raw_pcm,
@@ -337,21 +333,27 @@ class Api:
             min_free_bytes=self.settings.limits.min_free_disk_mb * 2**20,
             keep_bytes=keep_bytes,
         )
-        self.receiving += 1
-        self.receiving_by[caller.key] += 1
+        slot = self.shares.take(caller, time.monotonic())
+        dropped = asyncio.ensure_future(slot.dropped.wait())
         try:
+            held, free = await anyio.to_thread.run_sync(disk_of, upload.folder)
+            allowed = user_bytes_allowed(held, free, upload.min_free_bytes, self.api.max_user_uploads_mb * 2**20)
             stream = request.stream().__aiter__()
             window, window_bytes = time.monotonic(), 0
+            deadline = window + self.api.max_upload_s
             while True:
-                try:
-                    chunk = await asyncio.wait_for(stream.__anext__(), self.api.idle_timeout_s)
-                except StopAsyncIteration:
+                chunk = await next_piece(stream, slot, dropped, deadline, self.api)
+                if chunk is None:
                     break
-                except TimeoutError:
-                    raise UploadError(
-                        "upload_timeout", f"nothing sent for {self.api.idle_timeout_s:g} s ([api] idle_timeout_s)"
-                    ) from None
                 upload.feed(chunk)
+                slot.received = upload.size
+                slot.kept = min(upload.size, upload.keep_bytes if upload.keep_bytes is not None else upload.size)
+                if held + self.shares.receiving(caller.user) > allowed:
+                    raise UploadError(
+                        "uploads_full",
+                        f"the uploads of user {caller.user!r} would pass {allowed // 2**20} MiB on disk "
+                        "([api] max_user_uploads_mb, or half of the space left); they go as their jobs end",
+                    )
                 window_bytes += len(chunk)
                 if (elapsed := time.monotonic() - window) >= RATE_WINDOW_S:
                     if window_bytes < MIN_UPLOAD_BYTES_S * elapsed:
@@ -372,10 +374,8 @@ class Api:
             upload.discard()
             raise
         finally:
-            self.receiving -= 1
-            self.receiving_by[caller.key] -= 1
-            if self.receiving_by[caller.key] <= 0:
-                del self.receiving_by[caller.key]
+            dropped.cancel()
+            self.shares.release(slot)
 
     async def _run(self, request: Request, caller: Caller, upload: Upload, options: dict[str, Any]) -> Ended | None:
         """Submit the upload's job and wait for its end; None when the caller went away first
@@ -398,19 +398,29 @@ class Api:
             raise ApiError(code, message, RETRY_AFTER_S.get(code))
         upload.used = True  # a job names the file now
         job_id = response["data"]["jobs"][0]["job_id"]
-        done = await self._wait(request, ended)
-        if done is not None and response["data"]["jobs"][0].get("duplicate") and again(done.job):
-            # the same audio sent again after its job failed: that job runs once more
-            log.info("HTTP caller %s sent the audio of failed job %s again: retried", caller.user, job_id)
-            retry = orjson.dumps({"job_id": job_id})
-            answered, ended = self.gateway.submit_and_wait(retry, caller.user, command="retry")
-            if (await _answer(answered)).get("status") == "ok":
-                done = await self._wait(request, ended)
+        try:
+            self.shares.wait(caller, job_id)
+        except Refused:
+            ended.cancel()
+            raise
+        log.debug("HTTP caller %s waits for job %s", caller.user, job_id)
+        try:
+            done = await self._wait(request, ended)
+            if done is not None and response["data"]["jobs"][0].get("duplicate") and again(done.job):
+                # the same audio sent again after its job failed: that job runs once more
+                log.info("HTTP caller %s sent the audio of failed job %s again: retried", caller.user, job_id)
+                retry = orjson.dumps({"job_id": job_id})
+                answered, ended = self.gateway.submit_and_wait(retry, caller.user, command="retry")
+                if (await _answer(answered)).get("status") == "ok":
+                    done = await self._wait(request, ended)
+        finally:
+            self.shares.done(caller, job_id)
         if done is None:
             log.info("HTTP caller %s went away; job %s goes on", caller.user, job_id)
             return None
         job = done.job
         if job.get("state") != "succeeded":
+            upload.used = False  # the upload goes with its job's failure (the gateway deletes it too)
             err = job.get("error") or {}
             code = str(err.get("code") or job.get("state"))
             raise ApiError(code, f"job {job_id} {job.get('state')}: {err.get('message', '')}")
@@ -543,6 +553,28 @@ def with_request_ids(app: Any) -> Any:
 
 def _model_object(name: str) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": 0, "owned_by": "edge-queue"}
+
+
+async def next_piece(
+    stream: Any, slot: Slot, dropped: asyncio.Future[Any], deadline: float, api: ApiSettings
+) -> bytes | None:
+    """The body's next piece, None at its end. Raises :class:`UploadError` 408 after
+    ``api.idle_timeout_s`` without data, past ``deadline`` (``api.max_upload_s``), or when a new
+    call took the slot of this slow upload (``dropped``)."""
+    piece: asyncio.Future[bytes] = asyncio.ensure_future(stream.__anext__())
+    wait = max(0.0, min(api.idle_timeout_s, deadline - time.monotonic()))
+    await asyncio.wait({piece, dropped}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+    if piece.done():
+        try:
+            return piece.result()
+        except StopAsyncIteration:
+            return None
+    piece.cancel()
+    if slot.dropped.is_set():
+        raise UploadError("upload_timeout", "every upload slot was taken and this upload was the slowest")
+    if time.monotonic() >= deadline:
+        raise UploadError("upload_timeout", f"the upload took over {api.max_upload_s:g} s ([api] max_upload_s)")
+    raise UploadError("upload_timeout", f"nothing sent for {api.idle_timeout_s:g} s ([api] idle_timeout_s)")
 
 
 async def _disconnected(request: Request) -> None:

@@ -4,8 +4,9 @@ service's loop (docs/http-api.md, "Bounds").
 uvicorn runs the Starlette application of :mod:`.api` with its h11 protocol, given a deadline
 for a request's headers (:class:`HeaderDeadline`: uvicorn has none of its own, so a client
 sending its headers a byte a minute would hold a connection for ever), at most
-:func:`max_connections` connections (one more is answered 503 by uvicorn), and requests' header
-blocks of at most :data:`MAX_HEADER_BYTES`.
+:func:`max_connections` connections (one more is answered 503 in the error shape by
+:class:`HeaderDeadline`, below uvicorn's own limit, whose answer is ``text/plain``), and
+requests' header blocks of at most :data:`MAX_HEADER_BYTES`.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def max_connections_per_address(uploads_at_once: int) -> int:
     return max_connections(uploads_at_once) // 4
 
 
-#: A connection over its address's share, answered before it is closed (uvicorn has not read it).
+#: A connection over its address's share, or over :func:`max_connections`, answered before it
+#: is closed (uvicorn has not read it).
 TOO_MANY = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 10\r\n"
     b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
@@ -62,6 +64,15 @@ TOO_MANY_BODY = (
     b'{"error": {"message": "too many connections from this address", "type": "server_error", '
     b'"param": null, "code": "busy"}}'
 )
+ALL_TAKEN_BODY = (
+    b'{"error": {"message": "every connection of the HTTP API is taken", "type": "server_error", '
+    b'"param": null, "code": "busy"}}'
+)
+#: Seconds a refused connection is read (and what it sends dropped) before it is closed.
+REFUSED_S = 2.0
+#: uvicorn's own limit, never reached: :class:`HeaderDeadline` closes connections past
+#: :func:`max_connections` first, in the error shape (uvicorn's 503 is text/plain).
+UVICORN_LIMIT_FACTOR = 4
 #: The answer to a request h11 cannot read (a broken request line, a head over
 #: :data:`MAX_HEADER_BYTES` still incomplete), in the error shape instead of uvicorn's text.
 UNREADABLE_BODY = (
@@ -107,7 +118,8 @@ class HeadBound:
 class HeaderDeadline(H11Protocol):
     """uvicorn's h11 protocol, closing a connection that has not sent a whole request head
     within :data:`HEADER_S` seconds of connecting or of its previous response's end, and
-    answering 503 to a connection over its address's share (``per_address``). ``cycle`` is
+    answering 503 in the error shape to a connection over its address's share (``per_address``)
+    or over every connection's (``at_most``). ``cycle`` is
     uvicorn's current request (``None`` until the first head is complete, a new one at each
     head; ``response_complete``), ``client`` its peer: uvicorn's own names, pinned with its
     version and checked by tests/test_http_api.py and tests/test_http_refusals.py."""
@@ -115,15 +127,37 @@ class HeaderDeadline(H11Protocol):
     #: connections open by client address (every connection runs on the server's one loop)
     open_by_address: ClassVar[Counter[str]] = Counter()
     per_address: ClassVar[int] = 64
+    at_most: ClassVar[int] = 256
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._address = self.client[0] if self.client else "?"
         self.open_by_address[self._address] += 1
         self._arm(None)
-        if self.open_by_address[self._address] > self.per_address:
-            transport.write(TOO_MANY % (len(TOO_MANY_BODY), TOO_MANY_BODY))
-            transport.close()
+        body = None
+        if self.open_by_address.total() > self.at_most:
+            body = ALL_TAKEN_BODY
+        elif self.open_by_address[self._address] > self.per_address:
+            body = TOO_MANY_BODY
+        self._refused = body is not None
+        if body is not None:
+            # answered at once, then the request the client sends is read and dropped until it
+            # closes (or for REFUSED_S): a close with its request unread would be a reset,
+            # which loses the answer on the client's side
+            transport.write(TOO_MANY % (len(body), body))
+            transport.write_eof()
+            if self.open_by_address.total() > 2 * self.at_most:
+                transport.close()  # a flood: no lingering, so that uvicorn's own limit is never reached
+            else:
+                asyncio.get_running_loop().call_later(REFUSED_S, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._refused:
+            super().data_received(data)
+
+    def eof_received(self) -> None:
+        if self._refused:
+            self.transport.close()
 
     def _arm(self, cycle: Any) -> None:
         self._head_deadline = asyncio.get_running_loop().call_later(HEADER_S, self._head_late, cycle)
@@ -169,6 +203,7 @@ class ApiServer:
         self.sock = socket.create_server((api.host, api.port), reuse_port=False)  # OSError: taken
         self.port = self.sock.getsockname()[1]
         HeaderDeadline.per_address = max_connections_per_address(api.uploads_at_once)
+        HeaderDeadline.at_most = max_connections(api.uploads_at_once)
         config = uvicorn.Config(
             with_request_ids(HeadBound(Api(settings, gateway, version).app())),
             http=HeaderDeadline,
@@ -176,7 +211,7 @@ class ApiServer:
             log_config=None,
             log_level="warning",  # its start and stop lines are ours to log
             access_log=False,
-            limit_concurrency=max_connections(api.uploads_at_once),
+            limit_concurrency=UVICORN_LIMIT_FACTOR * max_connections(api.uploads_at_once),
             timeout_keep_alive=KEEP_ALIVE_S,
             h11_max_incomplete_event_size=MAX_HEADER_BYTES,
             server_header=False,

@@ -48,6 +48,7 @@ STATUS: dict[str, int] = {
     "stopping": 503,
     "timeout": 504,
     "disk_full": 507,
+    "uploads_full": 507,
 }
 
 #: Codes that say the call itself is at fault (never a 5xx).

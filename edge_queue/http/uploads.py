@@ -171,7 +171,7 @@ class Upload:
                 pass
             self._fh = None
         if self._part_path is not None:
-            self._part_path.unlink(missing_ok=True)
+            delete(self._part_path)
             self._part_path = None
 
     # -- the parser's callbacks -----------------------------------------------------------
@@ -207,7 +207,12 @@ class Upload:
         self.folder.mkdir(parents=True, exist_ok=True)
         self._check_disk()
         self._part_path = self.folder / f".part-{uuid.uuid4().hex}"
-        fd = os.open(self._part_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        try:
+            fd = os.open(self._part_path, flags, 0o640)
+        except FileNotFoundError:  # the user's folder, empty, was just removed (:func:`delete`)
+            self.folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self._part_path, flags, 0o640)
         self._fh = os.fdopen(fd, "wb")
         if self.raw_pcm:
             self._wav = wave.open(self._fh, "wb")
@@ -268,10 +273,45 @@ def field(upload: Upload, name: str, default: Any = None) -> Any:
     return values[-1] if values else default
 
 
+def user_folder(uploads: Path, user: str) -> Path:
+    """``<uploads>/<the first 16 hex digits of the user name's SHA-256>``: a user's uploads,
+    apart so that what each user keeps on disk is known, whatever characters its name has
+    (docs/http-api.md, "Uploads")."""
+    return uploads / hashlib.sha256(user.encode()).hexdigest()[:16]
+
+
+def delete(path: Path) -> None:
+    """Delete the upload (or unfinished upload) ``path``, and its user's folder when that is
+    left empty: a refused upload leaves nothing in ``uploads``. Raises ``OSError``."""
+    path.unlink(missing_ok=True)
+    if re.fullmatch(r"[0-9a-f]{16}", path.parent.name):
+        try:
+            path.parent.rmdir()
+        except OSError:
+            pass  # not empty: another upload of the user's is there
+
+
+def disk_of(folder: Path) -> tuple[int, int]:
+    """``(bytes of the finished uploads in folder, bytes free on its disk)``; the folder is
+    made when missing. Uploads being received (``.part-*``) are not counted: their callers
+    count them as they arrive. Raises ``OSError``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    held = 0
+    for entry in os.scandir(folder):
+        if entry.name.startswith(".part-"):
+            continue
+        try:
+            held += entry.stat(follow_symlinks=False).st_size
+        except OSError:
+            continue
+    return held, shutil.disk_usage(folder).free
+
+
 def sweep(folder: Path, keep_s: float, now: float) -> int:
-    """Delete the uploads of ``folder`` last written over ``keep_s`` seconds before ``now``
-    (unix seconds; their jobs are gone by then, docs/http-api.md, "Uploads"), and unfinished
-    ones (``.part-*``) over an hour old. Returns how many were deleted."""
+    """Delete the uploads of ``folder`` and of its users' folders last written over ``keep_s``
+    seconds before ``now`` (unix seconds; their jobs are gone by then, docs/http-api.md,
+    "Uploads"), and unfinished ones (``.part-*``) over an hour old. Returns how many were
+    deleted."""
     deleted = 0
     try:
         entries = list(os.scandir(folder))
@@ -279,6 +319,11 @@ def sweep(folder: Path, keep_s: float, now: float) -> int:
         return 0
     for entry in entries:
         try:
+            if entry.is_dir(follow_symlinks=False):
+                deleted += sweep(Path(entry.path), keep_s, now)
+                if re.fullmatch(r"[0-9a-f]{16}", entry.name):
+                    os.rmdir(entry.path)  # OSError when not empty: kept
+                continue
             age = now - entry.stat(follow_symlinks=False).st_mtime
             if age > (3600 if entry.name.startswith(".part-") else keep_s):
                 os.unlink(entry.path)
