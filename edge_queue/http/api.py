@@ -51,6 +51,9 @@ DETECT_S = 30
 MAX_OUTPUT_BYTES = 256 * 2**20
 #: Codes of a job's error that say the file sent is not usable audio: 422, not 500.
 MEDIA_ERRORS = frozenset({"unsupported_media", "no_audio_stream", "truncated_media", "decode_error"})
+#: A language the model does not speak or could not tell (docs/http-api.md, "Languages"): 422,
+#: as a refused submit and as a failed job; the same audio sent again is not run again.
+LANGUAGE_ERRORS = frozenset({"language_unsupported", "language_uncertain"})
 #: HTTP status of a refused submit, by its error code (docs/http-api.md, "Errors").
 SUBMIT_STATUS = {"queue_full": 503, "disk_full": 507, "forbidden": 403, "payload_too_large": 413}
 #: An upload slower than this many bytes a second over :data:`RATE_WINDOW_S` is dropped (408).
@@ -184,23 +187,26 @@ class Api:
 
     async def detect_language(self, request: Request) -> Response:
         """``POST /detect-language``: ``{"detected_language" (its name), "language_code",
-        "confidence"}`` of the first :data:`DETECT_S` seconds (raw PCM: the rest is not kept)."""
+        "confidence", "uncertain"}`` of the first :data:`DETECT_S` seconds (raw PCM: the rest is not kept)."""
         return await self._guarded(request, lambda caller: self._detect(request, caller))
 
     async def _detect(self, request: Request, caller: Caller) -> Response:
         raw_pcm = not flag(request.query_params.get("encode"), True)
         keep = DETECT_S * PCM_RATE * PCM_WIDTH if raw_pcm else None
         upload = await self._receive(request, caller, "audio_file", raw_pcm=raw_pcm, keep_bytes=keep)
-        ended = await self._run(request, caller, upload, {"task": "transcribe"})
+        ended = await self._run(request, caller, upload, {"task": "detect"})
         if ended is None:
             return Response(status_code=499)
         result = ended.job.get("result") or {}
         code = result.get("language")
+        # the model's own probability; "uncertain" below transcribe.language_threshold, and
+        # no language at all (null) without speech (docs/http-api.md, "Languages")
         return _json_now(
             {
                 "detected_language": transcripts.language_name(code),
                 "language_code": code,
                 "confidence": result.get("language_probability"),
+                "uncertain": bool(result.get("language_uncertain", code is None)),
             }
         )
 
@@ -366,6 +372,7 @@ class Api:
             err = response.get("error") or {}
             code = str(err.get("code", "internal_error"))
             status = SUBMIT_STATUS.get(code, 400 if code in ("invalid_request", "unknown_kind") else 500)
+            status = 422 if code in LANGUAGE_ERRORS else status
             raise ApiError(status, code, str(err.get("message", "")), 30 if status == 503 else None)
         upload.used = True  # a job names the file now
         job_id = response["data"]["jobs"][0]["job_id"]
@@ -384,7 +391,7 @@ class Api:
         if job.get("state") != "succeeded":
             err = job.get("error") or {}
             code = str(err.get("code") or job.get("state"))
-            status = 422 if code in MEDIA_ERRORS else 500
+            status = 422 if code in MEDIA_ERRORS | LANGUAGE_ERRORS else 500
             raise ApiError(status, code, f"job {job_id} {job.get('state')}: {err.get('message', '')}")
         return done
 
@@ -451,7 +458,7 @@ def again(job: dict[str, Any]) -> bool:
     cancelled, and not because the file is not usable audio (:data:`MEDIA_ERRORS`)."""
     if job.get("state") not in ("failed", "cancelled"):
         return False
-    return str((job.get("error") or {}).get("code")) not in MEDIA_ERRORS
+    return str((job.get("error") or {}).get("code")) not in MEDIA_ERRORS | LANGUAGE_ERRORS
 
 
 async def _disconnected(request: Request) -> None:
