@@ -7,6 +7,7 @@ itself, MQTT, Bazarr's calls to /detect-language and /asr, and the ``openai`` pa
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import shutil
 import subprocess
@@ -24,6 +25,7 @@ from edge_queue.kinds.transcribe import Transcribe
 
 from .conftest import need, wait_until, wer
 from .test_http_api import KEY, api_service, bazarr_asr, pcm_of
+from .test_nodes import final, hub_env, nodes, online  # noqa: F401 (nodes: the fixture)
 from .test_transcribe_batched import Ctx
 
 JFK = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
@@ -290,3 +292,45 @@ def test_an_idle_worker_releases_its_models(tmp_path: Path, speech: Path, model_
         proc.join(10)
         if proc.is_alive():
             proc.kill()
+
+
+@pytest.mark.slow
+def test_a_watch_folder_and_a_worker_node_tell_the_language_too(
+    mosquitto: Any,
+    service_factory: Any,
+    nodes: Any,  # noqa: F811 - the fixture imported from test_nodes
+    spoken: dict[str, Path],
+    tmp_path: Path,
+) -> None:
+    # Given a hub with no workers of its own, a node, and a watch folder making transcriptions
+    share = tmp_path / "share"
+    inbox = share / "inbox"
+    inbox.mkdir(parents=True)
+    watch = {"path": str(inbox), "kind": "transcribe", "include": ["*.wav"], "settle_s": 2.0, "mode": "events"}
+    hub = service_factory(mosquitto, [share], hub_env(["n1"], EDGE_QUEUE_WATCH=json.dumps([watch]))).start()
+    w = hub.watcher("#")
+    try:
+        nodes(hub, "n1", [share])
+        online(w, hub, ["n1"])
+        # When Spanish speech and espeak French (which base cannot place) land in the folder
+        for code in ("es", "fr"):
+            shutil.copy(spoken[code], inbox / f"{code}.wav")
+
+        def job_of(name: str) -> str | None:
+            found = [e["job"]["job_id"] for e in w.json_on(f"{hub.base}/events") if e["job"].get("input") == name]
+            return found[0] if found else None
+
+        ids = {
+            code: wait_until(lambda c=code: job_of(str(inbox / f"{c}.wav")), 60, f"a job for {code}.wav")
+            for code in ("es", "fr")
+        }
+        spanish, french = (final(w, hub, ids[c], timeout=300) for c in ("es", "fr"))
+        # Then the Spanish one is told and transcribed in Spanish on the node; the French one
+        # fails before decoding, saying why
+        assert spanish["state"] == "succeeded" and spanish["node"] == "n1", spanish
+        result = hub.request("get", {"job_id": ids["es"]}, w)["data"]["result"]
+        assert result["language"] == "es" and 0.5 <= result["language_probability"] < 1 and "Madrid" in result["text"]
+        assert french["state"] == "failed" and french["error"]["code"] == "language_uncertain", french
+        assert french["attempt"] == 1  # not retried: another attempt cannot tell it either
+    finally:
+        w.close()
