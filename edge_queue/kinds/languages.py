@@ -74,7 +74,7 @@ def routes(cfg: Any) -> dict[str, str]:
     """The model each language goes to (``cfg``: the ``[transcribe]`` settings):
     ``transcribe.language_models`` when set; else, while ``transcribe.model`` is unset (the
     bundled base), English to the bundled tiny.en, which transcribes English as well for less
-    CPU (docs/benchmarks.md, P9); with a ``transcribe.model`` of the user's, none."""
+    CPU (bench/p9_languages.py); with a ``transcribe.model`` of the user's, none."""
     if cfg.language_models is not None:
         return dict(cfg.language_models)
     return {"en": TINY_EN} if cfg.model is None else {}
