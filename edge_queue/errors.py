@@ -36,6 +36,12 @@ class ErrorCode(StrEnum):
     NO_AUDIO_STREAM = "no_audio_stream"
     TRUNCATED_MEDIA = "truncated_media"
     DECODE_ERROR = "decode_error"
+    #: a ``transcribe`` job's language, given or detected, is one its model does not speak, or
+    #: an English-only model was asked to tell the language (docs/topics.md, "Languages")
+    LANGUAGE_UNSUPPORTED = "language_unsupported"
+    #: the model could not tell the spoken language surely enough (below
+    #: ``transcribe.language_threshold``) and the job did not give it
+    LANGUAGE_UNCERTAIN = "language_uncertain"
     OUTPUT_EXISTS = "output_exists"
     OUTPUT_NOT_WRITABLE = "output_not_writable"
     #: ``get``'s ``result.output_errors``: an output is no longer the file its job wrote, is
@@ -64,6 +70,8 @@ NON_RETRYABLE: frozenset[ErrorCode] = frozenset(
         ErrorCode.NO_AUDIO_STREAM,
         ErrorCode.TRUNCATED_MEDIA,
         ErrorCode.DECODE_ERROR,
+        ErrorCode.LANGUAGE_UNSUPPORTED,
+        ErrorCode.LANGUAGE_UNCERTAIN,
         ErrorCode.OUTPUT_EXISTS,
         ErrorCode.OUTPUT_NOT_WRITABLE,
         ErrorCode.CANCELLED,

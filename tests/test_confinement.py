@@ -270,7 +270,8 @@ def test_the_worker_opens_its_input_once_and_a_swap_at_that_moment_fails_fast(
 
 def test_client_text_never_becomes_a_file_name(mosquitto: Broker, service_factory, layout: tuple[Path, Path]) -> None:
     root, secret = layout
-    svc = service_factory(mosquitto, [root]).start()
+    # (an English-only model, configured by its bundled name)
+    svc = service_factory(mosquitto, [root], {"EDGE_QUEUE_TRANSCRIBE__MODEL": "tiny.en"}).start()
     watcher = svc.watcher("response/#")
     clip = str(root / "clip.wav")
     # A language that is not a Whisper code (here a path) is refused, naming the field
@@ -282,11 +283,12 @@ def test_client_text_never_becomes_a_file_name(mosquitto: Broker, service_factor
         )
         assert resp["status"] == "error", resp
         assert resp["error"]["field"] in ("options.language", "input"), resp
-    # ... and the bundled English-only model takes only "en"
+    # ... and an English-only model takes only "en"
     resp = svc.request("submit", {"kind": "transcribe", "input": clip, "options": {"language": "fr"}}, watcher)
     assert resp["status"] == "error" and resp["error"]["field"] == "options.language", resp
-    # (named as results name it: the bundled model's own name, not its folder's)
-    assert "the model 'tiny.en' is English-only" in resp["error"]["message"], resp
+    assert resp["error"]["code"] == "language_unsupported", resp
+    # (named as results name it, with the setting that chose it)
+    assert "the model 'tiny.en' (transcribe.model) is English-only" in resp["error"]["message"], resp
     assert svc.request("list", {}, watcher)["data"]["jobs"] == []
 
 

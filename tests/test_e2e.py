@@ -54,9 +54,10 @@ def test_transcribe_jfk_seen_by_subscribers(broker, service_factory, speech: Pat
     result = done["result"]
     assert wer(REFERENCE["jfk.flac"], result["text"]) <= 0.1, result["text"]
     assert result["language"] == "en" and result["duration_s"] == pytest.approx(11.0, abs=0.1)
-    assert result["model"] == "tiny.en"  # the bundled model's name, not its folder's ("model")
-    # (a number from 0 to 1 as docs/topics.md says, 1.0 for the English-only model: not the integer 1)
-    assert result["language_probability"] == 1.0 and isinstance(result["language_probability"], float), result
+    # English told by the bundled base, transcribed by tiny.en (named as the bundled model names itself)
+    assert result["model"] == "tiny.en"
+    # (the model's own probability, a number from 0 to 1 as docs/topics.md says: never a made-up 1.0)
+    assert 0.5 <= result["language_probability"] < 1.0 and isinstance(result["language_probability"], float), result
     assert set(result["outputs"]) == {"txt", "srt", "vtt", "json"}
     for path in result["outputs"].values():
         assert Path(path).is_file() and Path(path).parent == svc.data_dir / "outputs" / job_id

@@ -234,14 +234,16 @@ def _relay(settings: Settings) -> Iterator[Check]:
 
 
 def _model(settings: Settings) -> Iterator[Check]:
+    from edge_queue.kinds.languages import routes
     from edge_queue.kinds.transcribe import model_threads, resolve_model
     from edge_queue.kinds.whisper import load_model
 
     cfg = settings.transcribe
     refs = {"transcribe.model": cfg.model} | {f"transcribe.models.{k}": v for k, v in cfg.models.items()}
+    refs |= {f"transcribe.language_models.{k}": v for k, v in routes(cfg).items()}
     for key, ref in refs.items():
         try:
-            path = resolve_model(ref)
+            path = resolve_model(ref, settings.data_dir / "models")
             started = time.monotonic()
             load_model(path, cfg.compute_type, model_threads(settings), cfg.device)
             yield Check(key, True, f"{path} loads ({cfg.compute_type}, {time.monotonic() - started:.1f} s)")

@@ -61,6 +61,9 @@ MEDIA_ERRORS = frozenset({"unsupported_media", "no_audio_stream", "truncated_med
 #: Seconds a caller is told to wait (``Retry-After``) before sending again after a refusal of
 #: these codes (docs/http-api.md, "Errors").
 RETRY_AFTER_S = {"queue_full": 30, "stopping": 10}
+#: A language the model does not speak or could not tell (docs/http-api.md, "Languages"): 422,
+#: as a refused submit and as a failed job; the same audio sent again is not run again.
+LANGUAGE_ERRORS = frozenset({"language_unsupported", "language_uncertain"})
 #: An upload slower than this many bytes a second over :data:`RATE_WINDOW_S` is dropped (408).
 MIN_UPLOAD_BYTES_S = 16 * 1024
 RATE_WINDOW_S = 10.0
@@ -198,23 +201,26 @@ class Api:
 
     async def detect_language(self, request: Request) -> Response:
         """``POST /detect-language``: ``{"detected_language" (its name), "language_code",
-        "confidence"}`` of the first :data:`DETECT_S` seconds (raw PCM: the rest is not kept)."""
+        "confidence", "uncertain"}`` of the first :data:`DETECT_S` seconds (raw PCM: the rest is not kept)."""
         return await self._guarded(request, lambda caller: self._detect(request, caller))
 
     async def _detect(self, request: Request, caller: Caller) -> Response:
         raw_pcm = not flag(request.query_params.get("encode"), True)
         keep = DETECT_S * PCM_RATE * PCM_WIDTH if raw_pcm else None
         upload = await self._receive(request, caller, "audio_file", raw_pcm=raw_pcm, keep_bytes=keep)
-        ended = await self._run(request, caller, upload, {"task": "transcribe"})
+        ended = await self._run(request, caller, upload, {"task": "detect"})
         if ended is None:
             return Response(status_code=499)
         result = ended.job.get("result") or {}
         code = result.get("language")
+        # the model's own probability; "uncertain" below transcribe.language_threshold, and
+        # no language at all (null) without speech (docs/http-api.md, "Languages")
         return _json_now(
             {
                 "detected_language": transcripts.language_name(code),
                 "language_code": code,
                 "confidence": result.get("language_probability"),
+                "uncertain": bool(result.get("language_uncertain", code is None)),
             }
         )
 
@@ -490,7 +496,7 @@ def again(job: dict[str, Any]) -> bool:
     cancelled, and not because the file is not usable audio (:data:`MEDIA_ERRORS`)."""
     if job.get("state") not in ("failed", "cancelled"):
         return False
-    return str((job.get("error") or {}).get("code")) not in MEDIA_ERRORS
+    return str((job.get("error") or {}).get("code")) not in MEDIA_ERRORS | LANGUAGE_ERRORS
 
 
 def _stopping() -> ApiError:

