@@ -19,7 +19,6 @@ import errno
 import hashlib
 import logging
 import time
-import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
@@ -533,28 +532,6 @@ def _refused(request: Request, error: HttpError, address: str) -> JSONResponse:
         request.scope.get("state", {}).get("request_id", "-"),
     )
     return error_response(error, openai=openai)
-
-
-def with_request_ids(app: Any) -> Any:
-    """The ASGI ``app`` answering every request with an ``x-request-id: req_<32 hex>`` header,
-    as OpenAI's API does (its clients show it as ``request_id``); the id is in the scope's state
-    (``request_id``) for the log lines."""
-
-    async def asgi(scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await app(scope, receive, send)
-            return
-        request_id = f"req_{uuid.uuid4().hex}"
-        scope.setdefault("state", {})["request_id"] = request_id
-
-        async def send_with_id(message: Any) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
-            await send(message)
-
-        await app(scope, receive, send_with_id)
-
-    return asgi
 
 
 def _model_object(name: str) -> dict[str, Any]:

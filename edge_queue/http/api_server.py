@@ -16,6 +16,7 @@ import logging
 import socket
 import threading
 import time
+import uuid
 from collections import Counter
 from typing import Any, ClassVar
 
@@ -25,7 +26,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from edge_queue.config import Settings
 
-from .api import Api, ApiError, JobGateway, error_response, refusals, with_request_ids
+from .api import Api, ApiError, JobGateway, error_response, refusals
 from .uploads import sweep
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,28 @@ class HeadBound:
             await error_response(error, openai=scope["path"].startswith("/v1/"))(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+
+def with_request_ids(app: Any) -> Any:
+    """The ASGI ``app`` answering every request with an ``x-request-id: req_<32 hex>`` header,
+    as OpenAI's API does (its clients show it as ``request_id``); the id is in the scope's state
+    (``request_id``) for the log lines."""
+
+    async def asgi(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        request_id = f"req_{uuid.uuid4().hex}"
+        scope.setdefault("state", {})["request_id"] = request_id
+
+        async def send_with_id(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+            await send(message)
+
+        await app(scope, receive, send_with_id)
+
+    return asgi
 
 
 class HeaderDeadline(H11Protocol):
