@@ -452,8 +452,7 @@ class Service:
         """Republish status, info, queue, every job and batch, in pieces; False if one is running (it covers this)."""
         if self.republisher.active:
             return False
-        self.announcer.forget_conflicts()
-        self.announcer.announce()
+        self.announcer.announce(forget_conflicts=True)
         self.republisher.start()
         return True
 

@@ -313,6 +313,8 @@ def test_the_submit_script_hands_back_the_job_id(ha, tmp_path: Path, speech: Pat
         extra = tmp_path / "extra.yaml"
         extra.write_text(EXTRA_YAML)
         restart_home_assistant(h, inst, extra)
+        ha_log = config / "home-assistant.log"
+        log_start = ha_log.stat().st_size if ha_log.exists() else 0
         wait_state(h, inst, "script.edge_queue_submit", lambda s, a: s == "off", "the script loaded")
         wait_state(h, inst, "sensor.edge_queue_queued", lambda s, a: s == "0", "edge-queue seen")
         # When it is called with a kind and options, as an action with a response
@@ -331,6 +333,12 @@ def test_the_submit_script_hands_back_the_job_id(ha, tmp_path: Path, speech: Pat
         result = answer["response"]
         # Then it hands back the job's id, and the job runs with those options
         assert result["status"] == "ok" and not result["error"], answer
+        # issue 52, row 17: a successful call logs no template warning (before: one per call,
+        # `answer.error` absent from an ok answer)
+        with open(ha_log, "rb") as f:
+            f.seek(log_start)
+            warned = [x for x in f.read().decode(errors="replace").splitlines() if "Template variable" in x]
+        assert not [x for x in warned if "'error'" in x], warned[:4]
         job = w.wait_json(f"{svc.base}/jobs/{result['job_id']}", lambda m: m["state"] == "succeeded", timeout=120)
         assert job["options"]["formats"] == ["txt", "srt"] and job["input"] == str(clip), job
         # And a refused submit hands back edge-queue's error
