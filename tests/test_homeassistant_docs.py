@@ -71,6 +71,7 @@ def blocks() -> dict[str, str]:
                     ("card", "type: button"),
                     ("script_use", "- id: edge_queue_transcribe_voicemail"),
                     ("automations", "- id: "),
+                    ("logbook", "logbook:"),
                 ]
                 if first.startswith(start)
             ),
@@ -369,3 +370,28 @@ def test_the_submit_script_hands_back_the_job_id(ha, tmp_path: Path, speech: Pat
     finally:
         w.close()
         svc.stop()
+
+
+def test_the_logbook_exclusion_leaves_one_line_per_job() -> None:
+    """Issue 52, row 20: the page's logbook exclusion names the entities that change at every
+    job and have no unit (Home Assistant's logbook leaves sensors with a unit out by itself),
+    and keeps the "Job finished" event: the entity ids Home Assistant makes from the device's
+    names (its device name plus the entity's name, slugified), for a host and for the add-on."""
+    import fnmatch
+
+    import yaml
+
+    from edge_queue.mqtt.topics import Topics
+    from edge_queue.publish.discovery import device_config
+
+    globs = yaml.safe_load(blocks()["logbook"])["logbook"]["exclude"]["entity_globs"]
+    for device in ("edge-queue nas", "edge-queue"):
+        config = device_config(Topics("edge-queue"), "abc", "nas", "1", name=device)
+        slug = device.replace("-", "_").replace(" ", "_")
+        ids = {
+            key: f"{c['p']}.{slug}_{c['name'].lower().replace(' ', '_')}"
+            for key, c in config["cmps"].items()
+            if c["p"] in ("sensor", "event") and "unit_of_meas" not in c
+        }
+        excluded = {key for key, eid in ids.items() if any(fnmatch.fnmatch(eid, g) for g in globs)}
+        assert excluded == {"current_job", "last_result", "submit_result"}, (device, ids, excluded)
