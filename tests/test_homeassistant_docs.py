@@ -71,6 +71,7 @@ def blocks() -> dict[str, str]:
                     ("card", "type: button"),
                     ("script_use", "- id: edge_queue_transcribe_voicemail"),
                     ("automations", "- id: "),
+                    ("logbook", "logbook:"),
                 ]
                 if first.startswith(start)
             ),
@@ -313,6 +314,8 @@ def test_the_submit_script_hands_back_the_job_id(ha, tmp_path: Path, speech: Pat
         extra = tmp_path / "extra.yaml"
         extra.write_text(EXTRA_YAML)
         restart_home_assistant(h, inst, extra)
+        ha_log = config / "home-assistant.log"
+        log_start = ha_log.stat().st_size if ha_log.exists() else 0
         wait_state(h, inst, "script.edge_queue_submit", lambda s, a: s == "off", "the script loaded")
         wait_state(h, inst, "sensor.edge_queue_queued", lambda s, a: s == "0", "edge-queue seen")
         # When it is called with a kind and options, as an action with a response
@@ -331,6 +334,12 @@ def test_the_submit_script_hands_back_the_job_id(ha, tmp_path: Path, speech: Pat
         result = answer["response"]
         # Then it hands back the job's id, and the job runs with those options
         assert result["status"] == "ok" and not result["error"], answer
+        # issue 52, row 17: a successful call logs no template warning (before: one per call,
+        # `answer.error` absent from an ok answer)
+        with open(ha_log, "rb") as f:
+            f.seek(log_start)
+            warned = [x for x in f.read().decode(errors="replace").splitlines() if "Template variable" in x]
+        assert not [x for x in warned if "'error'" in x], warned[:4]
         job = w.wait_json(f"{svc.base}/jobs/{result['job_id']}", lambda m: m["state"] == "succeeded", timeout=120)
         assert job["options"]["formats"] == ["txt", "srt"] and job["input"] == str(clip), job
         # And a refused submit hands back edge-queue's error
@@ -361,3 +370,28 @@ def test_the_submit_script_hands_back_the_job_id(ha, tmp_path: Path, speech: Pat
     finally:
         w.close()
         svc.stop()
+
+
+def test_the_logbook_exclusion_leaves_one_line_per_job() -> None:
+    """Issue 52, row 20: the page's logbook exclusion names the entities that change at every
+    job and have no unit (Home Assistant's logbook leaves sensors with a unit out by itself),
+    and keeps the "Job finished" event: the entity ids Home Assistant makes from the device's
+    names (its device name plus the entity's name, slugified), for a host and for the add-on."""
+    import fnmatch
+
+    import yaml
+
+    from edge_queue.mqtt.topics import Topics
+    from edge_queue.publish.discovery import device_config
+
+    globs = yaml.safe_load(blocks()["logbook"])["logbook"]["exclude"]["entity_globs"]
+    for device in ("edge-queue nas", "edge-queue"):
+        config = device_config(Topics("edge-queue"), "abc", "nas", "1", name=device)
+        slug = device.replace("-", "_").replace(" ", "_")
+        ids = {
+            key: f"{c['p']}.{slug}_{c['name'].lower().replace(' ', '_')}"
+            for key, c in config["cmps"].items()
+            if c["p"] in ("sensor", "event") and "unit_of_meas" not in c
+        }
+        excluded = {key for key, eid in ids.items() if any(fnmatch.fnmatch(eid, g) for g in globs)}
+        assert excluded == {"current_job", "last_result", "submit_result"}, (device, ids, excluded)

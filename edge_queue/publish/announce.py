@@ -107,11 +107,10 @@ class Announcer:
         if self.settings.homeassistant.discovery:
             self.finished.connected(self.bridge.protocol_name == "5")
 
-    def announce(self, *, afresh: bool = False) -> None:
+    def announce(self, *, forget_conflicts: bool = False) -> None:
         """``online``, ``info`` and the Home Assistant config, retained: at every connect and
-        at the start of a republish (``afresh``: the other installations seen are forgotten
-        first, :meth:`forget_conflicts`)."""
-        if afresh:
+        at the start of a republish (``forget_conflicts``: :meth:`forget_conflicts` first)."""
+        if forget_conflicts:
             self.forget_conflicts()
         self.bridge.publish(self.topics.status, ONLINE, retain=True)
         self.publish_info()
