@@ -103,6 +103,8 @@ def settings(options: dict[str, Any], mqtt: dict[str, Any] | None) -> dict[str, 
     env["EDGE_QUEUE_HTTP__WEBSOCKET_PROXY"] = "true"
     env["EDGE_QUEUE_HTTP__WEBSOCKET_PORT"] = str(options.get("mqtt_websocket_port", 1884))
     env["EDGE_QUEUE_HTTP__FRAME_ANCESTORS"] = json.dumps(["'self'"])
+    # Home Assistant's ingress proxy: every page opened through the panel comes from this address
+    env["EDGE_QUEUE_HTTP__TRUSTED_PROXIES"] = json.dumps(["172.30.32.2"])
     env["EDGE_QUEUE_HOMEASSISTANT__NAME"] = "edge-queue"  # not the container's host name
     env["EDGE_QUEUE_HOMEASSISTANT__DEVICE_URL"] = ingress_url()
     if options.get("api_anonymous_user"):
