@@ -5,7 +5,8 @@
 Layout: a 5-minute recording of the shared speech clips (P3L's, bench/p3_long.py ``build``) and
 a telephone-like call (spoken with espeak-ng and shared clips, band-limited to 300-3400 Hz at
 8 kHz with sox), each transcribed once by the ``transcribe`` kind as a worker runs it (the
-default batched path, Whisper tiny.en); the share of cues keeping each rule of
+default batched path, Whisper tiny.en; the WER of the 5-minute recording against the clips'
+reference transcripts); the share of cues keeping each rule of
 edge_queue/kinds/cue_layout.py (lines, duration, reading speed, gap) in the ``json`` output's
 segments (the cues as every format had them before the layout) and in the ``srt`` output.
 
@@ -32,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness import BENCH, speech  # noqa: E402
-from p3_long import build  # noqa: E402
+from p3_long import build, wer  # noqa: E402
 
 SPOKEN = {
     "fr": "Bonjour à tous. Aujourd'hui nous allons parler de la cuisine française, "
@@ -145,7 +146,8 @@ def main() -> None:
     figures: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="eq-cues-") as tmp:
         folder = Path(tmp)
-        inputs = {"5-min clips": build(300, folder)[0], "telephone call": make_call(folder)}
+        clips, reference = build(300, folder)
+        inputs = {"5-min clips": clips, "telephone call": make_call(folder)}
         runs = [(name, path, True) for name, path in inputs.items()]
         runs += [(f"{name}, {side}", path, vad) for name, path in non_speech(folder).items() for side, vad in SIDES]
         for i, (name, path, vad) in enumerate(runs):
@@ -155,6 +157,7 @@ def main() -> None:
             segments = json.loads(Path(result["outputs"]["json"]).read_text())["segments"]
             srt = cues(Path(result["outputs"]["srt"]).read_text(), "srt")
             row = {
+                "wer": round(wer(reference, result["text"]), 4) if path == clips else None,
                 "wall_s": round(wall, 2),
                 "cpu_s": round(cpu, 2),
                 "audio_s": result["duration_s"],

@@ -27,27 +27,27 @@ def seg(text: str, nsp: float = 0.05, lp: float = -0.3, cr: float = 1.3, **more:
 
 def test_what_the_model_marks_as_no_speech_is_left_out() -> None:
     # faster-whisper's own rule: no-speech probability over 0.6 with a log probability under -1
-    assert why_left_out(seg(" Thank you very much.", nsp=0.61, lp=-1.14), None) == "no_speech"  # espeak Spanish
-    assert why_left_out(seg(" We were told.", nsp=0.7, lp=-0.5), None) is None  # the model is sure of the words
-    assert why_left_out(seg(" We were told.", nsp=0.3, lp=-1.5), None) is None  # unsure, but it heard speech
+    assert why_left_out(seg(" Thank you very much.", nsp=0.61, lp=-1.14), []) == "no_speech"  # espeak Spanish
+    assert why_left_out(seg(" We were told.", nsp=0.7, lp=-0.5), []) is None  # the model is sure of the words
+    assert why_left_out(seg(" We were told.", nsp=0.3, lp=-1.5), []) is None  # unsure, but it heard speech
 
 
 def test_loops_and_repetitive_text_are_left_out() -> None:
-    assert why_left_out(seg(" before my baby, my baby, my baby, my baby, my baby."), None) == "repetitive"
-    assert why_left_out(seg(" It was it was it was it was", cr=1.2), None) == "repetitive"
-    assert why_left_out(seg(" A long text that compresses well", cr=2.6), None) == "repetitive"
+    assert why_left_out(seg(" before my baby, my baby, my baby, my baby, my baby."), []) == "repetitive"
+    assert why_left_out(seg(" It was it was it was it was", cr=1.2), []) == "repetitive"
+    assert why_left_out(seg(" A long text that compresses well", cr=2.6), []) == "repetitive"
     assert not looped("No, no, no. I said it was the third time, the third time.")
     assert looped("$1,000,000,000,000,000,000,000,000")
 
 
 def test_known_junk_goes_when_the_model_doubts_it_and_stays_when_it_does_not() -> None:
     # silence, sequential decoder, no VAD: " You" with no-speech 0.94 and log probability -0.82
-    assert why_left_out(seg(" You", nsp=0.94, lp=-0.82), None) == "junk"
-    assert why_left_out(seg(" This is the end of the video, which is the end of the video.", nsp=0.52, lp=-1.22), None)
-    assert why_left_out(seg(" Thanks for watching!", nsp=0.1, lp=-0.2, words=[{"probability": 0.2}]), None) == "junk"
+    assert why_left_out(seg(" You", nsp=0.94, lp=-0.82), []) == "junk"
+    assert why_left_out(seg(" This is the end of the video, which is the end of the video.", nsp=0.52, lp=-1.22), [])
+    assert why_left_out(seg(" Thanks for watching!", nsp=0.1, lp=-0.2, words=[{"probability": 0.2}]), []) == "junk"
     # said, and heard clearly: kept
-    assert why_left_out(seg(" Thank you.", nsp=0.01, lp=-0.15), None) is None
-    assert why_left_out(seg(" Thank you for watching.", nsp=0.02, lp=-0.2), None) is None
+    assert why_left_out(seg(" Thank you.", nsp=0.01, lp=-0.15), []) is None
+    assert why_left_out(seg(" Thank you for watching.", nsp=0.02, lp=-0.2), []) is None
 
 
 def test_a_line_repeated_is_left_out_once_kept() -> None:
@@ -55,6 +55,16 @@ def test_a_line_repeated_is_left_out_once_kept() -> None:
     kept, left_out = real_speech(segments)
     assert [s["text"] for s in kept] == [" We can't do it.", " Then we left."]
     assert left_out == {"repeated": 2}
+    # a line made up again a line later (espeak French, VAD off): "I am trying to get a new
+    # model," / "but we have to get a new model." / "I am trying to get a new model."
+    kept, left_out = real_speech(
+        [
+            seg(" I am trying to get a new model,"),
+            seg(" but we have to get a new model."),
+            seg(" I am trying to get a new model."),
+        ]
+    )
+    assert len(kept) == 2 and left_out == {"repeated": 1}
     # a word said twice, clearly, stays
     kept, _ = real_speech([seg(" No."), seg(" No."), seg(" Please.")])
     assert len(kept) == 3

@@ -181,16 +181,20 @@ def test_a_batched_window_is_cut_into_cues_at_sentences_and_pauses() -> None:
         _w(" then", 2.0, 2.4),
         _w(" later", 4.0, 4.5),  # a pause of 1.6 s: cut
     ]
-    seg = SimpleNamespace(words=words, text="".join(w.word for w in words), start=0.0, end=4.5)
+    model = {"avg_logprob": -0.25, "no_speech_prob": 0.01, "compression_ratio": 1.2}  # the window's
+    seg = SimpleNamespace(words=words, text="".join(w.word for w in words), start=0.0, end=4.5, tokens=[1], **model)
     got = cues(seg, 100.0, words=True)
     assert [c["text"] for c in got] == [" And Mr. John spoke.", ' "Yes."', " then", " later"]
     assert [(c["start"], c["end"]) for c in got] == [(100.0, 101.5), (101.5, 102.0), (102.0, 102.4), (102.4, 104.5)]
     assert got[0]["words"][1] == {"start": 100.3, "end": 100.6, "word": " Mr.", "probability": 0.9}
     assert all(type(c["start"]) is float for c in got)
+    # each cue has the window's confidence (faster-whisper gives it per window)
+    assert all({k: c[k] for k in model} == model and c["tokens"] == [] for c in got), got
     # a window without word times stays one segment; an empty one gives none
-    plain = SimpleNamespace(words=None, text=" hello", start=1.0, end=2.0)
-    assert cues(plain, 0.0, words=False) == [{"start": 1.0, "end": 2.0, "text": " hello"}]
-    assert cues(SimpleNamespace(words=None, text=" ", start=1.0, end=2.0), 0.0, words=False) == []
+    plain = SimpleNamespace(words=None, text=" hello", start=1.0, end=2.0, tokens=[7], **model)
+    assert cues(plain, 0.0, words=False) == [{"start": 1.0, "end": 2.0, "text": " hello", **model, "tokens": [7]}]
+    empty = SimpleNamespace(words=None, text=" ", start=1.0, end=2.0, tokens=[], **model)
+    assert cues(empty, 0.0, words=False) == []
 
 
 def test_speech_is_looked_for_where_batched_windows_left_a_stretch_without_words() -> None:

@@ -117,11 +117,15 @@ def junk(text: str) -> bool:
     return plain in JUNK_LINES or any(p in plain for p in JUNK_PHRASES)
 
 
-def why_left_out(seg: dict[str, Any], previous: dict[str, Any] | None) -> str | None:
+#: A line is compared with the lines of this many segments kept before it.
+REPEATED_WITHIN = 3
+
+
+def why_left_out(seg: dict[str, Any], previous: list[dict[str, Any]]) -> str | None:
     """Why ``seg`` is left out of the transcript, or ``None`` to keep it: ``no_speech``
     (:func:`no_speech`), ``repetitive`` (:func:`repetitive`), ``junk`` (:func:`junk` text the
-    model :func:`doubted`), ``repeated`` (the text of ``previous``, the segment kept before it,
-    again: of 3 words or more, or doubted)."""
+    model :func:`doubted`), ``repeated`` (the text of one of ``previous``, the last
+    :data:`REPEATED_WITHIN` segments kept before it, again: of 3 words or more, or doubted)."""
     text = str(seg.get("text", ""))
     if not words_of(text):
         return None
@@ -131,7 +135,7 @@ def why_left_out(seg: dict[str, Any], previous: dict[str, Any] | None) -> str | 
         return "repetitive"
     if junk(text) and doubted(seg):
         return "junk"
-    if previous is not None and words_of(text) == words_of(str(previous.get("text", ""))):
+    if any(words_of(text) == words_of(str(p.get("text", ""))) for p in previous[-REPEATED_WITHIN:]):
         if len(words_of(text)) >= 3 or doubted(seg):
             return "repeated"
     return None
@@ -143,7 +147,7 @@ def real_speech(segments: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], d
     kept: list[dict[str, Any]] = []
     left_out: dict[str, int] = {}
     for seg in segments:
-        reason = why_left_out(seg, kept[-1] if kept else None)
+        reason = why_left_out(seg, kept[-REPEATED_WITHIN:])
         if reason is None:
             kept.append(seg)
         else:

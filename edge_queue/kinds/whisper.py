@@ -50,11 +50,6 @@ CUE_SOFT_S, CUE_HARD_S = 12.0, 20.0
 #: as the sequential decoder's segments do (they were within 0.3 s of each other, measured).
 CONTIGUOUS_S = 2.0
 SENTENCE_END = (".", "?", "!", "。", "？", "！")
-#: The most tokens decoded for one 30-s window: openai-whisper's ``sample_len`` (half the
-#: text context, 448). Fast speech needs about 150 (4 words a second); a decoder caught in a
-#: loop on audio its model cannot place ("my baby, my baby, ...") stops here, not at 448, at
-#: each of the sequential decoder's temperatures.
-MAX_NEW_TOKENS = 224
 #: Sample rate of the audio faster-whisper decodes (Hz).
 SAMPLE_RATE = 16_000
 #: A stretch of at least this many seconds between the words of two batched windows (or
@@ -265,12 +260,11 @@ def decode(
                 vad_filter=True,
                 without_timestamps=True,
                 word_timestamps=True,
-                max_new_tokens=MAX_NEW_TOKENS,
                 **options,
             )
             release_free_memory()  # VAD's buffers, before the decoder's
         return batched_segments(model, audio, offset_s, it, words, options), info
-    it, info = model.transcribe(audio, vad_filter=vad, word_timestamps=words, max_new_tokens=MAX_NEW_TOKENS, **options)
+    it, info = model.transcribe(audio, vad_filter=vad, word_timestamps=words, **options)
     return (segment(seg, offset_s, words) for seg in it), info
 
 
@@ -318,7 +312,6 @@ def decode_missed(
         vad_filter=True,
         vad_parameters=VadOptions(min_speech_duration_ms=MISSED_SPEECH_MS),
         word_timestamps=words,
-        max_new_tokens=MAX_NEW_TOKENS,
         **options,
     )
     found = [segment(seg, offset_s + start, words) for seg in it]
