@@ -35,7 +35,10 @@ def test_what_the_model_marks_as_no_speech_is_left_out() -> None:
 def test_loops_and_repetitive_text_are_left_out() -> None:
     assert why_left_out(seg(" before my baby, my baby, my baby, my baby, my baby."), []) == "repetitive"
     assert why_left_out(seg(" It was it was it was it was", cr=1.2), []) == "repetitive"
-    assert why_left_out(seg(" A long text that compresses well", cr=2.6), []) == "repetitive"
+    assert why_left_out(seg(" A long text that compresses well", cr=2.6, lp=-0.8), []) == "repetitive"
+    # a window holding one sentence said twice, clearly (the model is sure): speech, kept
+    jfk = " Ask not what your country can do for you, ask what you can do for your country."
+    assert why_left_out(seg(jfk + jfk, cr=3.48, lp=-0.06, nsp=0.37), []) is None  # measured on jfk.flac x 6
     assert not looped("No, no, no. I said it was the third time, the third time.")
     assert looped("$1,000,000,000,000,000,000,000,000")
 
@@ -51,7 +54,7 @@ def test_known_junk_goes_when_the_model_doubts_it_and_stays_when_it_does_not() -
 
 
 def test_a_line_repeated_is_left_out_once_kept() -> None:
-    segments = [seg(" We can't do it.", nsp=0.52, lp=-0.68) for _ in range(3)] + [seg(" Then we left.")]
+    segments = [seg(" We can't do it.", nsp=0.52, lp=-0.78) for _ in range(3)] + [seg(" Then we left.")]
     kept, left_out = real_speech(segments)
     assert [s["text"] for s in kept] == [" We can't do it.", " Then we left."]
     assert left_out == {"repeated": 2}
@@ -59,12 +62,16 @@ def test_a_line_repeated_is_left_out_once_kept() -> None:
     # model," / "but we have to get a new model." / "I am trying to get a new model."
     kept, left_out = real_speech(
         [
-            seg(" I am trying to get a new model,"),
-            seg(" but we have to get a new model."),
-            seg(" I am trying to get a new model."),
+            seg(" I am trying to get a new model,", lp=-0.8),
+            seg(" but we have to get a new model.", lp=-0.8),
+            seg(" I am trying to get a new model.", lp=-0.8),
         ]
     )
     assert len(kept) == 2 and left_out == {"repeated": 1}
+    # a sentence said again clearly is speech (a caller asking twice, a recording played twice)
+    again = [seg(" Can you hear me now?", nsp=0.37), seg(" Can you hear me now?", nsp=0.37), seg(" Yes.")]
+    kept, left_out = real_speech(again)
+    assert len(kept) == 3 and left_out == {}
     # a word said twice, clearly, stays
     kept, _ = real_speech([seg(" No."), seg(" No."), seg(" Please.")])
     assert len(kept) == 3
