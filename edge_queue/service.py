@@ -143,7 +143,7 @@ class Service:
         self.stopping = False
         self.stop_now = False  # a second SIGTERM/SIGINT: do not wait for running jobs
         self.store: Store | None = None
-        self.supervisor = Supervisor(settings)
+        self.supervisor = Supervisor(settings, lane=True)
         # payload_too_large from the size alone (bytes dropped); nothing over MAX_PACKET_BYTES (MQTT 5)
         self.bridge = Bridge(
             settings.mqtt,
@@ -161,7 +161,7 @@ class Service:
         self.api: ApiServer | None = None  # the HTTP API ([api]), started by run()
         self.reply_areas = ReplyAreas([*settings.access.admins, *settings.access.users, *settings.access.nodes])
         self.commands = Commands(self)
-        self.gateway = Gateway(self.commands.execute, self.job_store, self._wake_w)  # [api]'s requests
+        self.gateway = Gateway(self.commands.execute, self.job_store, self._wake_w, settings.uploads_dir)  # [api]'s
         self.nodes = Nodes(settings, self.topics, self.bridge, kinds=self.kinds)  # worker nodes: docs/nodes.md
         self.watch_folders = WatchFolders(self)  # [[watch]] (edge_queue/watch/folders.py)
         self.publisher = Publisher(
@@ -500,9 +500,9 @@ class Service:
             sock.close()
         self.notifier.close()
         self.turn_log.detach()
+        self.gateway.stop()  # first: the API answers its waiting callers while it stops
         if self.api is not None:
             self.api.stop()
-        self.gateway.stop()
         if self.page is not None:
             self.page.stop()
             self.page = None
