@@ -112,8 +112,8 @@ def test_mqtt_over_the_relay_and_more_pages_than_one_address_may_open(ws_mosquit
 @pytest.mark.slow
 @pytest.mark.serial
 @pytest.mark.xfail(
-    reason="open defect (issue 52, row 1 follow-up): Chromium's handshake to the page's own /mqtt relay "
-    "is answered 403 since the relay checks Origin; the test stays to show it fixed",
+    reason="intermittent (issue 52, row 1 follow-up): in one serial run of the browser tests Chromium's "
+    "handshake to the page's own /mqtt relay was answered 403; alone and beside test_page.py it passes",
     strict=False,
 )
 def test_the_page_in_a_browser_through_the_relay(
