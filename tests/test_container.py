@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from .conftest import ROOT, SYSTEM_MQTT, Watcher, need, port_open, wait_until
-from .test_page import ws_mosquitto  # noqa: F401 (a fixture, by name)
+from .test_load import PrivateMosquitto
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.container]
 
@@ -274,7 +274,9 @@ class FakeSupervisor:
     "password"}}`` for the add-on's token, 401 for any other; ``GET /addons/self/info``: its
     ``slug``."""
 
-    def __init__(self, broker: Any, token: str, slug: str = "local_edge_queue") -> None:
+    def __init__(
+        self, broker: Any, token: str, slug: str = "local_edge_queue", login: tuple[str, str] = ("", "")
+    ) -> None:
         import http.server
 
         data = {
@@ -282,8 +284,8 @@ class FakeSupervisor:
             "port": broker.port,
             "ssl": False,
             "protocol": "3.1.1",
-            "username": "",
-            "password": "",
+            "username": login[0],
+            "password": login[1],
         }
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -310,16 +312,43 @@ class FakeSupervisor:
         self.httpd.server_close()
 
 
+#: The Supervisor's MQTT service user (what it hands the add-on) and a Home Assistant user's
+#: login, as the Mosquitto add-on takes both; it takes no client without a login.
+SERVICE_LOGIN = ("addons", "supervisor-made-secret")
+PERSON_LOGIN = ("phone", "phone-secret")
+
+
+@pytest.fixture
+def login_ws_mosquitto(tmp_path: Path) -> Iterator[PrivateMosquitto]:
+    """A private mosquitto as the Mosquitto add-on is: no client without a login (users
+    :data:`SERVICE_LOGIN` and :data:`PERSON_LOGIN`), and a WebSocket listener."""
+    need(shutil.which("mosquitto_passwd") is not None, "mosquitto_passwd not installed (apt-get install mosquitto)")
+    passwd = tmp_path / "mosquitto.passwd"
+    for i, (user, password) in enumerate((SERVICE_LOGIN, PERSON_LOGIN)):
+        subprocess.run(["mosquitto_passwd", *(["-c"] if i == 0 else []), "-b", str(passwd), user, password], check=True)
+    ws = _free_port()
+    extra = f"allow_anonymous false\npassword_file {passwd}\nlistener {ws}\nprotocol websockets\n"
+    broker = PrivateMosquitto(tmp_path / "mosquitto", extra=extra)
+    broker.ws_port = ws  # type: ignore[attr-defined]
+    wait_until(lambda: port_open("127.0.0.1", ws), 10, "the WebSocket listener")
+    yield broker
+    if broker.proc is not None and broker.proc.poll() is None:
+        broker.stop()
+
+
 def test_the_home_assistant_add_on(
     image: str,
     containers: list[str],
     tmp_path: Path,
-    ws_mosquitto: Any,  # noqa: F811
+    login_ws_mosquitto: Any,
 ) -> None:
     """The add-on's image (addon/edge-queue) with /data/options.json as the Supervisor writes it
-    and the Supervisor's MQTT service: the settings it makes, then the queue page as ingress
-    serves it, in Chromium, its MQTT through the page's own WebSocket relay."""
+    and the Supervisor's MQTT service (a broker that takes no client without a login, as the
+    Mosquitto add-on): the settings it makes, then the queue page as ingress serves it, in
+    Chromium, its MQTT through the page's own WebSocket relay with a person's login."""
     from .test_page import Browser, _browser_ready
+
+    ws_mosquitto = login_ws_mosquitto
 
     _browser_ready()
     tag = f"localhost/edge-queue-addon-test:{uuid.uuid4().hex[:8]}"
@@ -346,7 +375,7 @@ def test_the_home_assistant_add_on(
     }
     (data / "options.json").write_text(json.dumps(options))
     token = uuid.uuid4().hex
-    supervisor = FakeSupervisor(ws_mosquitto, token)
+    supervisor = FakeSupervisor(ws_mosquitto, token, login=SERVICE_LOGIN)
     page_port = _free_port()
     env = {"SUPERVISOR_TOKEN": token, "SUPERVISOR_API": supervisor.url, "ADDON_PAGE_PORT": str(page_port)}
     flags = [f"--env={k}={v}" for k, v in env.items()]
@@ -365,6 +394,11 @@ def test_the_home_assistant_add_on(
         b = Browser(tmp_path / "browser.log")
         try:
             b.do("goto", url=f"http://127.0.0.1:{page_port}/")
+            # the broker asks for a login, through the relay, and takes a person's
+            b.wait("document.querySelector('#login').open", timeout=60)
+            b.do("fill", selector="#user", value=PERSON_LOGIN[0])
+            b.do("fill", selector="#password", value=PERSON_LOGIN[1])
+            b.do("click", selector="#login-ok")
             b.wait("page.connected && page.online === true", timeout=60)
             assert b.eval("wsUrl()") == f"ws://127.0.0.1:{page_port}/mqtt"
             csp = b.eval("fetch('config.json').then(r => r.headers.get('content-security-policy'))")

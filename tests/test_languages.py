@@ -246,8 +246,7 @@ def test_mqtt_and_openai_carry_the_models_own_language(
 
     from openai import OpenAI
 
-    client = OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
-    with open(spoken["it"], "rb") as f:
+    with OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0) as client, open(spoken["it"], "rb") as f:
         verbose = client.audio.transcriptions.create(model="whisper-1", file=f, response_format="verbose_json")
     assert verbose.language == "italian" and "Roma" in verbose.text
 

@@ -233,7 +233,10 @@ def test_transcode_and_extract_audio_read_back(mosquitto, service_factory, tmp_p
 
 @pytest.mark.usefixtures("model_installed")
 def test_probe_runs_beside_a_long_transcription(mosquitto, service_factory, long_speech: Path, speech: Path) -> None:
-    svc = service_factory(mosquitto, [long_speech.parent, speech], {"EDGE_QUEUE_TRANSCRIBE__BATCH_SIZE": "1"}).start()
+    # no short lane: it would take the 11-s second transcription beside the long one, as it is
+    # meant to (tests/test_short_lane.py); here the kind's max_concurrency is what is tested
+    env = {"EDGE_QUEUE_TRANSCRIBE__BATCH_SIZE": "1", "EDGE_QUEUE_SHORT_LANE_S": "0"}
+    svc = service_factory(mosquitto, [long_speech.parent, speech], env).start()
     watcher = svc.watcher("response/#", "jobs/+")
     long_id = svc.request("submit", {"input": str(long_speech)}, watcher)["data"]["jobs"][0]["job_id"]
     watcher.wait_json(f"{svc.base}/jobs/{long_id}", lambda m: m["stage"] == "transcribing", timeout=60)
