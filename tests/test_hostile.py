@@ -295,6 +295,7 @@ def test_a_flood_of_large_responses_keeps_memory_and_turns_bounded(
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # its bound is wall time: beside 3 other test workers on 2 cores, 1.17 s once
 def test_submits_of_rejected_inputs_keep_turns_short(
     shipped_mosquitto: PrivateMosquitto, tmp_path: Path, rig: Callable[..., Rig]
 ) -> None:

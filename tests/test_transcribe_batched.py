@@ -149,6 +149,7 @@ def test_two_chunks_at_once_give_the_same_segments_in_order(
     assert calls and max(calls) == 0, calls
 
 
+@pytest.mark.serial  # its bound is wall time between two checkpoints (1 s)
 def test_a_cancel_while_two_chunks_decode_ends_at_the_next_checkpoint(tmp_path: Path, long_recording) -> None:
     # Given two chunks decoding at once
     import time
