@@ -5,7 +5,9 @@ itself: the reference, its batched pipeline with batches of 8 and timestamp toke
 pipeline on its defaults and the sequential decoder; each in a process of its own
 (bench/ref/long_child.py), alternated run by run: wall and CPU seconds, peak RSS, WER against
 the clips' reference transcripts, and the cues each makes (count, median and longest duration,
-share over 7 s, overlaps with the next).
+share over 7 s, overlaps with the next); for edge-queue's sides, the share of its srt's events
+that keep each subtitle rule (edge_queue/kinds/cue_layout.py: lines, duration, reading speed,
+gap).
 """
 
 from __future__ import annotations
@@ -60,6 +62,18 @@ def cue_stats(segments: list[dict[str, Any]]) -> dict[str, float]:
         "over": 100.0 * sum(1 for x in lengths if x > CUE_MAX_S + 1e-6) / max(len(segments), 1),
         "overlaps": float(overlaps),
     }
+
+
+#: The srt rule shares P3L reports for edge-queue's sides (figure names).
+RULE_KEYS = ("srt lines", "srt duration", "srt speed", "srt gap", "srt events")
+
+
+def srt_rules(events: list[dict[str, Any]]) -> dict[str, float]:
+    """The share (%) of the srt's ``events`` keeping each rule of
+    :func:`edge_queue.kinds.cue_layout.kept` (English: Latin rules), and their count."""
+    from edge_queue.kinds.cue_layout import LATIN, kept
+
+    return {f"srt {k}": v for k, v in kept(events, LATIN).items()} | {"srt events": float(len(events))}
 
 
 def build(seconds: float, folder: Path) -> tuple[Path, str]:
@@ -120,7 +134,7 @@ def run(runs: int, minutes: list[float], folder: Path, log: Any) -> dict[str, An
     for m in minutes:
         path, reference = build(60 * m, folder)
         runs_m = runs if m <= 20 else 1
-        keys = ("wall", "cpu", "rss", "wer", "cues", "median", "longest", "over", "overlaps")
+        keys = ("wall", "cpu", "rss", "wer", "cues", "median", "longest", "over", "overlaps", *RULE_KEYS)
         got: dict[str, dict[str, list[float]]] = {s: {k: [] for k in keys} for s in SIDES}
         names = list(SIDES)
         for r in range(runs_m):
@@ -133,6 +147,9 @@ def run(runs: int, minutes: list[float], folder: Path, log: Any) -> dict[str, An
                 g["wer"].append(wer(reference, res["text"]))
                 for k, v in cue_stats(res["segments"]).items():
                     g[k].append(v)
+                if "events" in res:
+                    for k, v in srt_rules(res["events"]).items():
+                        g[k].append(v)
                 log(
                     f"P3 long {m:g} min run {r + 1}/{runs_m} {side}: wall {res['wall_s']:.1f} s, "
                     f"CPU {res['cpu_s']:.1f} s, peak {res['peak_rss_mib']:.0f} MiB, WER {g['wer'][-1]:.3f}, "
@@ -146,6 +163,9 @@ def run(runs: int, minutes: list[float], folder: Path, log: Any) -> dict[str, An
             figures[f"{m:g} min: {side}: wer"] = Figure(g["wer"], "")
             for k, unit in (("cues", ""), ("median", "s"), ("longest", "s"), ("over", "%"), ("overlaps", "")):
                 figures[f"{m:g} min: {side}: {k}"] = Figure(g[k], unit)
+            for k in RULE_KEYS:
+                if g[k]:
+                    figures[f"{m:g} min: {side}: {k}"] = Figure(g[k], "%")
     return {"figures": figures, "minutes": minutes, "sides": list(SIDES)}
 
 

@@ -97,7 +97,35 @@ def _p3_long_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                     (cues["over"].median == 0 and cues["overlaps"].median == 0) if ours else None,
                 )
             )
+            if ours and f"{p}{side}: srt lines" in f:  # stored results from before have none
+                out += _srt_rule_rows(f, p, name, side)
     return out
+
+
+#: The subtitle rules' targets (docs/topics.md, the srt and vtt layout): share of srt events keeping each.
+SRT_TARGETS = (
+    ("lines", "≤ 2 lines of ≤ 42 characters", 98.0),
+    ("duration", "5/6-7 s", 98.0),
+    ("speed", "≤ 20 characters/s", 95.0),
+)
+
+
+def _srt_rule_rows(f: dict[str, Any], p: str, name: str, side: str) -> list[dict[str, Any]]:
+    """P3L's rows of the srt rules on one of edge-queue's sides: the share of events keeping
+    each, against :data:`SRT_TARGETS`."""
+    events = f[f"{p}{side}: srt events"].median
+    return [
+        row(
+            "P3L",
+            f"{name}: srt events keeping {label}",
+            f"≥ {limit:g} %",
+            f[f"{p}{side}: srt {key}"],
+            f"{events:.0f} events",
+            "",
+            f[f"{p}{side}: srt {key}"].median >= limit,
+        )
+        for key, label, limit in SRT_TARGETS
+    ]
 
 
 #: 10x the 216 durable no-op jobs/s (single requests) measured before the hot path was rebuilt.

@@ -91,7 +91,10 @@ def main() -> None:
         doc = json.loads(Path(result["outputs"]["json"]).read_text())
         text = doc["text"]
         segments = [{"start": s["start"], "end": s["end"], "text": s["text"]} for s in doc["segments"]]
-        info = {"chunks": result["chunks"]}
+        # the srt's events, as the kind lays them out from the segments with their words
+        from edge_queue.kinds.cue_layout import laid_out
+
+        info = {"chunks": result["chunks"], "events": laid_out(doc["segments"], doc.get("language"))}
     else:
         from faster_whisper import BatchedInferencePipeline, WhisperModel
 
