@@ -156,6 +156,13 @@ def test_a_failed_jobs_upload_goes_with_it(
     with svc.watcher("response/#") as w:
         assert svc.request("cancel", {"job_id": job_id}, w)["status"] == "ok"
     wait_until(lambda: files_under(svc) == [], 15, "the cancelled job's upload deleted")
+    # an MQTT retry of it has no audio to run on (docs/http-api.md, "Sent again"): it fails,
+    # naming the missing input, and the audio sent again is what runs it
+    pause(svc, False)
+    with svc.watcher("response/#", "jobs/+") as w:
+        assert svc.request("retry", {"job_id": job_id}, w)["status"] == "ok"
+        ended = w.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] in ("failed", "succeeded"), timeout=60)
+    assert ended["state"] == "failed" and ended["error"]["code"] == "input_not_found", ended
 
 
 @pytest.mark.slow
