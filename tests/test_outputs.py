@@ -378,3 +378,36 @@ def test_the_segments_of_an_srt_or_vtt_output_render_the_same_bytes_again() -> N
         cues("not a subtitle\n", "srt")
     with pytest.raises(ValueError):
         cues("1\n00:00:00,000 --> 00:00:01,000\nhi\n", "vtt")
+
+
+def test_a_job_without_json_gets_its_txt_lines_not_the_subtitle_cues(tmp_path: Path) -> None:
+    """Without a ``json``, the segments ``get`` reads are the srt's cues, laid out as subtitles
+    (lines broken at 42 characters): the txt made from them was not the job's. ``get`` gives
+    the txt's own lines (the queue page's txt download), whole lines within its bound."""
+    from edge_queue.kinds.cue_layout import laid_out
+    from edge_queue.kinds.transcribe import render
+    from edge_queue.requests.outputs import with_outputs
+    from edge_queue.written import identity
+
+    # Given a job that wrote a txt and an srt, no json, with segments longer than a subtitle line
+    text = " And so, my fellow Americans, ask not what your country can do for you, ask what you can do"
+    segments = [{"start": 0.0, "end": 6.5, "text": text}, {"start": 6.5, "end": 9.0, "text": ' "ünï" \\ end.'}]
+    files = {"txt": render("txt", segments, {}).encode(), "srt": render("srt", laid_out(segments, "en"), {}).encode()}
+    outputs, recorded = {}, {}
+    for fmt, data in files.items():
+        (tmp_path / f"a.{fmt}").write_bytes(data)
+        outputs[fmt] = str(tmp_path / f"a.{fmt}")
+        recorded[outputs[fmt]] = identity(data)
+    # When get reads its segments
+    got = with_outputs({"outputs": outputs}, recorded, [str(tmp_path)], segments=True, room=2**20)
+    # Then the txt's lines, each followed by \n, are the txt byte for byte; the srt's cues are not
+    assert "".join(line + "\n" for line in got["line_list"]).encode() == files["txt"]
+    assert got["line_list_truncated"] is False
+    assert "".join(c["text"] + "\n" for c in got["segment_list"]).encode() != files["txt"]
+    # and within a smaller bound, whole lines only, said to be cut
+    small = with_outputs({"outputs": outputs}, recorded, [str(tmp_path)], segments=True, room=2 * 2 * len(text))
+    assert small["line_list"] == [text.strip()] and small["line_list_truncated"] is True, small
+    # and a job with a json gets none (its segments hold the txt's text)
+    assert "line_list" not in with_outputs(
+        {"outputs": {"json": "x", **outputs}}, recorded, [], segments=True, room=9999
+    )

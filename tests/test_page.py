@@ -359,7 +359,9 @@ def media(tmp_path: Path, speech: Path, long_speech: Path) -> Path:
     return root
 
 
-def page_service(service_factory: Any, broker: Broker, media: Path, ws_port: int) -> tuple[ServiceProcess, str]:
+def page_service(
+    service_factory: Any, broker: Broker, media: Path, ws_port: int, **env_over: str
+) -> tuple[ServiceProcess, str]:
     port = broker.page_port or free_port()  # the embedded broker takes its own page's origin only
     env = {
         "EDGE_QUEUE_HTTP__ENABLED": "true",
@@ -371,6 +373,7 @@ def page_service(service_factory: Any, broker: Broker, media: Path, ws_port: int
         # once (in one 120 s chunk, its one segment goes from 0 to 98 % at once)
         "EDGE_QUEUE_TRANSCRIBE__CHUNK_S": "5",
         "EDGE_QUEUE_TRANSCRIBE__CPU_THREADS": "1",
+        **env_over,
     }
     svc = service_factory(broker, [media], env).start()
     return svc, f"http://127.0.0.1:{port}/"

@@ -71,11 +71,6 @@ def test_show_more_only_when_more_jobs_exist(
 @pytest.mark.slow
 @pytest.mark.serial
 @pytest.mark.usefixtures("model_installed")
-@pytest.mark.xfail(
-    reason="open defect (issue 53, part 6 follow-up): the page's txt download of a job without json is "
-    "made from the srt's laid-out cues (lines broken at 42 characters), not the job's txt byte for byte",
-    strict=False,
-)
 def test_a_transcription_without_json_has_its_downloads(
     ws_mosquitto: Broker,  # noqa: F811 (the fixtures imported by name)
     service_factory,
@@ -83,7 +78,10 @@ def test_a_transcription_without_json_has_its_downloads(
     media: Path,  # noqa: F811
     artifacts: Path,  # noqa: F811
 ) -> None:
-    svc, url = page_service(service_factory, ws_mosquitto, media, ws_mosquitto.ws_port)
+    # (chunks of 30 s: segments of whole sentences, longer than a subtitle line)
+    svc, url = page_service(
+        service_factory, ws_mosquitto, media, ws_mosquitto.ws_port, EDGE_QUEUE_TRANSCRIBE__CHUNK_S="30"
+    )
     # Given a transcription that wrote txt and srt, and no json (before: no download at all,
     # the buttons were made from the segments of the json output only)
     w = svc.watcher("#")
@@ -102,6 +100,12 @@ def test_a_transcription_without_json_has_its_downloads(
     # get reads the segments from the srt, to the millisecond
     assert got["segment_list"] and not got["segment_list_truncated"], got
     assert "fellow Americans" in got["segment_list"][0]["text"]
+    # ... and the txt's lines, the segments' text: the srt's cues are laid out otherwise (a txt
+    # made from them, as the page made it before, is not the job's)
+    txt = Path(outputs["txt"]).read_bytes()
+    assert "".join(line + "\n" for line in got["line_list"]).encode() == txt
+    assert not got["line_list_truncated"]
+    assert "".join(s["text"] + "\n" for s in got["segment_list"]).encode() != txt, txt
     b = browser
     b.do("emulate", width=390, height=844, color_scheme="light")
     b.do("goto", url=url)

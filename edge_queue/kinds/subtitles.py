@@ -15,6 +15,8 @@ import math
 import re
 from typing import Any
 
+from .segment_tokens import Vocabulary, cut, joined
+
 #: The longest cue, in seconds, where a cut between two words is possible.
 MAX_CUE_S = 7.0
 #: A cut leaves at least this many seconds of the segment after it, where another cut allows:
@@ -26,21 +28,26 @@ CLAUSE_END = (",", ";", ":", "、", "，")
 _TOKEN = re.compile(r"\s*\S+")
 
 
-def subtitle_cues(segments: list[dict[str, Any]], max_s: float = MAX_CUE_S) -> list[dict[str, Any]]:
+def subtitle_cues(
+    segments: list[dict[str, Any]], max_s: float = MAX_CUE_S, vocab: Vocabulary | None = None
+) -> list[dict[str, Any]]:
     """``segments`` (each ``{"start", "end", "text", ...}``, seconds) as cues: sorted by start,
     each longer than ``max_s`` cut at word boundaries (at the words' times when the segment has
     ``words``, else at times shared out by characters), then each cue's end moved back to the
     next cue's start where it overlaps it; two cues that start together become one. Returns new
-    dicts, ``id`` numbered from 0; the text, read in order, is unchanged."""
-    cut: list[dict[str, Any]] = []
+    dicts, ``id`` numbered from 0; the text, read in order, is unchanged. A cut or joined
+    segment's ``tokens`` are its own (:mod:`.segment_tokens`, ``vocab``: the model's)."""
+    pieces: list[dict[str, Any]] = []
     for seg in segments:
-        cut.extend(split(seg, max_s))
-    cut.sort(key=lambda s: (s["start"], s["end"]))  # (stable: segments in order stay in order)
+        pieces.extend(split(seg, max_s, vocab))
+    pieces.sort(key=lambda s: (s["start"], s["end"]))  # (stable: segments in order stay in order)
     out: list[dict[str, Any]] = []
-    for cue in cut:
+    for cue in pieces:
         if out and cue["start"] <= out[-1]["start"]:  # the same start: one cue
             prev = out.pop()
             cue = {**cue, "start": prev["start"], "text": prev["text"].rstrip() + " " + cue["text"].lstrip()}
+            if "tokens" in prev or "tokens" in cue:
+                cue["tokens"] = joined(prev, cue, cue["text"], vocab)
             if "words" in prev or "words" in cue:
                 cue["words"] = prev.get("words", []) + cue.get("words", [])
         if out and out[-1]["end"] > cue["start"]:
@@ -49,8 +56,9 @@ def subtitle_cues(segments: list[dict[str, Any]], max_s: float = MAX_CUE_S) -> l
     return [{**cue, "id": i} for i, cue in enumerate(out)]
 
 
-def split(seg: dict[str, Any], max_s: float) -> list[dict[str, Any]]:
-    """``seg`` cut into pieces of at most ``max_s`` seconds where a word boundary allows."""
+def split(seg: dict[str, Any], max_s: float, vocab: Vocabulary | None = None) -> list[dict[str, Any]]:
+    """``seg`` cut into pieces of at most ``max_s`` seconds where a word boundary allows, each
+    with the ``tokens`` of its text (:func:`.segment_tokens.cut`)."""
     if seg["end"] - seg["start"] <= max_s:
         return [dict(seg)]
     real = bool(seg.get("words")) and len(seg["words"]) > 1
@@ -69,6 +77,9 @@ def split(seg: dict[str, Any], max_s: float) -> list[dict[str, Any]]:
             piece["words"] = group
         pieces.append(piece)
     pieces[-1]["end"] = max(pieces[-1]["end"], seg["end"])
+    if "tokens" in seg:
+        for piece, tokens in zip(pieces, cut(seg["tokens"], [p["text"] for p in pieces], vocab), strict=True):
+            piece["tokens"] = tokens
     return pieces
 
 

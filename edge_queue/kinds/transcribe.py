@@ -32,6 +32,7 @@ from .languages import WHISPER_LANGUAGES, model_languages
 from .library import existing_subtitle, language_tag, subtitle_streams
 from .media import container_duration_s, input_descriptor, open_media, require_audio
 from .outputs import check_free, check_writable, write_outputs
+from .segment_tokens import vocabulary
 from .signature import model_identity, sampled_digest
 from .streams import best_audio
 from .subtitles import subtitle_cues
@@ -536,7 +537,8 @@ class Transcribe(Kind):
         segments, left_out = real_speech(segments)  # no text the model marks as no speech, loops, known junk
         if left_out:
             log.info("left out segments the model made up: %s", left_out)
-        segments = subtitle_cues(segments)  # in order, no overlap, at most 7 s where speech allows a cut
+        # in order, no overlap, at most 7 s where speech allows a cut; a cut segment's tokens its own
+        segments = subtitle_cues(segments, vocab=vocabulary(getattr(model, "hf_tokenizer", None)))
         text = " ".join(s["text"].strip() for s in segments if s["text"].strip())
         if not planned:  # no speech at all: no language to name the files by
             planned = self._outputs(ctx, input_path, language, options)

@@ -25,6 +25,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from .segment_tokens import cut, vocabulary
+
 log = logging.getLogger(__name__)
 
 #: Loaded models of this worker process, keyed by (path or name, compute_type, cpu_threads,
@@ -368,7 +370,8 @@ def cues(seg: Any, offset_s: float, words: bool, tokenizer: Any = None) -> list[
     timestamps: after a sentence's end and a pause, at a longer pause, after a comma once a cue
     has lasted :data:`CUE_SOFT_S`, at any word once it has lasted :data:`CUE_HARD_S`. A window
     without words stays one segment. Each cue has its window's :func:`confidence`, and as
-    ``tokens`` its text's tokens (``tokenizer``: the model's ``hf_tokenizer``; none without)."""
+    ``tokens`` the window's tokens that spell its text (:func:`.segment_tokens.cut`;
+    ``tokenizer``: the model's ``hf_tokenizer``; none without)."""
     if not seg.words:
         return [segment(seg, offset_s, False)] if seg.text.strip() else []
     groups: list[list[Any]] = [[]]
@@ -396,11 +399,12 @@ def cues(seg: Any, offset_s: float, words: bool, tokenizer: Any = None) -> list[
             "text": "".join(str(w.word) for w in group),
             "end_raw": group[-1].end,
             **confidence(seg),
+            "tokens": [],
         }
-        item["tokens"] = list(tokenizer.encode(item["text"], add_special_tokens=False).ids) if tokenizer else []
         if words:
             item["words"] = [word(w, offset_s) for w in group]
         out.append(item)
-    for item in out:
+    for item, tokens in zip(out, cut(seg.tokens or [], [c["text"] for c in out], vocabulary(tokenizer)), strict=True):
         del item["end_raw"]
+        item["tokens"] = [int(t) for t in tokens]
     return out

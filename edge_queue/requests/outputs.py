@@ -49,10 +49,11 @@ def with_outputs(
     """``result`` (a transcription's) with the whole text when it was cut (``text``,
     ``text_truncated``), with ``segment_list`` and ``segment_list_truncated`` when ``segments``
     (and, for a job that wrote a ``json`` and an ``srt`` or ``vtt``, the latter's cues as
-    ``cue_list`` and ``cue_list_truncated``), and ``output_errors`` for what could not be read.
-    ``recorded``: the job's files as the store recorded them (path -> identity); ``roots``: the
-    media roots and the outputs folder, below which no link is followed; ``room``: bytes of JSON
-    the additions may take at most."""
+    ``cue_list`` and ``cue_list_truncated``; for one that wrote a ``txt`` and no ``json``, the
+    ``txt``'s lines as ``line_list`` and ``line_list_truncated``: :func:`txt_lines`), and
+    ``output_errors`` for what could not be read. ``recorded``: the job's files as the store
+    recorded them (path -> identity); ``roots``: the media roots and the outputs folder, below
+    which no link is followed; ``room``: bytes of JSON the additions may take at most."""
     out, errors = dict(result), dict[str, Any]()
     given = result.get("outputs")
     outputs: dict[str, Any] = given if isinstance(given, dict) else {}
@@ -66,6 +67,10 @@ def with_outputs(
             if cued:
                 out["cue_list"], out["cue_list_truncated"] = cued["segment_list"], cued["segment_list_truncated"]
                 room -= len(orjson.dumps(cued))
+        elif "txt" in outputs:  # the segments' text, which the srt and vtt cues do not keep
+            lines = txt_lines(outputs["txt"], recorded, roots, min(SEGMENTS_MAX_BYTES, max(room, 0) // 2), errors)
+            out.update(lines)
+            room -= len(orjson.dumps(lines))
     if result.get("text_truncated"):
         out.update(full_text(outputs.get("txt"), recorded, roots, max(room, 0), errors))
     if errors:
@@ -111,6 +116,26 @@ def full_text(
         text = text[: max(0, int(len(text) * room / size) - 16)]
         size = len(orjson.dumps(text))
     return {"text": text, "text_truncated": more}
+
+
+def txt_lines(
+    path: Any, recorded: dict[str, dict[str, Any]], roots: list[str], max_bytes: int, errors: dict[str, Any]
+) -> dict[str, Any]:
+    """``{"line_list": [...], "line_list_truncated": bool}``: the lines of a transcription's
+    ``txt`` output (one a segment, without their ``\n``: each followed by ``\n`` again, they
+    give that file byte for byte), at most ``max_bytes`` of JSON, whole lines only; ``{}`` when
+    it cannot be read."""
+    read = _read("txt", path, recorded, roots, max_bytes, errors)
+    if read is None:
+        return {}
+    raw, more = read
+    text = raw.decode("utf-8", "replace") if not more else raw[: raw.rfind(b"\n") + 1].decode("utf-8", "replace")
+    lines = text.split("\n")[:-1]  # the file ends with a line's \n
+    size = len(orjson.dumps(lines))
+    while size > max_bytes and lines:  # escapes make JSON longer than the text
+        more = True
+        size -= len(orjson.dumps(lines.pop())) + 1
+    return {"line_list": lines, "line_list_truncated": more}
 
 
 def transcript_segments(

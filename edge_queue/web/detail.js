@@ -45,9 +45,11 @@ const byHand = (events) => (events || []).filter((e) => e.state === "queued" && 
 $("detail").addEventListener("close", () => { page.detailId = null; });
 
 // Subtitle and text files from get's segment_list (read from the job's json output, else
-// its srt or vtt), and srt and vtt from its cue_list (the job's own srt or vtt cues, laid out
-// as subtitles) when there is one, built in the browser: the same bytes as the
-// transcription's own txt, srt and vtt outputs (kinds/transcribe.py, render).
+// its srt or vtt), srt and vtt from its cue_list (the job's own srt or vtt cues, laid out as
+// subtitles) when there is one, and txt from the segments' text: the json's segments, else
+// line_list (the job's own txt, read by get); never from srt or vtt cues, whose lines are laid
+// out. Built in the browser: the same bytes as the transcription's own txt, srt and vtt
+// outputs (kinds/transcribe.py, render).
 function srtTime(seconds, sep) {
   let ms = Math.round(seconds * 1000);
   const h = Math.floor(ms / 3600000); ms -= h * 3600000;
@@ -71,20 +73,23 @@ function downloads(job, segments, truncated) {
   const box = el("p", { class: "downloads" }, el("span", { class: "muted", text: "Download" }));
   // every format from a json output; from an srt or vtt, the formats the job wrote
   const wrote = Object.keys(job.result?.outputs || {});
-  const formats = ["txt", "srt", "vtt"].filter((f) => !wrote.length || wrote.includes("json") || wrote.includes(f));
+  const lines = Array.isArray(job.result?.line_list) ? job.result.line_list : null;
+  const json = !wrote.length || wrote.includes("json");
+  const formats = ["txt", "srt", "vtt"].filter((f) => f === "txt" ? json || lines : json || wrote.includes(f));
   for (const fmt of formats) {
     const a = el("a", { class: "btn btn-small", href: "#", download: `${stem}.${fmt}`, "data-format": fmt,
       "aria-label": `Download the transcript as ${fmt}` }, fmt);
     // the file is made on click, so a long transcript costs nothing until it is wanted
     a.addEventListener("click", () => {
       const cues = fmt !== "txt" && Array.isArray(job.result?.cue_list) ? job.result.cue_list : segments;
-      const blob = new Blob([transcriptFile(fmt, cues)], { type: `${MIME[fmt]};charset=utf-8` });
+      const file = fmt === "txt" && lines ? lines.map((l) => l + "\n").join("") : transcriptFile(fmt, cues);
+      const blob = new Blob([file], { type: `${MIME[fmt]};charset=utf-8` });
       if (a.href.startsWith("blob:")) URL.revokeObjectURL(a.href);
       a.href = URL.createObjectURL(blob);
     });
     box.append(a);
   }
-  if (truncated) box.append(el("span", { class: "muted", text: "(the first part: the whole transcript is in the output files)" }));
+  if (truncated || (lines && job.result.line_list_truncated)) box.append(el("span", { class: "muted", text: "(the first part: the whole transcript is in the output files)" }));
   return box;
 }
 
