@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from .conftest import ROOT, SYSTEM_MQTT, Watcher, need, port_open, wait_until
-from .test_load import PrivateMosquitto
+from .helpers.brokers import PrivateMosquitto
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.container]
 

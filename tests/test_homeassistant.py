@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from .conftest import Broker, port_open, publish, wait_until
+from .helpers.figures import figures
 from .homeassistant_support import (
     HOME_ASSISTANT_MARKS,
     KEYS,
@@ -31,7 +32,6 @@ from .homeassistant_support import (
     wait_state,
 )
 from .homeassistant_support import entities as entities_of
-from .test_load import figures
 
 pytestmark = HOME_ASSISTANT_MARKS
 

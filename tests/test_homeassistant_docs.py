@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from .conftest import ROOT, Broker, port_open, publish, wait_until
+from .helpers.figures import figures
 from .homeassistant_support import (
     HOME_ASSISTANT_MARKS,
     entities,
@@ -29,7 +30,6 @@ from .homeassistant_support import (
     service,
     wait_state,
 )
-from .test_load import figures
 
 pytestmark = HOME_ASSISTANT_MARKS
 

@@ -457,7 +457,7 @@ def _started_counts(made: list[NodeProcess], job_ids: list[str]) -> Counter[str]
 def test_a_node_behind_a_bridged_mosquitto_runs_jobs_as_a_direct_one(service_factory, nodes, tmp_path: Path) -> None:
     """docs/nodes.md, "Scaling the broker side": the node connects to a second mosquitto,
     bridged to the hub's with mosquitto's own ``connection``/``topic`` settings."""
-    from .test_load import PrivateMosquitto
+    from .helpers.brokers import PrivateMosquitto
 
     media = tmp_path / "media"
     media.mkdir()
@@ -503,7 +503,7 @@ def test_broker_restart_and_hub_kill_9_while_node_jobs_run_end_every_job_once(
 ) -> None:
     """The broker restarted while node jobs run, then the hub killed with -9 and started again:
     every job ends exactly once, and nothing a node finished runs again."""
-    from .test_load import PrivateMosquitto
+    from .helpers.brokers import PrivateMosquitto
 
     media = tmp_path / "media"
     media.mkdir()

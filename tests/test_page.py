@@ -27,8 +27,8 @@ from edge_queue.config_http import HttpSettings
 from edge_queue.http.page import FILES, PageServer
 
 from .conftest import ROOT, Broker, ServiceProcess, free_port, need, port_open, wait_until, words
+from .helpers.brokers import PrivateMosquitto
 from .test_deploy import _service_env, mosquitto_with_acl  # noqa: F401 (a fixture, by name)
-from .test_load import PrivateMosquitto
 
 BROWSER_DIR = ROOT / "tests" / "browser"
 CHROMIUM = Path("/usr/bin/chromium")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import Broker, ServiceProcess, Watcher, free_port, port_open, wait_until
-from .test_load import PrivateMosquitto
+from .helpers.brokers import PrivateMosquitto
 from .test_page import Browser, artifacts, browser, page_service, ws_mosquitto  # noqa: F401 (fixtures, by name)
 
 STATUS = "document.querySelector('#status').dataset.state"
