@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from .conftest import EXTRA_KINDS, REFERENCE, ROOT, Broker, ServiceProcess, wait_until, wer
-from .test_deploy import mosquitto_with_acl  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.slow
 
@@ -346,12 +345,12 @@ def test_shipped_acl_gives_nodes_their_own_topics_only(
     """broker/edge-queue.acl: a node user reads only what is addressed to it and publishes only
     under its own node topics; an ordinary user cannot take a job, renew a lease or forge an
     outcome; a broker user not in ``access.nodes`` gets no job; a node user sends no request."""
-    from .test_deploy import USERS, _connect, _service_env
+    from .helpers.deploy import USERS, connect, service_env
 
     broker = request.getfixturevalue("mosquitto_with_acl")
     media = tmp_path / "media"
     media.mkdir()
-    env = {**_service_env("edge-queue", USERS["edge-queue"]), **hub_env(["n1"])}
+    env = {**service_env("edge-queue", USERS["edge-queue"]), **hub_env(["n1"])}
     env["EDGE_QUEUE_HOMEASSISTANT__DISCOVERY"] = "false"
     hub = service_factory(broker, [media], env)
     hub.base = "edge-queue"  # the base topic the shipped ACL names
@@ -360,7 +359,7 @@ def test_shipped_acl_gives_nodes_their_own_topics_only(
     creds = {n: {"EDGE_QUEUE_MQTT__USERNAME": n, "EDGE_QUEUE_MQTT__PASSWORD": USERS[n]} for n in ("n1", "n2")}
     n1 = nodes(hub, "n1", [media], env=creds["n1"])
     n2 = nodes(hub, "n2", [media], env=creds["n2"])
-    reason, pair = _connect(broker, "phone", USERS["phone"])
+    reason, pair = connect(broker, "phone", USERS["phone"])
     assert reason == "Success"
     phone, box = pair
     box["subscriptions"] = [
@@ -400,7 +399,7 @@ def test_shipped_acl_gives_nodes_their_own_topics_only(
             {"v": 1, "op": "done", "job_id": jid, "attempt": 1, "result": {"forged": True}},
             {"v": 1, "op": "beat", "jobs": [[jid, 1]]},
         ):
-            _, fpair = _connect(broker, "phone", USERS["phone"])
+            _, fpair = connect(broker, "phone", USERS["phone"])
             forger = fpair[0]
             try:
                 forger.publish("edge-queue/nodes/n1/up", json.dumps(forged), 1).wait_for_publish(3)
@@ -423,7 +422,7 @@ def test_shipped_acl_gives_nodes_their_own_topics_only(
         assert "edge-queue/nodes/n1" in topics  # announcements are readable
         assert "handed to node n2" not in hub.log() and "handed to node phone" not in hub.log()
         # a node user may not send requests (role none)
-        reason, npair = _connect(broker, "n1", USERS["n1"])
+        reason, npair = connect(broker, "n1", USERS["n1"])
         nclient, nbox = npair
         nclient.subscribe("edge-queue/reply/n1/#", 1)
         time.sleep(0.2)

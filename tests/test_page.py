@@ -28,7 +28,7 @@ from edge_queue.http.page import FILES, PageServer
 
 from .conftest import ROOT, Broker, ServiceProcess, free_port, need, port_open, wait_until, words
 from .helpers.brokers import PrivateMosquitto
-from .test_deploy import _service_env, mosquitto_with_acl  # noqa: F401 (a fixture, by name)
+from .helpers.deploy import service_env
 
 BROWSER_DIR = ROOT / "tests" / "browser"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -540,7 +540,7 @@ def test_the_page_asks_for_a_broker_login_and_remembers_it_only_if_asked(
     broker = request.getfixturevalue("mosquitto_with_acl")
     port = free_port()
     env = {
-        **_service_env("edge-queue", "svc-secret"),
+        **service_env("edge-queue", "svc-secret"),
         "EDGE_QUEUE_HTTP__ENABLED": "true",
         "EDGE_QUEUE_HTTP__HOST": "127.0.0.1",
         "EDGE_QUEUE_HTTP__PORT": str(port),
