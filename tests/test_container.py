@@ -346,11 +346,11 @@ def test_the_home_assistant_add_on(
     and the Supervisor's MQTT service (a broker that takes no client without a login, as the
     Mosquitto add-on): the settings it makes, then the queue page as ingress serves it, in
     Chromium, its MQTT through the page's own WebSocket relay with a person's login."""
-    from .test_page import Browser, _browser_ready
+    from .helpers.page import Browser, browser_ready
 
     ws_mosquitto = login_ws_mosquitto
 
-    _browser_ready()
+    browser_ready()
     tag = f"localhost/edge-queue-addon-test:{uuid.uuid4().hex[:8]}"
     built = subprocess.run(
         [*PODMAN, "build", "--format", "docker", *LIMITS, "--build-arg", f"BUILD_FROM={image}", "-t", tag, "."],

@@ -19,7 +19,7 @@ import pytest
 
 from .conftest import Broker, ServiceProcess, Watcher, free_port, port_open, wait_until
 from .helpers.brokers import PrivateMosquitto
-from .test_page import Browser, artifacts, browser, page_service, ws_mosquitto  # noqa: F401 (fixtures, by name)
+from .helpers.page import Browser, page_service
 
 STATUS = "document.querySelector('#status').dataset.state"
 BANNER = "document.querySelector('#broker')"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import Broker
-from .test_page import Browser, artifacts, browser, media, page_service, ws_mosquitto  # noqa: F401 (fixtures, by name)
+from .helpers.page import Browser, page_service
 
 SHOWN = "document.querySelector('#shown').textContent"
 ROWS = "document.querySelectorAll('#jobs .job').length"

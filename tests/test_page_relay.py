@@ -31,7 +31,7 @@ from edge_queue.http.relay import MAX_RELAYS_PER_ADDRESS
 from edge_queue.mqtt.embedded_broker import BrokerThread, broker_config
 
 from .conftest import Broker, free_port, port_open, run_doctor, wait_until
-from .test_page import Browser, _browser_ready, ws_mosquitto  # noqa: F401 (a fixture, by name)
+from .helpers.page import Browser, browser_ready
 
 
 @pytest.fixture
@@ -121,7 +121,7 @@ def test_the_page_in_a_browser_through_the_relay(
     ws_mosquitto: Broker,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    _browser_ready()
+    browser_ready()
     media = tmp_path / "media"
     media.mkdir()
     port = free_port()

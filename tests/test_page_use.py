@@ -20,7 +20,7 @@ from edge_queue.config_http import HttpSettings
 from edge_queue.http.page import headers
 
 from .conftest import Broker, free_port, wait_until
-from .test_page import Browser, artifacts, browser, media, page_service, ws_mosquitto  # noqa: F401 (fixtures, by name)
+from .helpers.page import Browser, page_service
 
 SHOWN = "document.querySelector('#shown').textContent"
 ROWS = "document.querySelectorAll('#jobs .job').length"
