@@ -24,7 +24,7 @@ from edge_queue.kinds import bundled, languages
 from edge_queue.kinds.transcribe import Transcribe
 
 from .conftest import need, wait_until, wer
-from .test_http_api import KEY, api_service, bazarr_asr, pcm_of
+from .helpers.http_api import KEY, api_service, bazarr_asr, pcm_of
 from .test_nodes import final, hub_env, nodes, online  # noqa: F401 (nodes: the fixture)
 from .test_transcribe_batched import Ctx
 
