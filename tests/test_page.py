@@ -460,7 +460,7 @@ def test_the_page_shows_worker_nodes_and_where_a_job_runs(
 ) -> None:
     """docs/nodes.md: the queue page lists the worker nodes (online, jobs running) and a job's
     row says on which node it runs."""
-    from .test_nodes import NodeProcess, hub_env
+    from .helpers.nodes import NodeProcess, hub_env
 
     media = tmp_path / "media"
     media.mkdir()
