@@ -26,7 +26,7 @@ from edge_queue.kinds.transcribe import Transcribe
 from .conftest import need, wait_until, wer
 from .helpers.http_api import KEY, api_service, bazarr_asr, pcm_of
 from .helpers.nodes import final, hub_env, online
-from .test_transcribe_batched import Ctx
+from .helpers.worker_ctx import Ctx
 
 JFK = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
 #: What the espeak-ng voices say, by language.

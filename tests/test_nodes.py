@@ -520,7 +520,7 @@ def test_a_transcription_whose_node_dies_at_60_percent_resumes_on_another_node(
 ) -> None:
     """docs/nodes.md and docs/topics.md, "Long jobs resume": the chunks a node finished are
     kept by the hub, and the attempt that follows on another node decodes only the rest."""
-    from .test_resume import _kept
+    from .helpers.store_rows import kept_chunks
 
     path, reference = long_recording(300)
     chunked = {"EDGE_QUEUE_TRANSCRIBE__CHUNK_S": "30"}  # 5 minutes: 10 chunks or more
@@ -533,10 +533,10 @@ def test_a_transcription_whose_node_dies_at_60_percent_resumes_on_another_node(
         running = w.wait_json(f"{hub.base}/jobs/{job_id}", lambda j: j["state"] == "running" and j["node"])
         first = made[running["node"]]
         # Given a node that finished 6 chunks, kept by the hub, when it is killed (kill -9)
-        wait_until(lambda: _kept(hub.db, job_id) >= 6, 600, "six chunks kept by the hub")
+        wait_until(lambda: kept_chunks(hub.db, job_id) >= 6, 600, "six chunks kept by the hub")
         assert first.proc is not None
         first.proc.kill()
-        kept = _kept(hub.db, job_id)
+        kept = kept_chunks(hub.db, job_id)
         # Then the job ends on the other node, at attempt 2, which decoded only the rest
         job = final(w, hub, job_id, timeout=600)
         assert job["state"] == "succeeded" and job["attempt"] == 2, job
@@ -547,7 +547,7 @@ def test_a_transcription_whose_node_dies_at_60_percent_resumes_on_another_node(
         assert f"resumed after {kept} kept chunk(s)" in other.log()
         assert wer(reference, result["text"]) < 0.05
         # and the kept chunks are gone once the job ended
-        assert _kept(hub.db, job_id) == 0
+        assert kept_chunks(hub.db, job_id) == 0
     finally:
         w.close()
 
