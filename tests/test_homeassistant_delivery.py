@@ -24,6 +24,7 @@ import pytest
 
 from .conftest import Broker, ServiceProcess, port_open, wait_until
 from .helpers.figures import figures
+from .helpers.ha_docs import BLUEPRINT, DOC_BASE, DOC_EVENT, EXTRA_YAML, blocks, notifications
 from .homeassistant_support import (
     HOME_ASSISTANT_MARKS,
     entities,
@@ -33,7 +34,6 @@ from .homeassistant_support import (
     service,
     wait_state,
 )
-from .test_homeassistant_docs import BLUEPRINT, DOC_BASE, DOC_EVENT, EXTRA_YAML, blocks, notifications
 
 pytestmark = HOME_ASSISTANT_MARKS
 

@@ -354,7 +354,7 @@ def test_a_probe_shows_what_each_stream_is(
     media: Path,  # noqa: F811
     artifacts: Path,  # noqa: F811
 ) -> None:
-    from .test_media_streams import make_files
+    from .helpers.media_files import make_files
 
     # Given a probe of an mp3 with cover art (before: the detail listed the cover as a video)
     files = make_files(media)
