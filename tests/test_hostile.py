@@ -3,7 +3,7 @@ goes"; docs/operations.md, "Load and back-pressure").
 
 Each test sends what an ordinary broker account can send (reply topics a broker refuses, a
 request with 100,000 MQTT 5 user properties, a flood of large responses) to the service process
-under the systemd-like watchdog of ``test_load``, against a private mosquitto with the shipped
+under the systemd-like watchdog of tests/helpers/load_rig.py, against a private mosquitto with the shipped
 delivery settings, and asserts what the attacker gets and that every other client is still
 served: the service stays connected, answers, and its loop turns stay short.
 """

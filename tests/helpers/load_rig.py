@@ -227,7 +227,7 @@ def rig(tmp_path: Path) -> Iterator[Callable[..., Rig]]:
     yield make
     for r in made:
         r.close()
-    # "No test here may end with the watchdog having fired" (module docstring)
+    # "No test here may end with the watchdog having fired" (tests/test_load.py's docstring)
     assert not any(r.dog.fired for r in made), "the watchdog killed the service"
 
 
