@@ -32,6 +32,12 @@ from edge_queue.mqtt.topics import COMMANDS
 
 from .kinds_for_tests import EXTRA_KINDS
 
+# tests/helpers/ is not collected: its asserts explain their failures as a test module's do
+pytest.register_assert_rewrite("tests.helpers")
+
+#: The fixtures several test modules use, given to every test (tests/helpers/).
+pytest_plugins = ["tests.helpers.deploy", "tests.helpers.load_rig", "tests.helpers.nodes", "tests.helpers.page"]
+
 ROOT = Path(__file__).resolve().parent.parent
 MEDIA = ROOT.parent / "shared" / "media"
 SPEECH = MEDIA / "speech"
@@ -332,7 +338,7 @@ def shipped_mosquitto(tmp_path: Path) -> Iterator[Broker]:
     """A private mosquitto with the delivery settings of broker/mosquitto.conf
     (``max_queued_messages 0``: nothing dropped to a slow subscriber, which the shared broker's
     default of 1,000 queued messages does in a burst), stopped after the test."""
-    from .test_load import PrivateMosquitto
+    from .helpers.brokers import PrivateMosquitto
 
     broker = PrivateMosquitto(tmp_path / "mosquitto")
     yield broker

@@ -16,7 +16,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from .conftest import Broker, stop_client, wait_until
-from .test_deploy import STATE_TOPICS, USERS, _connect, _service_env, amqtt_with_acl, mosquitto_with_acl  # noqa: F401
+from .helpers.deploy import STATE_TOPICS, USERS, connect, service_env
 
 SERVICE_ID = "edge-queue-" + "a1b2c3d4e5f6"  # the shape of the service's default client id
 
@@ -76,7 +76,7 @@ def test_a_user_acts_on_its_own_jobs_only_and_no_one_can_answer_for_the_service(
     # Given the shipped broker configuration, and edge-queue with roles: ordinary users are
     # "user", the shared request topics (Home Assistant's) "admin"
     broker = request.getfixturevalue(broker_fixture)
-    env = {**_service_env("edge-queue", USERS["edge-queue"]), "EDGE_QUEUE_ACCESS__DEFAULT_ROLE": "user"}
+    env = {**service_env("edge-queue", USERS["edge-queue"]), "EDGE_QUEUE_ACCESS__DEFAULT_ROLE": "user"}
     env["EDGE_QUEUE_MQTT__CLIENT_ID"] = SERVICE_ID
     env["EDGE_QUEUE_LIMITS__MAX_QUEUED_JOBS_PER_USER"] = "10"
     svc = service_factory(broker, [speech], env)
@@ -161,7 +161,7 @@ def test_a_user_acts_on_its_own_jobs_only_and_no_one_can_answer_for_the_service(
 
 def _hostile_publish(broker: Broker, user: str, topic: str, payload: str) -> None:
     """Publish as ``user`` on a connection of its own (the broker may close it for the try)."""
-    reason, pair = _connect(broker, user, USERS[user])
+    reason, pair = connect(broker, user, USERS[user])
     assert reason == "Success", reason
     c = pair[0]
     try:
@@ -202,7 +202,7 @@ def test_requests_sent_while_the_service_is_stopped_run_when_it_comes_back(
     # its first run (its session, with its subscription, stays on the broker)
     broker = amqtt_with_acl
     # (MQTT 3.1.1 and the default client id, as broker/README.md sets amqtt up)
-    env = {**_service_env("edge-queue", USERS["edge-queue"]), "EDGE_QUEUE_MQTT__PROTOCOL": "3.1.1"}
+    env = {**service_env("edge-queue", USERS["edge-queue"]), "EDGE_QUEUE_MQTT__PROTOCOL": "3.1.1"}
     svc = service_factory(broker, [speech], env)
     svc.env.pop("EDGE_QUEUE_MQTT__CLIENT_ID")
     svc.base = "edge-queue"

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from .conftest import ROOT, Broker, Watcher, clean_broker, descendants, free_port, need, wait_until
-from .test_container import FakeSupervisor
+from .helpers.supervisor import FakeSupervisor
 
 RUN = ROOT / "addon" / "edge-queue" / "run.py"
 SLUG = "a0d7b954_edge_queue"

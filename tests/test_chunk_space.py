@@ -18,7 +18,7 @@ from edge_queue.store import Store, space
 from edge_queue.store.chunks import MAX_ALL_CHUNK_BYTES, MAX_CHUNK_BYTES, MAX_JOB_CHUNK_BYTES
 from edge_queue.workers.supervisor import Outcome
 
-from .test_store import spec
+from .helpers.store_rows import spec
 
 #: A chunk of about 3 MiB as JSON.
 BIG = {"text": "x" * (3 * 2**20)}

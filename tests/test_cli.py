@@ -357,7 +357,7 @@ def test_serve_waits_behind_a_forwarder_whose_broker_is_not_up_yet(tmp_path: Pat
 
 @pytest.mark.slow
 def test_submit_wait_sees_the_end_after_a_broker_restart(tmp_path: Path, service_factory) -> None:
-    from .test_load import PrivateMosquitto
+    from .helpers.brokers import PrivateMosquitto
 
     # Given a job that runs for a few seconds, waited on by `submit --wait`
     broker = PrivateMosquitto(tmp_path / "mosquitto")
@@ -423,7 +423,7 @@ def test_file_names_cannot_forge_output_lines(mosquitto, service_factory, tmp_pa
 @pytest.mark.slow
 def test_a_broker_lost_during_a_request_is_named_and_a_closed_port_fails_fast(tmp_path: Path) -> None:
     from .conftest import Watcher, publish
-    from .test_load import PrivateMosquitto
+    from .helpers.brokers import PrivateMosquitto
 
     # Given a broker where the status says online but nobody answers requests
     broker = PrivateMosquitto(tmp_path / "mosquitto")

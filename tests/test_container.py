@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 
 from .conftest import ROOT, SYSTEM_MQTT, Watcher, need, port_open, wait_until
-from .test_load import PrivateMosquitto
+from .helpers.brokers import PrivateMosquitto
+from .helpers.supervisor import FakeSupervisor
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.container]
 
@@ -268,50 +269,6 @@ def _venv_tool(name: str) -> str | None:
     return str(path) if path.exists() else None
 
 
-class FakeSupervisor:
-    """The Supervisor's ``GET /services/mqtt`` as its API documents it (the Supervisor itself
-    cannot run here): ``{"result": "ok", "data": {"host", "port", "ssl", "protocol", "username",
-    "password"}}`` for the add-on's token, 401 for any other; ``GET /addons/self/info``: its
-    ``slug``."""
-
-    def __init__(
-        self, broker: Any, token: str, slug: str = "local_edge_queue", login: tuple[str, str] = ("", "")
-    ) -> None:
-        import http.server
-
-        data = {
-            "host": broker.host,
-            "port": broker.port,
-            "ssl": False,
-            "protocol": "3.1.1",
-            "username": login[0],
-            "password": login[1],
-        }
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
-                answers = {"/services/mqtt": data, "/addons/self/info": {"slug": slug, "ingress": True}}
-                ok = self.path in answers and self.headers.get("Authorization") == f"Bearer {token}"
-                body = json.dumps({"result": "ok", "data": answers[self.path]} if ok else {"result": "error"}).encode()
-                self.send_response(200 if ok else 401)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *a: Any) -> None:
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        import threading
-
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 #: The Supervisor's MQTT service user (what it hands the add-on) and a Home Assistant user's
 #: login, as the Mosquitto add-on takes both; it takes no client without a login.
 SERVICE_LOGIN = ("addons", "supervisor-made-secret")
@@ -346,11 +303,11 @@ def test_the_home_assistant_add_on(
     and the Supervisor's MQTT service (a broker that takes no client without a login, as the
     Mosquitto add-on): the settings it makes, then the queue page as ingress serves it, in
     Chromium, its MQTT through the page's own WebSocket relay with a person's login."""
-    from .test_page import Browser, _browser_ready
+    from .helpers.page import Browser, browser_ready
 
     ws_mosquitto = login_ws_mosquitto
 
-    _browser_ready()
+    browser_ready()
     tag = f"localhost/edge-queue-addon-test:{uuid.uuid4().hex[:8]}"
     built = subprocess.run(
         [*PODMAN, "build", "--format", "docker", *LIMITS, "--build-arg", f"BUILD_FROM={image}", "-t", tag, "."],

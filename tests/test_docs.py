@@ -27,8 +27,9 @@ from edge_queue.mqtt import payloads
 from edge_queue.mqtt.topics import COMMANDS, Topics
 from edge_queue.rules.states import TERMINAL, TRANSITIONS, JobState
 
+from .helpers.docs_text import DOCS, read, section
+
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ROOT / "docs"
 EXAMPLE_TOML = ROOT / "config" / "edge-queue.example.toml"
 #: Placeholder for the table name of a ``dict[str, Section]`` key such as ``kinds``.
 NAME = "<name>"
@@ -38,10 +39,6 @@ COMMENTED_KEY = re.compile(r"^#\s*([a-z_][a-z0-9_]*\s*=.*|\[\[[a-z_]+\]\])$")
 
 
 # -- helpers ----------------------------------------------------------------------------
-
-
-def read(name: str) -> str:
-    return (DOCS / name).read_text(encoding="utf-8")
 
 
 def all_docs() -> str:
@@ -65,26 +62,6 @@ def row_for(text: str, name: str) -> list[str] | None:
         if cells and cells[0] == f"`{name}`":
             return cells
     return None
-
-
-def section(text: str, heading: re.Pattern[str]) -> str:
-    """The text under the first heading matching ``heading``, up to the next heading of the
-    same or a higher level."""
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        m = re.match(r"^(#+)\s", line)
-        if m and heading.search(line):
-            level = len(m.group(1))
-            end = next(
-                (
-                    j
-                    for j in range(i + 1, len(lines))
-                    if (n := re.match(r"^(#+)\s", lines[j])) and len(n.group(1)) <= level
-                ),
-                len(lines),
-            )
-            return "\n".join(lines[i:end])
-    raise AssertionError(f"no heading matching {heading.pattern!r}")
 
 
 def _model(annotation: Any) -> type[BaseModel] | None:

@@ -641,7 +641,7 @@ def test_a_graceful_stop_gives_back_the_jobs_waiting_in_workers_queues(
 def nagle_service(tmp_path: Path, service_factory, speech: Path) -> Iterator[Any]:
     """A service on a private mosquitto configured as it ships: Nagle's algorithm on (no
     ``set_tcp_nodelay``); stopped (exit 0 asserted), then the broker."""
-    from .test_load import PrivateMosquitto
+    from .helpers.brokers import PrivateMosquitto
 
     broker = PrivateMosquitto(tmp_path / "mosquitto", tcp_nodelay=False)
     try:

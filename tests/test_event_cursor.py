@@ -14,7 +14,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
 from .conftest import wait_until
-from .test_load import figures
+from .helpers.figures import figures
 
 
 def _live(watcher: Any, base: str) -> list[dict[str, Any]]:

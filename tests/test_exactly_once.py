@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from .conftest import free_port, publish, wait_until
-from .test_load import PrivateMosquitto
+from .helpers.brokers import PrivateMosquitto
 
 PUBACK = 0x40
 

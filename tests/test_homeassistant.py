@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from .conftest import Broker, port_open, publish, wait_until
+from .helpers.figures import figures
 from .homeassistant_support import (
     HOME_ASSISTANT_MARKS,
     KEYS,
@@ -31,7 +32,6 @@ from .homeassistant_support import (
     wait_state,
 )
 from .homeassistant_support import entities as entities_of
-from .test_load import figures
 
 pytestmark = HOME_ASSISTANT_MARKS
 
@@ -172,7 +172,7 @@ def test_two_installs_are_two_devices(ha, tmp_path: Path) -> None:
 def test_home_assistant_sees_each_worker_node(ha, tmp_path: Path) -> None:
     """docs/home-assistant.md, "Worker nodes": a connectivity sensor per node of
     ``access.nodes`` and the number of jobs it runs, in the real Home Assistant."""
-    from .test_nodes import NodeProcess, hub_env
+    from .helpers.nodes import NodeProcess, hub_env
 
     h, inst, broker = ha
     svc = service(broker, tmp_path, [tmp_path], "hub", "eqn-" + tmp_path.name[-8:].replace("/", ""))

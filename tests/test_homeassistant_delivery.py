@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 
 from .conftest import Broker, ServiceProcess, port_open, wait_until
+from .helpers.figures import figures
+from .helpers.ha_docs import BLUEPRINT, DOC_BASE, DOC_EVENT, EXTRA_YAML, blocks, notifications
 from .homeassistant_support import (
     HOME_ASSISTANT_MARKS,
     entities,
@@ -32,8 +34,6 @@ from .homeassistant_support import (
     service,
     wait_state,
 )
-from .test_homeassistant_docs import BLUEPRINT, DOC_BASE, DOC_EVENT, EXTRA_YAML, blocks, notifications
-from .test_load import figures
 
 pytestmark = HOME_ASSISTANT_MARKS
 

@@ -10,7 +10,6 @@ Home Assistant stops (so one sent while it starts is seen too).
 
 from __future__ import annotations
 
-import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -19,7 +18,9 @@ from typing import Any
 
 import pytest
 
-from .conftest import ROOT, Broker, port_open, publish, wait_until
+from .conftest import Broker, port_open, publish, wait_until
+from .helpers.figures import figures
+from .helpers.ha_docs import BLUEPRINT, DOC_BASE, DOC_CLIP, DOC_EVENT, DOC_JOB, EXTRA_YAML, blocks, notifications
 from .homeassistant_support import (
     HOME_ASSISTANT_MARKS,
     entities,
@@ -29,65 +30,8 @@ from .homeassistant_support import (
     service,
     wait_state,
 )
-from .test_load import figures
 
 pytestmark = HOME_ASSISTANT_MARKS
-
-DOC = ROOT / "docs" / "home-assistant.md"
-#: What the page's examples name, and the reader replaces with their own.
-DOC_BASE, DOC_EVENT, DOC_JOB, DOC_CLIP = (
-    "edge-queue/",
-    "event.edge_queue_nas_job_finished",
-    "0mx1jjxvpdif6c43",
-    "/srv/media/doorbell/latest.mp4",
-)
-#: Home Assistant's configuration for the page's blocks: the files a stock configuration.yaml
-#: includes, and the phone.
-EXTRA_YAML = """\
-automation: !include automations.yaml
-script: !include scripts.yaml
-mqtt: !include edge_queue_mqtt.yaml
-notify:
-  - platform: group
-    name: mobile_app_my_phone
-    services:
-      - action: persistent_notification
-"""
-
-
-def blocks() -> dict[str, str]:
-    """The page's YAML blocks by what they are; a block of another shape fails here (a new
-    example needs its check in this module)."""
-    found: dict[str, str] = {}
-    for block in re.findall(r"```yaml\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S):
-        first = block.splitlines()[0]
-        what = next(
-            (
-                name
-                for name, start in [
-                    ("ui_automation", "alias: "),
-                    ("sensors", "mqtt:"),
-                    ("script", "edge_queue_transcribe_doorbell:"),
-                    ("card", "type: button"),
-                    ("script_use", "- id: edge_queue_transcribe_voicemail"),
-                    ("automations", "- id: "),
-                    ("logbook", "logbook:"),
-                ]
-                if first.startswith(start)
-            ),
-            None,
-        )
-        assert what is not None and what not in found, (
-            f"a YAML block of docs/home-assistant.md this test does not know: {block}"
-        )
-        found[what] = block
-    return found
-
-
-def notifications(h: Any, inst: dict[str, Any]) -> list[dict[str, Any]]:
-    """The persistent notifications of this run of Home Assistant (any other one, such as an
-    invalid configuration's, counts too)."""
-    return list(h.ws_call(inst, "persistent_notification/get"))
 
 
 @pytest.fixture(scope="module")
@@ -200,9 +144,6 @@ def test_the_pages_yaml_works_in_home_assistant_across_restarts(ha, tmp_path: Pa
         w.close()
     finally:
         svc.stop()
-
-
-BLUEPRINT = ROOT / "docs" / "blueprints" / "notify_job_finished.yaml"
 
 
 def test_the_blueprint_notifies_each_finished_job_once_also_after_home_assistant_was_down(ha, tmp_path: Path) -> None:

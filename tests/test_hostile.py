@@ -3,7 +3,7 @@ goes"; docs/operations.md, "Load and back-pressure").
 
 Each test sends what an ordinary broker account can send (reply topics a broker refuses, a
 request with 100,000 MQTT 5 user properties, a flood of large responses) to the service process
-under the systemd-like watchdog of ``test_load``, against a private mosquitto with the shipped
+under the systemd-like watchdog of tests/helpers/load_rig.py, against a private mosquitto with the shipped
 delivery settings, and asserts what the attacker gets and that every other client is still
 served: the service stays connected, answers, and its loop turns stay short.
 """
@@ -27,16 +27,9 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from .conftest import Broker, free_port, wait_until
-from .test_load import (  # noqa: F401 (rig is a fixture, used by name; shipped_mosquitto is in conftest)
-    PrivateMosquitto,
-    Rig,
-    figures,
-    peak_rss_mb,
-    rig,
-    rss_mb,
-    stop_and_longest_turn_ms,
-    succeeded_store,
-)
+from .helpers.brokers import PrivateMosquitto
+from .helpers.figures import figures
+from .helpers.load_rig import Rig, peak_rss_mb, rss_mb, stop_and_longest_turn_ms, succeeded_store
 
 #: Reply topics a broker refuses as malformed (MQTT 5.0 section 1.5.4); lone surrogates come
 #: as JSON escapes, in the test.

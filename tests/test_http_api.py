@@ -27,10 +27,9 @@ from edge_queue.http.callers import MAX_TRACKED_CALLERS, CallRate, Refused, call
 from edge_queue.http.uploads import Upload, UploadError, suffix_of, sweep
 from edge_queue.requests.outputs import cues
 
-from .conftest import ROOT, ServiceProcess, free_port, need, wait_until, wer
+from .conftest import ROOT, need, wait_until, wer
+from .helpers.http_api import KEY, NOBODY_KEY, answers, api_service, bazarr_asr, jobs_listed, pcm_of
 
-KEY = "0123456789abcdef0123456789abcdef"
-NOBODY_KEY = "fedcba9876543210fedcba9876543210"
 JFK = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
 
 # -- rules, in milliseconds -------------------------------------------------------------------
@@ -198,69 +197,6 @@ def test_sweep_deletes_old_uploads_and_unfinished_ones(tmp_path: Path) -> None:
 
 
 # -- a real service ----------------------------------------------------------------------------
-
-
-def pcm_of(path: Path) -> bytes:
-    """What Bazarr's ffmpeg sends: 16-bit mono PCM at 16 kHz, no header."""
-    import av
-
-    out = bytearray()
-    resampler = av.AudioResampler(format="s16", layout="mono", rate=16000)
-    with av.open(str(path)) as container:
-        for frame in container.decode(audio=0):
-            for f in resampler.resample(frame):
-                out += f.to_ndarray().tobytes()
-    for f in resampler.resample(None):
-        out += f.to_ndarray().tobytes()
-    return bytes(out)
-
-
-def api_service(
-    service_factory: Any, mosquitto: Any, media: Path, *, anonymous: bool = True, **extra: str
-) -> tuple[ServiceProcess, str]:
-    port = free_port()
-    env = {
-        "EDGE_QUEUE_API__ENABLED": "true",
-        "EDGE_QUEUE_API__HOST": "127.0.0.1",
-        "EDGE_QUEUE_API__PORT": str(port),
-        **({"EDGE_QUEUE_API__ANONYMOUS_USER": "bazarr"} if anonymous else {}),
-        "EDGE_QUEUE_API__KEYS": json.dumps({"alice": KEY, "nobody": NOBODY_KEY}),
-        "EDGE_QUEUE_ACCESS__USERS": json.dumps(["bazarr", "alice"]),
-        "EDGE_QUEUE_ACCESS__SHARED_ROLE": "admin",
-        "EDGE_QUEUE_ACCESS__DEFAULT_ROLE": "none",
-        "EDGE_QUEUE_WORKERS": "1",
-        **extra,
-    }
-    svc = service_factory(mosquitto, [media], env).start()
-    url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: _answers(url), 30, "the HTTP API to answer")
-    return svc, url
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url + "/api/system/status", timeout=2).status_code in (200, 401)
-    except httpx.HTTPError:
-        return False
-
-
-def bazarr_asr(url: str, pcm: bytes, **params: str) -> httpx.Response:
-    """POST /asr as Bazarr's whisperai provider sends it: requests' files={'audio_file': bytes},
-    params task/language/output/encode, a 5-s connect and 3,600-s read timeout, no key."""
-    query = {"task": "transcribe", "language": "en", "output": "srt", "encode": "false", **params}
-    return httpx.post(
-        url + "/asr",
-        params=query,
-        files={"audio_file": ("audio_file", pcm)},
-        headers={"User-Agent": "Subliminal/2.1.0"},
-        timeout=httpx.Timeout(3600, connect=5),
-    )
-
-
-def jobs_listed(svc: ServiceProcess) -> list[dict[str, Any]]:
-    with svc.watcher("response/#") as w:
-        resp = svc.request("list", {"limit": 100}, w)
-    return resp["data"]["jobs"]
 
 
 @pytest.mark.slow
@@ -432,7 +368,7 @@ def test_a_connection_that_never_sends_its_headers_is_closed(
         s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")  # never ends its head
         assert s.recv(4096) == b""
         assert HEADER_S - 1 < time.monotonic() - t0 < HEADER_S + 5
-    assert _answers(url)  # others are served meanwhile and after
+    assert answers(url)  # others are served meanwhile and after
 
 
 @pytest.mark.slow
@@ -515,7 +451,7 @@ def test_killed_in_the_middle_each_caller_gets_its_own_transcript(
     for t in threads:
         t.join(70)
     svc.start()
-    wait_until(lambda: _answers(url), 30, "the HTTP API back")
+    wait_until(lambda: answers(url), 30, "the HTTP API back")
     for i, marker in enumerate(markers):
         answer = call(i, 600)
         assert answer is not None and answer.status_code == 200, answer.text if answer else None

@@ -20,7 +20,7 @@ import pytest
 from edge_queue.errors import ErrorCode
 
 from .conftest import wait_until
-from .test_http_api import KEY, api_service, jobs_listed
+from .helpers.http_api import KEY, api_service, jobs_listed
 
 ALICE = {"Authorization": f"Bearer {KEY}"}
 

@@ -23,7 +23,7 @@ from edge_queue.http.api_server import HEADER_S
 from edge_queue.http.statuses import STATUS
 
 from .conftest import ROOT, need, wait_until
-from .test_http_api import KEY, NOBODY_KEY, api_service
+from .helpers.http_api import KEY, NOBODY_KEY, api_service
 
 ALICE = {"Authorization": f"Bearer {KEY}"}
 #: docs/http-api.md, "Bounds": an upload under 16 KiB/s over 10 s is dropped; one address holds

@@ -30,7 +30,7 @@ from edge_queue.http.shares import (
 from edge_queue.http.uploads import sweep, user_folder
 
 from .conftest import wait_until
-from .test_http_api import KEY, api_service, jobs_listed
+from .helpers.http_api import KEY, api_service, jobs_listed
 
 ALICE = {"Authorization": f"Bearer {KEY}"}
 A, B, C = Caller("alice", "alice"), Caller("bazarr", "addr:10.0.0.2"), Caller("bazarr", "addr:10.0.0.3")

@@ -19,7 +19,8 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from .conftest import ServiceProcess, publish, retained_under, run_doctor, wait_until
-from .test_load import PrivateMosquitto, figures
+from .helpers.brokers import PrivateMosquitto
+from .helpers.figures import figures
 
 
 @pytest.fixture

@@ -24,9 +24,9 @@ from edge_queue.kinds import bundled, languages
 from edge_queue.kinds.transcribe import Transcribe
 
 from .conftest import need, wait_until, wer
-from .test_http_api import KEY, api_service, bazarr_asr, pcm_of
-from .test_nodes import final, hub_env, nodes, online  # noqa: F401 (nodes: the fixture)
-from .test_transcribe_batched import Ctx
+from .helpers.http_api import KEY, api_service, bazarr_asr, pcm_of
+from .helpers.nodes import final, hub_env, online
+from .helpers.worker_ctx import Ctx
 
 JFK = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
 #: What the espeak-ng voices say, by language.
@@ -297,7 +297,7 @@ def test_an_idle_worker_releases_its_models(tmp_path: Path, speech: Path, model_
 def test_a_watch_folder_and_a_worker_node_tell_the_language_too(
     mosquitto: Any,
     service_factory: Any,
-    nodes: Any,  # noqa: F811 - the fixture imported from test_nodes
+    nodes: Any,
     spoken: dict[str, Path],
     tmp_path: Path,
 ) -> None:

@@ -19,7 +19,7 @@ from edge_queue.config import Settings
 from edge_queue.requests.outputs import cues
 
 from .conftest import need
-from .test_transcribe_batched import Ctx
+from .helpers.worker_ctx import Ctx
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("model_installed")]
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from .conftest import ServiceProcess, Watcher
-from .test_load import figures
+from .helpers.figures import figures
 
 FPS = 30
 SECONDS = 11

@@ -18,7 +18,7 @@ from edge_queue.nodes.pathmap import map_result, to_hub, to_local
 from edge_queue.store import JobSpec, Store
 from edge_queue.workers.supervisor import Supervisor
 
-from .test_scheduler import Wire
+from .helpers.wire import Wire
 
 MAP = [("/srv/media", "/mnt/nas"), ("/srv/media/video", "/mnt/video")]
 

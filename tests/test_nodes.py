@@ -5,137 +5,25 @@ node id, over a real mosquitto."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .conftest import EXTRA_KINDS, REFERENCE, ROOT, Broker, ServiceProcess, wait_until, wer
-from .test_deploy import mosquitto_with_acl  # noqa: F401 - a fixture
+from .conftest import REFERENCE, ServiceProcess, wait_until, wer
+from .helpers.nodes import LEASE_S, NodeProcess, final, hub_env, online
 
 pytestmark = pytest.mark.slow
-
-LEASE_S = 4.0
-
-
-class NodeProcess:
-    """``edge-queue worker`` as a real subprocess: its own data folder and node id."""
-
-    def __init__(
-        self,
-        hub: ServiceProcess,
-        tmp: Path,
-        node_id: str,
-        media_roots: list[Path],
-        path_map: list[dict[str, str]] | None = None,
-        workers: int = 1,
-        broker: Broker | None = None,
-        env: dict[str, str] | None = None,
-    ) -> None:
-        self.node_id = node_id
-        self.broker = broker or hub.broker
-        self.log_path = tmp / f"node-{node_id}-{uuid.uuid4().hex[:4]}.log"
-        self.env = {
-            **os.environ,
-            "EDGE_QUEUE_DATA_DIR": str(tmp / f"node-{node_id}"),
-            "EDGE_QUEUE_MQTT__HOST": self.broker.host,
-            "EDGE_QUEUE_MQTT__PORT": str(self.broker.port),
-            "EDGE_QUEUE_MQTT__BASE_TOPIC": hub.base,
-            "EDGE_QUEUE_NODES__NODE_ID": node_id,
-            "EDGE_QUEUE_NODES__HEARTBEAT_S": "0.5",
-            "EDGE_QUEUE_WORKERS": str(workers),
-            "EDGE_QUEUE_MEDIA_ROOTS": json.dumps([str(p) for p in media_roots]),
-            "EDGE_QUEUE_PATH_MAP": json.dumps(path_map or []),
-            "EDGE_QUEUE_EXTRA_KINDS": EXTRA_KINDS,
-            "EDGE_QUEUE_LOG_LEVEL": "DEBUG",
-            "PYTHONPATH": str(ROOT),
-            **(env or {}),
-        }
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> NodeProcess:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "edge_queue", "worker"], env=self.env, stdout=subprocess.DEVNULL, stderr=log
-            )
-        return self
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-
-@pytest.fixture
-def nodes(tmp_path: Path):
-    made: list[NodeProcess] = []
-
-    def make(hub: ServiceProcess, node_id: str, media_roots: list[Path], **kw: Any) -> NodeProcess:
-        node = NodeProcess(hub, tmp_path, node_id, media_roots, **kw)
-        made.append(node)
-        return node.start()
-
-    yield make
-    for node in made:
-        node.stop()
-        # a node's worker processes end with it (their pipe closes); none is left behind
-        if node.proc is not None:
-            wait_until(lambda n=node: not _children_alive(n.proc.pid), 20, "the node's workers to end")
-
-
-def _children_alive(pid: int) -> bool:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
-    return bool(out.stdout.strip())
-
-
-def hub_env(node_ids: list[str], **extra: str) -> dict[str, str]:
-    return {
-        "EDGE_QUEUE_WORKERS": "0",
-        "EDGE_QUEUE_ACCESS__NODES": json.dumps(node_ids),
-        "EDGE_QUEUE_NODES__LEASE_S": str(LEASE_S),
-        **extra,
-    }
-
-
-def online(w: Any, hub: ServiceProcess, node_ids: list[str]) -> None:
-    """Wait until the hub's ``<base>/info`` lists every node of ``node_ids`` online."""
-
-    def seen() -> bool:
-        infos = w.json_on(f"{hub.base}/info")
-        if not infos:
-            return False
-        up = {n["node_id"] for n in infos[-1].get("nodes", []) if n["online"]}
-        return set(node_ids) <= up
-
-    wait_until(seen, 60, f"nodes {node_ids} online in {hub.base}/info")
 
 
 def submit(hub: ServiceProcess, w: Any, payload: dict[str, Any]) -> list[str]:
     resp = hub.request("submit", payload, w)
     assert resp["status"] == "ok", resp
     return [j["job_id"] for j in resp["data"]["jobs"]]
-
-
-def final(w: Any, hub: ServiceProcess, job_id: str, timeout: float = 120) -> dict[str, Any]:
-    return w.wait_json(
-        f"{hub.base}/jobs/{job_id}", lambda j: j["state"] in ("succeeded", "failed", "cancelled"), timeout
-    )
 
 
 def test_forty_noop_jobs_spread_over_two_nodes(mosquitto, service_factory, nodes, tmp_path: Path) -> None:
@@ -346,12 +234,12 @@ def test_shipped_acl_gives_nodes_their_own_topics_only(
     """broker/edge-queue.acl: a node user reads only what is addressed to it and publishes only
     under its own node topics; an ordinary user cannot take a job, renew a lease or forge an
     outcome; a broker user not in ``access.nodes`` gets no job; a node user sends no request."""
-    from .test_deploy import USERS, _connect, _service_env
+    from .helpers.deploy import USERS, connect, service_env
 
     broker = request.getfixturevalue("mosquitto_with_acl")
     media = tmp_path / "media"
     media.mkdir()
-    env = {**_service_env("edge-queue", USERS["edge-queue"]), **hub_env(["n1"])}
+    env = {**service_env("edge-queue", USERS["edge-queue"]), **hub_env(["n1"])}
     env["EDGE_QUEUE_HOMEASSISTANT__DISCOVERY"] = "false"
     hub = service_factory(broker, [media], env)
     hub.base = "edge-queue"  # the base topic the shipped ACL names
@@ -360,7 +248,7 @@ def test_shipped_acl_gives_nodes_their_own_topics_only(
     creds = {n: {"EDGE_QUEUE_MQTT__USERNAME": n, "EDGE_QUEUE_MQTT__PASSWORD": USERS[n]} for n in ("n1", "n2")}
     n1 = nodes(hub, "n1", [media], env=creds["n1"])
     n2 = nodes(hub, "n2", [media], env=creds["n2"])
-    reason, pair = _connect(broker, "phone", USERS["phone"])
+    reason, pair = connect(broker, "phone", USERS["phone"])
     assert reason == "Success"
     phone, box = pair
     box["subscriptions"] = [
@@ -400,7 +288,7 @@ def test_shipped_acl_gives_nodes_their_own_topics_only(
             {"v": 1, "op": "done", "job_id": jid, "attempt": 1, "result": {"forged": True}},
             {"v": 1, "op": "beat", "jobs": [[jid, 1]]},
         ):
-            _, fpair = _connect(broker, "phone", USERS["phone"])
+            _, fpair = connect(broker, "phone", USERS["phone"])
             forger = fpair[0]
             try:
                 forger.publish("edge-queue/nodes/n1/up", json.dumps(forged), 1).wait_for_publish(3)
@@ -423,7 +311,7 @@ def test_shipped_acl_gives_nodes_their_own_topics_only(
         assert "edge-queue/nodes/n1" in topics  # announcements are readable
         assert "handed to node n2" not in hub.log() and "handed to node phone" not in hub.log()
         # a node user may not send requests (role none)
-        reason, npair = _connect(broker, "n1", USERS["n1"])
+        reason, npair = connect(broker, "n1", USERS["n1"])
         nclient, nbox = npair
         nclient.subscribe("edge-queue/reply/n1/#", 1)
         time.sleep(0.2)
@@ -457,7 +345,7 @@ def _started_counts(made: list[NodeProcess], job_ids: list[str]) -> Counter[str]
 def test_a_node_behind_a_bridged_mosquitto_runs_jobs_as_a_direct_one(service_factory, nodes, tmp_path: Path) -> None:
     """docs/nodes.md, "Scaling the broker side": the node connects to a second mosquitto,
     bridged to the hub's with mosquitto's own ``connection``/``topic`` settings."""
-    from .test_load import PrivateMosquitto
+    from .helpers.brokers import PrivateMosquitto
 
     media = tmp_path / "media"
     media.mkdir()
@@ -503,7 +391,7 @@ def test_broker_restart_and_hub_kill_9_while_node_jobs_run_end_every_job_once(
 ) -> None:
     """The broker restarted while node jobs run, then the hub killed with -9 and started again:
     every job ends exactly once, and nothing a node finished runs again."""
-    from .test_load import PrivateMosquitto
+    from .helpers.brokers import PrivateMosquitto
 
     media = tmp_path / "media"
     media.mkdir()
@@ -632,7 +520,7 @@ def test_a_transcription_whose_node_dies_at_60_percent_resumes_on_another_node(
 ) -> None:
     """docs/nodes.md and docs/topics.md, "Long jobs resume": the chunks a node finished are
     kept by the hub, and the attempt that follows on another node decodes only the rest."""
-    from .test_resume import _kept
+    from .helpers.store_rows import kept_chunks
 
     path, reference = long_recording(300)
     chunked = {"EDGE_QUEUE_TRANSCRIBE__CHUNK_S": "30"}  # 5 minutes: 10 chunks or more
@@ -645,10 +533,10 @@ def test_a_transcription_whose_node_dies_at_60_percent_resumes_on_another_node(
         running = w.wait_json(f"{hub.base}/jobs/{job_id}", lambda j: j["state"] == "running" and j["node"])
         first = made[running["node"]]
         # Given a node that finished 6 chunks, kept by the hub, when it is killed (kill -9)
-        wait_until(lambda: _kept(hub.db, job_id) >= 6, 600, "six chunks kept by the hub")
+        wait_until(lambda: kept_chunks(hub.db, job_id) >= 6, 600, "six chunks kept by the hub")
         assert first.proc is not None
         first.proc.kill()
-        kept = _kept(hub.db, job_id)
+        kept = kept_chunks(hub.db, job_id)
         # Then the job ends on the other node, at attempt 2, which decoded only the rest
         job = final(w, hub, job_id, timeout=600)
         assert job["state"] == "succeeded" and job["attempt"] == 2, job
@@ -659,7 +547,7 @@ def test_a_transcription_whose_node_dies_at_60_percent_resumes_on_another_node(
         assert f"resumed after {kept} kept chunk(s)" in other.log()
         assert wer(reference, result["text"]) < 0.05
         # and the kept chunks are gone once the job ended
-        assert _kept(hub.db, job_id) == 0
+        assert kept_chunks(hub.db, job_id) == 0
     finally:
         w.close()
 

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from .conftest import descendants, wait_until
-from .test_load import PrivateMosquitto
+from .helpers.brokers import PrivateMosquitto
 
 pytestmark = pytest.mark.usefixtures("model_installed")
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from .conftest import Broker, ServiceProcess, Watcher, free_port, port_open, wait_until
-from .test_load import PrivateMosquitto
-from .test_page import Browser, artifacts, browser, page_service, ws_mosquitto  # noqa: F401 (fixtures, by name)
+from .helpers.brokers import PrivateMosquitto
+from .helpers.page import Browser, page_service
 
 STATUS = "document.querySelector('#status').dataset.state"
 BANNER = "document.querySelector('#broker')"
@@ -79,9 +79,9 @@ def _noop_done(svc: ServiceProcess, **options: object) -> str:
 def test_a_page_opened_during_a_broker_outage_reads_the_jobs_once_edge_queue_answers(
     forgetful_mosquitto: Broker,
     service_factory,
-    browser: Browser,  # noqa: F811 (the fixture imported by name)
+    browser: Browser,
     tmp_path: Path,
-    artifacts: Path,  # noqa: F811
+    artifacts: Path,
     held: list,
 ) -> None:
     media = tmp_path / "media"
@@ -150,11 +150,11 @@ def test_a_page_opened_during_a_broker_outage_reads_the_jobs_once_edge_queue_ans
 @pytest.mark.slow
 @pytest.mark.serial
 def test_offline_means_offline_and_an_action_sent_before_is_never_called_failed(
-    ws_mosquitto: Broker,  # noqa: F811 (the fixtures imported by name)
+    ws_mosquitto: Broker,
     service_factory,
-    browser: Browser,  # noqa: F811
+    browser: Browser,
     tmp_path: Path,
-    artifacts: Path,  # noqa: F811
+    artifacts: Path,
     held: list,
 ) -> None:
     media = tmp_path / "media"

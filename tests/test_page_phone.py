@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import Broker
-from .test_page import Browser, artifacts, browser, media, page_service, ws_mosquitto  # noqa: F401 (fixtures, by name)
+from .helpers.page import Browser, page_service
 
 SHOWN = "document.querySelector('#shown').textContent"
 ROWS = "document.querySelectorAll('#jobs .job').length"
@@ -21,11 +21,11 @@ MORE = "document.querySelector('#more-jobs')"
 @pytest.mark.slow
 @pytest.mark.serial
 def test_show_more_only_when_more_jobs_exist(
-    ws_mosquitto: Broker,  # noqa: F811 (the fixtures imported by name)
+    ws_mosquitto: Broker,
     service_factory,
-    browser: Browser,  # noqa: F811
+    browser: Browser,
     tmp_path: Path,
-    artifacts: Path,  # noqa: F811
+    artifacts: Path,
 ) -> None:
     root = tmp_path / "files"
     root.mkdir()
@@ -72,11 +72,11 @@ def test_show_more_only_when_more_jobs_exist(
 @pytest.mark.serial
 @pytest.mark.usefixtures("model_installed")
 def test_a_transcription_without_json_has_its_downloads(
-    ws_mosquitto: Broker,  # noqa: F811 (the fixtures imported by name)
+    ws_mosquitto: Broker,
     service_factory,
-    browser: Browser,  # noqa: F811
-    media: Path,  # noqa: F811
-    artifacts: Path,  # noqa: F811
+    browser: Browser,
+    media: Path,
+    artifacts: Path,
 ) -> None:
     # (chunks of 30 s: segments of whole sentences, longer than a subtitle line)
     svc, url = page_service(

@@ -14,7 +14,7 @@ from edge_queue.config_http import HttpSettings
 from edge_queue.http.page import PageServer
 
 from .conftest import free_port
-from .test_page import Browser, _browser_ready
+from .helpers.page import Browser, browser_ready
 
 
 @pytest.fixture
@@ -71,7 +71,7 @@ class PrefixProxy:
 
 def test_the_page_at_its_prefix_without_the_trailing_slash(page_server: PageServer, tmp_path: Path) -> None:
     # Given the page behind a proxy that strips its prefix, as Home Assistant's ingress does
-    _browser_ready()
+    browser_ready()
     proxy = PrefixProxy(page_server.port)
     b = Browser(tmp_path / "browser.log")
     try:

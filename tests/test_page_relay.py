@@ -31,11 +31,11 @@ from edge_queue.http.relay import MAX_RELAYS_PER_ADDRESS
 from edge_queue.mqtt.embedded_broker import BrokerThread, broker_config
 
 from .conftest import Broker, free_port, port_open, run_doctor, wait_until
-from .test_page import Browser, _browser_ready, ws_mosquitto  # noqa: F401 (a fixture, by name)
+from .helpers.page import Browser, browser_ready
 
 
 @pytest.fixture
-def relay(ws_mosquitto: Broker) -> Iterator[PageServer]:  # noqa: F811
+def relay(ws_mosquitto: Broker) -> Iterator[PageServer]:
     settings = HttpSettings(
         host="127.0.0.1", port=free_port(), websocket_port=ws_mosquitto.ws_port, websocket_proxy=True
     )
@@ -78,7 +78,7 @@ def test_no_relay_unless_asked(tmp_path: Path) -> None:
         srv.stop()
 
 
-def test_mqtt_over_the_relay_and_more_pages_than_one_address_may_open(ws_mosquitto: Broker) -> None:  # noqa: F811
+def test_mqtt_over_the_relay_and_more_pages_than_one_address_may_open(ws_mosquitto: Broker) -> None:
     """Behind Home Assistant's ingress every page comes from one address, the proxy's
     (``http.trusted_proxies``): its relayed WebSockets do not count against that address's
     connections nor its share of the relays, and the page's files are still served."""
@@ -118,10 +118,10 @@ def test_mqtt_over_the_relay_and_more_pages_than_one_address_may_open(ws_mosquit
 )
 def test_the_page_in_a_browser_through_the_relay(
     service_factory: Any,
-    ws_mosquitto: Broker,  # noqa: F811
+    ws_mosquitto: Broker,
     tmp_path: Path,
 ) -> None:
-    _browser_ready()
+    browser_ready()
     media = tmp_path / "media"
     media.mkdir()
     port = free_port()

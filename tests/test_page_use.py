@@ -20,7 +20,7 @@ from edge_queue.config_http import HttpSettings
 from edge_queue.http.page import headers
 
 from .conftest import Broker, free_port, wait_until
-from .test_page import Browser, artifacts, browser, media, page_service, ws_mosquitto  # noqa: F401 (fixtures, by name)
+from .helpers.page import Browser, page_service
 
 SHOWN = "document.querySelector('#shown').textContent"
 ROWS = "document.querySelectorAll('#jobs .job').length"
@@ -40,11 +40,11 @@ def _axe(b: Browser, where: str) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.serial
 def test_any_of_501_jobs_is_found_with_pages_a_count_and_filters(
-    ws_mosquitto: Broker,  # noqa: F811 (the fixtures imported by name)
+    ws_mosquitto: Broker,
     service_factory,
-    browser: Browser,  # noqa: F811
+    browser: Browser,
     tmp_path: Path,
-    artifacts: Path,  # noqa: F811
+    artifacts: Path,
 ) -> None:
     root = tmp_path / "files"
     root.mkdir()
@@ -110,11 +110,11 @@ def test_any_of_501_jobs_is_found_with_pages_a_count_and_filters(
 @pytest.mark.serial
 @pytest.mark.usefixtures("model_installed")
 def test_keyboard_screen_readers_and_transcript_downloads(
-    ws_mosquitto: Broker,  # noqa: F811 (the fixtures imported by name)
+    ws_mosquitto: Broker,
     service_factory,
-    browser: Browser,  # noqa: F811
-    media: Path,  # noqa: F811
-    artifacts: Path,  # noqa: F811
+    browser: Browser,
+    media: Path,
+    artifacts: Path,
 ) -> None:
     svc, url = page_service(service_factory, ws_mosquitto, media, ws_mosquitto.ws_port)
     # Given a finished transcription, a failed probe and a running job
@@ -202,9 +202,9 @@ def test_only_the_configured_origins_may_frame_the_page() -> None:
 @pytest.mark.slow
 @pytest.mark.serial
 def test_a_dashboard_on_an_allowed_origin_shows_the_page_in_a_frame_and_another_cannot(
-    ws_mosquitto: Broker,  # noqa: F811 (the fixtures imported by name)
+    ws_mosquitto: Broker,
     service_factory,
-    browser: Browser,  # noqa: F811
+    browser: Browser,
     tmp_path: Path,
 ) -> None:
     roots = tmp_path / "media"
@@ -256,11 +256,11 @@ def test_a_dashboard_on_an_allowed_origin_shows_the_page_in_a_frame_and_another_
 @pytest.mark.slow
 @pytest.mark.serial
 def test_the_small_things(
-    ws_mosquitto: Broker,  # noqa: F811 (the fixtures imported by name)
+    ws_mosquitto: Broker,
     service_factory,
-    browser: Browser,  # noqa: F811
+    browser: Browser,
     tmp_path: Path,
-    artifacts: Path,  # noqa: F811
+    artifacts: Path,
 ) -> None:
     """Select all of a 450-file folder, the time left in full, a toast cut at a word, a folder
     icon that needs no font, what unticked formats mean, why a queued job waits, and the
@@ -348,13 +348,13 @@ def test_the_small_things(
 
 @pytest.mark.serial
 def test_a_probe_shows_what_each_stream_is(
-    ws_mosquitto: Broker,  # noqa: F811 (the fixtures imported by name)
+    ws_mosquitto: Broker,
     service_factory,
-    browser: Browser,  # noqa: F811
-    media: Path,  # noqa: F811
-    artifacts: Path,  # noqa: F811
+    browser: Browser,
+    media: Path,
+    artifacts: Path,
 ) -> None:
-    from .test_media_streams import make_files
+    from .helpers.media_files import make_files
 
     # Given a probe of an mp3 with cover art (before: the detail listed the cover as a video)
     files = make_files(media)

@@ -744,7 +744,7 @@ def test_a_persistent_broker_restoring_an_older_save_is_not_taken_for_a_replaced
 ) -> None:
     # Given a service on a new store, against a persistent mosquitto, done with its first read
     # of the retained job topics
-    from .test_load import PrivateMosquitto
+    from .helpers.brokers import PrivateMosquitto
 
     broker = PrivateMosquitto(tmp_path / "broker")
     try:

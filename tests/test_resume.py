@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,20 +16,13 @@ from typing import Any
 import pytest
 
 from .conftest import descendants, need, wait_until, wer
+from .helpers.store_rows import kept_chunks
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("model_installed")]
 
 #: 5 minutes of speech in chunks of at most 30 s, each cut at a pause: 11 chunks
 #: (a graceful stop ends the running job's worker at once: no grace to finish in)
 ENV = {"EDGE_QUEUE_TRANSCRIBE__CHUNK_S": "30", "EDGE_QUEUE_WORKERS": "1", "EDGE_QUEUE_CANCEL_GRACE_S": "0"}
-
-
-def _kept(db: Path, job_id: str) -> int:
-    conn = sqlite3.connect(db, timeout=5)
-    try:
-        return int(conn.execute("SELECT count(*) FROM job_chunks WHERE job_id = ?", [job_id]).fetchone()[0])
-    finally:
-        conn.close()
 
 
 def _segments(result: dict[str, Any]) -> list[tuple[float, float, str]]:
@@ -56,12 +48,12 @@ def _interrupted(svc: Any, path: Path, stop: str) -> tuple[str, dict[str, Any], 
     job_id = svc.request("submit", {"input": str(path)}, watcher)["data"]["jobs"][0]["job_id"]
     topic = f"{svc.base}/jobs/{job_id}"
     # 60 %: six of the ten chunks committed to the store (read from the file, as it stands)
-    wait_until(lambda: _kept(svc.db, job_id) >= 6, 600, "six kept chunks")
+    wait_until(lambda: kept_chunks(svc.db, job_id) >= 6, 600, "six kept chunks")
     if stop == "kill":
         svc.kill()
     else:
         assert svc.stop() == 0
-    kept = _kept(svc.db, job_id)
+    kept = kept_chunks(svc.db, job_id)
     return job_id, watcher.json_on(topic)[-1], kept
 
 
@@ -94,7 +86,7 @@ def test_a_transcription_stopped_at_60_percent_resumes_from_its_kept_chunks(
     running = [m for m in after if m["state"] == "running" and m["stage"] == "transcribing"]
     assert running and min(m["progress"] for m in running) >= 10 * kept - 10, [m["progress"] for m in running]
     # And the kept chunks are gone once the job has ended
-    assert _kept(svc.db, job_id) == 0
+    assert kept_chunks(svc.db, job_id) == 0
 
 
 def test_an_input_replaced_between_attempts_is_decoded_from_the_start(
@@ -202,19 +194,19 @@ def test_beside_outputs_into_a_folder_that_cannot_be_written(
     assert failed["state"] == "failed" and failed["error"]["code"] == "output_not_writable", failed
     stages = {m.get("stage") for m in watcher.json_on(f"{svc.base}/jobs/{first}")}
     assert not stages & {"loading_model", "transcribing"}, stages
-    assert _kept(svc.db, first) == 0
+    assert kept_chunks(svc.db, first) == 0
 
     # When the folder becomes unwritable while the job decodes (after its first kept chunk)
     second = svc.request("submit", body, watcher)["data"]["jobs"][0]["job_id"]
-    wait_until(lambda: _kept(svc.db, second) >= 1, 300, "a kept chunk")
+    wait_until(lambda: kept_chunks(svc.db, second) >= 1, 300, "a kept chunk")
     with unwritable(folder):
         failed = ended(second)
     assert failed["state"] == "failed" and failed["error"]["code"] == "output_not_writable", failed
-    kept = _kept(svc.db, second)
+    kept = kept_chunks(svc.db, second)
     assert kept >= 6, kept  # the decoded transcript stays with the failed job
     # Then a retry, once the folder is writable, writes the outputs without decoding again
     assert svc.request("retry", {"job_id": second}, watcher)["status"] == "ok"
     done = watcher.wait_json(f"{svc.base}/jobs/{second}", lambda m: m["state"] == "succeeded", 300)
     assert done["result"]["chunks_resumed"] == done["result"]["chunks"] == kept, done["result"]
     assert Path(done["result"]["outputs"]["srt"]) == folder / "talk.en.srt"
-    assert _kept(svc.db, second) == 0  # gone with the success
+    assert kept_chunks(svc.db, second) == 0  # gone with the success

@@ -26,18 +26,9 @@ from edge_queue.workers.processes import JobEntry, WorkerSlot
 from edge_queue.workers.supervisor import Outcome, Supervisor
 from edge_queue.workers.worker import fits_lane
 
+from .helpers.wire import Wire
+
 NOW = 1_000_000.0
-
-
-class Wire:
-    """What the node room needs of the bridge: a place for its handler, and publish."""
-
-    def __init__(self) -> None:
-        self.on_node: Any = None
-        self.sent: list[tuple[str, dict[str, Any]]] = []
-
-    def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
-        self.sent.append((topic, json.loads(payload)))
 
 
 @pytest.mark.parametrize(

@@ -16,14 +16,12 @@ from edge_queue.errors import NotFoundError, TransitionError
 from edge_queue.rules.states import TRANSITIONS, JobState, can_transition, is_terminal
 from edge_queue.store import SCHEMA_VERSION, JobSpec, Store, iso, new_id, parse_iso
 
+from .helpers.store_rows import spec
+
 
 @pytest.fixture
 def store(tmp_path: Path) -> Store:
     return Store(tmp_path / "q.db")
-
-
-def spec(input_: str = "/m/a.wav", kind: str = "noop", **kw) -> JobSpec:
-    return JobSpec(kind=kind, input=input_, options=kw.pop("options", {}), **kw)
 
 
 def test_pragmas_wal_and_full_sync(tmp_path: Path) -> None:

@@ -13,31 +13,9 @@ import pytest
 from edge_queue.config import Settings
 
 from .conftest import wer
+from .helpers.worker_ctx import Ctx
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("model_installed")]
-
-
-class Ctx:
-    """The worker's job context, for running the kind in this process."""
-
-    def __init__(self, settings: Settings, output_dir: Path) -> None:
-        self.job_id, self.attempt, self.settings, self.output_dir = "t", 1, settings, output_dir
-        self.kept: list[dict[str, Any]] = []
-        self.chunks: list[tuple[int, dict[str, Any]]] = []
-        self.written: dict[str, dict[str, Any]] = {}
-        self.claimed: dict[str, dict[str, Any]] = {}
-
-    def claim_outputs(self, files: dict[str, dict[str, Any]]) -> None:
-        self.claimed.update(files)
-
-    def progress(self, percent: float, stage: str | None = None, eta_s: float | None = None) -> None:
-        pass
-
-    def checkpoint(self) -> None:
-        pass
-
-    def keep_chunk(self, index: int, data: dict[str, Any]) -> None:
-        self.chunks.append((index, data))
 
 
 def _run(tmp_path: Path, path: Path, name: str, **transcribe: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
