@@ -16,7 +16,7 @@ from edge_queue.config import Settings
 from edge_queue.kinds.segment_tokens import Vocabulary, cut, joined
 from edge_queue.kinds.subtitles import subtitle_cues
 
-from .test_transcribe_batched import Ctx
+from .helpers.worker_ctx import Ctx
 
 #: A vocabulary of words: token i spells WORDS[i]; 100 and over (timestamps) spell nothing.
 WORDS = [" And", " so,", " my", " fellow", " Americans.", " Ask", " not", "é", " é"]
