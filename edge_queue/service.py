@@ -459,11 +459,12 @@ class Service:
     # -- stop ---------------------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Graceful stop: no new jobs; running ones get ``cancel_grace_s`` to finish; the rest
-        are ended and requeued without counting the attempt
-        (:func:`~edge_queue.rules.lifecycle.after_graceful_stop`); ``offline``."""
+        """Graceful stop: no new jobs, no new HTTP calls (:func:`stop_http_calls`); running
+        ones get ``cancel_grace_s`` to finish; the rest are ended and requeued without counting
+        the attempt (:func:`~edge_queue.rules.lifecycle.after_graceful_stop`); ``offline``."""
         store = self.job_store()
         self.stopping = self.outcomes.stopping = True
+        stop_http_calls(self)
         for slot in self.supervisor.slots:
             if len(slot.jobs) > 1:  # jobs waiting in a worker's queue go back to the queue now
                 self.supervisor.release(slot)
@@ -500,9 +501,7 @@ class Service:
             sock.close()
         self.notifier.close()
         self.turn_log.detach()
-        self.gateway.stop()  # first: the API answers its waiting callers while it stops
-        if self.api is not None:
-            self.api.stop()
+        stop_http_calls(self, wait=True)
         if self.page is not None:
             self.page.stop()
             self.page = None
@@ -525,6 +524,16 @@ def log_serving(settings: Settings, base: str) -> str:
         roots_text(settings.media_roots),
     )
     return where
+
+
+def stop_http_calls(service: Service, *, wait: bool = False) -> None:
+    """The stop begins: the HTTP callers waiting for a job are answered 503 ``stopping`` now,
+    not after the running jobs' grace (docs/http-api.md, "Errors"), and the API winds down
+    meanwhile, so that a stop with callers waiting takes no longer than one without; with
+    ``wait`` (the end of the stop), until the API's server is done."""
+    service.gateway.stop()  # first: the API answers its waiting callers while it stops
+    if service.api is not None:
+        service.api.stop() if wait else service.api.begin_stop()
 
 
 def settle_own_requests(service: Service) -> None:

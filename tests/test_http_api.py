@@ -194,6 +194,10 @@ def test_sweep_deletes_old_uploads_and_unfinished_ones(tmp_path: Path) -> None:
     os.utime(part, (now - 3700, now - 3700))
     assert sweep(tmp_path, 5000, now) == 2
     assert [p.name for p in tmp_path.iterdir()] == ["b.wav"]
+    # at the start, every unfinished one (a call a stop cut short), however new
+    (tmp_path / ".part-y").write_bytes(b"x")
+    assert sweep(tmp_path, 5000, now + 10, unfinished_s=None) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["b.wav"]
 
 
 # -- a real service ----------------------------------------------------------------------------

@@ -41,6 +41,9 @@ MAX_HEADER_BYTES = 32 * 1024
 KEEP_ALIVE_S = 5
 #: Seconds between two sweeps of old uploads.
 SWEEP_S = 3600.0
+#: Seconds the calls still being received or answered get when the service stops (from the
+#: stop's start, while running jobs get their grace); then their connections are closed.
+STOP_S = 2
 
 
 def max_connections(uploads_at_once: int) -> int:
@@ -238,20 +241,26 @@ class ApiServer:
             timeout_keep_alive=KEEP_ALIVE_S,
             h11_max_incomplete_event_size=MAX_HEADER_BYTES,
             server_header=False,
+            timeout_graceful_shutdown=STOP_S,
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self._run, name="edge-queue-api", daemon=True)
         self.stopped = threading.Event()
-        self.sweeper = threading.Thread(target=self._sweep, name="edge-queue-uploads", daemon=True)
+        self.sweeper = threading.Thread(target=self._sweeping, name="edge-queue-uploads", daemon=True)
 
-    def _sweep(self) -> None:
-        """Every :data:`SWEEP_S`: uploads older than ``retention_days`` and a day are deleted."""
+    def _sweep(self, *, at_start: bool = False) -> None:
+        """Uploads older than ``retention_days`` and a day are deleted, and unfinished ones
+        (``.part-*``) over an hour old; ``at_start`` (before serving): every unfinished one, left
+        by a call that a stop or a crash cut short."""
         keep_s = (self.settings.retention_days + 1) * 86400
-        while True:
-            if n := sweep(self.settings.uploads_dir, keep_s, time.time()):
-                log.info("HTTP API: deleted %d upload(s) older than retention_days and a day", n)
-            if self.stopped.wait(SWEEP_S):
-                return
+        n = sweep(self.settings.uploads_dir, keep_s, time.time(), unfinished_s=None if at_start else 3600.0)
+        if n:
+            log.info("HTTP API: deleted %d upload(s) older than retention_days and a day, or unfinished", n)
+
+    def _sweeping(self) -> None:
+        """Every :data:`SWEEP_S`: :meth:`_sweep`."""
+        while not self.stopped.wait(SWEEP_S):
+            self._sweep()
 
     def _run(self) -> None:
         try:
@@ -260,16 +269,22 @@ class ApiServer:
             log.exception("HTTP API: stopped")
 
     def start(self) -> ApiServer:
+        self._sweep(at_start=True)  # before the first call: no upload is being received
         self.thread.start()
         self.sweeper.start()
         return self
 
-    def stop(self) -> None:
-        """Stop listening and close connections (callers waiting for a job are let go; their
-        jobs stay queued)."""
+    def begin_stop(self) -> None:
+        """Stop listening and close the idle connections; the calls being received or answered
+        get :data:`STOP_S` seconds (callers waiting for a job were let go first: their jobs
+        stay queued). Returns at once."""
         self.server.should_exit = True
         self.stopped.set()
-        self.thread.join(10)
+
+    def stop(self) -> None:
+        """:meth:`begin_stop`, and wait for the server to be done."""
+        self.begin_stop()
+        self.thread.join(STOP_S + 5)
         self.sock.close()
 
 

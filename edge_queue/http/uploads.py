@@ -307,11 +307,12 @@ def disk_of(folder: Path) -> tuple[int, int]:
     return held, shutil.disk_usage(folder).free
 
 
-def sweep(folder: Path, keep_s: float, now: float) -> int:
+def sweep(folder: Path, keep_s: float, now: float, *, unfinished_s: float | None = 3600.0) -> int:
     """Delete the uploads of ``folder`` and of its users' folders last written over ``keep_s``
     seconds before ``now`` (unix seconds; their jobs are gone by then, docs/http-api.md,
-    "Uploads"), and unfinished ones (``.part-*``) over an hour old. Returns how many were
-    deleted."""
+    "Uploads"), and unfinished ones (``.part-*``) over ``unfinished_s`` seconds old (None:
+    every one, at the service's start, when no upload is being received). Returns how many
+    were deleted."""
     deleted = 0
     try:
         entries = list(os.scandir(folder))
@@ -320,12 +321,16 @@ def sweep(folder: Path, keep_s: float, now: float) -> int:
     for entry in entries:
         try:
             if entry.is_dir(follow_symlinks=False):
-                deleted += sweep(Path(entry.path), keep_s, now)
+                deleted += sweep(Path(entry.path), keep_s, now, unfinished_s=unfinished_s)
                 if re.fullmatch(r"[0-9a-f]{16}", entry.name):
                     os.rmdir(entry.path)  # OSError when not empty: kept
                 continue
             age = now - entry.stat(follow_symlinks=False).st_mtime
-            if age > (3600 if entry.name.startswith(".part-") else keep_s):
+            if entry.name.startswith(".part-"):
+                old = unfinished_s is None or age > unfinished_s
+            else:
+                old = age > keep_s
+            if old:
                 os.unlink(entry.path)
                 deleted += 1
         except OSError:

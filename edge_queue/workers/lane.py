@@ -45,6 +45,23 @@ def to_pause(slots: Iterable[WorkerSlot], now: float, overrun_s: float) -> list[
     ]
 
 
+def warm(slots: Iterable[WorkerSlot]) -> None:
+    """Once a transcription runs on a worker (the lane may be needed from then on), ask the
+    lane's worker, once per process, to load the model a transcription loads first (``warm``),
+    so that a short job beside a film does not wait for it (docs/configuration.md,
+    ``short_lane_s``)."""
+    slots = list(slots)
+    if not any(not s.lane and any(e.msg.get("kind") == "transcribe" for e in s.jobs) for s in slots):
+        return
+    for s in slots:
+        if s.lane and not s.warmed and s.conn is not None:
+            try:
+                s.conn.send({"op": "warm"})
+            except OSError:
+                continue  # the worker is gone: its replacement is asked
+            s.warmed = True
+
+
 class ShortLane:
     """The short lane's state in the supervisor: the jobs it gave back, the workers it stopped."""
 

@@ -82,6 +82,8 @@ class WorkerSlot:
     index: int
     #: the short lane's slot (:meth:`Supervisor.lane_idle`): transcriptions of short inputs only
     lane: bool = False
+    #: the short lane's worker was asked to load its model before its first job (:func:`.lane.warm`)
+    warmed: bool = False
     process: Any = None
     conn: Connection | None = None
     #: Jobs given to this worker, in the order it runs them; the first is the one it runs now.
@@ -157,6 +159,7 @@ class ProcessPool:
         slot.end_reason = slot.recycle = None
         slot.releasing = False
         slot.jobs_done, slot.rss_mb = 0, None
+        slot.warmed = False
         parent, child = self.ctx.Pipe(duplex=True)
         proc = self.ctx.Process(
             target=worker_module.main, args=(child, self.settings), name=f"edge-queue-worker-{slot.index}", daemon=True

@@ -21,7 +21,7 @@ from typing import Any
 from edge_queue.config import Settings
 from edge_queue.errors import ErrorCode
 
-from .lane import ShortLane
+from .lane import ShortLane, warm
 from .processes import JobEntry, ProcessPool, WorkerSlot
 
 log = logging.getLogger(__name__)
@@ -284,6 +284,7 @@ class Supervisor:
                 slot.conn.send({"op": "run", "jobs": jobs})
             except (OSError, AssertionError):
                 pass  # the worker is gone: poll() reports its jobs as lost
+        warm(self.slots)
 
     def unassign(self) -> None:
         """Forget jobs assigned but not sent (their claims were rolled back)."""

@@ -168,6 +168,8 @@ class _Worker:
         self.claim_answers: dict[tuple[str, int], bool] = {}
         self.claimed = threading.Event()
         self.lock_claims = threading.Lock()
+        #: loading a model ahead of any job (``warm``): a ``stop`` meanwhile ends the process at once
+        self.warming = False
 
     def send(self, msg: dict[str, Any]) -> None:
         """Send one message (after any outcomes still waiting, so the order holds)."""
@@ -209,8 +211,9 @@ class _Worker:
         wanted = None if job_ids is None else set(job_ids)
         with self.jobs.mutex:  # the queue's own lock: the main thread takes its next job meanwhile
             waiting = self.jobs.queue
-            kept = [j for j in waiting if j is None or (wanted is not None and j["job_id"] not in wanted)]
-            gone = [j for j in waiting if j is not None and (wanted is None or j["job_id"] in wanted)]
+            jobs = [j for j in waiting if j is not None and "job_id" in j]  # not a warm-up (``warm``)
+            gone = [j for j in jobs if wanted is None or j["job_id"] in wanted]
+            kept = [j for j in waiting if not any(j is g for g in gone)]
             waiting.clear()
             waiting.extend(kept)
         self.send({"op": "released", "all": wanted is None, "jobs": [[j["job_id"], j["attempt"]] for j in gone]})
@@ -237,9 +240,13 @@ class _Worker:
                 with self.lock_claims:
                     self.claim_answers[(msg["job_id"], msg["attempt"])] = bool(msg.get("ok"))
                     self.claimed.set()
+            elif op == "warm":  # the short lane's worker: load the model now (:func:`_warm`)
+                self.jobs.put({"op": "warm"})
             elif op == "release":
                 self.release(msg.get("job_ids"))
             elif op == "stop":
+                if self.warming:  # no job runs: nothing is lost, and a model load takes seconds
+                    os._exit(0)
                 self.jobs.put(None)
                 return
 
@@ -346,6 +353,22 @@ def _next_job(worker: _Worker, idle_s: float) -> dict[str, Any] | None:
             unload_idle(idle_s)
 
 
+def _warm(settings: Settings) -> None:
+    """Load the model a transcription with the default options loads first (the one that
+    tells the language: ``transcribe.model``), as its jobs will (the same cache key)."""
+    from edge_queue.kinds.transcribe import load_model, model_threads, resolve_model
+
+    cfg = settings.transcribe
+    t0 = time.monotonic()
+    try:
+        ref = resolve_model(cfg.model, Path(settings.data_dir) / "models")
+        load_model(ref, cfg.compute_type, model_threads(settings), cfg.device, cfg.chunks_at_once)
+    except Exception as e:  # its first job says what is wrong, as without the warm-up
+        logging.getLogger(__name__).debug("short lane: no model loaded ahead: %s", e)
+        return
+    logging.getLogger(__name__).debug("short lane: model loaded ahead in %.1f s", time.monotonic() - t0)
+
+
 def main(conn: Connection, settings: Settings) -> None:
     """Entry point of a worker process (forked by the supervisor's ``forkserver``).
 
@@ -366,7 +389,14 @@ def main(conn: Connection, settings: Settings) -> None:
     root.setLevel(settings.log_level)
     threading.Thread(target=worker.read_loop, name="pipe-reader", daemon=True).start()
     worker.send({"op": "ready", "pid": os.getpid(), "rss_mb": round(worker.rss_mb(), 1)})
-    while (job := _next_job(worker, settings.transcribe.idle_unload_s)) is not None:
+    idle_s = settings.transcribe.idle_unload_s
+    while (job := _next_job(worker, idle_s)) is not None:
+        if job.get("op") == "warm":
+            worker.warming = True
+            _warm(settings)
+            worker.warming = False
+            idle_s = 0.0  # the lane keeps its models: a film's next short job finds them loaded
+            continue
         t0 = time.monotonic()
         outcome = worker.run_one(job)
         outcome["took_s"] = time.monotonic() - t0
