@@ -263,3 +263,64 @@ def test_a_foreign_origin_gets_nothing_from_the_websocket_listener_and_the_pages
         assert ws_connack(ws, None) == b"\x20\x02\x00\x00"
     finally:
         broker.stop()
+
+
+def raw_handshake(port: int, *header_lines: str, path: str = "/", source: str = "127.0.0.1") -> int:
+    """A WebSocket handshake with ``header_lines`` as written (two ``Origin`` lines, a proxy's
+    headers) from ``source``: the answer's status code (the connection is then closed)."""
+    import base64
+    import os
+    import socket
+
+    with socket.socket() as s:
+        s.settimeout(10)
+        s.bind((source, 0))
+        s.connect(("127.0.0.1", port))
+        head = [
+            f"GET {path} HTTP/1.1",
+            f"Host: 127.0.0.1:{port}",
+            "Upgrade: websocket",
+            "Connection: Upgrade",
+            f"Sec-WebSocket-Key: {base64.b64encode(os.urandom(16)).decode()}",
+            "Sec-WebSocket-Version: 13",
+            "Sec-WebSocket-Protocol: mqtt",
+            *header_lines,
+        ]
+        s.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
+        answer = b""
+        while b"\r\n" not in answer:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+        return int(answer.split(b" ", 2)[1])
+
+
+def test_the_listener_refuses_two_origins_and_a_proxys_headers_from_elsewhere_in_one_line_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from edge_queue.config_http import HttpSettings
+
+    caplog.set_level(logging.INFO)
+    # Given the embedded broker's WebSocket listener for the page on its port, no proxy trusted
+    port, ws, page = free_port(), free_port(), free_port()
+    broker = BrokerThread(broker_config("127.0.0.1", port, websocket_port=ws), page=HttpSettings(port=page))
+    broker.start()
+    try:
+        # When a handshake has two Origin headers (before: 500, websockets' MultipleValuesError)
+        own = f"Origin: http://127.0.0.1:{page}"
+        assert raw_handshake(ws, own, "Origin: http://evil.example") == 403
+        # Or says itself which host the browser asked for (before: believed from anyone)
+        forged = ("Origin: http://evil.example", "X-Forwarded-Host: evil.example", "X-Forwarded-Proto: http")
+        assert raw_handshake(ws, *forged) == 403
+        # And 50 more handshakes come, half refused, half taken
+        codes = [raw_handshake(ws, "Origin: http://evil.example" if i % 2 else own) for i in range(50)]
+        assert codes == [101, 403] * 25
+        # Then one line says they were refused (one a minute), and the websockets library says
+        # nothing per connection (before: one INFO line per handshake)
+        refused = [r for r in caplog.records if "refused a WebSocket" in r.getMessage()]
+        assert len(refused) == 1 and "more than one Origin" in refused[0].getMessage(), refused
+        library = [r.getMessage() for r in caplog.records if r.name.startswith("websockets")]
+        assert library == [], library[:5]
+    finally:
+        broker.stop()
