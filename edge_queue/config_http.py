@@ -41,7 +41,8 @@ class HttpSettings(BaseModel):
     #: address a reverse proxy serves the page at, or a name of the box the page is opened by.
     allowed_origins: list[str] = Field([], max_length=16)
     #: Addresses of reverse proxies in front of the page (Home Assistant's ingress:
-    #: ``172.30.32.2``): their relayed WebSockets are not bounded per address.
+    #: ``172.30.32.2``): their relayed WebSockets are not bounded per address, and their
+    #: ``X-Forwarded-Host`` and ``X-Forwarded-Proto`` are believed (from no other address).
     trusted_proxies: list[str] = Field([], max_length=16)
 
     @field_validator("host")

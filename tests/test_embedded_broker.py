@@ -22,6 +22,7 @@ from edge_queue.mqtt import embedded_broker
 from edge_queue.mqtt.embedded_broker import BrokerThread, broker_config
 
 from .conftest import free_port, stop_client, wait_until
+from .helpers.handshakes import raw_handshake
 
 
 @pytest.fixture
@@ -261,5 +262,35 @@ def test_a_foreign_origin_gets_nothing_from_the_websocket_listener_and_the_pages
         assert ws_connack(ws, f"http://127.0.0.1:{page}") == b"\x20\x02\x00\x00"
         assert ws_connack(ws, f"http://localhost:{page}") == b"\x20\x02\x00\x00"
         assert ws_connack(ws, None) == b"\x20\x02\x00\x00"
+    finally:
+        broker.stop()
+
+
+def test_the_listener_refuses_two_origins_and_a_proxys_headers_from_elsewhere_in_one_line_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from edge_queue.config_http import HttpSettings
+
+    caplog.set_level(logging.INFO)
+    # Given the embedded broker's WebSocket listener for the page on its port, no proxy trusted
+    port, ws, page = free_port(), free_port(), free_port()
+    broker = BrokerThread(broker_config("127.0.0.1", port, websocket_port=ws), page=HttpSettings(port=page))
+    broker.start()
+    try:
+        # When a handshake has two Origin headers (before: 500, websockets' MultipleValuesError)
+        own = f"Origin: http://127.0.0.1:{page}"
+        assert raw_handshake(ws, own, "Origin: http://evil.example") == 403
+        # Or says itself which host the browser asked for (before: believed from anyone)
+        forged = ("Origin: http://evil.example", "X-Forwarded-Host: evil.example", "X-Forwarded-Proto: http")
+        assert raw_handshake(ws, *forged) == 403
+        # And 50 more handshakes come, half refused, half taken
+        codes = [raw_handshake(ws, "Origin: http://evil.example" if i % 2 else own) for i in range(50)]
+        assert codes == [101, 403] * 25
+        # Then one line says they were refused (one a minute), and the websockets library says
+        # nothing per connection (before: one INFO line per handshake)
+        refused = [r for r in caplog.records if "refused a WebSocket" in r.getMessage()]
+        assert len(refused) == 1 and "more than one Origin" in refused[0].getMessage(), refused
+        library = [r.getMessage() for r in caplog.records if r.name.startswith("websockets")]
+        assert library == [], library[:5]
     finally:
         broker.stop()

@@ -12,12 +12,22 @@ from edge_queue.http.relay import Login, LoginGate, RelaySlots, first_frame, is_
 from edge_queue.mqtt.origins import REFUSAL_LOG_S, RefusalLog, origin_refusal, page_origins, parse_origin
 
 ORIGINS = page_origins(
-    HttpSettings(host="0.0.0.0", port=8099, allowed_origins=["https://nas.example.org"]), hostname="mybox"
+    HttpSettings(
+        host="0.0.0.0", port=8099, allowed_origins=["https://nas.example.org"], trusted_proxies=["172.30.32.2"]
+    ),
+    hostname="mybox",
 )
 
 
-def refusal(origin: str | None, local: tuple[str, int] | None = ("127.0.0.1", 9001), **headers: str) -> str | None:
-    return origin_refusal(ORIGINS, origin, local=local, headers={k.replace("_", "-"): v for k, v in headers.items()})
+def refusal(
+    origin: str | list[str] | None,
+    local: tuple[str, int] | None = ("127.0.0.1", 9001),
+    remote: str | None = "127.0.0.1",
+    **headers: str,
+) -> str | None:
+    return origin_refusal(
+        ORIGINS, origin, local=local, remote=remote, headers={k.replace("_", "-"): v for k, v in headers.items()}
+    )
 
 
 @pytest.mark.parametrize(
@@ -63,17 +73,49 @@ def test_the_box_address_the_connection_reached_is_the_pages_on_the_lan() -> Non
 
 
 def test_a_reverse_proxy_says_which_origin_the_browser_asked_for() -> None:
-    # Home Assistant's ingress passes the browser's Origin and sets both headers
-    ha = {"x_forwarded_host": "ha.example.org", "x_forwarded_proto": "https"}
+    # Home Assistant's ingress (http.trusted_proxies) passes the browser's Origin and sets both headers
+    ha = {"x_forwarded_host": "ha.example.org", "x_forwarded_proto": "https", "remote": "172.30.32.2"}
     assert refusal("https://ha.example.org", **ha) is None
+    assert refusal("https://ha.example.org", **{**ha, "remote": "::ffff:172.30.32.2"}) is None
     assert refusal("https://evil.example", **ha) is not None
     assert refusal("http://ha.example.org", **ha) is not None  # another scheme is another origin
-    assert refusal("http://ha.local:8123", x_forwarded_host="ha.local:8123") is None
+    assert refusal("http://ha.local:8123", x_forwarded_host="ha.local:8123", remote="172.30.32.2") is None
+
+
+def test_a_reverse_proxys_headers_are_believed_from_a_trusted_proxy_only() -> None:
+    # Given a script on the LAN that sends the headers itself (before: believed from anyone)
+    forged = {"x_forwarded_host": "evil.example", "x_forwarded_proto": "http"}
+    # Then its Origin is refused, from any address but the proxy's
+    assert refusal("http://evil.example", remote="192.168.1.9", **forged) is not None
+    assert refusal("http://evil.example", remote="127.0.0.1", **forged) is not None
+    assert refusal("http://evil.example", remote=None, **forged) is not None
+    assert refusal("http://evil.example", remote="172.30.32.2", **forged) is None
+
+
+def test_more_than_one_origin_is_refused() -> None:
+    # Given a handshake with two Origin headers (before: the relay took the first, the
+    # embedded broker's listener answered 500)
+    assert refusal(["http://127.0.0.1:8099", "http://evil.example"]) == "it sends more than one Origin"
+    assert refusal(["http://127.0.0.1:8099", "http://127.0.0.1:8099"]) == "it sends more than one Origin"
+    # While one is judged as ever, and none is a client that is no browser
+    assert refusal(["http://127.0.0.1:8099"]) is None
+    assert refusal(["http://evil.example"]) is not None
+    assert refusal([]) is None
+
+
+def test_a_trailing_dot_is_another_origin_as_in_the_browser() -> None:
+    # A browser keeps the dot: http://localhost.:8099 is not http://localhost:8099's origin
+    # (before: taken as localhost)
+    assert parse_origin("http://localhost.:8099") == ("http", "localhost.", 8099)
+    assert refusal("http://localhost.:8099") is not None
+    assert refusal("http://mybox.:8099") is not None
+    listed = page_origins(HttpSettings(port=8099, allowed_origins=["http://localhost.:8099"]), hostname="x")
+    assert origin_refusal(listed, "http://localhost.:8099", local=None, remote=None, headers={}) is None
 
 
 def test_the_configured_host_is_one_of_the_pages() -> None:
     origins = page_origins(HttpSettings(host="192.168.1.5", port=8099), hostname="x")
-    assert origin_refusal(origins, "http://192.168.1.5:8099", local=None, headers={}) is None
+    assert origin_refusal(origins, "http://192.168.1.5:8099", local=None, remote=None, headers={}) is None
     assert "0.0.0.0" not in ORIGINS.hosts
 
 
@@ -82,6 +124,16 @@ def test_parse_origin() -> None:
     assert parse_origin("https://Nas.Example.org") == ("https", "nas.example.org", 443)
     assert parse_origin("http://a:99999") is None
     assert parse_origin("ws://a") is None
+
+
+def test_the_websocket_librarys_connection_lines_show_at_debug_only() -> None:
+    import logging
+
+    from edge_queue.mqtt.ws_listener import library_log_level
+
+    assert library_log_level(logging.DEBUG) == logging.DEBUG
+    assert library_log_level(logging.INFO) == logging.WARNING
+    assert library_log_level(logging.ERROR) == logging.WARNING
 
 
 def test_refused_handshakes_are_logged_once_a_minute_with_a_count() -> None:

@@ -31,6 +31,7 @@ from edge_queue.http.relay import MAX_RELAYS_PER_ADDRESS
 from edge_queue.mqtt.embedded_broker import BrokerThread, broker_config
 
 from .conftest import Broker, free_port, port_open, run_doctor, wait_until
+from .helpers.handshakes import raw_handshake
 from .helpers.page import Browser, browser_ready
 
 
@@ -109,13 +110,52 @@ def test_mqtt_over_the_relay_and_more_pages_than_one_address_may_open(ws_mosquit
         relay.stop()
 
 
+def test_a_port_handed_to_another_test_process_is_not_handed_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    from . import conftest
+
+    # Given another test process (a pytest-xdist worker, another run on the machine) that was
+    # handed a port, and the same one coming up next here
+    other = subprocess.Popen(
+        [sys.executable, "-c", "from tests.conftest import free_port; print(free_port(), flush=True); input()"],
+        cwd=Path(conftest.__file__).parent.parent,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert other.stdout is not None
+        taken = int(other.stdout.readline())
+        offers = [taken]
+        pick = conftest._candidate_port
+        monkeypatch.setattr(conftest, "_candidate_port", lambda: offers.pop() if offers else pick())
+        # Then this process is handed another (before: the same; the relay's browser test then
+        # opened another test's page, whose relay answered Chromium 403)
+        assert free_port() != taken
+    finally:
+        other.kill()  # as a run that was killed: its file stays
+        other.communicate(timeout=30)
+    # And once that process has ended, its port may be handed out again
+    assert (conftest.PORTS_DIR / str(taken)).exists()
+    monkeypatch.setattr(conftest, "_candidate_port", lambda: taken)
+    assert free_port() == taken
+
+
+def test_ports_handed_out_are_outside_the_range_of_outgoing_connections() -> None:
+    from .conftest import PORT_RANGE, _ephemeral_low
+
+    # (before: the kernel's pick, from the range it also takes the local port of every
+    # connection from; a page's port was taken so before the page's server bound it)
+    if not PORT_RANGE:
+        pytest.skip("no room below the kernel's ephemeral range (net.ipv4.ip_local_port_range)")
+    ports = [free_port() for _ in range(20)]
+    assert all(port < _ephemeral_low() for port in ports), ports
+    for port in ports:  # each one free to listen on
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+
 @pytest.mark.slow
 @pytest.mark.serial
-@pytest.mark.xfail(
-    reason="intermittent (issue 52, row 1 follow-up): in one serial run of the browser tests Chromium's "
-    "handshake to the page's own /mqtt relay was answered 403; alone and beside test_page.py it passes",
-    strict=False,
-)
 def test_the_page_in_a_browser_through_the_relay(
     service_factory: Any,
     ws_mosquitto: Broker,
@@ -132,7 +172,9 @@ def test_the_page_in_a_browser_through_the_relay(
         "EDGE_QUEUE_HTTP__WEBSOCKET_PORT": str(ws_mosquitto.ws_port),
         "EDGE_QUEUE_HTTP__WEBSOCKET_PROXY": "true",
     }
-    service_factory(ws_mosquitto, [media], env).start()
+    svc = service_factory(ws_mosquitto, [media], env).start()
+    # the page Chromium opens is this service's (a port taken meanwhile: "cannot listen")
+    assert f"queue page on http://127.0.0.1:{port}/" in svc.log(), svc.log()
     b = Browser(tmp_path / "browser.log")
     try:
         b.do("goto", url=f"http://127.0.0.1:{port}/")
@@ -152,21 +194,26 @@ def anonymous_connect() -> bytes:
 CONNACK_ACCEPTED = b"\x20\x02\x00\x00"
 
 
-def browser_ws(port: int, origin: str | None, path: str = "/mqtt", source: str = "127.0.0.1") -> Any:
+def browser_ws(
+    port: int, origin: str | None, path: str = "/mqtt", source: str = "127.0.0.1", headers: dict[str, str] | None = None
+) -> Any:
     """A browser-like MQTT over WebSocket handshake from ``source`` with ``Origin: origin``
-    (the websockets library's client), open; raises ``InvalidStatus`` when refused."""
+    and ``headers`` (the websockets library's client), open; raises ``InvalidStatus`` when refused."""
     from websockets.sync.client import connect
 
     sock = socket.socket()
     sock.settimeout(10)
     sock.bind((source, 0))
     sock.connect(("127.0.0.1", port))
-    return connect(f"ws://127.0.0.1:{port}{path}", sock=sock, subprotocols=["mqtt"], origin=origin, open_timeout=10)
+    url = f"ws://127.0.0.1:{port}{path}"
+    return connect(url, sock=sock, subprotocols=["mqtt"], origin=origin, additional_headers=headers, open_timeout=10)
 
 
-def connack(port: int, origin: str | None, path: str = "/mqtt", source: str = "127.0.0.1") -> bytes:
+def connack(
+    port: int, origin: str | None, path: str = "/mqtt", source: str = "127.0.0.1", headers: dict[str, str] | None = None
+) -> bytes:
     """:func:`browser_ws`, then an anonymous CONNECT: the broker's answer."""
-    with browser_ws(port, origin, path, source) as ws:
+    with browser_ws(port, origin, path, source, headers) as ws:
         ws.send(anonymous_connect())
         return bytes(ws.recv(timeout=10))
 
@@ -183,15 +230,42 @@ def test_a_foreign_origin_is_refused_by_the_relay_and_the_pages_own_connects(rel
     assert connack(relay.port, f"http://127.0.0.1:{relay.port}") == CONNACK_ACCEPTED
     assert connack(relay.port, f"http://localhost:{relay.port}") == CONNACK_ACCEPTED
     assert connack(relay.port, None) == CONNACK_ACCEPTED
-    # And a reverse proxy's page (Home Assistant's ingress passes the browser's Origin and says
-    # which host the browser asked for)
-    from websockets.sync.client import connect
 
-    url = f"ws://127.0.0.1:{relay.port}/mqtt"
+
+def test_a_reverse_proxys_headers_are_believed_from_its_address_only(
+    ws_mosquitto: Broker,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from websockets.exceptions import InvalidStatus
+
+    caplog.set_level(logging.WARNING)
+    # Given the page's relay behind a reverse proxy at 127.0.0.2 (http.trusted_proxies)
+    settings = HttpSettings(
+        host="127.0.0.1",
+        port=free_port(),
+        websocket_port=ws_mosquitto.ws_port,
+        websocket_proxy=True,
+        trusted_proxies=["127.0.0.2"],
+    )
+    relay = PageServer(settings, "eqt-relay", "9.9.9", relay_to=("127.0.0.1", settings.websocket_port)).start()
     headers = {"X-Forwarded-Host": "ha.example.org", "X-Forwarded-Proto": "https"}
-    with connect(url, subprotocols=["mqtt"], origin="https://ha.example.org", additional_headers=headers) as ws:
-        ws.send(anonymous_connect())
-        assert ws.recv(timeout=10) == CONNACK_ACCEPTED
+    try:
+        # Then the proxy's page is relayed (Home Assistant's ingress passes the browser's Origin
+        # and says which host the browser asked for)
+        origin = "https://ha.example.org"
+        assert connack(relay.port, origin, source="127.0.0.2", headers=headers) == CONNACK_ACCEPTED
+        # While the same headers from another address are the client's own word (before: believed)
+        with pytest.raises(InvalidStatus) as refused:
+            connack(relay.port, origin, source="127.0.0.1", headers=headers)
+        assert refused.value.response.status_code == 403
+        # And a handshake with two Origin headers is refused (before: the first was relayed),
+        # all in one line a minute
+        own = f"Origin: http://127.0.0.1:{relay.port}"
+        assert raw_handshake(relay.port, own, own, path="/mqtt") == 403
+        lines = [r.getMessage() for r in caplog.records if "refused a relayed WebSocket" in r.getMessage()]
+        assert len(lines) == 1 and "https://ha.example.org" in lines[0], lines
+    finally:
+        relay.stop()
 
 
 def lan_relay(ws_port: int) -> PageServer:

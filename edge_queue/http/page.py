@@ -166,12 +166,14 @@ class _Handler(BaseHTTPRequestHandler):
             return
         server: Any = self.server
         address = self.client_address[0]
-        origin = self.headers.get("Origin")
+        sent = self.headers.get_all("Origin") or []
         headers = {k.lower(): v for k, v in self.headers.items()}
         assert self.origins is not None and self.gate is not None  # set with relay_to
         local = self.connection.getsockname()[:2]
-        if (why := origin_refusal(self.origins, origin, local=local, headers=headers)) is not None:
-            text = f"page: refused a relayed WebSocket from {address} with Origin {origin!r}: {why}"
+        why = origin_refusal(self.origins, sent, local=local, remote=address, headers=headers)
+        if why is not None:
+            shown = sent[0] if len(sent) == 1 else sent
+            text = f"page: refused a relayed WebSocket from {address} with Origin {shown!r}: {why}"
             if (line := server.refusals.line(text[:400], time.monotonic())) is not None:
                 log.warning("%s", line)
             self._refuse_relay(HTTPStatus.FORBIDDEN, b"this page may not connect to the broker\n")

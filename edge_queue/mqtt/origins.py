@@ -20,8 +20,15 @@ at:
 - either of those with the port the connection reached instead of ``http.port``: what paho,
   which is no browser, sends (the address it connects to);
 - one of ``http.allowed_origins``;
-- the origin a reverse proxy says the browser asked for, ``X-Forwarded-Proto://X-Forwarded-Host``
-  (Home Assistant's ingress sets both; a browser cannot send them).
+- the origin a reverse proxy says the browser asked for, ``X-Forwarded-Proto://X-Forwarded-Host``,
+  when the connection comes from one of ``http.trusted_proxies`` (Home Assistant's ingress,
+  ``172.30.32.2``, sets both): from any other address these headers are the client's own word
+  (a script on the LAN may send them), and are not believed.
+
+Names are compared as a browser compares origins: ``http://localhost.:8099`` (a trailing dot) is
+another origin than ``http://localhost:8099`` to a browser, and is refused unless listed in
+``http.allowed_origins``. A handshake with more than one ``Origin`` header is refused: no browser
+sends two, and the relay and the broker's listener must not each pick a different one.
 
 Plain functions over plain data, tested in milliseconds; :func:`page_origins` alone reads the
 host name.
@@ -47,11 +54,14 @@ REFUSAL_LOG_S = 60.0
 @dataclass(frozen=True)
 class PageOrigins:
     """The queue page's origins: its port, the host names and addresses it is served at (lower
-    case, IPv6 without brackets), and ``http.allowed_origins`` (exact, lower case)."""
+    case, IPv6 without brackets), ``http.allowed_origins`` (exact, lower case), and the
+    addresses of ``http.trusted_proxies``, whose ``X-Forwarded-Host`` and ``X-Forwarded-Proto``
+    are believed."""
 
     port: int
     hosts: frozenset[str]
     allowed: frozenset[str]
+    trusted: frozenset[str] = frozenset()
 
 
 def page_origins(http: HttpSettings, hostname: str | None = None) -> PageOrigins:
@@ -66,13 +76,14 @@ def page_origins(http: HttpSettings, hostname: str | None = None) -> PageOrigins
         port=http.port,
         hosts=frozenset(h for h in hosts if h),
         allowed=frozenset(o.lower() for o in http.allowed_origins),
+        trusted=frozenset(http.trusted_proxies),
     )
 
 
 def parse_origin(origin: str) -> tuple[str, str, int] | None:
     """``(scheme, host, port)`` of a web origin (``http://[::1]:8099`` -> ``("http", "::1",
-    8099)``; the scheme's port when none is written), or None for anything else (``null``, a
-    path, a scheme other than http and https)."""
+    8099)``; the scheme's port when none is written; a trailing dot kept: another origin to a
+    browser), or None for anything else (``null``, a path, a scheme other than http and https)."""
     try:
         parts = urlsplit(origin.strip())
         port = parts.port
@@ -82,7 +93,7 @@ def parse_origin(origin: str) -> tuple[str, str, int] | None:
         return None
     if parts.username is not None or parts.fragment:
         return None
-    return parts.scheme, parts.hostname.lower().rstrip("."), port or (443 if parts.scheme == "https" else 80)
+    return parts.scheme, parts.hostname.lower(), port or (443 if parts.scheme == "https" else 80)
 
 
 def _same_address(host: str, address: str | None) -> bool:
@@ -108,13 +119,24 @@ def _forwarded(parsed: tuple[str, str, int], headers: Mapping[str, str]) -> bool
 
 
 def origin_refusal(
-    origins: PageOrigins, origin: str | None, *, local: tuple[str, int] | None, headers: Mapping[str, str]
+    origins: PageOrigins,
+    origin: str | list[str] | None,
+    *,
+    local: tuple[str, int] | None,
+    remote: str | None,
+    headers: Mapping[str, str],
 ) -> str | None:
     """Why a WebSocket handshake with ``Origin: origin`` is refused, or None when it is taken
-    (see the module). ``local``: the address and port of ours the connection reached (an
+    (see the module). ``origin``: the header's value, or every value the handshake has (more
+    than one is refused); ``local``: the address and port of ours the connection reached (an
     ``Origin`` of that port is taken too, from the same names: paho sends the address it
-    connects to as its ``Origin``); ``headers``: the handshake's headers, names in lower case
-    (``x-forwarded-host``, ``x-forwarded-proto``)."""
+    connects to as its ``Origin``); ``remote``: the address the connection comes from (a
+    reverse proxy's headers are believed from ``origins.trusted`` only); ``headers``: the
+    handshake's headers, names in lower case (``x-forwarded-host``, ``x-forwarded-proto``)."""
+    if isinstance(origin, list):
+        if len(origin) > 1:
+            return "it sends more than one Origin"
+        origin = origin[0] if origin else None
     if origin is None:
         return None
     parsed = parse_origin(origin)
@@ -126,7 +148,7 @@ def origin_refusal(
     address, ports = (local[0], {origins.port, local[1]}) if local else (None, {origins.port})
     if scheme == "http" and port in ports and (host in origins.hosts or _same_address(host, address)):
         return None
-    if _forwarded(parsed, headers):
+    if any(_same_address(proxy, remote) for proxy in origins.trusted) and _forwarded(parsed, headers):
         return None
     return "its Origin is not the queue page's (http.allowed_origins lists others)"
 

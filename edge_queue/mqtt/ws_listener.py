@@ -10,6 +10,11 @@ handshake check (websockets' public ``process_request`` hook) before the connect
 amqtt's public ``Broker.ws_connected``. A listener's ``max_connections`` is kept: connections over
 it are answered 503. Nothing here imports amqtt. Also: which port the embedded broker's listener
 for the page takes (:func:`page_listener_port`).
+
+The websockets library logs a line per connection at INFO (``connection open``, ``connection
+rejected (403 Forbidden)``) on ``websockets.server``: any client on the LAN could fill the journal
+with them. That logger is set to show them only when edge-queue logs at DEBUG
+(:func:`library_log_level`); refused handshakes are logged here, at most one line a minute.
 """
 
 from __future__ import annotations
@@ -79,11 +84,12 @@ class _Gate:
     def check(self, connection: Any, request: Any) -> Any:
         headers = {k.lower(): v for k, v in request.headers.raw_items()}
         local = connection.local_address[:2] if connection.local_address else None
-        why = origin_refusal(self.origins, request.headers.get("Origin"), local=local, headers=headers)
+        remote = connection.remote_address[0] if connection.remote_address else None
+        sent = request.headers.get_all("Origin")
+        why = origin_refusal(self.origins, sent, local=local, remote=remote, headers=headers)
         if why is not None:
-            remote = connection.remote_address[0] if connection.remote_address else "?"
-            origin = request.headers.get("Origin")
-            text = f"embedded broker: refused a WebSocket from {remote} with Origin {origin!r}: {why}"
+            shown = sent[0] if len(sent) == 1 else sent
+            text = f"embedded broker: refused a WebSocket from {remote or '?'} with Origin {shown!r}: {why}"
             if (line := self.refusals.line(text[:400], time.monotonic())) is not None:
                 log.warning("%s", line)
             return connection.respond(HTTPStatus.FORBIDDEN, "this page may not connect to the broker\n")
@@ -99,6 +105,12 @@ class _Gate:
             self.open -= 1
 
 
+def library_log_level(level: int) -> int:
+    """The level of the ``websockets.server`` logger when edge-queue logs at ``level``: its
+    per-connection lines at DEBUG only, its warnings and errors always."""
+    return logging.DEBUG if level <= logging.DEBUG else logging.WARNING
+
+
 async def serve_listeners(
     listeners: list[WsListener], connected: Callable[..., Awaitable[None]], origins: PageOrigins
 ) -> list[Any]:
@@ -109,6 +121,7 @@ async def serve_listeners(
     from websockets.asyncio.server import serve
     from websockets.typing import Subprotocol
 
+    logging.getLogger("websockets.server").setLevel(library_log_level(logging.getLogger().getEffectiveLevel()))
     servers = []
     for listener in listeners:
         gate = _Gate(listener, origins)
