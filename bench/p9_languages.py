@@ -4,9 +4,12 @@
 
 - **Detection cost per file**: the bundled base (int8, 2 threads) telling the language of the
   shared English clips, of Spanish, Italian, French, German and Dutch speech made with
-  espeak-ng, and of 10 s of silence, white noise and beeping tones: CPU-s of
-  :func:`edge_queue.kinds.languages.detect` (VAD included), the passes it took, the language
-  and the model's probability; base's load and first join.
+  espeak-ng, of 10 s of silence, white noise and beeping tones, and of 60 s of pink and white
+  noise made with sox loud enough that Silero passes part of it as speech: CPU-s of
+  :func:`edge_queue.kinds.languages.detect` (VAD included; ``time.process_time`` and
+  ``getrusage``), the passes it took, the language and the model's probability, what the
+  speech gate read (Silero's sure share, the model's no-speech probability); base's load and
+  first join. ``--detection-only`` measures this alone, into bench/results/p9-detection.json.
 - **English before and after**: the P3L 10-minute file (the shared clips in turn,
   bench/p3_long.py) transcribed by edge-queue's kind in a process of its own
   (bench/ref/long_child.py), today's default (base tells the language, tiny.en transcribes,
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -70,6 +74,18 @@ def media(folder: Path) -> dict[str, Path]:
     out["silence"] = write_wav(folder / "silence.wav", np.zeros(160_000))
     out["noise"] = write_wav(folder / "noise.wav", np.random.default_rng(0).standard_normal(160_000) * 0.1)
     out["tones"] = write_wav(folder / "tones.wav", 0.3 * np.sin(2 * np.pi * 440 * t) * (np.sin(2 * np.pi * 2 * t) > 0))
+    for name, synth, volume in (
+        ("pink", "pinknoise", "0.5"),
+        ("pink", "pinknoise", "0.8"),
+        ("white", "whitenoise", "0.4"),
+    ):
+        path = folder / f"{name}-60s-{volume}.wav"
+        subprocess.run(
+            ["sox", "-n", "-r", "16000", "-c", "1", "-b", "16", str(path), "synth", "60", synth, "vol", volume],
+            check=True,
+            capture_output=True,
+        )
+        out[path.stem] = path
     return out
 
 
@@ -87,12 +103,17 @@ def detection(clips: dict[str, Path], folder: Path) -> dict[str, Any]:
     model = load_model(path, "int8", 2)
     load_cpu = round(time.process_time() - c0, 2)
     rows = {}
+    languages.detect(model, decode_audio(str(clips["silence"])))  # Silero loaded
     for name, clip in clips.items():
         audio = decode_audio(str(clip))
-        c0 = time.process_time()
+        c0, r0 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
         found = languages.detect(model, audio)
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
         rows[name] = {
             "cpu_s": round(time.process_time() - c0, 3),
+            "rusage_cpu_s": round(r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime, 3),
+            "sure_share": getattr(found, "sure_share", None),
+            "no_speech": getattr(found, "no_speech", None),
             "passes": found.passes,
             "language": found.language,
             "probability": found.probability,
@@ -140,10 +161,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1, help="runs of each English side, alternated")
     parser.add_argument("--minutes", type=float, default=10.0, help="length of the English file")
-    parser.add_argument("--out", type=Path, default=BENCH / "results" / "p9-languages.json")
+    parser.add_argument("--out", type=Path, default=None, help="default: bench/results/p9-languages.json")
+    parser.add_argument("--detection-only", action="store_true", help="only the detection cost per file")
     args = parser.parse_args()
-    if shutil.which("espeak-ng") is None:
-        sys.exit("espeak-ng is needed (apt-get install espeak-ng)")
+    name = "p9-detection.json" if args.detection_only else "p9-languages.json"
+    args.out = args.out or BENCH / "results" / name
+    if shutil.which("espeak-ng") is None or shutil.which("sox") is None:
+        sys.exit("espeak-ng and sox are needed (apt-get install espeak-ng sox)")
     folder = Path(tempfile.mkdtemp(prefix="p9-"))
     try:
         clips = media(folder)
@@ -151,9 +175,10 @@ def main() -> None:
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": {"cores": os.cpu_count(), "load_1_5_15": os.getloadavg()},
             "detection": detection(clips, folder),
-            "english": english(args.runs, args.minutes, folder),
-            "non_speech": non_speech(clips),
         }
+        if not args.detection_only:
+            figures["english"] = english(args.runs, args.minutes, folder)
+            figures["non_speech"] = non_speech(clips)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     args.out.write_text(json.dumps(figures, indent=1, ensure_ascii=False) + "\n")
@@ -162,9 +187,10 @@ def main() -> None:
     for name, row in det["clips"].items():
         told = f"{row['language']!s:5s} {row['probability']:.3f}"
         print(f"  {name:22s} {told}  {row['passes']} pass(es)  {row['cpu_s']:.2f} CPU-s")
-    for side, rows in figures["english"]["runs"].items():
+    for side, rows in figures.get("english", {}).get("runs", {}).items():
         print(f"English {args.minutes:g} min, {side}: {rows}")
-    print(f"non-speech cues: {figures['non_speech']}")
+    if "non_speech" in figures:
+        print(f"non-speech cues: {figures['non_speech']}")
     print(f"written to {args.out}")
 
 

@@ -11,6 +11,7 @@ import orjson
 
 from edge_queue.http.transcripts import openai_verbose, whisper_json
 from edge_queue.kinds.hallucinations import looped, real_speech, why_left_out
+from edge_queue.kinds.whisper import MAX_NEW_TOKENS, token_budget
 
 
 def seg(text: str, nsp: float = 0.05, lp: float = -0.3, cr: float = 1.3, **more: object) -> dict:
@@ -30,6 +31,9 @@ def test_what_the_model_marks_as_no_speech_is_left_out() -> None:
     assert why_left_out(seg(" Thank you very much.", nsp=0.61, lp=-1.14), []) == "no_speech"  # espeak Spanish
     assert why_left_out(seg(" We were told.", nsp=0.7, lp=-0.5), []) is None  # the model is sure of the words
     assert why_left_out(seg(" We were told.", nsp=0.3, lp=-1.5), []) is None  # unsure, but it heard speech
+    # punctuation alone, on 60 s of loud pink noise (language en given): no words, no speech
+    assert why_left_out(seg(" . .", nsp=0.94, lp=-1.59, cr=0.5), []) == "no_speech"
+    assert why_left_out(seg(" ...", nsp=0.05, lp=-0.3), []) is None  # the model heard speech: not judged
 
 
 def test_loops_and_repetitive_text_are_left_out() -> None:
@@ -99,3 +103,10 @@ def test_verbose_json_and_asr_json_carry_the_models_own_numbers() -> None:
     )
     (out,) = orjson.loads(whisper_json(doc))["segments"]
     assert (out["avg_logprob"], out["no_speech_prob"], out["tokens"]) == (-0.25, 0.012, [2425, 13])
+
+
+def test_a_window_decodes_tokens_in_proportion_to_its_audio() -> None:
+    # 6.6 s of espeak French looped to 448 tokens a try; speech takes 3-8 tokens a second
+    assert token_budget(6.6) == 16 + 80 and token_budget(1.0) == 28
+    # a 30-s window keeps the most that fit beside faster-whisper's longest prompt (1 + 223 + 4)
+    assert token_budget(30.0) == token_budget(3600.0) == MAX_NEW_TOKENS == 448 - 228

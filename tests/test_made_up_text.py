@@ -38,12 +38,14 @@ def _spoken(tmp_path: Path, voice: str, text: str) -> Path:
     return path
 
 
-def _run(tmp_path: Path, path: Path, name: str, vad: bool = True, **transcribe: Any) -> dict[str, Any]:
+def _run(
+    tmp_path: Path, path: Path, name: str, vad: bool = True, language: str | None = None, **transcribe: Any
+) -> dict[str, Any]:
     """The kind on ``path`` in this process: its result, its json document and its srt cues."""
     from edge_queue.kinds.transcribe import Transcribe
 
     settings = Settings(data_dir=tmp_path / name, transcribe=transcribe)
-    options = Transcribe.Options(formats=["json", "srt"], vad=vad)
+    options = Transcribe.Options(formats=["json", "srt"], vad=vad, language=language)
     result = Transcribe().run(Ctx(settings, tmp_path / name / "out"), str(path), options)
     return {
         "result": result,
@@ -104,3 +106,29 @@ def test_speech_the_model_cannot_place_makes_no_loop_and_no_known_junk(tmp_path:
         texts = [c["text"].replace("\n", " ") for c in got["srt"]]
         assert not any("end of the video" in t or "for watching" in t for t in texts), texts
         assert len(set(texts)) == len(texts), texts
+
+
+def test_noise_silero_passes_as_speech_makes_no_cues_told_or_given_english(tmp_path: Path) -> None:
+    # Given 60 s of pink noise loud enough that Silero passes 42 s of it as speech: before, the
+    # language was told as "nn" (0.65) and ". . ." written as 2 cues, and 2 cues with "en" given
+    path = _made(tmp_path, "pink", "synth", "60", "pinknoise", "vol", "0.8")
+    for language in (None, "en"):
+        got = _run(tmp_path, path, f"pink-{language}", language=language)
+        # Then no language is told for it, and no cue is written
+        assert got["result"]["language"] == language and got["srt"] == [], (language, got["json"]["segments"])
+        assert got["result"]["text"] == ""
+
+
+def test_a_loop_on_a_few_seconds_of_speech_is_bounded_by_their_length(tmp_path: Path) -> None:
+    # Given 6.6 s of espeak French counting, transcribed by base as French, in batches (the
+    # default) and one window after another: before, each try of a window decoded up to 448
+    # tokens of a loop (25-26 CPU-s, 56-66 s of wall time beside other work on 2 cores)
+    said = "Un, deux, trois, quatre. Un, deux, trois, quatre. Un, deux, trois. Oui, oui, oui, oui."
+    path = _spoken(tmp_path, "fr", said)
+    _run(tmp_path, _made(tmp_path, "silence", "trim", "0", "1"), "warm", language="fr")  # base loaded
+    for batch_size in (4, 1):
+        t0 = os.times()
+        got = _run(tmp_path, path, "warm", language="fr", batch_size=batch_size)
+        cpu_s = sum(os.times()[:2]) - sum(t0[:2])
+        # Then it costs at most 2 CPU-s a second of audio (9-10 CPU-s measured)
+        assert cpu_s < 2 * 6.6, (batch_size, cpu_s, got["json"]["segments"])

@@ -145,10 +145,10 @@ def why_left_out(seg: dict[str, Any], previous: list[dict[str, Any]]) -> str | N
     model :func:`doubted`), ``repeated`` (the text of one of ``previous``, the last
     :data:`REPEATED_WITHIN` segments kept before it, again, its words :func:`unsure_of_words`)."""
     text = str(seg.get("text", ""))
+    if no_speech(seg):  # with words or without (". . ." on loud noise)
+        return "no_speech"
     if not words_of(text):
         return None
-    if no_speech(seg):
-        return "no_speech"
     if repetitive(seg):
         return "repetitive"
     if junk(text) and doubted(seg):

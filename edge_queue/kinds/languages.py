@@ -4,13 +4,16 @@ itself tells it, with its own probability, before anything is decoded.
 
 Detection runs the multilingual model's encoder on the recording's first speech (Silero VAD,
 as faster-whisper's), in two passes. The quick pass encodes at most :data:`QUICK_S` seconds of
-speech as they are, unpadded: 0.2-0.5 CPU-s with base (int8, 2 threads), and its answer is
-taken at :data:`QUICK_SURE` or above (English, Spanish and Italian speech here: 0.96-1.0).
-Otherwise the standard pass encodes the first 30 s window, padded as Whisper was trained
-(faster-whisper's ``detect_language``; 1.7 CPU-s), and its answer is the one given: the quick
-pass alone said "en 0.38" for espeak German, the standard one "de 0.64" (measured with espeak
-voices; bench/p9_py). Audio without speech has no language: Whisper's answer on
-silence or noise (``nn 0.71``, ``en 0.30`` on tones) is never given.
+speech as they are, unpadded: 0.1-0.35 CPU-s with base (int8, 2 threads), and its answer is
+taken at :data:`QUICK_SURE` or above (English, Spanish and Italian speech here: 0.97-1.0).
+Otherwise a second pass encodes the first :data:`STANDARD_S` seconds of speech padded with
+silence to that length, and its answer is the one given: 0.58-0.62 CPU-s for both passes,
+where a padded 30-s window (Whisper's input) took 1.37-1.49 and told the same languages, sure
+or uncertain alike (espeak German ``de 0.79``, French ``fr 0.31``, Dutch ``la 0.40``; measured
+with bench/p9_languages.py). Before a language is named, the speech gate (:func:`speaks`)
+checks that the speech VAD found is speech: loud pink or white noise that Silero passes as
+speech had been told as ``nn`` at 0.59-0.65. Audio without speech has no language: Whisper's
+answer on silence or noise is never given.
 """
 
 from __future__ import annotations
@@ -41,10 +44,15 @@ _MODEL_LANGUAGES: dict[str, frozenset[str]] = {}
 SAMPLE_RATE, FRAMES_S = 16_000, 100
 #: Seconds of speech the quick pass encodes, unpadded; its answer is taken at this probability.
 QUICK_S, QUICK_SURE = 10.0, 0.9
-#: The standard pass: one 30-s window of speech, padded (Whisper's input).
-WINDOW_S = 30.0
+#: The second pass: the first seconds of speech, padded with silence to this length.
+STANDARD_S = 20.0
 #: Less speech than this (seconds, after VAD) has no language.
 MIN_SPEECH_S = 0.5
+#: The speech gate (:func:`speaks`): Silero's probability that counts as sure speech, the share
+#: of the speech found that must be sure, and the model's own no-speech probability (of its
+#: first decoding step) over which it does not hear speech either (faster-whisper's
+#: ``no_speech_threshold``).
+SURE_VAD, SURE_SHARE, NO_SPEECH = 0.8, 0.5, 0.6
 
 
 def model_languages(ref: str) -> frozenset[str]:
@@ -124,43 +132,76 @@ def uncertain(found: Detection, threshold: float) -> JobError:
 class Detection:
     """The spoken language as the model told it: ``language`` (a Whisper code, ``None`` when
     no speech was found), the model's own ``probability`` of it (0 without speech), the
-    seconds of speech found (``speech_s``) and the encoder passes it took (0-2)."""
+    seconds of speech found (``speech_s``) and the encoder passes it took (0-2); ``sure_share``
+    and ``no_speech``: what the speech gate (:func:`speaks`) read, when it ran."""
 
     language: str | None
     probability: float
     speech_s: float
     passes: int
+    sure_share: float | None = None
+    no_speech: float | None = None
+
+
+def speaks(sure_share: float, no_speech: float) -> bool:
+    """The speech gate: whether the speech VAD found is speech enough to name its language.
+    Not when both say no: Silero is sure (:data:`SURE_VAD`) of less than :data:`SURE_SHARE` of
+    it, and the model's own no-speech probability is over :data:`NO_SPEECH`. Noise Silero
+    passes as speech (pink, white; 0.8-41.6 s of 10-60 s) had 0 % sure and a no-speech
+    probability of 0.85-0.99; speech (the shared clips, espeak voices) 74-100 % sure, its
+    no-speech probability 0.003-0.79 (docs/topics.md, "Languages")."""
+    return sure_share >= SURE_SHARE or no_speech <= NO_SPEECH
 
 
 def detect(model: Any, audio: Any) -> Detection:
     """The spoken language of ``audio`` (16 kHz mono float32 samples) by ``model`` (a
     multilingual ``faster_whisper.WhisperModel``), from its first speech (see the module's
-    docstring)."""
+    docstring); no language when the speech gate (:func:`speaks`) finds no speech."""
     import numpy as np
-    from faster_whisper.audio import pad_or_trim
     from faster_whisper.vad import VadOptions, collect_chunks, get_speech_timestamps
 
     stamps = get_speech_timestamps(audio, VadOptions())
-    speech_s = sum(s["end"] - s["start"] for s in stamps) / SAMPLE_RATE
+    speech_s = round(sum(s["end"] - s["start"] for s in stamps) / SAMPLE_RATE, 3)
     if speech_s < MIN_SPEECH_S:
-        return Detection(None, 0.0, round(speech_s, 3), 0)
+        return Detection(None, 0.0, speech_s, 0)
     pieces, _ = collect_chunks(audio, stamps)
-    speech = np.concatenate(pieces)[: int(WINDOW_S * SAMPLE_RATE)]
-    features = model.feature_extractor(speech)
-    language, probability = _top(model, features[:, : int(QUICK_S * FRAMES_S)])
+    speech = np.concatenate(pieces)[: int(STANDARD_S * SAMPLE_RATE)]
+    sure = get_speech_timestamps(speech, VadOptions(threshold=SURE_VAD))
+    sure_share = round(sum(s["end"] - s["start"] for s in sure) / len(speech), 3)
+    encoded = _encode(model, model.feature_extractor(speech)[:, : int(QUICK_S * FRAMES_S)])
+    language, probability = _top(model, encoded)
+    no_speech = _no_speech(model, encoded, language)
+    if not speaks(sure_share, no_speech):
+        return Detection(None, 0.0, speech_s, 1, sure_share, no_speech)
     if probability >= QUICK_SURE:
-        return Detection(language, probability, round(speech_s, 3), 1)
-    language, probability = _top(model, pad_or_trim(features[:, : int(WINDOW_S * FRAMES_S)]))
-    return Detection(language, probability, round(speech_s, 3), 2)
+        return Detection(language, probability, speech_s, 1, sure_share, no_speech)
+    padded = np.pad(speech, (0, int(STANDARD_S * SAMPLE_RATE) - len(speech)))
+    features = model.feature_extractor(padded)[:, : int(STANDARD_S * FRAMES_S)]
+    language, probability = _top(model, _encode(model, features))
+    return Detection(language, probability, speech_s, 2, sure_share, no_speech)
 
 
-def _top(model: Any, features: Any) -> tuple[str, float]:
-    """The most probable language of the log-Mel ``features`` (80 x frames) and its probability."""
+def _encode(model: Any, features: Any) -> Any:
+    """The encoder's output for log-Mel ``features`` (80 x frames)."""
     import numpy as np
 
-    encoded = model.encode(np.ascontiguousarray(features))
+    return model.encode(np.ascontiguousarray(features))
+
+
+def _top(model: Any, encoded: Any) -> tuple[str, float]:
+    """The most probable language of an encoder's output and its probability."""
     token, probability = model.model.detect_language(encoded)[0][0]
     return str(token)[2:-2], round(float(probability), 4)
+
+
+def _no_speech(model: Any, encoded: Any, language: str) -> float:
+    """The model's own no-speech probability of an encoder's output: its first decoding step,
+    as faster-whisper's decoder reads it for a window, with ``language``."""
+    tokenizer = model.hf_tokenizer
+    prompt = [tokenizer.token_to_id(t) for t in ("<|startoftranscript|>", f"<|{language}|>", "<|transcribe|>")]
+    prompt.append(tokenizer.token_to_id("<|notimestamps|>"))
+    result = model.model.generate(encoded, [prompt], max_length=1, return_no_speech_prob=True)
+    return round(float(result[0].no_speech_prob), 4)
 
 
 def check_language(options: Any, cfg: Any) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -62,6 +63,14 @@ MISSED_GAP_S = 2.0
 #: another when VAD finds at least :data:`MISSED_SPEECH_MS` of it.
 MISSED_MARGIN_S = 0.3
 MISSED_SPEECH_MS = 500
+#: A window decodes at most :data:`TOKENS_S` tokens per second of the audio it is given (up to
+#: 30 s), plus :data:`TOKENS_MIN`, and never more than :data:`MAX_NEW_TOKENS`: the most that
+#: fit beside the longest prompt faster-whisper builds (448, the model's length, less 1 + 223
+#: tokens of previous text + 4 of the start sequence). Speech decoded here took 3-8 tokens a
+#: second (espeak French the most); a loop fills the window: 448 tokens for 6.6 s of espeak
+#: French, and again at each higher temperature faster-whisper retries it at (docs/topics.md,
+#: "Made-up text").
+TOKENS_S, TOKENS_MIN, MAX_NEW_TOKENS = 12, 16, 220
 
 
 class InfoAsDebug(logging.Filter):
@@ -250,7 +259,9 @@ def decode(
     seconds into the recording). Returns the segments as they are decoded (dicts of ``start``,
     ``end`` in seconds of the recording, ``text``, and ``words`` when ``words``) and
     faster-whisper's ``TranscriptionInfo``. ``batch_size`` > 1 with ``vad`` decodes that many
-    windows at once; ``options``: ``language``, ``task``, ``beam_size``, ``initial_prompt``."""
+    windows at once; ``options``: ``language``, ``task``, ``beam_size``, ``initial_prompt``.
+    Each window decodes at most :func:`token_budget` tokens."""
+    options = {"max_new_tokens": token_budget(len(audio) / SAMPLE_RATE), **options}
     if batch_size > 1 and vad:  # batches need VAD to find their windows
         from faster_whisper import BatchedInferencePipeline
 
@@ -268,6 +279,11 @@ def decode(
         return batched_segments(model, audio, offset_s, it, words, options), info
     it, info = model.transcribe(audio, vad_filter=vad, word_timestamps=words, **options)
     return (segment(seg, offset_s, words) for seg in it), info
+
+
+def token_budget(audio_s: float) -> int:
+    """The most tokens each window of a chunk of ``audio_s`` seconds decodes (:data:`TOKENS_S`)."""
+    return min(MAX_NEW_TOKENS, TOKENS_MIN + math.ceil(TOKENS_S * min(audio_s, 30.0)))
 
 
 def missed_stretch(heard_s: float, next_s: float, duration_s: float) -> tuple[float, float] | None:
@@ -309,6 +325,7 @@ def decode_missed(
 
     start, end = stretch
     piece = audio[int(start * SAMPLE_RATE) : int(end * SAMPLE_RATE)]
+    options = {**options, "max_new_tokens": token_budget(len(piece) / SAMPLE_RATE)}
     it, _ = model.transcribe(
         piece,
         vad_filter=True,
