@@ -60,7 +60,7 @@ def test_a_detection_of_an_11_s_clip_is_answered_in_5_s_while_a_film_transcribes
 
     import httpx
 
-    from .test_http_api import KEY, api_service
+    from .helpers.http_api import KEY, api_service
 
     film, _ = long_recording(300)
     media = tmp_path / "media"

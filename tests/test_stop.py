@@ -19,7 +19,7 @@ import pytest
 from edge_queue.workers.processes import KILL_AFTER_S
 
 from .conftest import ServiceProcess, wait_until
-from .test_http_api import KEY, api_service
+from .helpers.http_api import KEY, api_service
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("model_installed")]
 
