@@ -8,6 +8,7 @@ Plain data in, sentences out: tested without a broker.
 from __future__ import annotations
 
 import ipaddress
+import os
 
 from edge_queue.config import Settings
 
@@ -59,6 +60,23 @@ def serve_problems(settings: Settings) -> list[str]:
             "set workers to 1 or more, or list the worker nodes in access.nodes"
         )
     return problems
+
+
+def media_root_warnings(settings: Settings) -> list[str]:
+    """A sentence for each of ``media_roots`` that is not a readable folder when ``serve`` or
+    ``up`` starts (a share not mounted yet, a typo, a host path given to a container): a
+    warning, not a problem (the service runs, and jobs on files under it fail until the
+    folder is there; ``doctor`` fails on it)."""
+    warnings = []
+    for root in settings.media_roots:
+        if not root.is_dir():
+            why = "does not exist" if not root.exists() else "is not a folder"
+        elif not os.access(root, os.R_OK | os.X_OK):
+            why = "is not readable by this user"
+        else:
+            continue
+        warnings.append(f"media root {root} {why}: jobs on files under it fail until it is there (media_roots)")
+    return warnings
 
 
 def relay_warning(settings: Settings) -> str | None:

@@ -355,6 +355,66 @@ def test_serve_waits_behind_a_forwarder_whose_broker_is_not_up_yet(tmp_path: Pat
         stop_mosquitto(late)
 
 
+def test_serve_with_the_broker_down_says_at_once_which_broker_it_waits_for(tmp_path: Path, service_factory) -> None:
+    from .conftest import Broker, port_open
+
+    # Given no broker on the configured port (it starts later, or mqtt.port is wrong)
+    port = free_port()
+    svc = service_factory(Broker("127.0.0.1", port, "mosquitto"), [tmp_path])
+    # When the service starts
+    svc.start(wait_online=False)
+
+    def waiting() -> list[str]:
+        return [line for line in svc.log().splitlines() if "waiting for the MQTT broker" in line]
+
+    # Then its first line, once Python has started (it was silent for 30 s, then exited), names
+    # the broker and how it speaks to it
+    wait_until(lambda: waiting(), 15, "the line naming the broker")
+    first_seen = time.monotonic()
+    first = svc.log().splitlines()[0]
+    assert first.startswith("WARNING ") and f"127.0.0.1:{port} (plain TCP, no TLS)" in first, svc.log()
+    # and it keeps saying so, once every 10 s, not at every attempt (one a second)
+    wait_until(lambda: len(waiting()) >= 2, 25, "the second line naming the broker")
+    assert time.monotonic() - first_seen > 8 and len(waiting()) == 2, svc.log()
+    # and when the broker comes up, it serves
+    conf = tmp_path / "late.conf"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n")
+    late = subprocess.Popen(["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: port_open("127.0.0.1", port), 10, "the late broker")
+        wait_until(lambda: "serving on" in svc.log() or svc.proc.poll() is not None, 40, "the service to serve")
+        assert svc.proc.poll() is None, svc.log()
+        assert svc.stop() == 0
+    finally:
+        stop_mosquitto(late)
+
+
+def test_the_broker_line_names_tls_and_comes_at_a_bounded_rate() -> None:
+    from edge_queue.config import MqttSettings, TlsSettings
+    from edge_queue.mqtt.probe import broker_address, wait_notice_due
+
+    assert (
+        broker_address(MqttSettings(host="nas.lan", port=8883, tls=TlsSettings(enabled=True))) == "nas.lan:8883 (TLS)"
+    )
+    assert wait_notice_due(None, 100.0)  # the first failed attempt
+    assert not wait_notice_due(100.0, 109.9) and wait_notice_due(100.0, 110.0)
+
+
+def test_a_missing_media_root_is_a_warning_at_start(mosquitto, service_factory, tmp_path: Path) -> None:
+    # Given a media root that is not there (a share not mounted yet, a host path in a container)
+    missing = tmp_path / "not-mounted"
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    # When the service starts
+    svc = service_factory(mosquitto, [missing, a_file]).start()
+    # Then it serves, and a warning before it serves names each root that is no folder
+    lines = svc.log().splitlines()
+    serving = next(i for i, line in enumerate(lines) if "serving on" in line)
+    warned = [line for line in lines[:serving] if line.startswith("WARNING ") and "media root" in line]
+    assert any(f"{missing} does not exist" in line for line in warned), svc.log()
+    assert any(f"{a_file} is not a folder" in line for line in warned), svc.log()
+
+
 @pytest.mark.slow
 def test_submit_wait_sees_the_end_after_a_broker_restart(tmp_path: Path, service_factory) -> None:
     from .helpers.brokers import PrivateMosquitto

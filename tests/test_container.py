@@ -7,6 +7,10 @@ No container registry is reachable here: the base image is built from Debian's p
 (``EDGE_QUEUE_BASE=debootstrap``). podman on these machines needs the runc runtime, cgroupfs
 and ulimits no higher than the host's (``PODMAN`` and ``RUN`` below). Locally without podman,
 debootstrap or root the tests skip with the reason; under ``CI=true`` they fail.
+
+The same image is built and run with Docker too (``PODMAN=docker container/build.sh``), with a
+dockerd started as docs/install.md says when none runs (vfs storage, no iptables, no bridge:
+containers on the host's network).
 """
 
 from __future__ import annotations
@@ -262,6 +266,112 @@ def test_compose_brings_up_mosquitto_and_the_hub(image: str, tmp_path: Path, spe
         assert page.stdout == "200"
     finally:
         subprocess.run([*compose, "down", "-v", "-t", "30"], cwd=project, env=env, capture_output=True, timeout=300)
+
+
+def docker(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, check=check)
+
+
+def _dockerd_answers() -> bool:
+    return docker("info", timeout=30, check=False).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def dockerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A Docker daemon: the one running, else one started here as docs/install.md says for a box
+    without iptables or a bridge (``dockerd --storage-driver vfs --iptables=false
+    --ip6tables=false --bridge=none``), stopped after the module."""
+    for tool in ("docker", "dockerd"):
+        need(shutil.which(tool) is not None, f"{tool} is not installed (apt-get install docker.io)")
+    need(os.geteuid() == 0, "dockerd needs root")
+    if _dockerd_answers():
+        yield
+        return
+    log = tmp_path_factory.mktemp("dockerd") / "dockerd.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            ["dockerd", "--storage-driver", "vfs", "--iptables=false", "--ip6tables=false", "--bridge=none"],
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        end = time.monotonic() + 60
+        while proc.poll() is None and not _dockerd_answers() and time.monotonic() < end:
+            time.sleep(0.5)
+        need(proc.poll() is None and _dockerd_answers(), f"dockerd cannot run here: {log.read_text()[-1500:]}")
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+@pytest.fixture(scope="module")
+def docker_image(dockerd: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The image, built with Docker by ``PODMAN=docker container/build.sh`` from a clean clone
+    of this checkout's HEAD (the base image from Debian's packages, as for podman)."""
+    for tool in ("debootstrap", "git"):
+        need(shutil.which(tool) is not None, f"{tool} is not installed (apt-get install debootstrap git)")
+    need(port_open(*SYSTEM_MQTT), "no mosquitto at 127.0.0.1:1883")
+    clone = tmp_path_factory.mktemp("docker-clone") / "edge-queue"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=120)
+    tag = f"edge-queue-test:{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "PODMAN": "docker", "EDGE_QUEUE_BASE": "debootstrap"}
+    t0 = time.monotonic()
+    built = subprocess.run(
+        [str(clone / "container" / "build.sh"), tag], env=env, capture_output=True, text=True, timeout=3600
+    )
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    assert not (clone / "container" / "pip-cert" / "ca.pem").exists()  # the CA bundle went back out
+    size = json.loads(docker("image", "inspect", tag).stdout)[0]["Size"]
+    print(f"image {tag} (docker): built in {time.monotonic() - t0:.0f} s, {size / 1e6:.0f} MB")
+    yield tag
+    docker("rmi", "-f", tag, check=False)
+
+
+def test_docker_builds_the_image_and_runs_a_transcription(docker_image: str, tmp_path: Path, speech: Path) -> None:
+    from .conftest import wer
+
+    config = json.loads(docker("image", "inspect", docker_image).stdout)[0]["Config"]
+    assert config["User"] == "edge-queue" and "edge-queue-healthcheck" in " ".join(config["Healthcheck"]["Test"])
+    # nothing of the install stage (the sources, the build's CA bundle) is in the image
+    assert docker("run", "--rm", "--entrypoint", "ls", docker_image, "/src", check=False).returncode != 0
+    media = tmp_path / "media"
+    media.mkdir()
+    shutil.copy(speech / "jfk.flac", media / "jfk.flac")
+    for p in (tmp_path, media):
+        os.chmod(p, 0o755)
+    base = "eqd" + uuid.uuid4().hex[:8]
+    env = {
+        "EDGE_QUEUE_MQTT__BASE_TOPIC": base,
+        "EDGE_QUEUE_MQTT__CLIENT_ID": base,
+        "EDGE_QUEUE_HOMEASSISTANT__DISCOVERY": "false",
+        "EDGE_QUEUE_API__PORT": str(_free_port()),
+        "EDGE_QUEUE_HTTP__PORT": str(_free_port()),
+    }
+    name, volume = f"eqtest-{uuid.uuid4().hex[:8]}", f"eqtest-{uuid.uuid4().hex[:8]}"
+    flags = [f"--env={k}={v}" for k, v in env.items()]
+    w = Watcher(*SYSTEM_MQTT, [f"{base}/status", f"{base}/jobs/+"])
+    try:
+        t0 = time.monotonic()
+        docker(
+            "run", "-d", "--name", name, "--network", "host", "--stop-timeout", "30", *flags,
+            "-v", f"{volume}:/data", "-v", f"{media}:/media:ro", docker_image, "serve",
+        )  # fmt: skip
+        wait_until(lambda: b"online" in w.on(f"{base}/status"), 60, "the container online")
+        print(f"docker run -> online: {time.monotonic() - t0:.1f} s")
+        subprocess.run(
+            ["mosquitto_pub", "-q", "1", "-t", f"{base}/request/submit", "-m", "/media/jfk.flac"], check=True
+        )
+        wait_until(lambda: any(t.startswith(f"{base}/jobs/") for t, *_ in w.messages), 30, "a job")
+        job_topic = next(t for t, *_ in w.messages if t.startswith(f"{base}/jobs/"))
+        job = wait_state(w, job_topic, "succeeded", 120)
+        assert wer(JFK, job["result"]["text"]) < 0.15
+        docker("stop", "-t", "30", name, timeout=60)
+        wait_until(lambda: w.on(f"{base}/status")[-1:] == [b"offline"], 30, "offline on stop")
+    finally:
+        w.close()
+        docker("rm", "-f", name, check=False, timeout=60)
+        docker("volume", "rm", "-f", volume, check=False)
+        _clear(base)
 
 
 def _venv_tool(name: str) -> str | None:

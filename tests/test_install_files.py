@@ -5,20 +5,27 @@ the XML Community Applications reads. The images themselves: tests/test_containe
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import socket
+import subprocess
+import time
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 import yaml
 
 from edge_queue.config import Settings
 
-from .conftest import ROOT
+from .conftest import ROOT, free_port
 
 FILES = [
     "container/Containerfile",
     "container/Containerfile.cuda",
     "compose.yaml",
+    "compose.external-broker.yaml",
     "container/unraid/edge-queue.xml",
     "container/compose.env.example",
     "addon/edge-queue/run.py",
@@ -53,6 +60,61 @@ def test_compose_file() -> None:
     hub = doc["services"]["edge-queue"]
     assert hub["stop_grace_period"] == "30s" and hub["command"] == ["serve"]
     assert doc["services"]["worker"]["profiles"] == ["worker"]
+
+
+def test_compose_for_a_broker_already_running_has_no_broker_of_its_own() -> None:
+    doc = yaml.safe_load((ROOT / "compose.external-broker.yaml").read_text())
+    assert set(doc["services"]) == {"edge-queue"}
+    hub = doc["services"]["edge-queue"]
+    assert hub["environment"]["EDGE_QUEUE_MQTT__HOST"].startswith("${MQTT_HOST:?")
+    assert hub["stop_grace_period"] == "30s" and hub["build"]["dockerfile"] == "container/Containerfile"
+
+
+def _compose_up(project: Path, env: dict[str, str], *args: str) -> tuple[subprocess.CompletedProcess[str], str]:
+    """container/compose-up.sh of a copy of the project, its compose command a script that
+    records how it was called (``ps -q``: nothing is up)."""
+    calls = project / "calls"
+    fake = project / "fake-compose"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    fake.chmod(0o755)
+    done = subprocess.run(
+        [str(project / "container" / "compose-up.sh"), *args],
+        env={**os.environ, **env, "COMPOSE": str(fake)}, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    return done, calls.read_text() if calls.exists() else ""
+
+
+@pytest.mark.parametrize("file", ["compose.yaml", "compose.external-broker.yaml"])
+def test_compose_up_names_a_taken_port_before_starting_anything(tmp_path: Path, file: str) -> None:
+    project = tmp_path / "project"
+    (project / "container").mkdir(parents=True)
+    shutil.copy(ROOT / "container" / "compose-up.sh", project / "container")
+    shutil.copy(ROOT / file, project)
+    # Given a box where something listens on the port .env gives the page (and, for
+    # compose.yaml, on the broker's: a broker already runs there, as on most NAS)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(16)
+    port = taken.getsockname()[1]
+    mqtt = port if file == "compose.yaml" else free_port()
+    (project / ".env").write_text(
+        f"MQTT_PORT={mqtt}\nMQTT_WEBSOCKET_PORT={free_port()}\nPAGE_PORT={port}\nAPI_PORT={free_port()}\n"
+    )
+    try:
+        # When compose-up.sh is run
+        started = time.monotonic()
+        done, calls = _compose_up(project, {}, "-f", file)
+    finally:
+        taken.close()
+    # Then it says at once which port is taken and which setting moves it, and starts nothing
+    assert done.returncode == 1 and time.monotonic() - started < 10, done.stderr
+    assert f"port {port} on this box is in use (PAGE_PORT)" in done.stderr, done.stderr
+    assert ("compose.external-broker.yaml" in done.stderr) == (file == "compose.yaml"), done.stderr
+    assert "up" not in calls.split(), calls
+    # and with the port free (moved in .env), it brings the project up
+    done, calls = _compose_up(project, {}, "-f", file, "--profile", "worker")
+    assert done.returncode == 0, done.stderr
+    assert calls.splitlines()[-1] == f"-f {file} --profile worker up -d", calls
 
 
 def test_unraid_template() -> None:

@@ -92,12 +92,14 @@ def _settings(config: Path | None, media_roots: list[Path] | None = None) -> Set
 def _service_settings(config: Path | None, media_roots: list[Path] | None = None) -> Settings:
     """:func:`_settings` for ``serve`` and ``up``: exits with EXIT_USAGE, naming each key, when
     the service cannot run them (:func:`~edge_queue.config_rules.serve_problems`)."""
-    from edge_queue.config_rules import serve_problems
+    from edge_queue.config_rules import media_root_warnings, serve_problems
 
     settings = _settings(config, media_roots)
     if problems := serve_problems(settings):
         typer.echo(f"edge-queue: invalid configuration: {'; '.join(problems)}", err=True)
         raise typer.Exit(EXIT_USAGE)
+    for warning in media_root_warnings(settings):  # the service runs; doctor fails on them
+        logging.getLogger("edge_queue").warning(warning)
     return settings
 
 

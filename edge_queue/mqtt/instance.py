@@ -24,7 +24,7 @@ from edge_queue.errors import BrokerUnavailable, EdgeQueueError
 
 from .grants import check_base_topic_granted
 from .paho_client import configure_client
-from .probe import PROBE_S, warn_closed_without_answer
+from .probe import PROBE_S, wait_notice_due, waiting_line, warn_closed_without_answer
 from .topics import ONLINE, Topics
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,9 @@ def claim_base_topic(
     settings: MqttSettings, topics: Topics, instance_id: str, client_id: str, timeout_s: float = 30.0
 ) -> dict[str, Any] | None:
     """Check that no other installation is online on the base topic before serving, waiting up
-    to ``timeout_s`` seconds for a broker that is still starting (boot order).
+    to ``timeout_s`` seconds for a broker that is still starting (boot order), saying at the
+    first failed attempt, then every :data:`~edge_queue.mqtt.probe.WAIT_NOTICE_EVERY_S`
+    seconds, which broker it waits for (:func:`~edge_queue.mqtt.probe.waiting_line`).
 
     Returns the ``info`` of an offline installation being taken over (logged), or None.
     Raises :class:`BaseTopicInUse` naming the other installation and what to change,
@@ -126,6 +128,7 @@ def claim_base_topic(
     :class:`BrokerUnavailable` when no broker answered in time."""
     deadline = time.monotonic() + timeout_s
     said = False
+    said_at: float | None = None  # when we last said which broker we wait for
     while True:
         try:
             status, info = read_status_and_info(settings, topics, client_id)
@@ -133,9 +136,13 @@ def claim_base_topic(
         except BrokerUnavailable as e:
             if "refused us" in e.message or "accepted a TCP" in e.message or time.monotonic() >= deadline:
                 raise
+            now = time.monotonic()
             if "closed the connection" in e.message and not said:
                 warn_closed_without_answer(settings, deadline)
-                said = True
+                said, said_at = True, now
+            elif wait_notice_due(said_at, now):
+                log.warning(waiting_line(settings, failure_reason(e), deadline - now))
+                said_at = now
             time.sleep(1.0)
     check_base_topic_granted(settings, topics, client_id)  # the broker answers: does its ACL grant us?
     other = info.get("instance_id")
@@ -156,6 +163,12 @@ def claim_base_topic(
         )
         return info
     return None
+
+
+def failure_reason(e: BrokerUnavailable) -> str:
+    """Why an attempt to reach the broker failed, without the address the line already names:
+    the socket's error (``[Errno 111] Connection refused``), else the message."""
+    return str(e.__cause__) if isinstance(e.__cause__, OSError) else e.message
 
 
 def clear_command(settings: MqttSettings, base: str) -> str:

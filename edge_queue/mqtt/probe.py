@@ -58,6 +58,32 @@ def probe_once(
     return answer.get("reason")
 
 
+#: Seconds between two lines saying which broker ``serve`` waits for at start (the first is
+#: said at the first failed attempt).
+WAIT_NOTICE_EVERY_S = 10.0
+
+
+def broker_address(s: MqttSettings) -> str:
+    """``host:port`` and how we speak to it: ``127.0.0.1:1883 (plain TCP, no TLS)`` or
+    ``broker.lan:8883 (TLS)``, as the lines about the broker name it."""
+    return f"{s.host}:{s.port} ({'TLS' if s.tls.enabled else 'plain TCP, no TLS'})"
+
+
+def wait_notice_due(said_at: float | None, now: float, every_s: float = WAIT_NOTICE_EVERY_S) -> bool:
+    """Whether the line about the broker we wait for is due: at the first failed attempt
+    (``said_at`` None), then once every ``every_s`` seconds."""
+    return said_at is None or now - said_at >= every_s
+
+
+def waiting_line(s: MqttSettings, reason: str, left_s: float) -> str:
+    """The line said while ``serve`` waits at start for the broker of ``mqtt.host``,
+    ``mqtt.port`` and ``mqtt.tls.enabled``, with why the last attempt failed."""
+    return (
+        f"waiting for the MQTT broker at {broker_address(s)}: {reason}; trying again every second, "
+        f"for {max(0.0, left_s):.0f} s more (mqtt.host, mqtt.port, mqtt.tls.enabled)"
+    )
+
+
 def warn_closed_without_answer(s: MqttSettings, deadline: float) -> None:
     """The one line said while waiting on a port that accepts connections and closes them
     without an MQTT answer (a forwarder before a broker not up yet, or not MQTT at all)."""
