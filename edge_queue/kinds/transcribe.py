@@ -349,6 +349,8 @@ class Transcribe(Kind):
         no_model: JobError | None = None
         try:  # the given language's model, else the one that tells the language
             model_ref = resolve_model(routed.get(options.language or "", job_ref), models_dir, cfg.compute_type)
+            for ref in set(routed.values()):  # made ready now (int8 copies), not between two checkpoints
+                resolve_model(ref, models_dir, cfg.compute_type)
         except JobError as e:  # said after the input's own problems, as before
             no_model, model_ref = e, ""
         vad = cfg.vad if options.vad is None else options.vad
