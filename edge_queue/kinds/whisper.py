@@ -115,9 +115,9 @@ def hold_while_decoding(model: Any, keep: int) -> int:
     """Release the models other than ``model`` (one :func:`load_model` gave) down to ``keep``
     models held (``transcribe.keep_models``), and give their memory back to the system, before
     a job decodes with ``model``. With 1, an English job holds tiny.en alone as it decodes, not
-    base beside it, which told its language: a worker peaked at 402-408 MiB on 5 minutes of
-    English, against 463-481 with base held and 389 with English given (docs/configuration.md,
-    ``transcribe.keep_models``). Returns how many were released."""
+    base beside it, which told its language: a worker peaked at 401 MiB on 5 minutes of
+    English, against 483 with base held and 386 with English given (bench/p9_worker_memory.py,
+    docs/configuration.md ``transcribe.keep_models``). Returns how many were released."""
     using = next((key for key, held in _MODELS.items() if held is model), None)
     gone = to_release(list(_MODELS), using, keep)
     _release(gone)
