@@ -283,6 +283,10 @@ class TranscribeSettings(_Section):
     language_threshold: float = Field(0.5, ge=0, le=1)
     #: A worker process releases a model it has not used for this many seconds (0: never).
     idle_unload_s: float = Field(600.0, ge=0, le=604800)
+    #: Models a worker process holds while a job decodes: 1, only the one decoding (the one
+    #: that told the language is released first, and loaded again by the next job that needs
+    #: it); 2, also the one used before it (no reload, more memory).
+    keep_models: int = Field(1, ge=1, le=2)
     #: Where CTranslate2 runs faster-whisper: ``cpu``, or ``cuda`` on a machine with an NVIDIA
     #: GPU (docs/nodes.md, "GPU nodes"); ``edge-queue doctor`` says whether CUDA works.
     device: Literal["cpu", "cuda"] = "cpu"

