@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 
 from edge_queue.kinds.cue_layout import BY_LANGUAGE, LATIN, escaped, kept, laid_out, rules_for
-from edge_queue.kinds.transcribe import render
+from edge_queue.kinds.documents import render
 from edge_queue.requests.outputs import cues as read_cues
 
 

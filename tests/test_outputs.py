@@ -356,7 +356,7 @@ def test_the_segments_of_an_srt_or_vtt_output_render_the_same_bytes_again() -> N
     import random
 
     from edge_queue.kinds.cue_layout import escaped
-    from edge_queue.kinds.transcribe import render
+    from edge_queue.kinds.documents import render
     from edge_queue.requests.outputs import cues
 
     rng = random.Random(46)
@@ -385,7 +385,7 @@ def test_a_job_without_json_gets_its_txt_lines_not_the_subtitle_cues(tmp_path: P
     (lines broken at 42 characters): the txt made from them was not the job's. ``get`` gives
     the txt's own lines (the queue page's txt download), whole lines within its bound."""
     from edge_queue.kinds.cue_layout import laid_out
-    from edge_queue.kinds.transcribe import render
+    from edge_queue.kinds.documents import render
     from edge_queue.requests.outputs import with_outputs
     from edge_queue.written import identity
 

@@ -26,7 +26,8 @@ from edge_queue.errors import ErrorCode, JobError, MediaError, RequestError
 from .ahead import DecodeAhead, Pending
 from .audio import Chunk, chunks, decode_pcm
 from .base import JobContext, Kind, OutputOptions, output_stem
-from .cue_layout import escaped, laid_out
+from .cue_layout import laid_out
+from .documents import render
 from .hallucinations import real_speech
 from .int8_models import stored_int8
 from .languages import WHISPER_LANGUAGES, model_languages
@@ -265,32 +266,6 @@ def eta_s(pace: tuple[float, float, float, float] | None, total_s: float, now: f
     if audio_s <= 0:
         return None
     return max(0.0, wall_s / audio_s * max(total_s - end_s, 0.0) - (now - at))
-
-
-def _stamp(seconds: float, sep: str) -> str:
-    ms = int(round(seconds * 1000))
-    h, ms = divmod(ms, 3_600_000)
-    m, ms = divmod(ms, 60_000)
-    s, ms = divmod(ms, 1000)
-    return f"{h:02d}:{m:02d}:{s:02d}{sep}{ms:03d}"
-
-
-def render(fmt: str, segments: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    """One output document: ``txt`` (one line per segment), ``srt``, ``vtt`` (one cue per
-    segment, its text :func:`.cue_layout.escaped`) or ``json``."""
-    if fmt == "txt":
-        return "".join(s["text"].strip() + "\n" for s in segments)
-    if fmt == "srt":
-        return "\n".join(
-            f"{i}\n{_stamp(s['start'], ',')} --> {_stamp(s['end'], ',')}\n{escaped(s['text'].strip(), fmt)}\n"
-            for i, s in enumerate(segments, 1)
-        )
-    if fmt == "vtt":
-        return "WEBVTT\n\n" + "\n".join(
-            f"{_stamp(s['start'], '.')} --> {_stamp(s['end'], '.')}\n{escaped(s['text'].strip(), fmt)}\n"
-            for s in segments
-        )
-    return json.dumps({**meta, "segments": segments}, ensure_ascii=False, indent=1)
 
 
 def skipped(found: dict[str, Any], language: str, declared_s: float | None, model: str) -> dict[str, Any]:
