@@ -1,6 +1,7 @@
 """A user on the LAN of the shipped mosquitto (broker/mosquitto.conf and broker/edge-queue.acl,
 which compose's mosquitto runs: docs/install.md, "Compose"): its first job as docs/install.md
-writes it, with the real ``mosquitto_sub`` and ``mosquitto_pub`` and a real service."""
+writes it, with the real ``mosquitto_sub`` and ``mosquitto_pub`` and a real service; and two
+clients of one user at once."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ import json
 import re
 import shlex
 import shutil
+import ssl
 import subprocess
 from pathlib import Path
 from typing import Any
 
+import paho.mqtt.client as mqtt
 import pytest
+from paho.mqtt.enums import CallbackAPIVersion
 
 from .conftest import Broker, stop_client, wait_until
 from .helpers.deploy import USERS, connect, service_env
@@ -146,3 +150,53 @@ def _finished(box: dict[str, Any], path: str) -> dict[str, Any] | None:
             if job.get("input") == str(Path(path).resolve()) and job["state"] in ("succeeded", "failed", "cancelled"):
                 return job
     return None
+
+
+def test_two_clients_of_one_user_on_the_lan_stay_connected_side_by_side(mosquitto_with_acl: Broker) -> None:
+    # Given the shipped mosquitto, and one user in two terminals on its LAN listener (TLS): a
+    # subscriber to its answers and a second client (a mosquitto_pub, the queue page, ...)
+    broker = mosquitto_with_acl
+    clients = [_LanClient(broker, LAN_USER, f"phone-terminal-{n}") for n in (1, 2)]
+    reason, pair = connect(broker, "edge-queue", USERS["edge-queue"])
+    assert reason == "Success", reason
+    service = pair[0]
+    try:
+        # When the service sends the user an answer, until both clients have it
+        def both_have_it() -> bool:
+            service.publish(f"edge-queue/reply/{LAN_USER}/response/kinds", b"{}", qos=1).wait_for_publish(5)
+            return all(c.got for c in clients)
+
+        wait_until(both_have_it, 30, "both clients of the user to get its answer", interval=0.2)
+        # Then neither was ever put off the broker by the other: both connected once, and still are
+        for c in clients:
+            print(f"{c.client_id}: connects {c.connects}, disconnects {c.disconnects}")
+            assert c.connects == 1 and c.disconnects == [] and c.client.is_connected(), (c.client_id, c.disconnects)
+    finally:
+        for c in clients:
+            stop_client(c.client)
+        stop_client(service)
+
+
+class _LanClient:
+    """A client of ``user`` on the broker's LAN listener (TLS with the test CA), subscribed to
+    the user's reply topics; counts its connects and disconnects."""
+
+    def __init__(self, broker: Broker, user: str, client_id: str) -> None:
+        self.client_id = client_id
+        self.connects = 0
+        self.disconnects: list[str] = []
+        self.got: list[bytes] = []
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id)
+        self.client.username_pw_set(user, USERS[user])
+        self.client.tls_set(ca_certs=str(broker.ca), cert_reqs=ssl.CERT_REQUIRED)  # type: ignore[attr-defined]
+
+        def on_connect(c: mqtt.Client, u: object, f: object, reason: object, p: object) -> None:
+            self.connects += 1
+            c.subscribe(f"edge-queue/reply/{user}/#", 1)
+
+        self.client.on_connect = on_connect
+        self.client.on_disconnect = lambda c, u, f, reason, p: self.disconnects.append(str(reason))
+        self.client.on_message = lambda c, u, m: self.got.append(bytes(m.payload))
+        self.client.connect(broker.host, broker.tls_port)  # type: ignore[attr-defined]
+        self.client.loop_start()
+        wait_until(lambda: self.connects, 10, f"{client_id} connected")
