@@ -8,9 +8,9 @@ A private mosquitto with the delivery settings of broker/mosquitto.conf and pers
 folder of its own holds the retained states of ``--jobs`` stored jobs on ``<base>/jobs/<id>``
 (each a 700-byte job object, as edge-queue publishes them). Then ``--sessions`` clients of one
 user each connect with a persistent session (MQTT 3.1.1, clean session off, client ids of
-their choosing, as the WebSocket listener allows), subscribe to ``<base>/jobs/+`` at QoS 1 and
-go away without reading, as a hostile or a forgetful client does. Figures: mosquitto's resident
-memory before and after, and its persistence file once saved. Two cases, in the same run:
+their choosing, as every listener of broker/mosquitto.conf allows), subscribe to
+``<base>/jobs/+`` at QoS 1 and go away without reading, as a hostile or a forgetful client does.
+Figures: mosquitto's resident memory before and after, and its persistence file once saved. Two cases, in the same run:
 
 - ``no expiry``: every finished job's retained state stays on the broker (``mqtt.finished_expiry_s
   = 0``, and edge-queue before it);

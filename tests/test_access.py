@@ -18,8 +18,6 @@ from paho.mqtt.enums import CallbackAPIVersion
 from .conftest import Broker, stop_client, wait_until
 from .helpers.deploy import STATE_TOPICS, USERS, connect, service_env
 
-SERVICE_ID = "edge-queue-" + "a1b2c3d4e5f6"  # the shape of the service's default client id
-
 
 class User:
     """One broker user's client: reads what the shipped ACLs let every user read and its own
@@ -77,9 +75,9 @@ def test_a_user_acts_on_its_own_jobs_only_and_no_one_can_answer_for_the_service(
     # "user", the shared request topics (Home Assistant's) "admin"
     broker = request.getfixturevalue(broker_fixture)
     env = {**service_env("edge-queue", USERS["edge-queue"]), "EDGE_QUEUE_ACCESS__DEFAULT_ROLE": "user"}
-    env["EDGE_QUEUE_MQTT__CLIENT_ID"] = SERVICE_ID
     env["EDGE_QUEUE_LIMITS__MAX_QUEUED_JOBS_PER_USER"] = "10"
     svc = service_factory(broker, [speech], env)
+    svc.env.pop("EDGE_QUEUE_MQTT__CLIENT_ID")  # its default id, as installed
     svc.base = "edge-queue"
     svc.start(wait_online=False)
     phone = User(broker, "phone")
@@ -124,8 +122,10 @@ def test_a_user_acts_on_its_own_jobs_only_and_no_one_can_answer_for_the_service(
     # a forged answer on the phone's reply topic does not reach the phone
     forged = {"status": "ok", "data": {"forged": True}, "transaction": "x"}
     _hostile_publish(broker, "guest", "edge-queue/reply/phone/response/get", json.dumps(forged))
-    # nor can the guest take over the service's client id
-    taken = _take_client_id(broker, "guest")
+    # nor can the guest take over the service's client id: it knows only the part <base>/info
+    # publishes (the instance id), not the secret the id ends with
+    info = json.loads(dict(guest.messages)["edge-queue/info"])
+    taken = _take_client_id(broker, "guest", f"edge-queue-{info['instance_id']}")
 
     # nor can a sender on the shared topics (before: it made edge-queue publish its answer,
     # with a transaction of its choice, on the phone's private reply topic)
@@ -148,7 +148,8 @@ def test_a_user_acts_on_its_own_jobs_only_and_no_one_can_answer_for_the_service(
     assert cancelled["data"]["cancelled"] == [job_id], cancelled
     # the service stayed online, on one connection, throughout
     print(f"{broker.kind}: client id take-over by guest: {taken}")
-    # (mosquitto's LAN listener let it in under its user name as id; amqtt refused it)
+    # (mosquitto let it in under that id, another session than the service's; amqtt refused
+    # the edge-queue- prefix)
     assert taken == ("Success" if broker.kind == "mosquitto" else "Not authorized"), taken
     # and the service still hears requests after all those tries
     assert phone.request("kinds", {})["status"] == "ok"
@@ -172,13 +173,14 @@ def _hostile_publish(broker: Broker, user: str, topic: str, payload: str) -> Non
     c.loop_stop()
 
 
-def _take_client_id(broker: Broker, user: str) -> str:
-    """Connect as ``user`` with the service's client id, as a LAN client would (on mosquitto's
-    TLS listener, on amqtt's only listener), once asking for a clean session and once for the
-    stored one, and once more with a wrong password. Returns what the broker answered."""
+def _take_client_id(broker: Broker, user: str, client_id: str) -> str:
+    """Connect as ``user`` with ``client_id`` (the service's as far as ``user`` can know it), as
+    a LAN client would (on mosquitto's TLS listener, on amqtt's only listener), once asking for
+    a clean session and once for the stored one, and once more with a wrong password. Returns
+    what the broker answered."""
     answers = []
     for clean, password in ((True, USERS[user]), (False, USERS[user]), (True, "wrong"), (False, "wrong")):
-        c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=SERVICE_ID, clean_session=clean)
+        c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=clean)
         c.username_pw_set(user, password)
         port = broker.port
         if broker.kind == "mosquitto":

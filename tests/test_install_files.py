@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from edge_queue.config import Settings
+from edge_queue.config import Settings, load_settings
 
 from .conftest import ROOT, free_port
+from .helpers.docs_text import read, section
 
 FILES = [
     "container/Containerfile",
@@ -29,6 +30,7 @@ FILES = [
     "container/unraid/edge-queue.xml",
     "container/compose.env.example",
     "addon/edge-queue/run.py",
+    "docs/install.md",
 ]
 
 
@@ -52,6 +54,30 @@ def test_every_variable_is_a_configuration_key(path: str) -> None:
     variables -= {"EDGE_QUEUE_MQTT_PASSWORD", "EDGE_QUEUE_NODE_USER", "EDGE_QUEUE_NODE_PASSWORD", "EDGE_QUEUE_BASE"}
     unknown = sorted(v for v in variables if not known(v))
     assert unknown == [], f"{path} names variables that are no configuration key: {unknown}"
+
+
+def test_the_settings_install_md_gives_as_a_file_and_as_variables_are_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given docs/install.md's "Where each setting goes": one example as a configuration file, and
+    # the same as compose.yaml's environment
+    text = section(read("install.md"), re.compile(r"^### Where each setting goes"))
+    (toml,) = re.findall(r"```toml\n(.*?)```", text, re.DOTALL)
+    (compose,) = re.findall(r"```yaml\n(.*?)```", text, re.DOTALL)
+    variables = yaml.safe_load(compose)["environment"]
+    assert variables and all(known(v) for v in variables), variables
+    for var in list(os.environ):
+        if var.upper().startswith("EDGE_QUEUE_"):
+            monkeypatch.delenv(var)
+    (tmp_path / "config.toml").write_text(toml)
+    # When the service reads either
+    from_file = load_settings(tmp_path / "config.toml").model_dump(mode="json")
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    from_variables = load_settings(None).model_dump(mode="json")
+    # Then both set the same keys, away from their defaults
+    assert from_file == from_variables
+    assert from_file["api"]["anonymous_user"] == "bazarr" and from_file["access"]["users"] == ["bazarr"]
 
 
 def test_compose_file() -> None:
