@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import stat
 
 from edge_queue.config import Settings
 
@@ -69,12 +70,19 @@ def media_root_warnings(settings: Settings) -> list[str]:
     folder is there; ``doctor`` fails on it)."""
     warnings = []
     for root in settings.media_roots:
-        if not root.is_dir():
-            why = "does not exist" if not root.exists() else "is not a folder"
-        elif not os.access(root, os.R_OK | os.X_OK):
-            why = "is not readable by this user"
+        try:
+            mode = os.stat(root).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            why = "does not exist"
+        except OSError as e:  # a folder above it this user may not enter
+            why = f"cannot be reached by this user ({e.strerror})"
         else:
-            continue
+            if not stat.S_ISDIR(mode):
+                why = "is not a folder"
+            elif not os.access(root, os.R_OK | os.X_OK):
+                why = "is not readable by this user"
+            else:
+                continue
         warnings.append(f"media root {root} {why}: jobs on files under it fail until it is there (media_roots)")
     return warnings
 
