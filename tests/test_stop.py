@@ -153,3 +153,44 @@ def test_an_upload_cut_by_a_stop_leaves_no_unfinished_file_after_the_start(
     svc.start()
     # Then nothing of the cut call is left once it serves
     assert not list(uploads.rglob(".part-*")), f"left by the stop: {left}"
+
+
+@pytest.mark.parametrize("raw_pcm", [False, True], ids=["encoded", "raw PCM (encode=false, as Bazarr sends)"])
+def test_a_call_still_sending_its_audio_at_a_stop_gets_the_error_shape_and_no_traceback(
+    service_factory: Any, mosquitto: Any, tmp_path: Path, raw_pcm: bool
+) -> None:
+    # before: uvicorn's grace ended the call: a text/plain 500 "Internal Server Error", and the
+    # log an ERROR with a traceback (and, for raw PCM, the wave writer's "Exception ignored")
+    media = tmp_path / "media"
+    media.mkdir()
+    svc, url = api_service(service_factory, mosquitto, media)
+    port = int(url.rsplit(":", 1)[1])
+    # Given a call whose audio is still being sent (a slow client: 64 KiB of a declared 10 MB)
+    boundary = "eqstopboundary"
+    head = (
+        f"POST /asr{'?encode=false' if raw_pcm else ''} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+        f"Content-Type: multipart/form-data; boundary={boundary}\r\nContent-Length: 10000000\r\n\r\n"
+        f'--{boundary}\r\nContent-Disposition: form-data; name="audio_file"; filename="a.pcm"\r\n\r\n'
+    )
+    uploads = svc.data_dir / "uploads"
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(head.encode() + b"\0" * 65536)
+        wait_until(lambda: list(uploads.rglob(".part-*")), 30, "the upload's unfinished file")
+        # When the service stops meanwhile
+        assert svc.proc is not None
+        svc.proc.send_signal(signal.SIGTERM)
+        answer = b""
+        try:
+            while chunk := s.recv(65536):
+                answer += chunk
+        except OSError:  # a reset: the connection closed, as the docs allow
+            pass
+        assert svc.proc.wait(60) == 0
+    # Then the caller has 503 stopping in the error shape, or a closed connection
+    log = svc.log()
+    if answer:
+        status, _, rest = answer.partition(b"\r\n")
+        assert status.startswith(b"HTTP/1.1 503") and b'"code":"stopping"' in rest, answer[:500]
+        assert b"retry-after: 10" in rest.lower(), answer[:500]
+    # and the log no traceback
+    assert "Traceback" not in log and "Exception ignored" not in log and "ERROR" not in log, log[-3000:]

@@ -42,7 +42,7 @@ from edge_queue.written import NotTheFileWritten, read_written
 from . import transcripts
 from .callers import MAX_TRACKED_CALLERS, Caller, CallRate, Refused, caller_of, presented_key
 from .shares import Shares, Slot, user_bytes_allowed
-from .statuses import HttpError, status_of
+from .statuses import HttpError, error_response, status_of
 from .uploads import PCM_RATE, PCM_WIDTH, Upload, UploadError, boundary_of, delete, disk_of, field, user_folder
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,8 @@ MEDIA_ERRORS = frozenset({"unsupported_media", "no_audio_stream", "truncated_med
 #: Seconds a caller is told to wait (``Retry-After``) before sending again after a refusal of
 #: these codes (docs/http-api.md, "Errors").
 RETRY_AFTER_S = {"queue_full": 30, "stopping": 10}
+#: Seconds between two looks, while an upload's next piece is awaited, at whether a stop began.
+STOP_LOOK_S = 0.25
 #: A language the model does not speak or could not tell (docs/http-api.md, "Languages"): 422,
 #: as a refused submit and as a failed job; the same audio sent again is not run again.
 LANGUAGE_ERRORS = frozenset({"language_unsupported", "language_uncertain"})
@@ -91,20 +93,6 @@ class ApiError(HttpError):
     ``param`` at fault."""
 
 
-def error_response(e: HttpError, *, openai: bool = False) -> JSONResponse:
-    """OpenAI's error shape for every route: ``{"error": {"message", "type", "param", "code"}}``
-    (``type``: ``invalid_request_error`` for 4xx, ``server_error`` for 5xx), with the status
-    of :func:`~.statuses.status_of` the code (OpenAI's on its routes: ``openai``). Never 200,
-    never a body a subtitle parser would take."""
-    status = status_of(e.code, openai=openai)
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    if status == 429:
-        kind = "rate_limit_error"
-    body = {"error": {"message": e.message, "type": kind, "param": e.param, "code": e.code}}
-    headers = {"Retry-After": str(e.retry_after_s)} if e.retry_after_s else None
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
 def flag(value: Any, default: bool) -> bool:
     """A query or form flag: ``true``/``1``/``yes``/``on`` or ``false``/``0``/``no``/``off``."""
     if value is None or value == "":
@@ -128,6 +116,9 @@ class Api:
         self.shares = Shares(self.api.uploads_at_once)  # upload slots and waits (the event loop's thread)
         self.holding: Counter[Path] = Counter()  # upload files of calls not yet answered
         self.placeholders: OrderedDict[str, None] = OrderedDict()  # addresses sending unknown keys
+        #: when a stop began (``ApiServer.begin_stop``): the calls still being received are answered
+        #: 503 ``stopping`` by then (monotonic seconds), before the server's own grace ends them
+        self.stop_receiving_at: float | None = None
 
     def app(self) -> Starlette:
         """The Starlette application."""
@@ -347,7 +338,7 @@ class Api:
             window, window_bytes = time.monotonic(), 0
             deadline = window + self.api.max_upload_s
             while True:
-                chunk = await next_piece(stream, slot, dropped, deadline, self.api)
+                chunk = await next_piece(stream, slot, dropped, deadline, self.api, lambda: self.stop_receiving_at)
                 if chunk is None:
                     break
                 upload.feed(chunk)
@@ -539,14 +530,31 @@ def _model_object(name: str) -> dict[str, Any]:
 
 
 async def next_piece(
-    stream: Any, slot: Slot, dropped: asyncio.Future[Any], deadline: float, api: ApiSettings
+    stream: Any,
+    slot: Slot,
+    dropped: asyncio.Future[Any],
+    deadline: float,
+    api: ApiSettings,
+    stop_at: Callable[[], float | None] = lambda: None,
 ) -> bytes | None:
     """The body's next piece, None at its end. Raises :class:`UploadError` 408 after
     ``api.idle_timeout_s`` without data, past ``deadline`` (``api.max_upload_s``), or when a new
-    call took the slot of this slow upload (``dropped``)."""
+    call took the slot of this slow upload (``dropped``); :class:`ApiError` 503 ``stopping``
+    once the service stops (``stop_at()``: when, in monotonic seconds, or None), looked at every
+    :data:`STOP_LOOK_S` seconds."""
     piece: asyncio.Future[bytes] = asyncio.ensure_future(stream.__anext__())
-    wait = max(0.0, min(api.idle_timeout_s, deadline - time.monotonic()))
-    await asyncio.wait({piece, dropped}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+    idle_end = min(time.monotonic() + api.idle_timeout_s, deadline)
+    while not piece.done() and not dropped.done():
+        stop = stop_at()
+        if stop is not None and time.monotonic() >= stop:
+            piece.cancel()
+            raise _stopping()
+        wait = min(idle_end, stop if stop is not None else idle_end) - time.monotonic()
+        if wait <= 0 and time.monotonic() >= idle_end:
+            break
+        await asyncio.wait(
+            {piece, dropped}, timeout=min(max(wait, 0.0), STOP_LOOK_S), return_when=asyncio.FIRST_COMPLETED
+        )
     if piece.done():
         try:
             return piece.result()

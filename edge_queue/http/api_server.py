@@ -26,7 +26,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from edge_queue.config import Settings
 
-from .api import Api, ApiError, JobGateway, error_response, refusals
+from .api import Api, ApiError, JobGateway, refusals
+from .statuses import error_response
 from .uploads import sweep
 
 log = logging.getLogger(__name__)
@@ -228,10 +229,11 @@ class ApiServer:
         api = settings.api
         self.sock = socket.create_server((api.host, api.port), reuse_port=False)  # OSError: taken
         self.port = self.sock.getsockname()[1]
+        self.handler = Api(settings, gateway, version)
         HeaderDeadline.per_address = max_connections_per_address(api.uploads_at_once)
         HeaderDeadline.at_most = max_connections(api.uploads_at_once)
         config = uvicorn.Config(
-            with_request_ids(HeadBound(Api(settings, gateway, version).app())),
+            with_request_ids(HeadBound(self.handler.app())),
             http=HeaderDeadline,
             lifespan="off",
             log_config=None,
@@ -278,6 +280,9 @@ class ApiServer:
         """Stop listening and close the idle connections; the calls being received or answered
         get :data:`STOP_S` seconds (callers waiting for a job were let go first: their jobs
         stay queued). Returns at once."""
+        # a call still being received is answered 503 stopping half-way through the grace,
+        # before uvicorn ends it (a text/plain 500 and a traceback)
+        self.handler.stop_receiving_at = time.monotonic() + STOP_S / 2
         self.server.should_exit = True
         self.stopped.set()
 

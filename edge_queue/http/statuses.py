@@ -1,10 +1,12 @@
 """The HTTP status of every error code the HTTP API answers with (docs/http-api.md, "Errors"):
 one table for every route, so that a caller's fault is a 4xx wherever it is found (clients
 resend a 5xx, and a file that is not audio never becomes audio), and the one error every refusal
-raises (:class:`HttpError`). Plain data and functions.
+raises (:class:`HttpError`) and its answer in the error shape (:func:`error_response`).
 """
 
 from __future__ import annotations
+
+from starlette.responses import JSONResponse
 
 #: Error code -> HTTP status. The codes of the queue's vocabulary (docs/topics.md, "Error codes")
 #: that a submit or a job's end can give a call, and the HTTP API's own.
@@ -80,3 +82,17 @@ class HttpError(Exception):
     @property
     def status(self) -> int:
         return status_of(self.code)
+
+
+def error_response(e: HttpError, *, openai: bool = False) -> JSONResponse:
+    """OpenAI's error shape for every route: ``{"error": {"message", "type", "param", "code"}}``
+    (``type``: ``invalid_request_error`` for 4xx, ``server_error`` for 5xx), with the status
+    of :func:`~.statuses.status_of` the code (OpenAI's on its routes: ``openai``). Never 200,
+    never a body a subtitle parser would take."""
+    status = status_of(e.code, openai=openai)
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    if status == 429:
+        kind = "rate_limit_error"
+    body = {"error": {"message": e.message, "type": kind, "param": e.param, "code": e.code}}
+    headers = {"Retry-After": str(e.retry_after_s)} if e.retry_after_s else None
+    return JSONResponse(body, status_code=status, headers=headers)

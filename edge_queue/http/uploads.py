@@ -164,6 +164,12 @@ class Upload:
 
     def discard(self) -> None:
         """Drop what was written of an upload that will not be finished."""
+        if self._wav is not None:  # closed first: its finalizer would write to the closed file
+            try:
+                self._wav.close()
+            except (OSError, ValueError, wave.Error):
+                pass
+            self._wav = None
         if self._fh is not None:
             try:
                 self._fh.close()
