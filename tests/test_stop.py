@@ -56,6 +56,21 @@ def _asr(url: str, path: Path) -> tuple[httpx.Response | httpx.HTTPError, float]
     return answer, time.monotonic()
 
 
+def _slow_upload(svc: ServiceProcess, url: str, query: str = "") -> socket.socket:
+    """A call of POST /asr whose audio is still being sent (a slow client: 64 KiB of a
+    declared 10 MB), once the service writes its unfinished file; the open connection."""
+    boundary = "eqstopboundary"
+    head = (
+        f"POST /asr{query} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+        f"Content-Type: multipart/form-data; boundary={boundary}\r\nContent-Length: 10000000\r\n\r\n"
+        f'--{boundary}\r\nContent-Disposition: form-data; name="audio_file"; filename="a.pcm"\r\n\r\n'
+    )
+    s = socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=30)
+    s.sendall(head.encode() + b"\0" * 65536)
+    wait_until(lambda: list((svc.data_dir / "uploads").rglob(".part-*")), 30, "the upload's unfinished file")
+    return s
+
+
 def test_a_stop_with_a_caller_waiting_is_as_quick_as_one_without(
     service_factory: Any, mosquitto: Any, long_recording: Any, tmp_path: Path
 ) -> None:
@@ -131,20 +146,9 @@ def test_an_upload_cut_by_a_stop_leaves_no_unfinished_file_after_the_start(
     media = tmp_path / "media"
     media.mkdir()
     svc, url = api_service(service_factory, mosquitto, media)
-    port = int(url.rsplit(":", 1)[1])
     uploads = svc.data_dir / "uploads"
-    # Given a call whose upload is being received (a slow client: 64 KiB of a declared 10 MB)
-    boundary = "eqstopboundary"
-    head = f'--{boundary}\r\nContent-Disposition: form-data; name="audio_file"; filename="a.wav"\r\n\r\n'
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-        s.sendall(
-            (
-                f"POST /asr HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
-                f"Content-Type: multipart/form-data; boundary={boundary}\r\nContent-Length: 10000000\r\n\r\n{head}"
-            ).encode()
-            + b"\0" * 65536
-        )
-        wait_until(lambda: list(uploads.rglob(".part-*")), 30, "the upload's unfinished file")
+    # Given a call whose upload is being received
+    with _slow_upload(svc, url):
         # When the service stops meanwhile, and starts again
         assert svc.proc is not None
         svc.proc.send_signal(signal.SIGTERM)
@@ -164,18 +168,8 @@ def test_a_call_still_sending_its_audio_at_a_stop_gets_the_error_shape_and_no_tr
     media = tmp_path / "media"
     media.mkdir()
     svc, url = api_service(service_factory, mosquitto, media)
-    port = int(url.rsplit(":", 1)[1])
-    # Given a call whose audio is still being sent (a slow client: 64 KiB of a declared 10 MB)
-    boundary = "eqstopboundary"
-    head = (
-        f"POST /asr{'?encode=false' if raw_pcm else ''} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
-        f"Content-Type: multipart/form-data; boundary={boundary}\r\nContent-Length: 10000000\r\n\r\n"
-        f'--{boundary}\r\nContent-Disposition: form-data; name="audio_file"; filename="a.pcm"\r\n\r\n'
-    )
-    uploads = svc.data_dir / "uploads"
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-        s.sendall(head.encode() + b"\0" * 65536)
-        wait_until(lambda: list(uploads.rglob(".part-*")), 30, "the upload's unfinished file")
+    # Given a call whose audio is still being sent
+    with _slow_upload(svc, url, "?encode=false" if raw_pcm else "") as s:
         # When the service stops meanwhile
         assert svc.proc is not None
         svc.proc.send_signal(signal.SIGTERM)
