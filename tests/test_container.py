@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import ROOT, SYSTEM_MQTT, Watcher, need, port_open, wait_until
+from .conftest import ROOT, SYSTEM_MQTT, Watcher, need, port_open, wait_until, wer
 from .helpers.brokers import PrivateMosquitto
 from .helpers.supervisor import FakeSupervisor
 
@@ -101,11 +101,20 @@ def wait_state(w: Watcher, topic: str, state: str, timeout: float) -> dict[str, 
     return w.json_on(topic)[-1]
 
 
+def transcribes_jfk(w: Watcher, base: str) -> str:
+    """``/media/jfk.flac`` submitted with ``mosquitto_pub`` from outside the container succeeds,
+    its words JFK's; its job's topic."""
+    subprocess.run(["mosquitto_pub", "-q", "1", "-t", f"{base}/request/submit", "-m", "/media/jfk.flac"], check=True)
+    wait_until(lambda: any(t.startswith(f"{base}/jobs/") for t, *_ in w.messages), 30, "a job")
+    job_topic = next(t for t, *_ in w.messages if t.startswith(f"{base}/jobs/"))
+    job = wait_state(w, job_topic, "succeeded", 120)
+    assert wer(JFK, job["result"]["text"]) < 0.15
+    return job_topic
+
+
 def test_a_recording_submitted_from_outside_and_a_restart(
     image: str, containers: list[str], tmp_path: Path, speech: Path
 ) -> None:
-    from .conftest import wer
-
     media = tmp_path / "media"
     media.mkdir()
     shutil.copy(speech / "jfk.flac", media / "jfk.flac")
@@ -128,13 +137,7 @@ def test_a_recording_submitted_from_outside_and_a_restart(
         )
         wait_until(lambda: b"online" in w.on(f"{base}/status"), 60, "the container online")
         print(f"start -> online: {time.monotonic() - t0:.1f} s")
-        subprocess.run(
-            ["mosquitto_pub", "-q", "1", "-t", f"{base}/request/submit", "-m", "/media/jfk.flac"], check=True
-        )
-        wait_until(lambda: any(t.startswith(f"{base}/jobs/") for t, *_ in w.messages), 30, "a job")
-        job_topic = next(t for t, *_ in w.messages if t.startswith(f"{base}/jobs/"))
-        job = wait_state(w, job_topic, "succeeded", 120)
-        assert wer(JFK, job["result"]["text"]) < 0.15
+        job_topic = transcribes_jfk(w, base)
         health = podman("healthcheck", "run", name, check=False)
         assert health.returncode == 0, health.stdout + health.stderr
 
@@ -328,8 +331,6 @@ def docker_image(dockerd: None, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 def test_docker_builds_the_image_and_runs_a_transcription(docker_image: str, tmp_path: Path, speech: Path) -> None:
-    from .conftest import wer
-
     config = json.loads(docker("image", "inspect", docker_image).stdout)[0]["Config"]
     assert config["User"] == "edge-queue" and "edge-queue-healthcheck" in " ".join(config["Healthcheck"]["Test"])
     # nothing of the install stage (the sources, the build's CA bundle) is in the image
@@ -358,13 +359,7 @@ def test_docker_builds_the_image_and_runs_a_transcription(docker_image: str, tmp
         )  # fmt: skip
         wait_until(lambda: b"online" in w.on(f"{base}/status"), 60, "the container online")
         print(f"docker run -> online: {time.monotonic() - t0:.1f} s")
-        subprocess.run(
-            ["mosquitto_pub", "-q", "1", "-t", f"{base}/request/submit", "-m", "/media/jfk.flac"], check=True
-        )
-        wait_until(lambda: any(t.startswith(f"{base}/jobs/") for t, *_ in w.messages), 30, "a job")
-        job_topic = next(t for t, *_ in w.messages if t.startswith(f"{base}/jobs/"))
-        job = wait_state(w, job_topic, "succeeded", 120)
-        assert wer(JFK, job["result"]["text"]) < 0.15
+        transcribes_jfk(w, base)
         docker("stop", "-t", "30", name, timeout=60)
         wait_until(lambda: w.on(f"{base}/status")[-1:] == [b"offline"], 30, "offline on stop")
     finally:
