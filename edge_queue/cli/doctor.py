@@ -156,8 +156,17 @@ def _media_roots(settings: Settings, service: dict[str, Any]) -> Iterator[Check]
             )
     for root in roots:
         p = Path(root)
-        ok = p.is_dir() and os.access(p, os.R_OK | os.X_OK)
+        ok = readable_folder(p)
         yield Check(f"media root {p}", ok, "readable" if ok else "missing or not readable")
+
+
+def readable_folder(p: Path) -> bool:
+    """``p`` is a folder this user may list; False too when a folder above it may not be entered
+    (``Path.is_dir`` raises ``PermissionError`` then)."""
+    try:
+        return p.is_dir() and os.access(p, os.R_OK | os.X_OK)
+    except OSError:
+        return False
 
 
 def _watch(settings: Settings, service: dict[str, Any]) -> Iterator[Check]:
@@ -176,7 +185,7 @@ def _watch(settings: Settings, service: dict[str, Any]) -> Iterator[Check]:
     for w in settings.watch:
         p = Path(w.path)
         name = f"watch {p}"
-        if not (p.is_dir() and os.access(p, os.R_OK | os.X_OK)):
+        if not readable_folder(p):
             yield Check(name, False, "missing or not readable (removed, or its share not mounted)")
             continue
         fs_type = file_system_type(os.path.realpath(p))
