@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from edge_queue import package_version
-from edge_queue.config import Settings
+from edge_queue.config.settings import Settings
 from edge_queue.errors import ConfigError
 from edge_queue.gateway import Gateway
 from edge_queue.http.api_server import ApiServer, start_api

@@ -306,7 +306,9 @@ def test_a_port_that_is_not_mqtt_is_named_at_once(tmp_path: Path, command: list[
     # Then it says within seconds (not after 30 s of silence) that this is no MQTT broker
     assert out.returncode == 3, out.stderr
     assert "is it an MQTT broker?" in out.stderr and str(port) in out.stderr, out.stderr
-    assert took < 10, took  # two probes of 3 s; it was 10 s for the CLI, 30 s for serve
+    # (two probes of 3 s beyond what starting the command costs on this box now; it was 10 s for
+    # the CLI, 30 s for serve)
+    assert took < start_cost_s() + 7, took
 
 
 def test_serve_waits_behind_a_forwarder_whose_broker_is_not_up_yet(tmp_path: Path, service_factory) -> None:
@@ -390,7 +392,7 @@ def test_serve_with_the_broker_down_says_at_once_which_broker_it_waits_for(tmp_p
 
 
 def test_the_broker_line_names_tls_and_comes_at_a_bounded_rate() -> None:
-    from edge_queue.config import MqttSettings, TlsSettings
+    from edge_queue.config.settings import MqttSettings, TlsSettings
     from edge_queue.mqtt.probe import broker_address, wait_notice_due
 
     assert (
@@ -527,8 +529,17 @@ def test_a_broker_lost_during_a_request_is_named_and_a_closed_port_fails_fast(tm
         text=True,
         timeout=60,
     )
+    took = time.monotonic() - started
     assert closed.returncode == 3 and "Connection refused" in closed.stderr, closed.stderr
-    assert time.monotonic() - started < 5
+    assert took < start_cost_s() + 3, took
+
+
+def start_cost_s() -> float:
+    """Seconds ``python -m edge_queue --version`` takes here now: what "at once" is measured
+    beyond, so that a busy box (tests in parallel on two cores) does not read as a wait."""
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-m", "edge_queue", "--version"], capture_output=True, timeout=60, check=True)
+    return time.monotonic() - started
 
 
 def test_a_closed_watcher_frees_its_sockets_without_the_garbage_collector(mosquitto) -> None:

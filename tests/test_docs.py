@@ -20,7 +20,7 @@ import pytest
 from pydantic import BaseModel
 
 from edge_queue.cli import main as cli
-from edge_queue.config import Settings, load_settings
+from edge_queue.config.settings import Settings, load_settings
 from edge_queue.errors import NON_RETRYABLE, ErrorCode
 from edge_queue.kinds import BUILTIN
 from edge_queue.mqtt import payloads

@@ -693,7 +693,7 @@ def test_a_request_right_after_a_job_is_not_held_by_a_broker_with_nagles_algorit
 def test_the_command_lines_requests_are_not_held_by_a_broker_with_nagles_algorithm_on(nagle_service) -> None:
     # Given a mosquitto configured as it ships (no set_tcp_nodelay) and the command line's
     # client, which publishes each request and reads its response on one connection
-    from edge_queue.config import MqttSettings
+    from edge_queue.config.settings import MqttSettings
     from edge_queue.mqtt.request_client import RequestClient
 
     svc, broker = nagle_service, nagle_service.broker

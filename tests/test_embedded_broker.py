@@ -238,7 +238,7 @@ def test_a_foreign_origin_gets_nothing_from_the_websocket_listener_and_the_pages
 ) -> None:
     from websockets.exceptions import InvalidStatus
 
-    from edge_queue.config_http import HttpSettings
+    from edge_queue.config.http import HttpSettings
 
     caplog.set_level(logging.WARNING)
     # Given the embedded broker as `edge-queue up` starts it: anonymous, with its WebSocket
@@ -269,7 +269,7 @@ def test_a_foreign_origin_gets_nothing_from_the_websocket_listener_and_the_pages
 def test_the_listener_refuses_two_origins_and_a_proxys_headers_from_elsewhere_in_one_line_a_minute(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from edge_queue.config_http import HttpSettings
+    from edge_queue.config.http import HttpSettings
 
     caplog.set_level(logging.INFO)
     # Given the embedded broker's WebSocket listener for the page on its port, no proxy trusted

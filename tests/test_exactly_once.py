@@ -303,7 +303,7 @@ def test_a_connection_lost_with_a_full_inbox_comes_back(tmp_path: Path, monkeypa
     # Given the service's bridge with a full inbox (a burst of requests read and not yet taken;
     # the limit lowered from 2,000 to 50 for the test), reaching a private mosquitto through
     # a proxy
-    from edge_queue.config import MqttSettings
+    from edge_queue.config.settings import MqttSettings
     from edge_queue.mqtt import bridge as bridge_module
     from edge_queue.mqtt.topics import Topics
 

@@ -7,7 +7,7 @@ import json
 import logging
 from pathlib import Path
 
-from edge_queue.config import Settings
+from edge_queue.config.settings import Settings
 from edge_queue.publish import ha_diagnostics
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from edge_queue.config_api import ApiSettings
+from edge_queue.config.api import ApiSettings
 from edge_queue.http import transcripts
 from edge_queue.http.api_server import HEADER_S
 from edge_queue.http.callers import MAX_TRACKED_CALLERS, CallRate, Refused, caller_of, presented_key

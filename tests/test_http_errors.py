@@ -44,7 +44,7 @@ def test_every_code_has_one_status_and_a_callers_fault_is_never_a_5xx() -> None:
 
 def test_with_an_anonymous_user_a_key_not_in_the_keys_is_no_key() -> None:
     # before: OpenAI's placeholder key ("sk-no-key-required") was a 401 with anonymous_user set
-    from edge_queue.config_api import ApiSettings
+    from edge_queue.config.api import ApiSettings
     from edge_queue.http.callers import Refused, caller_of
 
     anon = ApiSettings(keys={"alice": KEY}, anonymous_user="bazarr")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from edge_queue.config import Settings, load_settings
+from edge_queue.config.settings import Settings, load_settings
 
 from .conftest import ROOT, free_port
 from .helpers.docs_text import read, section

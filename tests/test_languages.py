@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from edge_queue.config import Settings
+from edge_queue.config.settings import Settings
 from edge_queue.errors import ErrorCode, JobError, RequestError
 from edge_queue.kinds import bundled, languages
 from edge_queue.kinds.transcribe import Transcribe

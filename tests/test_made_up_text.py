@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from edge_queue.config import Settings
+from edge_queue.config.settings import Settings
 from edge_queue.requests.outputs import cues
 
 from .conftest import need

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from edge_queue.config import Settings
+from edge_queue.config.settings import Settings
 
 from .conftest import REFERENCE, SPEECH, need, wer, words, write_wav
 

@@ -217,7 +217,7 @@ def test_chunks_kept_from_another_audio_track_are_not_resumed(files, monkeypatch
     # A later attempt resumes kept chunks only when they were decoded from the same audio track:
     # kept chunks of the first (silent) track, from before the default track was chosen, are
     # not taken for the default track's transcript
-    from edge_queue.config import Settings
+    from edge_queue.config.settings import Settings
     from edge_queue.kinds import transcribe
 
     path, cfg = str(files["two-audio.mkv"]), Settings().transcribe

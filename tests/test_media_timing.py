@@ -256,7 +256,7 @@ def test_extract_audio_refuses_what_its_encoder_cannot_do(mosquitto, service_fac
 
 class _Ctx:
     def __init__(self, output_dir: Path) -> None:
-        from edge_queue.config import Settings
+        from edge_queue.config.settings import Settings
 
         self.job_id, self.attempt, self.output_dir = "t", 1, output_dir
         self.settings = Settings(data_dir=output_dir / "data")

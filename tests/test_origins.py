@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from edge_queue.config_http import HttpSettings
+from edge_queue.config.http import HttpSettings
 from edge_queue.http import relay
 from edge_queue.http.relay import Login, LoginGate, RelaySlots, first_frame, is_loopback
 from edge_queue.mqtt.origins import REFUSAL_LOG_S, RefusalLog, origin_refusal, page_origins, parse_origin
@@ -226,8 +226,8 @@ def test_is_loopback() -> None:
 def test_config_rules_warn_of_a_relay_that_will_refuse_ups_anonymous_broker() -> None:
     from pathlib import Path
 
-    from edge_queue.config import Settings
-    from edge_queue.config_rules import relay_warning
+    from edge_queue.config.rules import relay_warning
+    from edge_queue.config.settings import Settings
 
     def warning(**http: object) -> str | None:
         broker = http.pop("broker", {})

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from edge_queue.config_http import HttpSettings
+from edge_queue.config.http import HttpSettings
 from edge_queue.http.page import FILES, PageServer
 
 from .conftest import Broker, ServiceProcess, free_port, port_open, wait_until, words

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from edge_queue.config_http import HttpSettings
+from edge_queue.config.http import HttpSettings
 from edge_queue.http.page import PageServer
 
 from .conftest import free_port

@@ -24,7 +24,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edge_queue.config_http import HttpSettings
+from edge_queue.config.http import HttpSettings
 from edge_queue.http import relay as relay_rules
 from edge_queue.http.page import MAX_CONNECTIONS_PER_ADDRESS, PageServer
 from edge_queue.http.relay import MAX_RELAYS_PER_ADDRESS

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from edge_queue.config_http import HttpSettings
+from edge_queue.config.http import HttpSettings
 from edge_queue.http.page import headers
 
 from .conftest import Broker, free_port, wait_until

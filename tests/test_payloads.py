@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_queue.config import load_settings
+from edge_queue.config.settings import load_settings
 from edge_queue.errors import ConfigError, ErrorCode, InputError, RequestError
 from edge_queue.mqtt import payloads
 from edge_queue.mqtt.payloads import SubmitRequest, decode_request
@@ -172,7 +172,7 @@ def float_keys() -> list[tuple[str, str]]:
     settings models, so a float key added later is covered too."""
     from pydantic import BaseModel
 
-    from edge_queue.config import KindSettings, Settings, WatchSettings
+    from edge_queue.config.settings import KindSettings, Settings, WatchSettings
 
     def floats(model: type[BaseModel]) -> list[str]:
         return [n for n, f in model.model_fields.items() if "float" in str(f.annotation)]
@@ -319,7 +319,7 @@ def test_job_object_is_json(tmp_path: Path) -> None:
 
 
 def test_unknown_environment_variables_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    from edge_queue.config import unknown_environment
+    from edge_queue.config.settings import unknown_environment
 
     env = {
         "EDGE_QUEUE_MQTT__HOST": "x",

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_queue.config import Settings
+from edge_queue.config.settings import Settings
 from edge_queue.store import SCHEMA_VERSION, JobSpec, Store
 from edge_queue.store.preflight import boot_failure, check_data_dir
 

@@ -239,7 +239,7 @@ def test_a_due_retry_waiting_for_a_busy_worker_does_not_spin_the_loop(mosquitto,
 
 def test_backoff_schedule_with_an_injected_clock(tmp_path: Path) -> None:
     # Given a service driven by a fake clock and a fixed jitter draw (no processes, no broker)
-    from edge_queue.config import Settings
+    from edge_queue.config.settings import Settings
     from edge_queue.service import Service
     from edge_queue.store import JobSpec, Store, parse_iso
     from edge_queue.workers.supervisor import Outcome
@@ -715,7 +715,7 @@ def test_events_of_one_turns_outcomes_go_out_in_event_id_order(tmp_path: Path) -
     only events past the last id it saw)."""
     import json
 
-    from edge_queue.config import Settings
+    from edge_queue.config.settings import Settings
     from edge_queue.rules.states import JobState
     from edge_queue.service import Service
     from edge_queue.store import JobSpec, Store

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from edge_queue.config import Settings
+from edge_queue.config.settings import Settings
 from edge_queue.kinds.transcribe import (
     chunk_length_s,
     chunks_at_once,

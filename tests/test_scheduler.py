@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from edge_queue.config import Settings
+from edge_queue.config.settings import Settings
 from edge_queue.jobs.scheduler import Scheduler, allowed_kinds, lane_kinds
 from edge_queue.mqtt.topics import Topics
 from edge_queue.nodes.hub import Nodes

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from edge_queue.config import Settings
+from edge_queue.config.settings import Settings
 from edge_queue.kinds.segment_tokens import Vocabulary, cut, joined
 from edge_queue.kinds.subtitles import subtitle_cues
 

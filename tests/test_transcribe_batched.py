@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from edge_queue.config import Settings
+from edge_queue.config.settings import Settings
 
 from .conftest import wer
 from .helpers.worker_ctx import Ctx

@@ -297,7 +297,7 @@ def _folder_watcher(folder: Path, **settings: Any) -> Iterator[Any]:
     wake-up socket pair of its own; stopped and closed on exit."""
     import socket
 
-    from edge_queue.config import WatchSettings
+    from edge_queue.config.settings import WatchSettings
     from edge_queue.watch.watcher import FolderWatcher
 
     wake_r, wake_w = socket.socketpair()
@@ -677,7 +677,7 @@ def test_bad_watch_stops_the_start(tmp_path: Path, root: Path, watch: dict[str, 
 def test_a_failed_commit_offers_the_files_again(tmp_path: Path, root: Path) -> None:
     """A turn whose commit fails (a full disk) loses neither the job nor the file: the file is
     offered again, and becomes one job when a commit succeeds."""
-    from edge_queue.config import Settings, WatchSettings
+    from edge_queue.config.settings import Settings, WatchSettings
     from edge_queue.service import Service
     from edge_queue.store import Store
 

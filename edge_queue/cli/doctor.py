@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edge_queue.config import Settings
+from edge_queue.config.settings import Settings
 from edge_queue.errors import EdgeQueueError
 
 #: Below this much free space in ``data_dir``, the disk check fails (bytes).
@@ -174,7 +174,7 @@ def _watch(settings: Settings, service: dict[str, Any]) -> Iterator[Check]:
     jobs' outputs go beside the files (``output = "beside"``), how it is watched
     (inotify, or polling on a network file system), and the state the running service
     publishes for it (``watch`` of ``<base>/info``: ``missing`` fails)."""
-    from edge_queue.config import watch_problems
+    from edge_queue.config.settings import watch_problems
     from edge_queue.kinds.outputs import writable_problem
     from edge_queue.watch.files import file_system_type, is_network_fs
 

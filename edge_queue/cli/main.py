@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
-from edge_queue.config import Settings, load_settings
+from edge_queue.config.settings import Settings, load_settings
 from edge_queue.errors import BrokerUnavailable, ConfigError
 from edge_queue.logfmt import OneLineFormatter
 from edge_queue.rules.states import JobState
@@ -91,8 +91,8 @@ def _settings(config: Path | None, media_roots: list[Path] | None = None) -> Set
 
 def _service_settings(config: Path | None, media_roots: list[Path] | None = None) -> Settings:
     """:func:`_settings` for ``serve`` and ``up``: exits with EXIT_USAGE, naming each key, when
-    the service cannot run them (:func:`~edge_queue.config_rules.serve_problems`)."""
-    from edge_queue.config_rules import media_root_warnings, serve_problems
+    the service cannot run them (:func:`~edge_queue.config.rules.serve_problems`)."""
+    from edge_queue.config.rules import media_root_warnings, serve_problems
 
     settings = _settings(config, media_roots)
     if problems := serve_problems(settings):
@@ -562,7 +562,7 @@ def config_check(
     file: Annotated[Path | None, typer.Argument(envvar="EDGE_QUEUE_CONFIG", help="TOML file to check")] = None,
 ) -> None:
     """Validate a configuration file (and the environment); name every invalid key."""
-    from edge_queue.config_rules import relay_warning, serve_problems
+    from edge_queue.config.rules import relay_warning, serve_problems
     from edge_queue.service import checked_kinds
     from edge_queue.watch.folders import check_watches
 

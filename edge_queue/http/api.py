@@ -34,8 +34,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edge_queue.config import Settings
-from edge_queue.config_api import ApiSettings
+from edge_queue.config.api import ApiSettings
+from edge_queue.config.settings import Settings
 from edge_queue.rules.limits import RejectionLog
 from edge_queue.written import NotTheFileWritten, read_written
 

@@ -24,7 +24,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from edge_queue.config import Settings
+from edge_queue.config.settings import Settings
 
 from .api import Api, ApiError, JobGateway, refusals
 from .statuses import error_response

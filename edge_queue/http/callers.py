@@ -12,7 +12,7 @@ import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-from edge_queue.config_api import ApiSettings
+from edge_queue.config.api import ApiSettings
 
 from .statuses import HttpError
 

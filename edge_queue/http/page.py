@@ -29,8 +29,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from edge_queue.config import Settings
-from edge_queue.config_http import HttpSettings
+from edge_queue.config.http import HttpSettings
+from edge_queue.config.settings import Settings
 from edge_queue.mqtt.origins import PageOrigins, RefusalLog, origin_refusal, page_origins
 from edge_queue.mqtt.probe import anonymous_over_websocket
 

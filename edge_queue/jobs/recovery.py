@@ -17,7 +17,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from edge_queue.config import Settings
+from edge_queue.config.settings import Settings
 from edge_queue.mqtt.bridge import Bridge
 from edge_queue.mqtt.scan import RetainedScan
 from edge_queue.mqtt.topics import Topics

@@ -11,7 +11,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 
-from edge_queue.config import Settings
+from edge_queue.config.settings import Settings
 from edge_queue.publish.publisher import Publisher
 from edge_queue.rules.limits import BULK_LIMIT
 from edge_queue.store import WAL_LIMIT_BYTES, Store

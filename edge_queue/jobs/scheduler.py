@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
-from edge_queue.config import Settings
+from edge_queue.config.settings import Settings
 from edge_queue.logfmt import clip
 from edge_queue.nodes.hub import HUB, NODE_OWNER, Nodes
 from edge_queue.store import Store

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from edge_queue.errors import ErrorCode, JobError
 
 if TYPE_CHECKING:
-    from edge_queue.config import Settings
+    from edge_queue.config.settings import Settings
 
 
 class KindOptions(BaseModel):

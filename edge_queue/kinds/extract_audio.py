@@ -23,7 +23,7 @@ from .media import (
 from .outputs import check_free
 
 if TYPE_CHECKING:
-    from edge_queue.config import Settings
+    from edge_queue.config.settings import Settings
 
 #: format -> (container format, encoder, file extension)
 FORMATS: dict[str, tuple[str, str, str]] = {

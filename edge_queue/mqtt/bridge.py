@@ -49,7 +49,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from edge_queue.config import MqttSettings
+from edge_queue.config.settings import MqttSettings
 from edge_queue.errors import BrokerUnavailable
 
 from .outbox import Ack, Outbox, Pub

@@ -19,7 +19,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from edge_queue.config_http import HttpSettings
+from edge_queue.config.http import HttpSettings
 
 from .origins import page_origins
 from .ws_listener import WsListener, serve_listeners

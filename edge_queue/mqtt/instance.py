@@ -19,7 +19,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edge_queue.config import MqttSettings
+from edge_queue.config.settings import MqttSettings
 from edge_queue.errors import BrokerUnavailable, EdgeQueueError
 
 from .grants import check_base_topic_granted

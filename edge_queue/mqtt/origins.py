@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from edge_queue.config_http import HttpSettings
+from edge_queue.config.http import HttpSettings
 
 #: Names every box is reached by from its own browser.
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")

@@ -29,7 +29,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from edge_queue.config import MqttSettings
+from edge_queue.config.settings import MqttSettings
 
 #: The paho-mqtt version this module is written against (pyproject.toml pins it).
 PAHO_VERSION = "2.2.0"

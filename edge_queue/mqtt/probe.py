@@ -14,7 +14,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edge_queue.config import MqttSettings
+from edge_queue.config.settings import MqttSettings
 from edge_queue.errors import BrokerUnavailable
 
 from .paho_client import configure_client

@@ -30,7 +30,7 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-from edge_queue.config import Settings
+from edge_queue.config.settings import Settings
 
 from .origins import PageOrigins, RefusalLog, origin_refusal
 

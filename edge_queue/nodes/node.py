@@ -35,7 +35,7 @@ from paho.mqtt.properties import Properties
 from pydantic import ValidationError
 
 from edge_queue import package_version
-from edge_queue.config import Settings
+from edge_queue.config.settings import Settings
 from edge_queue.errors import EdgeQueueError, ErrorCode
 from edge_queue.kinds import registry
 from edge_queue.logfmt import clip

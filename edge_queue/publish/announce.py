@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from edge_queue import package_version
-from edge_queue.config import Settings
+from edge_queue.config.settings import Settings
 from edge_queue.http.page import PageServer
 from edge_queue.mqtt import payloads
 from edge_queue.mqtt.bridge import Bridge

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from edge_queue.config import Role, Settings
+from edge_queue.config.settings import Role, Settings
 from edge_queue.errors import EdgeQueueError, ErrorCode, InputError, NotFoundError, RequestError
 from edge_queue.logfmt import clip as _clip
 from edge_queue.mqtt import payloads

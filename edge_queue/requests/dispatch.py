@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from edge_queue.config import Settings
+from edge_queue.config.settings import Settings
 from edge_queue.errors import ErrorCode
 from edge_queue.logfmt import clip
 from edge_queue.mqtt import payloads

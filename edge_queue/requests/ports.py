@@ -11,7 +11,7 @@ import socket
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from edge_queue.config import Settings
+from edge_queue.config.settings import Settings
 from edge_queue.mqtt.topics import ReplyAreas, Topics
 from edge_queue.store import Store
 

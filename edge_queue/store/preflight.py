@@ -28,7 +28,7 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from edge_queue.config import Settings
+from edge_queue.config.settings import Settings
 from edge_queue.errors import ConfigError
 
 from . import SCHEMA_VERSION

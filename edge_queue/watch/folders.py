@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from edge_queue.config import Settings, watch_problems
+from edge_queue.config.settings import Settings, watch_problems
 from edge_queue.errors import ConfigError, ErrorCode, RequestError
 from edge_queue.requests.ports import WatchPort
 from edge_queue.rules.lifecycle import IN_ATTEMPT

@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from edge_queue.config import WatchSettings
+from edge_queue.config.settings import WatchSettings
 from edge_queue.requests.browse import utf8_name
 from edge_queue.store import iso
 

@@ -20,7 +20,7 @@ from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 from typing import Any
 
-from edge_queue.config import Settings
+from edge_queue.config.settings import Settings
 
 from . import worker as worker_module
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any
 
-from edge_queue.config import Settings
+from edge_queue.config.settings import Settings
 from edge_queue.errors import ErrorCode
 
 from .lane import ShortLane, warm

@@ -32,7 +32,7 @@ from typing import Any
 
 import orjson
 
-from edge_queue.config import Settings
+from edge_queue.config.settings import Settings
 from edge_queue.errors import EdgeQueueError, ErrorCode, JobCancelled, JobError, MediaError
 from edge_queue.kinds import registry
 from edge_queue.kinds.media import container_duration_s, held_input, open_media

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from edge_queue.config import Settings
+from edge_queue.config.settings import Settings
 
 
 class Ctx:

@@ -11,7 +11,7 @@ import ipaddress
 import os
 import stat
 
-from edge_queue.config import Settings
+from edge_queue.config.settings import Settings
 
 #: Host names that mean this machine: a broker listening there and our own listeners share ports.
 _THIS_MACHINE = {"localhost", "0.0.0.0", "::", "::1"}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from edge_queue.config_values import NOT_IN_USER, host_problem
+from edge_queue.config.values import NOT_IN_USER, host_problem
 
 #: The shortest API key taken: 16 characters (``openssl rand -hex 16`` makes 32).
 MIN_KEY_CHARS = 16

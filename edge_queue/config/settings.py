@@ -22,10 +22,10 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from edge_queue.config_api import ApiSettings
-from edge_queue.config_http import HttpSettings
-from edge_queue.config_sources import not_json_in_environment, toml_type_problems
-from edge_queue.config_values import NODE_ID_PATTERN, NOT_IN_USER, host_problem
+from edge_queue.config.api import ApiSettings
+from edge_queue.config.http import HttpSettings
+from edge_queue.config.sources import not_json_in_environment, toml_type_problems
+from edge_queue.config.values import NODE_ID_PATTERN, NOT_IN_USER, host_problem
 from edge_queue.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = Path("/etc/edge-queue/config.toml")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from edge_queue.config_values import address_problem, host_problem, origin_problem
+from edge_queue.config.values import address_problem, host_problem, origin_problem
 
 
 class HttpSettings(BaseModel):
