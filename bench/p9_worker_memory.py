@@ -50,7 +50,7 @@ def cpu_s(pid: int) -> float:
 
 def jobs(sequence: list[tuple[Path, dict[str, Any]]], root: Path, keep: int, log: Any) -> list[dict[str, Any]]:
     """Run ``sequence`` (input, options) in one fresh worker; one row per job."""
-    from edge_queue.config import Settings
+    from edge_queue.config.settings import Settings
     from edge_queue.workers import worker
 
     settings = Settings(

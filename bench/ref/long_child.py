@@ -56,7 +56,7 @@ def main() -> None:
     segments: list[dict[str, Any]] = []
     if variant == "eq":
         sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-        from edge_queue.config import Settings
+        from edge_queue.config.settings import Settings
         from edge_queue.kinds.transcribe import Transcribe, TranscribeOptions
         from edge_queue.kinds.whisper import load_model
 
