@@ -36,7 +36,8 @@ from .helpers.figures import figures
 from .helpers.podman import LIMITS, PODMAN, podman, run_container
 from .helpers.supervisor import FakeSupervisor
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.container]
+#: the first test builds the image (pip's install of about 1 GB: minutes, more under load)
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.container, pytest.mark.timeout(2400)]
 
 ADDON = ROOT / "addon" / "edge-queue"
 #: the Debian bookworm image container/debian-base.sh makes (the name container/build.sh starts from)
@@ -191,7 +192,6 @@ def test_the_home_assistant_add_on(
     from .helpers.page import Browser, browser_ready
 
     ws_mosquitto = login_ws_mosquitto
-    browser_ready()
     data = tmp_path / "addon-data"
     media = tmp_path / "media"
     data.mkdir()
@@ -255,6 +255,7 @@ def test_the_home_assistant_add_on(
         )  # fmt: skip
         job = wait_until(lambda: final_job(login), 180, "the job final")
         assert job["state"] == "succeeded" and "Americans" in job["result"]["text"], job
+        browser_ready()
         b = Browser(tmp_path / "browser.log")
         try:
             b.do("goto", url=f"http://127.0.0.1:{page_port}/")
