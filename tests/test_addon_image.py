@@ -76,7 +76,7 @@ def build_addon(context: Path, tag: str, *args: str) -> subprocess.CompletedProc
     """``podman build`` of the add-on folder ``context`` as the Supervisor builds it (the folder
     the only context), on :data:`BASE`, with the further build ``args``."""
     return podman(
-        "build", "--format", "docker", "--network", "host", *LIMITS, "--build-arg", f"BUILD_FROM={BASE}",
+        "build", "--format", "docker", "--network", "host", "--force-rm", *LIMITS, "--build-arg", f"BUILD_FROM={BASE}",
         *args, "-t", tag, str(context), timeout=3600, check=False,
     )  # fmt: skip
 
