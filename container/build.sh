@@ -1,7 +1,7 @@
 #!/bin/sh
 # Build the edge-queue image from this checkout (docs/install.md, "Build the image yourself").
 #
-#   container/build.sh [tag]           default tag: edge-queue:<version>
+#   container/build.sh [tag ...]       default tag: edge-queue:<version>
 #
 # PODMAN (default "podman") is the command: "docker" builds with Docker (its classic builder or
 # BuildKit), or e.g. "podman --runtime runc --cgroup-manager cgroupfs"; BUILD_OPTS adds options
@@ -11,19 +11,20 @@
 # the name the Containerfile starts from. A proxy that re-signs TLS: PIP_CERT names the CA
 # bundle pip must trust (default: pip's own `cert` setting, when it has one); it is handed to
 # the build as container/pip-cert/ca.pem, removed afterwards, and is not in the image.
+# PLATFORM (e.g. "linux/amd64,linux/arm64") builds for those platforms: with Docker through its
+# buildx plugin (QEMU for a platform not the machine's; a multi-platform image is pushed with
+# BUILD_OPTS=--push, it cannot be loaded), with podman its --platform (.github/workflows/release.yml).
 set -eu
 cd "$(dirname "$0")/.."
 PODMAN=${PODMAN:-podman}
 BASE_IMAGE=docker.io/library/debian:bookworm-slim
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -n1)
-tag=${1:-edge-queue:$version}
+if [ $# -eq 0 ]; then
+    set -- "edge-queue:$version"
+fi
 
-if [ "${EDGE_QUEUE_BASE:-registry}" = debootstrap ] && ! $PODMAN image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
-    root=$(mktemp -d /var/tmp/edge-queue-base.XXXXXX)
-    debootstrap --variant=minbase bookworm "$root/rootfs" http://deb.debian.org/debian >&2
-    rm -rf "$root"/rootfs/var/cache/apt/archives/*.deb "$root"/rootfs/var/lib/apt/lists/*
-    tar -C "$root/rootfs" -c . | $PODMAN import - "$BASE_IMAGE" >&2
-    rm -rf "$root"
+if [ "${EDGE_QUEUE_BASE:-registry}" = debootstrap ]; then
+    PODMAN="$PODMAN" BASE_IMAGE="$BASE_IMAGE" container/debian-base.sh
 fi
 
 cert=${PIP_CERT:-$(python3 -m pip config get global.cert 2>/dev/null || true)}
@@ -39,7 +40,20 @@ format=""
 if $PODMAN --version 2>/dev/null | grep -qi podman; then
     format="--format docker"
 fi
-# host networking: the build's apt and pip reach their registries as this machine does
+# host networking: the build's apt and pip reach their registries as this machine does (buildx's
+# builder has a network of its own, and host networking only as an entitlement)
+build="$PODMAN build $format --network host"
+if [ -n "${PLATFORM:-}" ]; then
+    if [ -n "$format" ]; then
+        build="$build --platform $PLATFORM"
+    else
+        build="$PODMAN buildx build --platform $PLATFORM"
+    fi
+fi
+tags=""
+for tag in "$@"; do
+    tags="$tags -t $tag"
+done
 # shellcheck disable=SC2086
-$PODMAN build $format --network host ${BUILD_OPTS:-} -f container/Containerfile -t "$tag" .
-echo "$tag"
+$build ${BUILD_OPTS:-} -f container/Containerfile $tags .
+echo "$1"

@@ -40,7 +40,13 @@ from .kinds_for_tests import EXTRA_KINDS
 pytest.register_assert_rewrite("tests.helpers")
 
 #: The fixtures several test modules use, given to every test (tests/helpers/).
-pytest_plugins = ["tests.helpers.deploy", "tests.helpers.load_rig", "tests.helpers.nodes", "tests.helpers.page"]
+pytest_plugins = [
+    "tests.helpers.deploy",
+    "tests.helpers.load_rig",
+    "tests.helpers.nodes",
+    "tests.helpers.page",
+    "tests.helpers.podman",
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 MEDIA = ROOT.parent / "shared" / "media"

@@ -5,7 +5,7 @@ for a hub outside it.
 
 No container registry is reachable here: the base image is built from Debian's packages
 (``EDGE_QUEUE_BASE=debootstrap``). podman on these machines needs the runc runtime, cgroupfs
-and ulimits no higher than the host's (``PODMAN`` and ``RUN`` below). Locally without podman,
+and ulimits no higher than the host's (tests/helpers/podman.py). Locally without podman,
 debootstrap or root the tests skip with the reason; under ``CI=true`` they fail.
 
 The same image is built and run with Docker too (``PODMAN=docker container/build.sh``), with a
@@ -29,19 +29,11 @@ from typing import Any
 import pytest
 
 from .conftest import ROOT, SYSTEM_MQTT, Watcher, need, port_open, wait_until, wer
-from .helpers.brokers import PrivateMosquitto
-from .helpers.supervisor import FakeSupervisor
+from .helpers.podman import LIMITS, PODMAN, podman, run_container
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.container]
 
-PODMAN = ["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs"]
-#: ulimits no higher than the host's (runc cannot raise them here)
-LIMITS = ["--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
 JFK = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
-
-
-def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*PODMAN, *args], capture_output=True, text=True, timeout=timeout, check=check)
 
 
 @pytest.fixture(scope="module")
@@ -69,22 +61,6 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> str:
     print(f"image {tag}: built in {time.monotonic() - t0:.0f} s, {size / 1e6:.0f} MB")
     yield tag
     podman("rmi", "-f", tag, check=False)
-
-
-@pytest.fixture
-def containers() -> Iterator[list[str]]:
-    names: list[str] = []
-    yield names
-    for name in names:
-        podman("rm", "-f", "-t", "0", name, check=False, timeout=60)
-
-
-def run_container(image: str, names: list[str], *args: str, env: dict[str, str], command: list[str]) -> str:
-    name = f"eqtest-{uuid.uuid4().hex[:8]}"
-    names.append(name)
-    flags = [f"--env={k}={v}" for k, v in env.items()]
-    podman("run", "-d", "--name", name, "--network", "host", *LIMITS, *flags, *args, image, *command)
-    return name
 
 
 def test_the_image_runs_as_a_user_of_its_own(image: str) -> None:
@@ -372,111 +348,3 @@ def test_docker_builds_the_image_and_runs_a_transcription(docker_image: str, tmp
 def _venv_tool(name: str) -> str | None:
     path = Path(sys.executable).parent / name  # the venv's own, beside its python
     return str(path) if path.exists() else None
-
-
-#: The Supervisor's MQTT service user (what it hands the add-on) and a Home Assistant user's
-#: login, as the Mosquitto add-on takes both; it takes no client without a login.
-SERVICE_LOGIN = ("addons", "supervisor-made-secret")
-PERSON_LOGIN = ("phone", "phone-secret")
-
-
-@pytest.fixture
-def login_ws_mosquitto(tmp_path: Path) -> Iterator[PrivateMosquitto]:
-    """A private mosquitto as the Mosquitto add-on is: no client without a login (users
-    :data:`SERVICE_LOGIN` and :data:`PERSON_LOGIN`), and a WebSocket listener."""
-    need(shutil.which("mosquitto_passwd") is not None, "mosquitto_passwd not installed (apt-get install mosquitto)")
-    passwd = tmp_path / "mosquitto.passwd"
-    for i, (user, password) in enumerate((SERVICE_LOGIN, PERSON_LOGIN)):
-        subprocess.run(["mosquitto_passwd", *(["-c"] if i == 0 else []), "-b", str(passwd), user, password], check=True)
-    ws = _free_port()
-    extra = f"allow_anonymous false\npassword_file {passwd}\nlistener {ws}\nprotocol websockets\n"
-    broker = PrivateMosquitto(tmp_path / "mosquitto", extra=extra)
-    broker.ws_port = ws  # type: ignore[attr-defined]
-    wait_until(lambda: port_open("127.0.0.1", ws), 10, "the WebSocket listener")
-    yield broker
-    if broker.proc is not None and broker.proc.poll() is None:
-        broker.stop()
-
-
-def test_the_home_assistant_add_on(
-    image: str,
-    containers: list[str],
-    tmp_path: Path,
-    login_ws_mosquitto: Any,
-) -> None:
-    """The add-on's image (addon/edge-queue) with /data/options.json as the Supervisor writes it
-    and the Supervisor's MQTT service (a broker that takes no client without a login, as the
-    Mosquitto add-on): the settings it makes, then the queue page as ingress serves it, in
-    Chromium, its MQTT through the page's own WebSocket relay with a person's login."""
-    from .helpers.page import Browser, browser_ready
-
-    ws_mosquitto = login_ws_mosquitto
-
-    browser_ready()
-    tag = f"localhost/edge-queue-addon-test:{uuid.uuid4().hex[:8]}"
-    built = subprocess.run(
-        [*PODMAN, "build", "--format", "docker", *LIMITS, "--build-arg", f"BUILD_FROM={image}", "-t", tag, "."],
-        cwd=ROOT / "addon" / "edge-queue", capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert built.returncode == 0, built.stderr[-2000:]
-    data = tmp_path / "addon-data"
-    media = tmp_path / "media"
-    data.mkdir()
-    media.mkdir()
-    options = {
-        "media_roots": ["/media", "/share"],
-        "workers": 1,
-        "log_level": "INFO",
-        "api_anonymous_user": "",
-        "api_keys": [{"user": "bazarr", "key": "0123456789abcdef0123456789abcdef"}],
-        "mqtt_host": "",
-        "mqtt_port": 1883,
-        "mqtt_username": "",
-        "mqtt_password": "",
-        "mqtt_websocket_port": ws_mosquitto.ws_port,
-    }
-    (data / "options.json").write_text(json.dumps(options))
-    token = uuid.uuid4().hex
-    supervisor = FakeSupervisor(ws_mosquitto, token, login=SERVICE_LOGIN)
-    page_port = _free_port()
-    env = {"SUPERVISOR_TOKEN": token, "SUPERVISOR_API": supervisor.url, "ADDON_PAGE_PORT": str(page_port)}
-    flags = [f"--env={k}={v}" for k, v in env.items()]
-    mounts = ["-v", f"{data}:/data", "-v", f"{media}:/media"]
-    try:
-        printed = podman("run", "--rm", "--network", "host", *LIMITS, *flags, *mounts, tag, "--print").stdout
-        made = json.loads(printed)
-        assert made["EDGE_QUEUE_MQTT__HOST"] == ws_mosquitto.host
-        assert made["EDGE_QUEUE_MQTT__PORT"] == str(ws_mosquitto.port)
-        assert made["EDGE_QUEUE_MEDIA_ROOTS"] == '["/media"]'  # /share is not mapped here
-        assert made["EDGE_QUEUE_HTTP__WEBSOCKET_PROXY"] == "true"
-        assert made["EDGE_QUEUE_HTTP__FRAME_ANCESTORS"] == "[\"'self'\"]"
-        assert made["EDGE_QUEUE_API__KEYS"] == "***"
-        run_container(tag, containers, *mounts, env=env, command=[])
-        wait_until(lambda: _answers(page_port), 60, "the add-on's page")
-        b = Browser(tmp_path / "browser.log")
-        try:
-            b.do("goto", url=f"http://127.0.0.1:{page_port}/")
-            # the broker asks for a login, through the relay, and takes a person's
-            b.wait("document.querySelector('#login').open", timeout=60)
-            b.do("fill", selector="#user", value=PERSON_LOGIN[0])
-            b.do("fill", selector="#password", value=PERSON_LOGIN[1])
-            b.do("click", selector="#login-ok")
-            b.wait("page.connected && page.online === true", timeout=60)
-            assert b.eval("wsUrl()") == f"ws://127.0.0.1:{page_port}/mqtt"
-            csp = b.eval("fetch('config.json').then(r => r.headers.get('content-security-policy'))")
-            assert "frame-ancestors 'self'" in csp
-        finally:
-            b.close()
-    finally:
-        supervisor.close()
-        podman("rmi", "-f", tag, check=False)
-
-
-def _answers(port: int) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/config.json", timeout=2):
-            return True
-    except OSError:
-        return False

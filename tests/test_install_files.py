@@ -29,6 +29,7 @@ FILES = [
     "compose.external-broker.yaml",
     "container/unraid/edge-queue.xml",
     "container/compose.env.example",
+    "addon/edge-queue/Dockerfile",
     "addon/edge-queue/run.py",
     "docs/install.md",
 ]
