@@ -31,7 +31,8 @@ import pytest
 from .conftest import ROOT, SYSTEM_MQTT, Watcher, need, port_open, wait_until, wer
 from .helpers.podman import LIMITS, PODMAN, podman, run_container
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.container]
+# (a cold image build is part of the first test that needs the image: minutes, not pytest's 300 s)
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.container, pytest.mark.timeout(2400)]
 
 JFK = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
 
