@@ -8,7 +8,7 @@ import pytest
 
 from edge_queue.config.http import HttpSettings
 from edge_queue.http import relay
-from edge_queue.http.relay import Login, LoginGate, RelaySlots, first_frame, is_loopback
+from edge_queue.http.relay import Login, LoginGate, RelaySlots, is_loopback
 from edge_queue.mqtt.origins import REFUSAL_LOG_S, RefusalLog, origin_refusal, page_origins, parse_origin
 
 ORIGINS = page_origins(
@@ -143,33 +143,16 @@ def test_refused_handshakes_are_logged_once_a_minute_with_a_count() -> None:
     assert log.line("refused", REFUSAL_LOG_S + 1) == f"refused (3 more refused in the last {REFUSAL_LOG_S:.0f} s)"
 
 
-def connect_frame(masked: bool = True) -> bytes:
-    payload = bytes([0x10, 12, 0, 4]) + b"MQTT" + bytes([4, 2, 0, 30, 0, 0])
-    if not masked:
-        return bytes([0x82, len(payload)]) + payload
-    mask = bytes([0x37, 0xFA, 0x21, 0x3D])
-    return bytes([0x82, 0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
-
-
-def test_first_frame_reads_the_first_payload_byte_through_the_mask() -> None:
-    frame = connect_frame()
-    assert first_frame(frame) == (0x2, 0x10)
-    assert first_frame(connect_frame(masked=False)) == (0x2, 0x10)
-    assert all(first_frame(frame[:n]) is None for n in range(6))  # header and mask not all there
-    assert first_frame(bytes([0x81, 0x80, 1, 2, 3, 4])) == (0x1, None)  # an empty text frame
-    long = bytes([0x82, 0xFE, 0x01, 0x00]) + b"\0\0\0\0" + b"\x10"
-    assert first_frame(long) == (0x2, 0x10)
+#: An MQTT 3.1.1 CONNECT, as the page sends it in its first WebSocket message.
+CONNECT = bytes([0x10, 12, 0, 4]) + b"MQTT" + bytes([4, 2, 0, 30, 0, 0])
 
 
 def test_a_relay_logs_in_with_a_connect_and_an_answer_in_time() -> None:
     login = Login(start=100.0)
-    assert login.client_sent(connect_frame()[:3])  # more to come
     assert not login.connect_seen
-    assert login.client_sent(connect_frame()[3:])
+    assert login.client_sent(CONNECT)
     assert login.connect_seen and not login.done
-    login.broker_sent(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n")
-    assert not login.answered  # the handshake's answer is not the CONNACK
-    login.broker_sent(bytes([0x82, 4, 0x20, 2, 0, 0]))
+    login.broker_sent()  # the CONNACK
     assert login.done and login.overdue(10_000.0) is None and login.next_deadline() is None
 
 
@@ -177,12 +160,13 @@ def test_a_relay_without_connect_or_answer_is_overdue() -> None:
     login = Login(start=100.0)
     assert login.overdue(100.0 + relay.CONNECT_S - 0.01) is None
     assert "CONNECT" in (login.overdue(100.0 + relay.CONNECT_S) or "")
-    login.client_sent(connect_frame())
+    login.client_sent(CONNECT)
     assert login.overdue(100.0 + relay.ANSWER_S - 0.01) is None
     assert "answer" in (login.overdue(100.0 + relay.ANSWER_S) or "")
-    # a first frame that is not an MQTT CONNECT (a text frame, a PUBLISH) ends it at once
-    assert not Login(0.0).client_sent(bytes([0x81, 0x01, 0x10]))
-    assert not Login(0.0).client_sent(bytes([0x82, 0x01, 0x30]))
+    # a first message that is not an MQTT CONNECT (a text message, a PUBLISH, nothing) ends it at once
+    assert not Login(0.0).client_sent(CONNECT, binary=False)
+    assert not Login(0.0).client_sent(bytes([0x30, 0x05, 0x00, 0x01]) + b"tx")
+    assert not Login(0.0).client_sent(b"")
 
 
 def test_one_address_gets_a_quarter_of_the_relay_slots_unless_it_is_a_trusted_proxy() -> None:

@@ -1,43 +1,34 @@
 """The HTTP API's server: uvicorn, on a thread of its own, so that no caller ever holds up the
 service's loop (docs/http-api.md, "Bounds").
 
-uvicorn runs the Starlette application of :mod:`.api` with its h11 protocol, given a deadline
-for a request's headers (:class:`HeaderDeadline`: uvicorn has none of its own, so a client
-sending its headers a byte a minute would hold a connection for ever), at most
-:func:`max_connections` connections (one more is answered 503 in the error shape by
-:class:`HeaderDeadline`, below uvicorn's own limit, whose answer is ``text/plain``), and
-requests' header blocks of at most :data:`MAX_HEADER_BYTES`.
+uvicorn runs the Starlette application of :mod:`.api` on the machinery of :mod:`.server`
+(shared with the queue page): a deadline for a request's head (:data:`HEADER_S`), at most
+:func:`max_connections` connections and :func:`max_connections_per_address` from one address
+(one more is answered 503 in the error shape, below uvicorn's own limit, whose answer is
+``text/plain``), and requests' heads of at most :data:`MAX_HEADER_BYTES` (:class:`HeadBound`
+for a head that came whole; :class:`ApiProtocol` answers an unreadable one in the error shape).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import socket
 import threading
 import time
 import uuid
-from collections import Counter
-from typing import Any, ClassVar
+from typing import Any
 
 import h11
-import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from edge_queue.config.settings import Settings
 
 from .api import Api, ApiError, JobGateway, refusals
+from .server import HEADER_S as HEADER_S  # the API's deadline for a request's head
+from .server import MAX_HEADER_BYTES, Bounds, HeaderDeadline, UvicornThread
 from .statuses import error_response
 from .uploads import sweep
 
 log = logging.getLogger(__name__)
 
-#: Seconds a connection has to send a request's headers: from connecting, and from the end of
-#: its previous response.
-HEADER_S = 10.0
-#: The largest request head (request line and headers), bytes: h11's bound on an incomplete
-#: event, and :class:`HeadBound`'s on a head that came whole.
-MAX_HEADER_BYTES = 32 * 1024
 #: Seconds an idle kept-alive connection stays open.
 KEEP_ALIVE_S = 5
 #: Seconds between two sweeps of old uploads.
@@ -73,11 +64,6 @@ ALL_TAKEN_BODY = (
     b'{"error": {"message": "every connection of the HTTP API is taken", "type": "server_error", '
     b'"param": null, "code": "busy"}}'
 )
-#: Seconds a refused connection is read (and what it sends dropped) before it is closed.
-REFUSED_S = 2.0
-#: uvicorn's own limit, never reached: :class:`HeaderDeadline` closes connections past
-#: :func:`max_connections` first, in the error shape (uvicorn's 503 is text/plain).
-UVICORN_LIMIT_FACTOR = 4
 #: The answer to a request h11 cannot read (a broken request line, a head over
 #: :data:`MAX_HEADER_BYTES` still incomplete), in the error shape instead of uvicorn's text.
 UNREADABLE_BODY = (
@@ -142,64 +128,9 @@ def with_request_ids(app: Any) -> Any:
     return asgi
 
 
-class HeaderDeadline(H11Protocol):
-    """uvicorn's h11 protocol, closing a connection that has not sent a whole request head
-    within :data:`HEADER_S` seconds of connecting or of its previous response's end, and
-    answering 503 in the error shape to a connection over its address's share (``per_address``)
-    or over every connection's (``at_most``). ``cycle`` is
-    uvicorn's current request (``None`` until the first head is complete, a new one at each
-    head; ``response_complete``), ``client`` its peer: uvicorn's own names, pinned with its
-    version and checked by tests/test_http_api.py and tests/test_http_refusals.py."""
-
-    #: connections open by client address (every connection runs on the server's one loop)
-    open_by_address: ClassVar[Counter[str]] = Counter()
-    per_address: ClassVar[int] = 64
-    at_most: ClassVar[int] = 256
-
-    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._address = self.client[0] if self.client else "?"
-        self.open_by_address[self._address] += 1
-        self._arm(None)
-        body = None
-        if self.open_by_address.total() > self.at_most:
-            body = ALL_TAKEN_BODY
-        elif self.open_by_address[self._address] > self.per_address:
-            body = TOO_MANY_BODY
-        self._refused = body is not None
-        if body is not None:
-            # answered at once, then the request the client sends is read and dropped until it
-            # closes (or for REFUSED_S): a close with its request unread would be a reset,
-            # which loses the answer on the client's side
-            transport.write(TOO_MANY % (len(body), body))
-            transport.write_eof()
-            if self.open_by_address.total() > 2 * self.at_most:
-                transport.close()  # a flood: no lingering, so that uvicorn's own limit is never reached
-            else:
-                asyncio.get_running_loop().call_later(REFUSED_S, transport.close)
-
-    def data_received(self, data: bytes) -> None:
-        if not self._refused:
-            super().data_received(data)
-
-    def eof_received(self) -> None:
-        if self._refused:
-            self.transport.close()
-
-    def _arm(self, cycle: Any) -> None:
-        self._head_deadline = asyncio.get_running_loop().call_later(HEADER_S, self._head_late, cycle)
-
-    def _head_late(self, cycle: Any) -> None:
-        # still the request of when the deadline was set, and that one answered: no new head came
-        idle = self.cycle is cycle and (cycle is None or cycle.response_complete)
-        if idle and not self.transport.is_closing():
-            self.transport.close()
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing():
-            self._head_deadline.cancel()
-            self._arm(self.cycle)
+class ApiProtocol(HeaderDeadline):
+    """The API's :class:`~.server.HeaderDeadline`: a request h11 cannot read is answered in the
+    error shape."""
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to a request h11 cannot read (it has logged ``msg`` as a warning),
@@ -213,12 +144,17 @@ class HeaderDeadline(H11Protocol):
             self.transport.write(self.conn.send(event))
         self.transport.close()
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._head_deadline.cancel()
-        self.open_by_address[self._address] -= 1
-        if self.open_by_address[self._address] <= 0:
-            del self.open_by_address[self._address]
-        super().connection_lost(exc)
+
+def bounds(uploads_at_once: int) -> Bounds:
+    """The API's bounds: :func:`max_connections`, :func:`max_connections_per_address`, 503 in
+    the error shape past them."""
+    return Bounds(
+        "HTTP API",
+        max_connections(uploads_at_once),
+        max_connections_per_address(uploads_at_once),
+        KEEP_ALIVE_S,
+        (TOO_MANY % (len(TOO_MANY_BODY), TOO_MANY_BODY), TOO_MANY % (len(ALL_TAKEN_BODY), ALL_TAKEN_BODY)),
+    )
 
 
 class ApiServer:
@@ -227,26 +163,12 @@ class ApiServer:
     def __init__(self, settings: Settings, gateway: JobGateway, version: str) -> None:
         self.settings = settings
         api = settings.api
-        self.sock = socket.create_server((api.host, api.port), reuse_port=False)  # OSError: taken
-        self.port = self.sock.getsockname()[1]
         self.handler = Api(settings, gateway, version)
-        HeaderDeadline.per_address = max_connections_per_address(api.uploads_at_once)
-        HeaderDeadline.at_most = max_connections(api.uploads_at_once)
-        config = uvicorn.Config(
-            with_request_ids(HeadBound(self.handler.app())),
-            http=HeaderDeadline,
-            lifespan="off",
-            log_config=None,
-            log_level="warning",  # its start and stop lines are ours to log
-            access_log=False,
-            limit_concurrency=UVICORN_LIMIT_FACTOR * max_connections(api.uploads_at_once),
-            timeout_keep_alive=KEEP_ALIVE_S,
-            h11_max_incomplete_event_size=MAX_HEADER_BYTES,
-            server_header=False,
-            timeout_graceful_shutdown=STOP_S,
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self._run, name="edge-queue-api", daemon=True)
+        app = with_request_ids(HeadBound(self.handler.app()))
+        self.uvicorn = UvicornThread(
+            app, api.host, api.port, bounds(api.uploads_at_once), "edge-queue-api", STOP_S, ApiProtocol
+        )  # OSError: taken
+        self.port = self.uvicorn.port
         self.stopped = threading.Event()
         self.sweeper = threading.Thread(target=self._sweeping, name="edge-queue-uploads", daemon=True)
 
@@ -264,15 +186,9 @@ class ApiServer:
         while not self.stopped.wait(SWEEP_S):
             self._sweep()
 
-    def _run(self) -> None:
-        try:
-            self.server.run(sockets=[self.sock])
-        except Exception:  # the API stops; the queue goes on
-            log.exception("HTTP API: stopped")
-
     def start(self) -> ApiServer:
         self._sweep(at_start=True)  # before the first call: no upload is being received
-        self.thread.start()
+        self.uvicorn.start()
         self.sweeper.start()
         return self
 
@@ -283,14 +199,13 @@ class ApiServer:
         # a call still being received is answered 503 stopping half-way through the grace,
         # before uvicorn ends it (a text/plain 500 and a traceback)
         self.handler.stop_receiving_at = time.monotonic() + STOP_S / 2
-        self.server.should_exit = True
+        self.uvicorn.begin_stop()
         self.stopped.set()
 
     def stop(self) -> None:
         """:meth:`begin_stop`, and wait for the server to be done."""
         self.begin_stop()
-        self.thread.join(STOP_S + 5)
-        self.sock.close()
+        self.uvicorn.stop()
 
 
 def start_api(settings: Settings, gateway: JobGateway, version: str) -> ApiServer | None:

@@ -10,8 +10,9 @@ other file passes through it, so there is no path to traverse and nothing to log
 broker's passwords and ACL decide what the page may see and do (docs/operations.md, "The
 queue page").
 
-Standard library only: :class:`http.server.ThreadingHTTPServer` on a daemon thread, so a slow
-browser never holds up the service's loop.
+A Starlette application (:func:`page_app`) on the same server machinery as the HTTP API
+(:mod:`edge_queue.http.server`: uvicorn on a daemon thread, a deadline for a request's head,
+bounded connections), so a slow browser never holds up the service's loop.
 """
 
 from __future__ import annotations
@@ -20,21 +21,24 @@ import base64
 import hashlib
 import json
 import logging
-import socket
 import threading
-import time
 from dataclasses import replace
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.websockets import WebSocket
+
 from edge_queue.config.http import HttpSettings
 from edge_queue.config.settings import Settings
-from edge_queue.mqtt.origins import PageOrigins, RefusalLog, origin_refusal, page_origins
+from edge_queue.mqtt.origins import page_origins
 from edge_queue.mqtt.probe import anonymous_over_websocket
 
-from .relay import RELAY_IDLE_S, Login, LoginGate, RelaySlots, is_loopback, pump
+from .relay import LoginGate, Relay, is_loopback, refuse
+from .server import HEADER_S, Bounds, UvicornThread
 
 log = logging.getLogger(__name__)
 
@@ -108,252 +112,66 @@ def page_config(settings: HttpSettings, base_topic: str, version: str) -> dict[s
     }
 
 
-#: Seconds a client has to send a whole request line and its headers.
-REQUEST_READ_S = 10.0
 #: The path of the relayed WebSocket (``http.websocket_proxy``; :mod:`edge_queue.http.relay`).
 RELAY_PATH = "/mqtt"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server_version = "edge-queue"
-    sys_version = ""
-    #: Seconds a connection may stay silent: a client that opens connections and sends nothing
-    #: holds a thread each only this long.
-    timeout = 30
-    files: dict[str, tuple[bytes, str, str]] = {}  # set per server: path -> (body, type, etag)
-    headers_out: dict[str, str] = HEADERS  # set per server: :func:`headers`
-    relay_to: tuple[str, int] | None = None  # set per server: the broker's WebSocket listener
-    origins: PageOrigins | None = None  # set per server with relay_to: the page's origins
-    gate: LoginGate | None = None  # set per server with relay_to
-
-    def handle_one_request(self) -> None:
-        # The request line and headers must arrive within REQUEST_READ_S in all: a client that
-        # sends a header line every few seconds never meets the per-read timeout, and would
-        # otherwise hold its connection (and thread) for ever.
-        timer = threading.Timer(REQUEST_READ_S, self._too_slow)
-        timer.daemon = True
-        self._read_deadline = timer
-        timer.start()
-        try:
-            super().handle_one_request()
-        finally:
-            timer.cancel()
-
-    def parse_request(self) -> bool:
-        ok = super().parse_request()  # reads the headers
-        self._read_deadline.cancel()
-        return ok
-
-    def _too_slow(self) -> None:
-        log.debug("page: %s did not send its request within %g s: closed", self.client_address[0], REQUEST_READ_S)
-        try:
-            self.connection.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        if self.relay_to is not None and self.path.split("?", 1)[0] == RELAY_PATH:
-            self._relay(self.relay_to)
-            return
-        self._answer(with_body=True)
-
-    def _relay(self, to: tuple[str, int]) -> None:
-        """``/mqtt``: the page's WebSocket handshake sent on to the broker's WebSocket listener,
-        then every byte both ways (:mod:`edge_queue.http.relay` says what it must pass)."""
-        self.close_connection = True
-        if self.headers.get("Upgrade", "").lower() != "websocket":
-            self._plain(HTTPStatus.BAD_REQUEST, b"WebSocket only\n", True)
-            return
-        server: Any = self.server
-        address = self.client_address[0]
-        sent = self.headers.get_all("Origin") or []
-        headers = {k.lower(): v for k, v in self.headers.items()}
-        assert self.origins is not None and self.gate is not None  # set with relay_to
-        local = self.connection.getsockname()[:2]
-        why = origin_refusal(self.origins, sent, local=local, remote=address, headers=headers)
-        if why is not None:
-            shown = sent[0] if len(sent) == 1 else sent
-            text = f"page: refused a relayed WebSocket from {address} with Origin {shown!r}: {why}"
-            if (line := server.refusals.line(text[:400], time.monotonic())) is not None:
-                log.warning("%s", line)
-            self._refuse_relay(HTTPStatus.FORBIDDEN, b"this page may not connect to the broker\n")
-            return
-        allowed = self.gate.may_relay()
-        if allowed is False:
-            self._refuse_relay(HTTPStatus.FORBIDDEN, b"the broker takes clients without a login: not relayed\n")
-            return
-        if allowed is None:
-            self._refuse_relay(HTTPStatus.BAD_GATEWAY, b"the broker's WebSocket listener does not answer\n")
-            return
-        if (why := server.relay_begin(address)) is not None:
-            self._refuse_relay(HTTPStatus.SERVICE_UNAVAILABLE, why.encode() + b"\n")
-            return
-        try:
-            self._relay_to(to, address)
-        finally:
-            server.relay_end(address)
-
-    def _refuse_relay(self, status: HTTPStatus, body: bytes) -> None:
-        # HTTP/1.1, as the handshake's answer must be (RFC 6455 section 4.1), then closed
-        self.protocol_version = "HTTP/1.1"
-        self.send_response(status)
-        self.send_header("Content-Type", "text/plain; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _relay_to(self, to: tuple[str, int], address: str) -> None:
-        try:
-            upstream = socket.create_connection(to, timeout=5)
-        except OSError as e:
-            log.warning("page: the broker's WebSocket listener %s:%d does not answer: %s", to[0], to[1], e)
-            self._refuse_relay(HTTPStatus.BAD_GATEWAY, b"the broker's WebSocket listener does not answer\n")
-            return
-        with upstream:
-            # The Origin was checked here: the broker gets the handshake as from a client that
-            # is no browser (its own listener would not know the page's origins behind a proxy).
-            head = ["GET / HTTP/1.1", f"Host: {to[0]}:{to[1]}"]
-            head += [f"{k}: {v}" for k, v in self.headers.items() if k.lower() not in ("host", "origin")]
-            upstream.sendall(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
-            why = pump(self.connection, upstream, RELAY_IDLE_S, Login(time.monotonic()))
-            if why is not None:
-                log.debug("page: closed a relayed WebSocket from %s: %s", address, why)
-
-    def do_HEAD(self) -> None:  # noqa: N802
-        self._answer(with_body=False)
-
-    def _answer(self, *, with_body: bool) -> None:
-        path = self.path.split("?", 1)[0].split("#", 1)[0]
-        found = self.files.get(path)
-        if found is None:
-            self._plain(HTTPStatus.NOT_FOUND, b"not found\n", with_body)
-            return
-        body, ctype, etag = found
-        if self.headers.get("If-None-Match") == etag:
-            self.send_response(HTTPStatus.NOT_MODIFIED)
-            self._common(etag)
-            self.end_headers()
-            return
-        self.send_response(HTTPStatus.OK)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self._common(etag)
-        self.end_headers()
-        if with_body:
-            self.wfile.write(body)
-
-    def _common(self, etag: str) -> None:
-        self.send_header("ETag", etag)
-        for name, value in self.headers_out.items():
-            self.send_header(name, value)
-
-    def _plain(self, status: HTTPStatus, body: bytes, with_body: bool) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", "text/plain; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        for name, value in self.headers_out.items():
-            self.send_header(name, value)
-        self.end_headers()
-        if with_body:
-            self.wfile.write(body)
-
-    def _refuse(self) -> None:
-        self.send_response(HTTPStatus.METHOD_NOT_ALLOWED)
-        self.send_header("Allow", "GET, HEAD")
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse  # noqa: N815
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's name)
-        log.debug("page: %s %s", self.address_string(), format % args)
-
-
+#: Seconds a client has to send a request line and its headers (the servers' deadline,
+#: :data:`~edge_queue.http.server.HEADER_S`), from connecting and from its previous answer.
+REQUEST_READ_S = HEADER_S
 #: Connections the page serves at once at most; more are closed at once, so that slow or
-#: idle connections (a slowloris) cannot take the service's file descriptors and threads.
+#: idle connections (a slowloris) cannot take the service's file descriptors.
 MAX_CONNECTIONS = 64
 #: Connections from one address at once at most (a browser opens about 6): one host's slow
-#: connections cannot take the places of the others.
+#: connections cannot take the places of the others. A relayed WebSocket counts as a relay
+#: instead (:data:`~edge_queue.http.relay.MAX_RELAYS_PER_ADDRESS`).
 MAX_CONNECTIONS_PER_ADDRESS = 8
+#: Seconds an idle kept-alive connection stays open.
+KEEP_ALIVE_S = 5
+#: Seconds the answers (and relayed WebSockets) still open get when the page stops.
+STOP_S = 2
+#: The page's bounds on the servers' machinery: connections past them closed unanswered.
+BOUNDS = Bounds("page", MAX_CONNECTIONS, MAX_CONNECTIONS_PER_ADDRESS, KEEP_ALIVE_S)
 
 
-class _BoundedServer(ThreadingHTTPServer):
-    """``ThreadingHTTPServer`` with at most :data:`MAX_CONNECTIONS` connections (threads) at
-    once; a connection over it is closed unanswered and counted in the debug log."""
+def page_app(files: dict[str, tuple[bytes, str, str]], headers_out: dict[str, str], relay: Relay | None) -> Starlette:
+    """The page's Starlette application: ``files`` (URL path -> body, content type, ETag) for
+    GET and HEAD, each answer with ``headers_out``; 404 for any other path, 405 for any other
+    method; ``relay``'s WebSocket on :data:`RELAY_PATH` (a plain GET there: 400)."""
 
-    daemon_threads = True
+    def plain(status: int, text: str, *extra: tuple[str, str]) -> Response:
+        headers = {"Content-Type": "text/plain; charset=utf-8", **headers_out, **dict(extra)}
+        return Response(text.encode(), status, headers)
 
-    def __init__(self, *args: Any, trusted: frozenset[str] = frozenset(), **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        self._lock = threading.Lock()
-        self._per_address: dict[str, int] = {}
-        self.relays = RelaySlots(trusted)
-        self.refusals = RefusalLog()
+    async def answer(request: Request) -> Response:
+        path = request.url.path
+        if request.method not in ("GET", "HEAD"):
+            response = Response(b"", 405, {"Allow": "GET, HEAD"})
+        elif relay is not None and path == RELAY_PATH:
+            response = plain(400, "WebSocket only\n", ("Connection", "close"))
+        elif (found := files.get(path)) is None:
+            response = plain(404, "not found\n")
+        elif request.headers.get("if-none-match") == found[2]:
+            response = Response(None, 304, {"ETag": found[2], **headers_out})
+        else:
+            response = Response(found[0], 200, {"Content-Type": found[1], "ETag": found[2], **headers_out})
+        client = request.client.host if request.client else "?"
+        log.debug("page: %s %s %s %d", client, request.method, path, response.status_code)
+        return response
 
-    def relay_begin(self, address: str) -> str | None:
-        """A connection from ``address`` becomes a relayed WebSocket: why not when no relay
-        slot is free for it (:class:`~edge_queue.http.relay.RelaySlots`); else it stops counting
-        against its address's :data:`MAX_CONNECTIONS_PER_ADDRESS` (it counts as a relay)."""
-        if (why := self.relays.take(address)) is not None:
-            return why
-        with self._lock:
-            left = self._per_address.get(address, 1) - 1
-            if left > 0:
-                self._per_address[address] = left
-            else:
-                self._per_address.pop(address, None)
-        return None
+    async def no_websocket(ws: WebSocket) -> None:
+        await refuse(ws, 404, "not found")
 
-    def relay_end(self, address: str) -> None:
-        """The relayed WebSocket ended (its connection is given back as any other's)."""
-        self.relays.give_back(address)
-        with self._lock:
-            self._per_address[address] = self._per_address.get(address, 0) + 1
-
-    def _take(self, address: str) -> bool:
-        with self._lock:
-            if self._per_address.get(address, 0) >= MAX_CONNECTIONS_PER_ADDRESS:
-                return False
-            if not self._slots.acquire(blocking=False):
-                return False
-            self._per_address[address] = self._per_address.get(address, 0) + 1
-            return True
-
-    def _give_back(self, address: str) -> None:
-        with self._lock:
-            left = self._per_address.get(address, 1) - 1
-            if left > 0:
-                self._per_address[address] = left
-            else:
-                self._per_address.pop(address, None)
-            self._slots.release()
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._take(client_address[0]):
-            log.debug("page: too many connections; closed one from %s", client_address[0])
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._give_back(client_address[0])
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._give_back(client_address[0])
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # a client that went away mid-answer (BrokenPipeError) is routine: one debug line
-        log.debug("page: connection from %s ended with an error", client_address[0], exc_info=True)
+    routes: list[BaseRoute] = [] if relay is None else [WebSocketRoute(RELAY_PATH, relay.serve)]
+    routes += [
+        WebSocketRoute("/{path:path}", no_websocket),
+        Route("/{path:path}", answer, methods=["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE"]),
+    ]
+    return Starlette(routes=routes)
 
 
 class PageServer:
-    """The queue page on ``settings.host:settings.port``, on a daemon thread.
+    """The queue page on ``settings.host:settings.port``: :func:`page_app` on the servers'
+    machinery (:class:`~edge_queue.http.server.UvicornThread`, within :data:`BOUNDS`), on a
+    daemon thread.
 
     Args:
         settings: the ``[http]`` section.
@@ -375,31 +193,32 @@ class PageServer:
             files[url] = (body, ctype, _etag(body))
         config = json.dumps(page_config(settings, base_topic, version)).encode()
         files["/config.json"] = (config, "application/json", _etag(config))
-        attrs: dict[str, Any] = {"files": files, "headers_out": headers(settings), "relay_to": relay_to}
-        handler: Any = type("PageHandler", (_Handler,), attrs)
-        self.httpd = _BoundedServer(
-            (settings.host, settings.port), handler, trusted=frozenset(settings.trusted_proxies)
-        )
-        self.port: int = self.httpd.server_address[1]
         self.host = settings.host
         self.gate: LoginGate | None = None
+        self.relay: Relay | None = None
         if relay_to is not None:
             self.gate = LoginGate(relay_to, not is_loopback(settings.host), anonymous_over_websocket)
-            handler.gate = self.gate
-            handler.origins = replace(page_origins(settings), port=self.port)
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="page", daemon=True)
+            trusted = frozenset(settings.trusted_proxies)
+            self.relay = Relay(relay_to, page_origins(settings), self.gate, trusted)
+        app = page_app(files, headers(settings), self.relay)
+        self.uvicorn = UvicornThread(app, settings.host, settings.port, BOUNDS, "edge-queue-page", STOP_S)
+        self.port: int = self.uvicorn.port
+        #: the open connections, by address (:class:`~edge_queue.http.server.Connections`)
+        self.connections = self.uvicorn.connections
+        if self.relay is not None:
+            self.relay.origins = replace(self.relay.origins, port=self.port)
+            self.relay.connections = self.connections
 
     def start(self) -> PageServer:
-        self._thread.start()
+        self.uvicorn.start()
         log.info("queue page on http://%s:%d/", self.host, self.port)
         if self.gate is not None and self.gate.needed:  # the line at start, when it must refuse
             threading.Thread(target=self.gate.may_relay, name="page-login-check", daemon=True).start()
         return self
 
     def stop(self) -> None:
-        if self._thread.is_alive():
-            self.httpd.shutdown()
-        self.httpd.server_close()
+        """Stop listening, give the open answers and relays :data:`STOP_S`, and close."""
+        self.uvicorn.stop()
 
 
 def _etag(body: bytes) -> str:

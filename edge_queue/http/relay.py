@@ -1,10 +1,11 @@
 """The queue page's ``/mqtt`` relay (``http.websocket_proxy``; docs/operations.md, "Behind a
-reverse proxy or Home Assistant's ingress"): the page's WebSocket handshake sent on to the
-broker's WebSocket listener, then every byte both ways.
+reverse proxy or Home Assistant's ingress"): a WebSocket route of the page's Starlette
+application (:class:`Relay`) that opens its own WebSocket to the broker's listener and carries
+every message both ways.
 
 What a relayed connection must pass, in order:
 
-- a WebSocket upgrade (else 400);
+- a WebSocket upgrade (else 400, :mod:`.page`);
 - an ``Origin`` of the queue page's, or none (:mod:`edge_queue.mqtt.origins`; else 403): a web
   site open in a browser cannot reach the broker through the page;
 - a broker that asks for a login, when the page listens beyond this box (``http.host`` not a
@@ -19,13 +20,22 @@ What a relayed connection must pass, in order:
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
-import selectors
-import socket
 import threading
 import time
 from collections.abc import Callable
+
+from starlette.responses import PlainTextResponse
+from starlette.websockets import WebSocket, WebSocketDisconnect
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import WebSocketException
+from websockets.typing import Subprotocol
+
+from edge_queue.mqtt.origins import PageOrigins, RefusalLog, origin_refusal
+
+from .server import Connections
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +55,6 @@ ANSWER_S = 10.0
 LOGIN_CHECK_S = 60.0
 #: MQTT's CONNECT packet type (first byte, MQTT 3.1.1 and 5 section 3.1.1).
 _MQTT_CONNECT = 0x10
-#: WebSocket opcodes of data frames: continuation, text, binary (RFC 6455 section 5.2).
-_BINARY = 0x2
 
 
 def is_loopback(host: str) -> bool:
@@ -59,66 +67,35 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def first_frame(data: bytes) -> tuple[int, int | None] | None:
-    """The opcode and the first payload byte (unmasked; None for an empty payload) of the
-    WebSocket frame at the start of ``data`` (RFC 6455 section 5.2), or None while ``data``
-    is too short to tell."""
-    if len(data) < 2:
-        return None
-    opcode, masked, length = data[0] & 0x0F, bool(data[1] & 0x80), data[1] & 0x7F
-    at = 2 + {126: 2, 127: 8}.get(length, 0)
-    if length >= 126:
-        if len(data) < at:
-            return None
-        length = int.from_bytes(data[2:at], "big")
-    mask = data[at : at + 4] if masked else b"\0"
-    at += 4 if masked else 0
-    if length == 0:
-        return (opcode, None) if len(data) >= at else None
-    if len(data) <= at or len(mask) < (4 if masked else 1):
-        return None
-    return opcode, data[at] ^ mask[0]
-
-
 class Login:
-    """Whether a relayed connection logs in in time: the client's first WebSocket frame is a
-    binary frame holding an MQTT CONNECT, within :data:`CONNECT_S` of ``start``, and the
-    broker answers (anything after its ``101`` head: the CONNACK) within :data:`ANSWER_S`.
-    Plain: fed the bytes each way and asked with ``now`` (``time.monotonic()``)."""
+    """Whether a relayed connection logs in in time: the client's first WebSocket message is a
+    binary one starting with an MQTT CONNECT, within :data:`CONNECT_S` of ``start``, and the
+    broker answers (its first message: the CONNACK) within :data:`ANSWER_S`. Plain: fed the
+    messages each way and asked with ``now`` (``time.monotonic()``)."""
 
     def __init__(self, start: float) -> None:
         self.start = start
         self.connect_seen = False
         self.answered = False
-        self._from_client = b""
-        self._from_broker = b""
 
     @property
     def done(self) -> bool:
         """Both seen: the connection is an MQTT session the broker answered."""
         return self.connect_seen and self.answered
 
-    def client_sent(self, data: bytes) -> bool:
-        """Feed bytes from the client; False when its first frame is not an MQTT CONNECT."""
+    def client_sent(self, data: bytes, binary: bool = True) -> bool:
+        """Feed a message from the client (``binary``, or text); False when its first is not a
+        binary message starting with an MQTT CONNECT."""
         if self.connect_seen:
             return True
-        self._from_client = (self._from_client + data)[:16]
-        frame = first_frame(self._from_client)
-        if frame is None:
-            return True
-        opcode, first = frame
-        if opcode != _BINARY or first is None or first & 0xF0 != _MQTT_CONNECT:
+        if not binary or not data or data[0] & 0xF0 != _MQTT_CONNECT:
             return False
         self.connect_seen = True
         return True
 
-    def broker_sent(self, data: bytes) -> None:
-        """Feed bytes from the broker (its handshake answer first)."""
-        if self.answered:
-            return
-        self._from_broker = (self._from_broker + data)[-65536:]
-        head_end = self._from_broker.find(b"\r\n\r\n")
-        self.answered = head_end >= 0 and len(self._from_broker) > head_end + 4
+    def broker_sent(self) -> None:
+        """A message came from the broker."""
+        self.answered = True
 
     def overdue(self, now: float) -> str | None:
         """What did not come in time, or None."""
@@ -137,39 +114,53 @@ class Login:
         return None
 
 
-def pump(a: socket.socket, b: socket.socket, idle_s: float, login: Login | None = None) -> str | None:
-    """Copy bytes both ways between the client's socket ``a`` and the broker's ``b`` until one
-    closes, fails, both stay silent ``idle_s`` seconds, or ``login`` (when given) is overdue or
-    refused; returns why the relay ended early for ``login``, else None. A send waits at most
-    30 s for a slow reader."""
-    a.settimeout(30)
-    b.settimeout(30)
-    with selectors.DefaultSelector() as sel:
-        sel.register(a, selectors.EVENT_READ, b)
-        sel.register(b, selectors.EVENT_READ, a)
+async def pump(client: WebSocket, broker: ClientConnection, idle_s: float, login: Login) -> str | None:
+    """Carry every message both ways between the client's WebSocket and the broker's until one
+    closes, fails, both stay silent ``idle_s`` seconds, or ``login`` is overdue or refused;
+    returns why the relay ended early for ``login``, else None."""
+    last = [time.monotonic()]
+
+    async def from_client() -> str | None:
         while True:
-            deadline = login.next_deadline() if login is not None else None
-            wait = idle_s if deadline is None else max(0.0, min(idle_s, deadline - time.monotonic()))
-            ready = sel.select(wait)
-            if login is not None and (why := login.overdue(time.monotonic())) is not None:
+            message = await client.receive()
+            if message["type"] == "websocket.disconnect":
+                return None
+            binary = message.get("bytes") is not None
+            data: bytes | str = message["bytes"] if binary else message.get("text") or ""
+            raw = data if isinstance(data, bytes) else data.encode()
+            if not login.client_sent(raw, binary):
+                return "its first frame is not an MQTT CONNECT"
+            await broker.send(data)
+            last[0] = time.monotonic()
+
+    async def from_broker() -> str | None:
+        async for message in broker:
+            login.broker_sent()
+            if isinstance(message, bytes):
+                await client.send_bytes(message)
+            else:
+                await client.send_text(message)
+            last[0] = time.monotonic()
+        return None
+
+    async def watch() -> str | None:
+        while True:
+            deadline = login.next_deadline()
+            until = last[0] + idle_s if deadline is None else min(last[0] + idle_s, deadline)
+            await asyncio.sleep(max(0.0, until - time.monotonic()))
+            now = time.monotonic()
+            if (why := login.overdue(now)) is not None:
                 return why
-            if not ready:
-                if deadline is None or wait >= idle_s:
-                    return None
-                continue
-            for key, _ in ready:
-                try:
-                    data = key.fileobj.recv(65536)  # type: ignore[union-attr]
-                    if not data:
-                        return None
-                    if login is not None and not login.done:
-                        if key.fileobj is a and not login.client_sent(data):
-                            return "its first frame is not an MQTT CONNECT"
-                        if key.fileobj is b:
-                            login.broker_sent(data)
-                    key.data.sendall(data)
-                except OSError:
-                    return None
+            if now - last[0] >= idle_s:
+                return None
+
+    tasks = [asyncio.ensure_future(f()) for f in (from_client, from_broker, watch)]
+    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    ended = [t for t in done if t.exception() is None]  # a failed send or receive: the relay ends
+    return ended[0].result() if ended else None
 
 
 class RelaySlots:
@@ -249,3 +240,84 @@ def anonymous_line(to: tuple[str, int]) -> str:
         "and the page listens beyond this box (http.host); give the broker passwords "
         '(docs/operations.md, "Behind a reverse proxy or Home Assistant\'s ingress") or set http.host = "127.0.0.1"'
     )
+
+
+class Relay:
+    """The ``/mqtt`` endpoint of the page's Starlette application (:meth:`serve`, a
+    ``WebSocketRoute``): the checks of the module, in order, each refusal an HTTP answer to the
+    handshake; then a WebSocket of its own to the broker's listener ``to`` (without the
+    client's ``Origin``), and every message both ways (:func:`pump`).
+
+    ``origins``: the page's (:func:`~edge_queue.mqtt.origins.page_origins`); ``gate``: the
+    login check; ``trusted``: ``http.trusted_proxies``. ``connections`` (set by the page's
+    server): a relayed WebSocket stops counting against its address's connections, it counts
+    as a relay. Refused origins are logged at most once a minute (:class:`RefusalLog`)."""
+
+    def __init__(
+        self, to: tuple[str, int], origins: PageOrigins, gate: LoginGate, trusted: frozenset[str] = frozenset()
+    ) -> None:
+        self.to = to
+        self.origins = origins
+        self.gate = gate
+        self.slots = RelaySlots(trusted)
+        self.refusals = RefusalLog()
+        self.connections: Connections | None = None
+
+    async def serve(self, ws: WebSocket) -> None:
+        peer = (ws.client.host, ws.client.port) if ws.client else ("?", 0)
+        address = peer[0]
+        sent = ws.headers.getlist("origin")
+        server = ws.scope.get("server")
+        local = (str(server[0]), int(server[1])) if server else None
+        headers = {name: value for name, value in ws.headers.items()}
+        why = origin_refusal(self.origins, sent, local=local, remote=address, headers=headers)
+        if why is not None:
+            shown = sent[0] if len(sent) == 1 else sent
+            text = f"page: refused a relayed WebSocket from {address} with Origin {shown!r}: {why}"
+            if (line := self.refusals.line(text[:400], time.monotonic())) is not None:
+                log.warning("%s", line)
+            await refuse(ws, 403, "this page may not connect to the broker")
+            return
+        allowed = await asyncio.to_thread(self.gate.may_relay)  # may ask the broker: off the loop
+        if allowed is False:
+            await refuse(ws, 403, "the broker takes clients without a login: not relayed")
+            return
+        if allowed is None:
+            await refuse(ws, 502, "the broker's WebSocket listener does not answer")
+            return
+        if (why := self.slots.take(address)) is not None:
+            await refuse(ws, 503, why)
+            return
+        if self.connections is not None:
+            self.connections.not_by_address(peer)
+        try:
+            await self._relay(ws, address)
+        finally:
+            self.slots.give_back(address)
+
+    async def _relay(self, ws: WebSocket, address: str) -> None:
+        host, port = self.to
+        url = f"ws://{f'[{host}]' if ':' in host else host}:{port}/"
+        asked = [Subprotocol(p) for p in ws.scope.get("subprotocols") or []]
+        try:
+            broker = await connect(
+                url, subprotocols=asked or None, open_timeout=5, max_size=None, ping_interval=None, compression=None
+            )
+        except (OSError, TimeoutError, WebSocketException) as e:
+            log.warning("page: the broker's WebSocket listener %s:%d does not answer: %s", host, port, e)
+            await refuse(ws, 502, "the broker's WebSocket listener does not answer")
+            return
+        async with broker:
+            await ws.accept(subprotocol=broker.subprotocol)
+            why = await pump(ws, broker, RELAY_IDLE_S, Login(time.monotonic()))
+            if why is not None:
+                log.debug("page: closed a relayed WebSocket from %s: %s", address, why)
+            try:
+                await ws.close()
+            except (WebSocketDisconnect, RuntimeError):  # the client has gone already
+                pass
+
+
+async def refuse(ws: WebSocket, status: int, text: str) -> None:
+    """Answer a WebSocket handshake with ``status`` and ``text`` (a line), then close."""
+    await ws.send_denial_response(PlainTextResponse(text + "\n", status, headers={"connection": "close"}))
