@@ -25,8 +25,9 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from edge_queue.config.settings import Settings
+from edge_queue.errors import ErrorCode, RequestError
 
-from .api import Api, ApiError, JobGateway, refusals
+from .api import Api, JobGateway, refusals
 from .statuses import error_response
 from .uploads import sweep
 
@@ -114,7 +115,9 @@ class HeadBound:
                 size,
                 request_id,
             )
-            error = ApiError("invalid_request", f"the request's head is over {MAX_HEADER_BYTES // 1024} KiB")
+            error = RequestError(
+                f"the request's head is over {MAX_HEADER_BYTES // 1024} KiB", code=ErrorCode.INVALID_REQUEST
+            )
             await error_response(error, openai=scope["path"].startswith("/v1/"))(scope, receive, send)
             return
         await self.app(scope, receive, send)

@@ -31,8 +31,9 @@ from typing import Any
 
 from edge_queue.config.http import HttpSettings
 from edge_queue.config.settings import Settings
-from edge_queue.mqtt.origins import PageOrigins, RefusalLog, origin_refusal, page_origins
+from edge_queue.mqtt.origins import PageOrigins, origin_refusal, page_origins
 from edge_queue.mqtt.probe import anonymous_over_websocket
+from edge_queue.rules.rates import RefusalLog
 
 from .relay import RELAY_IDLE_S, Login, LoginGate, RelaySlots, is_loopback, pump
 
