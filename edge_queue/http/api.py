@@ -281,6 +281,8 @@ class Api:
                 raise RequestError(f"user {caller.user!r} has the none role ([access])", code=ErrorCode.FORBIDDEN)
             return await handle(caller)
         except EdgeQueueError as e:
+            if not isinstance(e, RequestError):  # not a refusal: raised by a part of the service
+                log.warning("HTTP %s %s: %s", request.method, request.url.path[:100], e.message, exc_info=True)
             return _refused(request, e, address)
         except ClientDisconnect:
             log.info("HTTP caller from %s went away during its upload", address)
