@@ -56,6 +56,23 @@ class ErrorCode(StrEnum):
     CRASH_LOOP = "crash_loop"
     CANCELLED = "cancelled"
     INTERNAL_ERROR = "internal_error"
+    # the HTTP API's own (docs/http-api.md, "Errors"): its calls' refusals
+    #: no API key, or one not in ``[api] keys``, while ``api.anonymous_user`` is unset
+    UNAUTHORIZED = "unauthorized"
+    #: a ``model`` not in ``GET /v1/models``
+    MODEL_NOT_FOUND = "model_not_found"
+    #: a route called with another method
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    #: an upload too slow, idle, or past ``api.max_upload_s``
+    UPLOAD_TIMEOUT = "upload_timeout"
+    #: over ``api.calls_per_minute``
+    RATE_LIMITED = "rate_limited"
+    #: every upload slot, connection or wait of the caller's share is taken
+    BUSY = "busy"
+    #: the service is stopping while the call is received or waits
+    STOPPING = "stopping"
+    #: the user's uploads on disk would pass ``api.max_user_uploads_mb``
+    UPLOADS_FULL = "uploads_full"
 
 
 #: Codes a later attempt cannot fix: a job failing with one of these fails at once
@@ -109,13 +126,22 @@ class ConfigError(EdgeQueueError):
 
 
 class RequestError(EdgeQueueError):
-    """A request cannot be executed as sent; ``code`` says why, ``field`` names the culprit."""
+    """A request (an MQTT request, an HTTP call) is refused or cannot be answered; ``code`` says
+    why, ``field`` names the culprit (the HTTP API's ``param``), and ``retry_after_s`` the
+    seconds after which the same may succeed (HTTP's ``Retry-After``), when it may."""
 
     code = ErrorCode.INVALID_REQUEST
 
-    def __init__(self, message: str, *, code: ErrorCode | None = None, field: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: ErrorCode | None = None,
+        field: str | None = None,
+        retry_after_s: int | None = None,
+    ) -> None:
         super().__init__(message, code=code)
-        self.field = field
+        self.field, self.retry_after_s = field, retry_after_s
 
 
 class InputError(RequestError):

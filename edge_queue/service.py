@@ -60,7 +60,8 @@ from edge_queue.requests.commands import Commands
 from edge_queue.requests.dispatch import Dispatcher
 from edge_queue.rules.inputs import roots_text
 from edge_queue.rules.lifecycle import backoff_s
-from edge_queue.rules.limits import DiskGuard, RejectionLog
+from edge_queue.rules.limits import DiskGuard
+from edge_queue.rules.rates import RejectionLog
 from edge_queue.store import Store, iso, new_id
 from edge_queue.store.preflight import check_data_dir, no_locks, private_store_files
 from edge_queue.watch.folders import WatchFolders

@@ -21,11 +21,14 @@ import httpx
 import pytest
 
 from edge_queue.config.api import ApiSettings
+from edge_queue.errors import RequestError
 from edge_queue.http import transcripts
 from edge_queue.http.api_server import HEADER_S
-from edge_queue.http.callers import MAX_TRACKED_CALLERS, CallRate, Refused, caller_of, presented_key
-from edge_queue.http.uploads import Upload, UploadError, suffix_of, sweep
+from edge_queue.http.callers import caller_of, count_call, presented_key
+from edge_queue.http.statuses import status_of
+from edge_queue.http.uploads import Upload, suffix_of, sweep
 from edge_queue.requests.outputs import cues
+from edge_queue.rules.rates import MAX_TRACKED_CALLERS, CallRate
 
 from .conftest import ROOT, need, wait_until, wer
 from .helpers.http_api import KEY, NOBODY_KEY, answers, api_service, bazarr_asr, jobs_listed, pcm_of
@@ -77,9 +80,9 @@ def test_callers() -> None:
     assert presented_key("Basic abc", None) is None
     assert caller_of(api, KEY, "10.0.0.2").user == "alice"
     for key in ("x" * 32, None):
-        with pytest.raises(Refused) as e:
+        with pytest.raises(RequestError) as e:
             caller_of(api, key, "10.0.0.2")
-        assert e.value.status == 401
+        assert status_of(e.value.code) == 401
     anon = ApiSettings(anonymous_user="bazarr")
     caller = caller_of(anon, None, "10.0.0.2")
     assert (caller.user, caller.key) == ("bazarr", "addr:10.0.0.2")
@@ -92,15 +95,15 @@ def test_callers() -> None:
 def test_call_rate_is_per_caller_sliding_and_bounded() -> None:
     rate = CallRate(3)
     for t in (0.0, 1.0, 2.0):
-        rate.take("a", t)
-    rate.take("b", 2.0)  # another caller is not slowed
-    with pytest.raises(Refused) as e:
-        rate.take("a", 30.0)
-    assert (e.value.status, e.value.retry_after_s) == (429, 30)
-    rate.take("a", 60.5)  # the first call left the window
+        count_call(rate, "a", t)
+    count_call(rate, "b", 2.0)  # another caller is not slowed
+    with pytest.raises(RequestError) as e:
+        count_call(rate, "a", 30.0)
+    assert (status_of(e.value.code), e.value.code, e.value.retry_after_s) == (429, "rate_limited", 30)
+    count_call(rate, "a", 60.5)  # the first call left the window
     for i in range(MAX_TRACKED_CALLERS + 10):
-        rate.take(f"addr:{i}", 61.0)
-    assert len(rate._calls) == MAX_TRACKED_CALLERS  # noqa: SLF001 (the bound itself)
+        count_call(rate, f"addr:{i}", 61.0)
+    assert len(rate) == MAX_TRACKED_CALLERS
 
 
 def multipart(fields: dict[str, str], name: str, filename: str, data: bytes) -> tuple[bytes, bytes]:
@@ -159,27 +162,27 @@ def test_raw_pcm_becomes_a_wav_and_can_be_cut(tmp_path: Path) -> None:
 def test_upload_bounds(tmp_path: Path) -> None:
     boundary, body = multipart({}, "file", "a.wav", b"x" * 5000)
     up = Upload(tmp_path, boundary, file_field="file", raw_pcm=False, max_bytes=4096, min_free_bytes=0)
-    with pytest.raises(UploadError) as e:
+    with pytest.raises(RequestError) as e:
         feed_in_pieces(up, body, 1000)
-    assert e.value.status == 413
+    assert status_of(e.value.code) == 413
     up.discard()
     assert list(tmp_path.iterdir()) == []  # nothing of it is left
     huge = shutil.disk_usage(tmp_path).free + 2**40
     full = Upload(tmp_path, boundary, file_field="file", raw_pcm=False, max_bytes=1 << 20, min_free_bytes=huge)
-    with pytest.raises(UploadError) as e:
+    with pytest.raises(RequestError) as e:
         feed_in_pieces(full, body, 1000)
-    assert (e.value.status, e.value.code) == (507, "disk_full")
+    assert (status_of(e.value.code), e.value.code) == (507, "disk_full")
     boundary, body = multipart({"x": "y"}, "other", "a.wav", b"x")
     misnamed = Upload(tmp_path, boundary, file_field="file", raw_pcm=False, max_bytes=1 << 20, min_free_bytes=0)
-    with pytest.raises(UploadError) as e:  # a file part under another name
+    with pytest.raises(RequestError) as e:  # a file part under another name
         feed_in_pieces(misnamed, body, 10)
-    assert e.value.status == 400 and "'file'" in e.value.message
+    assert status_of(e.value.code) == 400 and "'file'" in e.value.message
     body = b"--" + boundary + b'\r\nContent-Disposition: form-data; name="x"\r\n\r\ny\r\n--' + boundary + b"--\r\n"
     missing = Upload(tmp_path, boundary, file_field="file", raw_pcm=False, max_bytes=1 << 20, min_free_bytes=0)
     feed_in_pieces(missing, body, 10)
-    with pytest.raises(UploadError) as e:  # no file part at all
+    with pytest.raises(RequestError) as e:  # no file part at all
         missing.finish()
-    assert e.value.status == 400
+    assert status_of(e.value.code) == 400
     assert suffix_of("a.tar.gz") == "gz" and suffix_of("a.$(rm)") == "bin" and suffix_of(None) == "bin"
 
 

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from edge_queue.errors import ErrorCode
 
-from .conftest import wait_until
+from .conftest import ROOT, wait_until
 from .helpers.http_api import KEY, api_service, jobs_listed
 
 ALICE = {"Authorization": f"Bearer {KEY}"}
@@ -42,19 +43,66 @@ def test_every_code_has_one_status_and_a_callers_fault_is_never_a_5xx() -> None:
     assert status_of("a code nobody made") == 500
 
 
+def test_the_http_side_raises_edge_queue_errors_and_answers_them_by_the_table(tmp_path: Path) -> None:
+    # before: edge_queue/http had an exception tree of its own (HttpError: ApiError, UploadError,
+    # Refused) with bare-string codes beside errors.py, and only those were answered in the
+    # error shape: a MediaError (unsupported_media) reaching a route was not
+    import ast
+
+    from edge_queue.config.api import ApiSettings
+    from edge_queue.errors import EdgeQueueError, MediaError, RequestError
+    from edge_queue.http.callers import caller_of
+    from edge_queue.http.statuses import STATUS, error_response
+    from edge_queue.http.uploads import boundary_of
+
+    assert set(STATUS) == set(ErrorCode)  # one table, over the one vocabulary
+    for module in (ROOT / "edge_queue" / "http").glob("*.py"):
+        classes = [n for n in ast.walk(ast.parse(module.read_text())) if isinstance(n, ast.ClassDef)]
+        own = [
+            c.name for c in classes if any("Error" in ast.unparse(b) or "Exception" in ast.unparse(b) for b in c.bases)
+        ]
+        assert not own, f"{module.name} defines exception classes of its own: {own}"
+
+    with pytest.raises(EdgeQueueError) as refused:
+        caller_of(ApiSettings(keys={"alice": KEY}), None, "10.0.0.2")
+    assert refused.value.code is ErrorCode.UNAUTHORIZED
+    with pytest.raises(EdgeQueueError) as refused:
+        boundary_of("text/plain")
+    assert refused.value.code is ErrorCode.INVALID_REQUEST
+
+    playlist = error_response(MediaError("a playlist names other files"))
+    assert playlist.status_code == 422
+    assert orjson.loads(playlist.body) == {
+        "error": {
+            "message": "a playlist names other files",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "unsupported_media",
+        }
+    }
+    assert error_response(MediaError("not audio"), openai=True).status_code == 400
+    limited = error_response(RequestError("too many", code=ErrorCode.RATE_LIMITED, retry_after_s=7))
+    assert (limited.status_code, limited.headers["retry-after"]) == (429, "7")
+    assert orjson.loads(limited.body)["error"]["type"] == "rate_limit_error"
+    model = error_response(RequestError("no model", code=ErrorCode.MODEL_NOT_FOUND, field="model"), openai=True)
+    assert model.status_code == 404 and orjson.loads(model.body)["error"]["param"] == "model"
+
+
 def test_with_an_anonymous_user_a_key_not_in_the_keys_is_no_key() -> None:
     # before: OpenAI's placeholder key ("sk-no-key-required") was a 401 with anonymous_user set
     from edge_queue.config.api import ApiSettings
-    from edge_queue.http.callers import Refused, caller_of
+    from edge_queue.errors import RequestError
+    from edge_queue.http.callers import caller_of
+    from edge_queue.http.statuses import status_of
 
     anon = ApiSettings(keys={"alice": KEY}, anonymous_user="bazarr")
     for key in ("sk-no-key-required", "EMPTY", "x" * 32):
         caller = caller_of(anon, key, "10.0.0.2")
         assert (caller.user, caller.key, caller.placeholder) == ("bazarr", "addr:10.0.0.2", True)
     assert caller_of(anon, KEY, "10.0.0.2").user == "alice"  # a real key is still its user
-    with pytest.raises(Refused) as refused:
+    with pytest.raises(RequestError) as refused:
         caller_of(ApiSettings(keys={"alice": KEY}), "sk-no-key-required", "10.0.0.2")
-    assert refused.value.status == 401
+    assert status_of(refused.value.code) == 401
 
 
 # -- a real service ------------------------------------------------------------------------------

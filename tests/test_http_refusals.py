@@ -258,8 +258,7 @@ def test_every_http_error_code_is_documented() -> None:
     docs = (ROOT / "docs" / "http-api.md").read_text()
     raised: set[str] = set()
     for module in (ROOT / "edge_queue" / "http").glob("*.py"):
-        text = module.read_text()
-        raised |= set(re.findall(r"(?:ApiError|UploadError|Refused|HttpError)\(\s*\"([a-z_]+)\"", text))
+        raised |= {code.lower() for code in re.findall(r"code=ErrorCode\.([A-Z_]+)", module.read_text())}
     assert {"forbidden", "busy", "disk_full", "model_not_found", "stopping"} <= raised
     assert raised <= set(STATUS), (
         f"codes raised without a status in edge_queue/http/statuses.py: {raised - set(STATUS)}"

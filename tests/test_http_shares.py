@@ -16,7 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from edge_queue.http.callers import Caller, Refused
+from edge_queue.errors import RequestError
+from edge_queue.http.callers import Caller
 from edge_queue.http.shares import (
     SLOW_AFTER_S,
     SLOW_BYTES_S,
@@ -27,6 +28,7 @@ from edge_queue.http.shares import (
     slowest,
     user_bytes_allowed,
 )
+from edge_queue.http.statuses import status_of
 from edge_queue.http.uploads import sweep, user_folder
 
 from .conftest import wait_until
@@ -47,9 +49,9 @@ def test_a_new_call_takes_the_slot_of_the_slowest_slow_upload() -> None:
 
     shares = Shares(2)
     first, second = shares.take(A, 0.0), shares.take(B, 0.0)
-    with pytest.raises(Refused) as e:  # nobody is slow yet: refused
+    with pytest.raises(RequestError) as e:  # nobody is slow yet: refused
         shares.take(C, 1.0)
-    assert (e.value.status, e.value.code) == (503, "busy")
+    assert (status_of(e.value.code), e.value.code) == (503, "busy")
     first.received, second.received = 50 * SLOW_BYTES_S, 1000
     third = shares.take(C, 20.0)
     assert second.dropped.is_set() and not first.dropped.is_set()
@@ -60,7 +62,7 @@ def test_a_caller_holds_at_most_its_share_of_the_slots() -> None:
     shares = Shares(4)
     for _ in range(3):
         shares.take(A, 0.0)
-    with pytest.raises(Refused):
+    with pytest.raises(RequestError):
         shares.take(A, 0.0)
     shares.take(B, 0.0)
 
@@ -78,12 +80,12 @@ def test_waiting_calls_are_bounded_per_caller_and_per_job() -> None:
     shares = Shares(32)
     for _ in range(WAITS_PER_JOB):
         shares.wait(A, "job1")
-    with pytest.raises(Refused) as e:
+    with pytest.raises(RequestError) as e:
         shares.wait(B, "job1")  # another caller, the same job
-    assert (e.value.status, e.value.code, e.value.retry_after_s) == (503, "busy", 30)
+    assert (status_of(e.value.code), e.value.code, e.value.retry_after_s) == (503, "busy", 30)
     for i in range(WAITS_PER_CALLER - WAITS_PER_JOB):
         shares.wait(A, f"job{i + 2}")
-    with pytest.raises(Refused):
+    with pytest.raises(RequestError):
         shares.may_wait(A)
     shares.may_wait(B)
     shares.done(A, "job1")

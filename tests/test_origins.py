@@ -9,7 +9,8 @@ import pytest
 from edge_queue.config.http import HttpSettings
 from edge_queue.http import relay
 from edge_queue.http.relay import Login, LoginGate, RelaySlots, is_loopback
-from edge_queue.mqtt.origins import REFUSAL_LOG_S, RefusalLog, origin_refusal, page_origins, parse_origin
+from edge_queue.mqtt.origins import origin_refusal, page_origins, parse_origin
+from edge_queue.rules.rates import REFUSAL_LOG_S, RefusalLog
 
 ORIGINS = page_origins(
     HttpSettings(

@@ -345,18 +345,18 @@ def test_unknown_environment_variables_are_named(monkeypatch: pytest.MonkeyPatch
 def test_rejected_requests_are_logged_at_most_twenty_per_ten_seconds(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from edge_queue.rules import limits
+    from edge_queue.rules import rates
 
     now = [1000.0]
-    monkeypatch.setattr(limits.time, "monotonic", lambda: now[0])
-    rejections = limits.RejectionLog()
-    with caplog.at_level("WARNING", logger="edge_queue.rules.limits"):
+    monkeypatch.setattr(rates.time, "monotonic", lambda: now[0])
+    rejections = rates.RejectionLog()
+    with caplog.at_level("WARNING", logger="edge_queue.rules.rates"):
         # Given 500 bad requests in one second: 20 lines, the rest counted
         for i in range(500):
             rejections.warning("request %s rejected: invalid_json", i)
         assert len(caplog.records) == 20
         # When the next one comes after the window, then the count comes first, in one line
-        now[0] += limits.REJECTION_WINDOW_S
+        now[0] += rates.REJECTION_WINDOW_S
         rejections.warning("request %s rejected: invalid_json", "late")
     lines = [r.getMessage() for r in caplog.records]
     assert lines[20] == "480 more rejected request(s) not logged in 10 s"

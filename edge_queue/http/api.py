@@ -34,16 +34,16 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edge_queue.config.api import ApiSettings
 from edge_queue.config.settings import Settings
-from edge_queue.rules.limits import RejectionLog
+from edge_queue.errors import EdgeQueueError, ErrorCode, RequestError
+from edge_queue.rules.rates import MAX_TRACKED_CALLERS, CallRate, RejectionLog
 from edge_queue.written import NotTheFileWritten, read_written
 
 from . import transcripts
-from .callers import MAX_TRACKED_CALLERS, Caller, CallRate, Refused, caller_of, presented_key
-from .shares import Shares, Slot, user_bytes_allowed
-from .statuses import HttpError, error_response, status_of
-from .uploads import PCM_RATE, PCM_WIDTH, Upload, UploadError, boundary_of, delete, disk_of, field, user_folder
+from .callers import Caller, caller_of, count_call, presented_key
+from .shares import Shares, next_piece, user_bytes_allowed
+from .statuses import RETRY_AFTER_S, code_of, error_response, status_of, stopping
+from .uploads import PCM_RATE, PCM_WIDTH, Upload, boundary_of, delete, disk_of, field, user_folder
 
 log = logging.getLogger(__name__)
 #: Refused calls, one INFO line each, at most 20 in 10 s (a client can repeat them without end).
@@ -56,15 +56,12 @@ DETECT_S = 30
 #: An output file is read up to this many bytes (a ``json`` of a 10-hour recording is ~20 MB).
 MAX_OUTPUT_BYTES = 256 * 2**20
 #: Codes of a job's error that say the file sent is not usable audio (never run again).
-MEDIA_ERRORS = frozenset({"unsupported_media", "no_audio_stream", "truncated_media", "decode_error"})
-#: Seconds a caller is told to wait (``Retry-After``) before sending again after a refusal of
-#: these codes (docs/http-api.md, "Errors").
-RETRY_AFTER_S = {"queue_full": 30, "stopping": 10}
-#: Seconds between two looks, while an upload's next piece is awaited, at whether a stop began.
-STOP_LOOK_S = 0.25
+MEDIA_ERRORS = frozenset(
+    {ErrorCode.UNSUPPORTED_MEDIA, ErrorCode.NO_AUDIO_STREAM, ErrorCode.TRUNCATED_MEDIA, ErrorCode.DECODE_ERROR}
+)
 #: A language the model does not speak or could not tell (docs/http-api.md, "Languages"): 422,
 #: as a refused submit and as a failed job; the same audio sent again is not run again.
-LANGUAGE_ERRORS = frozenset({"language_unsupported", "language_uncertain"})
+LANGUAGE_ERRORS = frozenset({ErrorCode.LANGUAGE_UNSUPPORTED, ErrorCode.LANGUAGE_UNCERTAIN})
 #: An upload slower than this many bytes a second over :data:`RATE_WINDOW_S` is dropped (408).
 MIN_UPLOAD_BYTES_S = 16 * 1024
 RATE_WINDOW_S = 10.0
@@ -87,12 +84,6 @@ class JobGateway(Protocol):
     ) -> tuple[Future[dict[str, Any]], Future[Ended]]: ...
 
 
-class ApiError(HttpError):
-    """An answer that is not a transcript: error ``code`` (its status: :mod:`.statuses`),
-    ``message``, the seconds of ``Retry-After`` when the caller may try again, and the
-    ``param`` at fault."""
-
-
 def flag(value: Any, default: bool) -> bool:
     """A query or form flag: ``true``/``1``/``yes``/``on`` or ``false``/``0``/``no``/``off``."""
     if value is None or value == "":
@@ -102,7 +93,7 @@ def flag(value: Any, default: bool) -> bool:
         return True
     if text in ("false", "0", "no", "off"):
         return False
-    raise ApiError("invalid_request", f"{str(value)[:40]!r} is not true or false")
+    raise RequestError(f"{str(value)[:40]!r} is not true or false", code=ErrorCode.INVALID_REQUEST)
 
 
 class Api:
@@ -154,7 +145,9 @@ class Api:
 
     async def _model(self, name: str) -> Response:
         if name != DEFAULT_MODEL and name not in self.settings.transcribe.models:
-            raise ApiError("model_not_found", f"no model {name[:100]!r}; GET /v1/models lists them", param="model")
+            raise RequestError(
+                f"no model {name[:100]!r}; GET /v1/models lists them", code=ErrorCode.MODEL_NOT_FOUND, field="model"
+            )
         return JSONResponse(_model_object(name))
 
     async def asr(self, request: Request) -> Response:
@@ -167,7 +160,9 @@ class Api:
         q = request.query_params
         output = q.get("output", "txt")
         if output not in transcripts.ASR_FORMATS:
-            raise ApiError("invalid_request", f"output must be one of {', '.join(transcripts.ASR_FORMATS)}")
+            raise RequestError(
+                f"output must be one of {', '.join(transcripts.ASR_FORMATS)}", code=ErrorCode.INVALID_REQUEST
+            )
         upload = await self._receive(request, caller, "audio_file", raw_pcm=not flag(q.get("encode"), True))
         options: dict[str, Any] = {"task": q.get("task") or "transcribe"}
         if q.get("language"):
@@ -228,21 +223,28 @@ class Api:
         upload = await self._receive(request, caller, "file", raw_pcm=False)
         model = field(upload, "model")
         if not model:
-            raise ApiError("invalid_request", "model is required (GET /v1/models lists them)")
+            raise RequestError("model is required (GET /v1/models lists them)", code=ErrorCode.INVALID_REQUEST)
         if model != DEFAULT_MODEL and model not in self.settings.transcribe.models:
-            raise ApiError("model_not_found", f"no model {model[:100]!r}; GET /v1/models lists them", param="model")
+            raise RequestError(
+                f"no model {model[:100]!r}; GET /v1/models lists them", code=ErrorCode.MODEL_NOT_FOUND, field="model"
+            )
         if flag(field(upload, "stream"), False):
-            raise ApiError(
-                "invalid_request", "stream is not supported: send the call without it for the text", param="stream"
+            raise RequestError(
+                "stream is not supported: send the call without it for the text",
+                code=ErrorCode.INVALID_REQUEST,
+                field="stream",
             )
         fmt = field(upload, "response_format", "json")
         if fmt not in transcripts.OPENAI_FORMATS:
-            raise ApiError("invalid_request", f"response_format must be one of {', '.join(transcripts.OPENAI_FORMATS)}")
+            raise RequestError(
+                f"response_format must be one of {', '.join(transcripts.OPENAI_FORMATS)}",
+                code=ErrorCode.INVALID_REQUEST,
+            )
         granularities = set(
             upload.fields.get("timestamp_granularities[]", []) + upload.fields.get("timestamp_granularities", [])
         )
         if granularities - {"word", "segment"}:
-            raise ApiError("invalid_request", "timestamp_granularities[] takes word and segment")
+            raise RequestError("timestamp_granularities[] takes word and segment", code=ErrorCode.INVALID_REQUEST)
         options: dict[str, Any] = {"task": task}
         if model != DEFAULT_MODEL:
             options["model"] = model
@@ -269,16 +271,18 @@ class Api:
             key = presented_key(request.headers.get("authorization"), request.headers.get("x-api-key"))
             try:
                 caller = caller_of(self.api, key, address)
-            except Refused:
-                self.rate.take(f"addr:{address}", time.monotonic())  # wrong keys count against the address
+            except RequestError:
+                count_call(self.rate, f"addr:{address}", time.monotonic())  # wrong keys count against the address
                 raise
-            self.rate.take(caller.key, time.monotonic())
+            count_call(self.rate, caller.key, time.monotonic())
             if caller.placeholder and self._first_placeholder(address):
                 log.info("HTTP callers from %s send a key not in [api] keys: they act as %r", address, caller.user)
             if self.settings.access.role_of(caller.user) == "none":
-                raise Refused("forbidden", f"user {caller.user!r} has the none role ([access])")
+                raise RequestError(f"user {caller.user!r} has the none role ([access])", code=ErrorCode.FORBIDDEN)
             return await handle(caller)
-        except HttpError as e:
+        except EdgeQueueError as e:
+            if not isinstance(e, RequestError):  # not a refusal: raised by a part of the service
+                log.warning("HTTP %s %s: %s", request.method, request.url.path[:100], e.message, exc_info=True)
             return _refused(request, e, address)
         except ClientDisconnect:
             log.info("HTTP caller from %s went away during its upload", address)
@@ -317,8 +321,9 @@ class Api:
         self.shares.may_wait(caller)
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > self.api.max_upload_mb * 2**20 + 2**20:
-            raise UploadError(
-                "payload_too_large", f"the upload is over {self.api.max_upload_mb} MiB ([api] max_upload_mb)"
+            raise RequestError(
+                f"the upload is over {self.api.max_upload_mb} MiB ([api] max_upload_mb)",
+                code=ErrorCode.PAYLOAD_TOO_LARGE,
             )
         upload = Upload(
             user_folder(self.uploads, caller.user),
@@ -345,16 +350,17 @@ class Api:
                 slot.received = upload.size
                 slot.kept = min(upload.size, upload.keep_bytes if upload.keep_bytes is not None else upload.size)
                 if held + self.shares.receiving(caller.user) > allowed:
-                    raise UploadError(
-                        "uploads_full",
+                    raise RequestError(
                         f"the uploads of user {caller.user!r} would pass {allowed // 2**20} MiB on disk "
                         "([api] max_user_uploads_mb, or half of the space left); they go as their jobs end",
+                        code=ErrorCode.UPLOADS_FULL,
                     )
                 window_bytes += len(chunk)
                 if (elapsed := time.monotonic() - window) >= RATE_WINDOW_S:
                     if window_bytes < MIN_UPLOAD_BYTES_S * elapsed:
-                        raise UploadError(
-                            "upload_timeout", f"the upload is slower than {MIN_UPLOAD_BYTES_S // 1024} KiB/s"
+                        raise RequestError(
+                            f"the upload is slower than {MIN_UPLOAD_BYTES_S // 1024} KiB/s",
+                            code=ErrorCode.UPLOAD_TIMEOUT,
                         )
                     window, window_bytes = time.monotonic(), 0
             await anyio.to_thread.run_sync(upload.finish)
@@ -364,7 +370,7 @@ class Api:
         except OSError as e:
             upload.discard()
             if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise UploadError("disk_full", "the disk is full: the upload is refused") from None
+                raise RequestError("the disk is full: the upload is refused", code=ErrorCode.DISK_FULL) from None
             raise
         except BaseException:
             upload.discard()
@@ -375,7 +381,7 @@ class Api:
 
     async def _run(self, request: Request, caller: Caller, upload: Upload, options: dict[str, Any]) -> Ended | None:
         """Submit the upload's job and wait for its end; None when the caller went away first
-        (the job goes on). Raises :class:`ApiError` for a refused submit, a failed job, or a
+        (the job goes on). Raises :class:`~edge_queue.errors.RequestError` for a refused submit, a failed job, or a
         job not ended within ``api.wait_s``."""
         assert upload.path is not None
         digest = hashlib.sha256(orjson.dumps(options, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
@@ -389,14 +395,14 @@ class Api:
         response = await _answer(answered)
         if response.get("status") != "ok":
             err = response.get("error") or {}
-            code = str(err.get("code", "internal_error"))
+            code = code_of(err.get("code", "internal_error"))
             message = str(err.get("message", "")).replace(f"{self.uploads}/", "")  # no path of the box
-            raise ApiError(code, message, RETRY_AFTER_S.get(code))
+            raise RequestError(message, code=code, retry_after_s=RETRY_AFTER_S.get(code))
         upload.used = True  # a job names the file now
         job_id = response["data"]["jobs"][0]["job_id"]
         try:
             self.shares.wait(caller, job_id)
-        except Refused:
+        except RequestError:
             ended.cancel()
             raise
         log.debug("HTTP caller %s waits for job %s", caller.user, job_id)
@@ -418,13 +424,13 @@ class Api:
         if job.get("state") != "succeeded":
             upload.used = False  # the upload goes with its job's failure (the gateway deletes it too)
             err = job.get("error") or {}
-            code = str(err.get("code") or job.get("state"))
-            raise ApiError(code, f"job {job_id} {job.get('state')}: {err.get('message', '')}")
+            code = code_of(err.get("code") or job.get("state"))
+            raise RequestError(f"job {job_id} {job.get('state')}: {err.get('message', '')}", code=code)
         return done
 
     async def _wait(self, request: Request, ended: Future[Ended]) -> Ended | None:
-        """The job's end, or None when the caller disconnects first. Raises :class:`ApiError`
-        504 after ``api.wait_s``."""
+        """The job's end, or None when the caller disconnects first. Raises
+        :class:`~edge_queue.errors.RequestError` 504 after ``api.wait_s``."""
         end: asyncio.Future[Any] = asyncio.ensure_future(asyncio.wrap_future(ended))
         gone: asyncio.Future[Any] = asyncio.ensure_future(_disconnected(request))
         try:
@@ -433,16 +439,16 @@ class Api:
             gone.cancel()
         if end in finished:
             if ended.cancelled():  # the service stops (Gateway.stop): the job stays queued
-                raise _stopping()
+                raise stopping()
             return end.result()
         ended.cancel()
         end.cancel()
         if gone in finished:
             return None
-        raise ApiError(
-            "timeout",
+        raise RequestError(
             f"the job did not end within {self.api.wait_s:g} s ([api] wait_s); "
             "send the same audio again to be answered from it",
+            code=ErrorCode.TIMEOUT,
         )
 
     async def _render(self, ended: Ended, fmt: str, api: str, **kw: Any) -> bytes:
@@ -457,7 +463,7 @@ class Api:
             return self._read(outputs.get(fmt), ended)
         document = orjson.loads(self._read(outputs.get("json"), ended))
         if not isinstance(document, dict):
-            raise ApiError("output_changed", "the job's json output is not an object")
+            raise RequestError("the job's json output is not an object", code=ErrorCode.OUTPUT_CHANGED)
         if fmt == "tsv":
             return transcripts.tsv(document)
         if fmt == "json":
@@ -471,13 +477,17 @@ class Api:
 
     def _read(self, path: Any, ended: Ended) -> bytes:
         if not isinstance(path, str) or path not in ended.recorded:
-            raise ApiError("output_unrecorded", "the job's output is not a file the service recorded writing")
+            raise RequestError(
+                "the job's output is not a file the service recorded writing", code=ErrorCode.OUTPUT_UNRECORDED
+            )
         try:
             data, more = read_written(path, ended.recorded[path], [self.outputs], MAX_OUTPUT_BYTES)
         except NotTheFileWritten as e:
-            raise ApiError(str(e.code), f"the job's output cannot be read: {e.why}") from None
+            raise RequestError(f"the job's output cannot be read: {e.why}", code=e.code) from None
         if more:
-            raise ApiError("response_too_large", f"the job's output is over {MAX_OUTPUT_BYTES // 2**20} MiB")
+            raise RequestError(
+                f"the job's output is over {MAX_OUTPUT_BYTES // 2**20} MiB", code=ErrorCode.RESPONSE_TOO_LARGE
+            )
         return data
 
 
@@ -489,25 +499,19 @@ def again(job: dict[str, Any]) -> bool:
     return str((job.get("error") or {}).get("code")) not in MEDIA_ERRORS | LANGUAGE_ERRORS
 
 
-def _stopping() -> ApiError:
-    return ApiError(
-        "stopping", "edge-queue is stopping; the job stays queued: send the same call again", RETRY_AFTER_S["stopping"]
-    )
-
-
 async def _answer(answered: Future[dict[str, Any]]) -> dict[str, Any]:
-    """The loop's response to a request handed over; raises :class:`ApiError` ``stopping``
+    """The loop's response to a request handed over; raises :class:`~edge_queue.errors.RequestError` ``stopping``
     when the service let the request go as it stops (``Gateway.stop`` cancels it)."""
     try:
         return await asyncio.wrap_future(answered)
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if answered.cancelled() and not (task is not None and task.cancelling()):
-            raise _stopping() from None
+            raise stopping() from None
         raise
 
 
-def _refused(request: Request, error: HttpError, address: str) -> JSONResponse:
+def _refused(request: Request, error: EdgeQueueError, address: str) -> JSONResponse:
     """A refused call: one INFO line (no traceback; :data:`refusals`), and its answer in the
     error shape, with OpenAI's statuses on OpenAI's routes (``/v1/``)."""
     openai = request.url.path.startswith("/v1/")
@@ -518,7 +522,7 @@ def _refused(request: Request, error: HttpError, address: str) -> JSONResponse:
         request.url.path[:100],
         address,
         status,
-        error.code,
+        str(error.code),
         error.message[:300],
         request.scope.get("state", {}).get("request_id", "-"),
     )
@@ -527,45 +531,6 @@ def _refused(request: Request, error: HttpError, address: str) -> JSONResponse:
 
 def _model_object(name: str) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": 0, "owned_by": "edge-queue"}
-
-
-async def next_piece(
-    stream: Any,
-    slot: Slot,
-    dropped: asyncio.Future[Any],
-    deadline: float,
-    api: ApiSettings,
-    stop_at: Callable[[], float | None] = lambda: None,
-) -> bytes | None:
-    """The body's next piece, None at its end. Raises :class:`UploadError` 408 after
-    ``api.idle_timeout_s`` without data, past ``deadline`` (``api.max_upload_s``), or when a new
-    call took the slot of this slow upload (``dropped``); :class:`ApiError` 503 ``stopping``
-    once the service stops (``stop_at()``: when, in monotonic seconds, or None), looked at every
-    :data:`STOP_LOOK_S` seconds."""
-    piece: asyncio.Future[bytes] = asyncio.ensure_future(stream.__anext__())
-    idle_end = min(time.monotonic() + api.idle_timeout_s, deadline)
-    while not piece.done() and not dropped.done():
-        stop = stop_at()
-        if stop is not None and time.monotonic() >= stop:
-            piece.cancel()
-            raise _stopping()
-        wait = min(idle_end, stop if stop is not None else idle_end) - time.monotonic()
-        if wait <= 0 and time.monotonic() >= idle_end:
-            break
-        await asyncio.wait(
-            {piece, dropped}, timeout=min(max(wait, 0.0), STOP_LOOK_S), return_when=asyncio.FIRST_COMPLETED
-        )
-    if piece.done():
-        try:
-            return piece.result()
-        except StopAsyncIteration:
-            return None
-    piece.cancel()
-    if slot.dropped.is_set():
-        raise UploadError("upload_timeout", "every upload slot was taken and this upload was the slowest")
-    if time.monotonic() >= deadline:
-        raise UploadError("upload_timeout", f"the upload took over {api.max_upload_s:g} s ([api] max_upload_s)")
-    raise UploadError("upload_timeout", f"nothing sent for {api.idle_timeout_s:g} s ([api] idle_timeout_s)")
 
 
 async def _disconnected(request: Request) -> None:
@@ -578,8 +543,8 @@ async def _disconnected(request: Request) -> None:
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
     """Starlette's own refusals (no such route 404, another method 405) in the error shape."""
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
-    error = ApiError(code, f"{request.method} {request.url.path[:200]}: {exc.detail}")
+    code = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}.get(exc.status_code, ErrorCode.INVALID_REQUEST)
+    error = RequestError(f"{request.method} {request.url.path[:200]}: {exc.detail}", code=code)
     return _refused(request, error, request.client.host if request.client else "?")
 
 

@@ -20,8 +20,9 @@ from typing import Any
 import h11
 
 from edge_queue.config.settings import Settings
+from edge_queue.errors import ErrorCode, RequestError
 
-from .api import Api, ApiError, JobGateway, refusals
+from .api import Api, JobGateway, refusals
 from .server import HEADER_S as HEADER_S  # the API's deadline for a request's head
 from .server import MAX_HEADER_BYTES, Bounds, HeaderDeadline, UvicornThread
 from .statuses import error_response
@@ -100,7 +101,9 @@ class HeadBound:
                 size,
                 request_id,
             )
-            error = ApiError("invalid_request", f"the request's head is over {MAX_HEADER_BYTES // 1024} KiB")
+            error = RequestError(
+                f"the request's head is over {MAX_HEADER_BYTES // 1024} KiB", code=ErrorCode.INVALID_REQUEST
+            )
             await error_response(error, openai=scope["path"].startswith("/v1/"))(scope, receive, send)
             return
         await self.app(scope, receive, send)

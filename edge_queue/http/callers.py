@@ -2,23 +2,19 @@
 
 A caller is the user its API key names (``[api] keys``: user -> key, sent as ``Authorization:
 Bearer <key>`` or ``X-API-Key: <key>``), or, without a key, ``api.anonymous_user`` when that is
-set. Plain data and functions: :func:`caller_of` decides, :class:`CallRate` counts.
+set. Plain data and functions: :func:`caller_of` decides, :func:`count_call` counts (the rate
+itself is :class:`edge_queue.rules.rates.CallRate`, beside the queue's other rates). A refused
+call raises :class:`~edge_queue.errors.RequestError` with its code.
 """
 
 from __future__ import annotations
 
 import hmac
-import math
-from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from edge_queue.config.api import ApiSettings
-
-from .statuses import HttpError
-
-#: Callers whose recent calls are remembered, at most (the oldest are forgotten first): the
-#: rate limit's memory is bounded whatever the number of addresses calling.
-MAX_TRACKED_CALLERS = 4096
+from edge_queue.errors import ErrorCode, RequestError
+from edge_queue.rules.rates import CallRate
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,11 +26,6 @@ class Caller:
     user: str
     key: str
     placeholder: bool = False
-
-
-class Refused(HttpError):
-    """A call refused before its body is read: its error ``code`` (docs/http-api.md, "Errors");
-    ``retry_after_s`` when the caller may try again later."""
 
 
 def presented_key(authorization: str | None, api_key: str | None) -> str | None:
@@ -53,8 +44,8 @@ def caller_of(settings: ApiSettings, key: str | None, address: str) -> Caller:
     compared in constant time. A key that is not one of ``[api] keys`` is no key when
     ``api.anonymous_user`` is set: OpenAI's clients cannot send none, and send a placeholder
     (``sk-no-key-required``, ``EMPTY``, ...) that opens nothing a call without a key does not
-    open already (docs/http-api.md, "Who may call"). Raises :class:`Refused` 401
-    (``unauthorized``) for a wrong key, and for no key, when ``api.anonymous_user`` is unset."""
+    open already (docs/http-api.md, "Who may call"). Raises :class:`~edge_queue.errors.RequestError`
+    401 (``unauthorized``) for a wrong key, and for no key, when ``api.anonymous_user`` is unset."""
     if key is not None:
         found = None
         for user, secret in settings.keys.items():
@@ -63,34 +54,24 @@ def caller_of(settings: ApiSettings, key: str | None, address: str) -> Caller:
         if found is not None:
             return Caller(found, found)
         if settings.anonymous_user is None:
-            raise Refused("unauthorized", "the API key is not one of [api] keys")
+            raise RequestError("the API key is not one of [api] keys", code=ErrorCode.UNAUTHORIZED)
         return Caller(settings.anonymous_user, f"addr:{address}", placeholder=True)
     if settings.anonymous_user is None:
-        raise Refused(
-            "unauthorized", "an API key is needed (Authorization: Bearer <key>); [api] anonymous_user is unset"
+        raise RequestError(
+            "an API key is needed (Authorization: Bearer <key>); [api] anonymous_user is unset",
+            code=ErrorCode.UNAUTHORIZED,
         )
     return Caller(settings.anonymous_user, f"addr:{address}")
 
 
-class CallRate:
-    """At most ``per_minute`` calls per caller in any 60 s (a sliding window of call times),
-    remembering at most :data:`MAX_TRACKED_CALLERS` callers."""
-
-    def __init__(self, per_minute: int) -> None:
-        self.per_minute = per_minute
-        self._calls: OrderedDict[str, deque[float]] = OrderedDict()
-
-    def take(self, key: str, now: float) -> None:
-        """Count one call of ``key`` at ``now`` (monotonic seconds). Raises :class:`Refused`
-        429 (``rate_limited``, with the seconds until a call is free) when it is one too many."""
-        calls = self._calls.pop(key, None) or deque()
-        while calls and now - calls[0] >= 60.0:
-            calls.popleft()
-        if len(calls) >= self.per_minute:
-            self._calls[key] = calls
-            wait = max(1, math.ceil(60.0 - (now - calls[0])))
-            raise Refused("rate_limited", f"more than {self.per_minute} calls a minute ([api] calls_per_minute)", wait)
-        calls.append(now)
-        self._calls[key] = calls
-        while len(self._calls) > MAX_TRACKED_CALLERS:
-            self._calls.popitem(last=False)
+def count_call(rate: CallRate, key: str, now: float) -> None:
+    """Count one call of ``key`` at ``now`` (monotonic seconds) against ``api.calls_per_minute``
+    (:class:`~edge_queue.rules.rates.CallRate`). Raises :class:`~edge_queue.errors.RequestError`
+    429 (``rate_limited``, with the seconds until a call is free) when it is one too many."""
+    wait = rate.take(key, now)
+    if wait is not None:
+        raise RequestError(
+            f"more than {rate.per_minute} calls a minute ([api] calls_per_minute)",
+            code=ErrorCode.RATE_LIMITED,
+            retry_after_s=wait,
+        )

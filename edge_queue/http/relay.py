@@ -33,7 +33,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import WebSocketException
 from websockets.typing import Subprotocol
 
-from edge_queue.mqtt.origins import PageOrigins, RefusalLog, origin_refusal
+from edge_queue.mqtt.origins import PageOrigins, origin_refusal
+from edge_queue.rules.rates import RefusalLog
 
 from .server import Connections
 

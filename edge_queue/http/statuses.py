@@ -1,58 +1,62 @@
-"""The HTTP status of every error code the HTTP API answers with (docs/http-api.md, "Errors"):
-one table for every route, so that a caller's fault is a 4xx wherever it is found (clients
-resend a 5xx, and a file that is not audio never becomes audio), and the one error every refusal
-raises (:class:`HttpError`) and its answer in the error shape (:func:`error_response`).
+"""The HTTP status of every error code (docs/http-api.md, "Errors"): one table for every route,
+so that a caller's fault is a 4xx wherever it is found (clients resend a 5xx, and a file that is
+not audio never becomes audio), and the answer to any :class:`~edge_queue.errors.EdgeQueueError`
+in the error shape (:func:`error_response`). The HTTP side raises the errors of
+:mod:`edge_queue.errors` (a refused call: :class:`~edge_queue.errors.RequestError` with its
+code), and has none of its own.
 """
 
 from __future__ import annotations
 
 from starlette.responses import JSONResponse
 
-#: Error code -> HTTP status. The codes of the queue's vocabulary (docs/topics.md, "Error codes")
-#: that a submit or a job's end can give a call, and the HTTP API's own.
-STATUS: dict[str, int] = {
+from edge_queue.errors import EdgeQueueError, ErrorCode, RequestError
+
+#: Error code -> HTTP status, for every code of the vocabulary (docs/topics.md, "Error codes"):
+#: those a submit or a job's end can give a call, and the HTTP API's own.
+STATUS: dict[ErrorCode, int] = {
     # the caller sent something wrong: resending the same cannot succeed
-    "invalid_json": 400,
-    "invalid_request": 400,
-    "unknown_command": 400,
-    "unauthorized": 401,
-    "forbidden": 403,
-    "not_found": 404,
-    "model_not_found": 404,
-    "method_not_allowed": 405,
-    "upload_timeout": 408,
-    "conflict": 409,
-    "lock_held": 409,
-    "payload_too_large": 413,
-    "unsupported_media": 422,
-    "no_audio_stream": 422,
-    "truncated_media": 422,
-    "decode_error": 422,
-    "language_unsupported": 422,  # a language the model does not speak
-    "language_uncertain": 422,  # speech the model could not place
-    "rate_limited": 429,
+    ErrorCode.INVALID_JSON: 400,
+    ErrorCode.INVALID_REQUEST: 400,
+    ErrorCode.UNKNOWN_COMMAND: 400,
+    ErrorCode.UNAUTHORIZED: 401,
+    ErrorCode.FORBIDDEN: 403,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.MODEL_NOT_FOUND: 404,
+    ErrorCode.METHOD_NOT_ALLOWED: 405,
+    ErrorCode.UPLOAD_TIMEOUT: 408,
+    ErrorCode.CONFLICT: 409,
+    ErrorCode.LOCK_HELD: 409,
+    ErrorCode.PAYLOAD_TOO_LARGE: 413,
+    ErrorCode.UNSUPPORTED_MEDIA: 422,
+    ErrorCode.NO_AUDIO_STREAM: 422,
+    ErrorCode.TRUNCATED_MEDIA: 422,
+    ErrorCode.DECODE_ERROR: 422,
+    ErrorCode.LANGUAGE_UNSUPPORTED: 422,  # a language the model does not speak
+    ErrorCode.LANGUAGE_UNCERTAIN: 422,  # speech the model could not place
+    ErrorCode.RATE_LIMITED: 429,
     # the service failed, or cannot serve now: the same call may succeed later
-    "internal_error": 500,
-    "input_not_found": 500,  # the upload the service wrote is gone
-    "unknown_kind": 500,  # the API's kind is its own: the settings leave no transcribe
-    "input_outside_media_roots": 500,
-    "input_unreachable": 500,
-    "invalid_result": 500,
-    "output_exists": 500,
-    "output_not_writable": 500,
-    "output_changed": 500,
-    "output_missing": 500,
-    "output_unrecorded": 500,
-    "response_too_large": 500,
-    "worker_lost": 500,
-    "crash_loop": 500,
-    "cancelled": 500,  # an admin cancelled the job: the same audio sent again runs it again
-    "busy": 503,
-    "queue_full": 503,
-    "stopping": 503,
-    "timeout": 504,
-    "disk_full": 507,
-    "uploads_full": 507,
+    ErrorCode.INTERNAL_ERROR: 500,
+    ErrorCode.INPUT_NOT_FOUND: 500,  # the upload the service wrote is gone
+    ErrorCode.UNKNOWN_KIND: 500,  # the API's kind is its own: the settings leave no transcribe
+    ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS: 500,
+    ErrorCode.INPUT_UNREACHABLE: 500,
+    ErrorCode.INVALID_RESULT: 500,
+    ErrorCode.OUTPUT_EXISTS: 500,
+    ErrorCode.OUTPUT_NOT_WRITABLE: 500,
+    ErrorCode.OUTPUT_CHANGED: 500,
+    ErrorCode.OUTPUT_MISSING: 500,
+    ErrorCode.OUTPUT_UNRECORDED: 500,
+    ErrorCode.RESPONSE_TOO_LARGE: 500,
+    ErrorCode.WORKER_LOST: 500,
+    ErrorCode.CRASH_LOOP: 500,
+    ErrorCode.CANCELLED: 500,  # an admin cancelled the job: the same audio sent again runs it again
+    ErrorCode.BUSY: 503,
+    ErrorCode.QUEUE_FULL: 503,
+    ErrorCode.STOPPING: 503,
+    ErrorCode.TIMEOUT: 504,
+    ErrorCode.DISK_FULL: 507,
+    ErrorCode.UPLOADS_FULL: 507,
 }
 
 #: Codes that say the call itself is at fault (never a 5xx).
@@ -64,35 +68,47 @@ OPENAI_STATUS = {422: 400}
 
 
 def status_of(code: str, *, openai: bool = False) -> int:
-    """The HTTP status of error ``code`` (500 for a code not in :data:`STATUS`), as OpenAI's
-    routes answer it when ``openai``."""
-    status = STATUS.get(code, 500)
+    """The HTTP status of error ``code`` (an :class:`ErrorCode`, or its text; 500 for a code not
+    in :data:`STATUS`), as OpenAI's routes answer it when ``openai``."""
+    status = STATUS.get(code_of(code), 500)
     return OPENAI_STATUS.get(status, status) if openai else status
 
 
-class HttpError(Exception):
-    """A call answered with an error: its ``code`` (its status is :func:`status_of` it),
-    ``message``, the seconds of ``Retry-After`` when the caller may try again, and the request
-    ``param`` at fault (OpenAI's ``param``) when one is."""
-
-    def __init__(self, code: str, message: str, retry_after_s: int | None = None, param: str | None = None) -> None:
-        super().__init__(message)
-        self.code, self.message, self.retry_after_s, self.param = code, message, retry_after_s, param
-
-    @property
-    def status(self) -> int:
-        return status_of(self.code)
+#: Seconds a caller is told to wait (``Retry-After``) before sending again after a refusal of
+#: these codes (docs/http-api.md, "Errors").
+RETRY_AFTER_S = {ErrorCode.QUEUE_FULL: 30, ErrorCode.STOPPING: 10}
 
 
-def error_response(e: HttpError, *, openai: bool = False) -> JSONResponse:
+def stopping() -> RequestError:
+    """503 ``stopping``: the service stops while the call is received or waits for its job
+    (which stays queued)."""
+    return RequestError(
+        "edge-queue is stopping; the job stays queued: send the same call again",
+        code=ErrorCode.STOPPING,
+        retry_after_s=RETRY_AFTER_S[ErrorCode.STOPPING],
+    )
+
+
+def code_of(value: object) -> ErrorCode:
+    """``value`` (a code from a response or a job's error, as text) as the :class:`ErrorCode`
+    it names, or ``internal_error`` when it names none."""
+    try:
+        return ErrorCode(str(value))
+    except ValueError:
+        return ErrorCode.INTERNAL_ERROR
+
+
+def error_response(e: EdgeQueueError, *, openai: bool = False) -> JSONResponse:
     """OpenAI's error shape for every route: ``{"error": {"message", "type", "param", "code"}}``
     (``type``: ``invalid_request_error`` for 4xx, ``server_error`` for 5xx), with the status
-    of :func:`~.statuses.status_of` the code (OpenAI's on its routes: ``openai``). Never 200,
-    never a body a subtitle parser would take."""
+    of :func:`status_of` the code (OpenAI's on its routes: ``openai``); ``param`` and
+    ``Retry-After`` from a :class:`~edge_queue.errors.RequestError`'s ``field`` and
+    ``retry_after_s``. Never 200, never a body a subtitle parser would take."""
     status = status_of(e.code, openai=openai)
     kind = "invalid_request_error" if status < 500 else "server_error"
     if status == 429:
         kind = "rate_limit_error"
-    body = {"error": {"message": e.message, "type": kind, "param": e.param, "code": e.code}}
-    headers = {"Retry-After": str(e.retry_after_s)} if e.retry_after_s else None
+    param, retry_after_s = (e.field, e.retry_after_s) if isinstance(e, RequestError) else (None, None)
+    body = {"error": {"message": e.message, "type": kind, "param": param, "code": str(e.code)}}
+    headers = {"Retry-After": str(retry_after_s)} if retry_after_s else None
     return JSONResponse(body, status_code=status, headers=headers)

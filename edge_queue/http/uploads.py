@@ -12,7 +12,8 @@ content's name) before any job names it.
 - The file is named ``<sha256 of what was sent>.<wav|suffix>``: the same audio sent again has
   the same name (and the same job: docs/http-api.md, "Sent again").
 
-Errors raise :class:`UploadError` with the HTTP status and the error code to answer with.
+A refused upload raises :class:`~edge_queue.errors.RequestError` with the error code to answer
+with (its status: :mod:`.statuses`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from python_multipart import MultipartParser
 from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import parse_options_header
 
-from .statuses import HttpError
+from edge_queue.errors import ErrorCode, RequestError
 
 #: A form field's value, bytes at most; and all fields of one request together.
 MAX_FIELD_BYTES = 16 * 1024
@@ -46,16 +47,14 @@ PCM_RATE, PCM_WIDTH, PCM_CHANNELS = 16_000, 2, 1
 _NAMING = threading.Lock()
 
 
-class UploadError(HttpError):
-    """An upload refused: its error ``code`` (docs/http-api.md, "Errors")."""
-
-
 def boundary_of(content_type: str | None) -> bytes:
-    """The multipart boundary of a ``Content-Type``; raises :class:`UploadError` 400 when the
-    body is not ``multipart/form-data``."""
+    """The multipart boundary of a ``Content-Type``; raises
+    :class:`~edge_queue.errors.RequestError` 400 when the body is not ``multipart/form-data``."""
     kind, params = parse_options_header(content_type or "")
     if kind != b"multipart/form-data" or not params.get(b"boundary"):
-        raise UploadError("invalid_request", "the body must be multipart/form-data with the audio as a file part")
+        raise RequestError(
+            "the body must be multipart/form-data with the audio as a file part", code=ErrorCode.INVALID_REQUEST
+        )
     return params[b"boundary"]
 
 
@@ -112,7 +111,7 @@ class Upload:
         try:
             self._parser = self._parser_of(boundary)
         except FormParserError as e:  # a boundary python-multipart refuses (over 256 bytes)
-            raise UploadError("invalid_request", f"the multipart boundary cannot be used: {e}") from None
+            raise RequestError(f"the multipart boundary cannot be used: {e}", code=ErrorCode.INVALID_REQUEST) from None
 
     def _parser_of(self, boundary: bytes) -> MultipartParser:
         return MultipartParser(
@@ -129,19 +128,19 @@ class Upload:
         )
 
     def feed(self, chunk: bytes) -> None:
-        """Parse and write the next piece of the body. Raises :class:`UploadError`."""
+        """Parse and write the next piece of the body. Raises :class:`~edge_queue.errors.RequestError`."""
         try:
             self._parser.write(chunk)
         except FormParserError as e:
-            raise UploadError("invalid_request", f"the multipart body cannot be read: {e}") from None
+            raise RequestError(f"the multipart body cannot be read: {e}", code=ErrorCode.INVALID_REQUEST) from None
 
     def finish(self) -> Path:
         """The body ended: make the file durable and give it its content's name
-        (``<sha256>.<suffix>``, in ``folder``). Returns its path. Raises :class:`UploadError`
+        (``<sha256>.<suffix>``, in ``folder``). Returns its path. Raises :class:`~edge_queue.errors.RequestError`
         when no file part came, and ``OSError`` when the disk fails."""
         self._parser.finalize()
         if self._part_path is None or self._fh is None or self._in_file:
-            raise UploadError("invalid_request", f"no file part named {self.file_field!r} in the body")
+            raise RequestError(f"no file part named {self.file_field!r} in the body", code=ErrorCode.INVALID_REQUEST)
         if self._wav is not None:
             self._wav.close()  # writes the header's sizes
         self._fh.flush()
@@ -185,12 +184,12 @@ class Upload:
     def _part_begin(self) -> None:
         self._parts += 1
         if self._parts > MAX_PARTS:
-            raise UploadError("invalid_request", f"more than {MAX_PARTS} parts in the body")
+            raise RequestError(f"more than {MAX_PARTS} parts in the body", code=ErrorCode.INVALID_REQUEST)
         self._headers.clear()
 
     def _header_end(self) -> None:
         if len(self._header_name) + len(self._header_value) > 4096:
-            raise UploadError("invalid_request", "a part's header is over 4,096 bytes")
+            raise RequestError("a part's header is over 4,096 bytes", code=ErrorCode.INVALID_REQUEST)
         self._headers[bytes(self._header_name).lower()] = bytes(self._header_value)
         self._header_name.clear()
         self._header_value.clear()
@@ -199,10 +198,12 @@ class Upload:
         _, params = parse_options_header(self._headers.get(b"content-disposition", b""))
         name = params.get(b"name", b"").decode("utf-8", "replace")
         if name != self.file_field and b"filename" in params:
-            raise UploadError("invalid_request", f"the file part must be named {self.file_field!r}, not {name[:40]!r}")
+            raise RequestError(
+                f"the file part must be named {self.file_field!r}, not {name[:40]!r}", code=ErrorCode.INVALID_REQUEST
+            )
         if name == self.file_field:
             if self._part_path is not None:
-                raise UploadError("invalid_request", f"more than one {self.file_field!r} part")
+                raise RequestError(f"more than one {self.file_field!r} part", code=ErrorCode.INVALID_REQUEST)
             self._filename = params.get(b"filename", b"").decode("utf-8", "replace") or None
             self._open()
             self._in_file = True
@@ -231,14 +232,14 @@ class Upload:
         if not self._in_file:
             self._fields_bytes += len(piece)
             if len(self._value) + len(piece) > MAX_FIELD_BYTES or self._fields_bytes > MAX_FIELDS_BYTES:
-                raise UploadError("payload_too_large", f"a form field is over {MAX_FIELD_BYTES} bytes")
+                raise RequestError(f"a form field is over {MAX_FIELD_BYTES} bytes", code=ErrorCode.PAYLOAD_TOO_LARGE)
             self._value.extend(piece)
             return
         self.size += len(piece)
         if self.size > self.max_bytes:
-            raise UploadError(
-                "payload_too_large",
+            raise RequestError(
                 f"the upload is over {self.max_bytes // 2**20} MiB ([api] max_upload_mb)",
+                code=ErrorCode.PAYLOAD_TOO_LARGE,
             )
         if self.keep_bytes is not None:
             piece = piece[: max(0, self.keep_bytes - (self.size - len(piece)))]
@@ -266,10 +267,10 @@ class Upload:
     def _check_disk(self) -> None:
         free = shutil.disk_usage(self.folder).free
         if free - DISK_CHECK_BYTES < self.min_free_bytes:
-            raise UploadError(
-                "disk_full",
+            raise RequestError(
                 f"{free // 2**20} MiB free where edge-queue keeps {self.min_free_bytes // 2**20} "
                 "(limits.min_free_disk_mb): the upload is refused",
+                code=ErrorCode.DISK_FULL,
             )
 
 

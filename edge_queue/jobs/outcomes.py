@@ -12,7 +12,8 @@ from collections.abc import Callable
 from edge_queue.errors import ErrorCode, NotFoundError
 from edge_queue.publish.publisher import Publisher
 from edge_queue.rules import lifecycle
-from edge_queue.rules.limits import DiskGuard, RejectionLog
+from edge_queue.rules.limits import DiskGuard
+from edge_queue.rules.rates import RejectionLog
 from edge_queue.store import Store
 from edge_queue.workers.supervisor import Outcome
 from edge_queue.written import valid_identity

@@ -46,9 +46,6 @@ from edge_queue.config.http import HttpSettings
 
 #: Names every box is reached by from its own browser.
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
-#: A refused handshake is logged at most once per this many seconds (a hostile page may retry
-#: in a loop); the ones left out are counted in the next line.
-REFUSAL_LOG_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -151,21 +148,3 @@ def origin_refusal(
     if any(_same_address(proxy, remote) for proxy in origins.trusted) and _forwarded(parsed, headers):
         return None
     return "its Origin is not the queue page's (http.allowed_origins lists others)"
-
-
-class RefusalLog:
-    """Throttled log lines of refused handshakes: the first in each :data:`REFUSAL_LOG_S`
-    seconds, with how many were left out before it. Plain: the caller passes ``now``
-    (``time.monotonic()``) and logs what :meth:`line` returns."""
-
-    def __init__(self) -> None:
-        self._since: float | None = None
-        self._left_out = 0
-
-    def line(self, text: str, now: float) -> str | None:
-        """``text`` to log now (with the count left out since the last line), or None."""
-        if self._since is not None and now - self._since < REFUSAL_LOG_S:
-            self._left_out += 1
-            return None
-        left_out, self._left_out, self._since = self._left_out, 0, now
-        return f"{text} ({left_out} more refused in the last {REFUSAL_LOG_S:.0f} s)" if left_out else text

@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from edge_queue.config.settings import Settings
+from edge_queue.rules.rates import RefusalLog
 
-from .origins import PageOrigins, RefusalLog, origin_refusal
+from .origins import PageOrigins, origin_refusal
 
 log = logging.getLogger(__name__)
 

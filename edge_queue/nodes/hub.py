@@ -33,7 +33,7 @@ from edge_queue.errors import ErrorCode
 from edge_queue.logfmt import clip
 from edge_queue.mqtt.bridge import Bridge
 from edge_queue.mqtt.topics import Topics
-from edge_queue.rules.limits import RejectionLog
+from edge_queue.rules.rates import RejectionLog
 from edge_queue.rules.results import result_problem
 from edge_queue.store.chunks import MAX_CHUNK_BYTES
 from edge_queue.workers.supervisor import Outcome

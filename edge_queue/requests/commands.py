@@ -20,7 +20,8 @@ from edge_queue.mqtt import payloads
 from edge_queue.mqtt.topics import COMMANDS, valid_id
 from edge_queue.rules import lifecycle
 from edge_queue.rules.inputs import check_input
-from edge_queue.rules.limits import BULK_LIMIT, RejectionLog
+from edge_queue.rules.limits import BULK_LIMIT
+from edge_queue.rules.rates import RejectionLog
 from edge_queue.rules.states import ACTIVE, JobState, is_terminal
 from edge_queue.store import JobSpec, LockHeld
 

@@ -24,7 +24,8 @@ from edge_queue.mqtt import payloads
 from edge_queue.mqtt.bridge import Bridge, Connected, Incoming
 from edge_queue.mqtt.paho_client import MAX_PROPERTY_BYTES
 from edge_queue.mqtt.topics import ReplyAreas, Topics
-from edge_queue.rules.limits import TURN_BYTES, TURN_REQUESTS, TURN_WORK, RequestRate
+from edge_queue.rules.limits import TURN_BYTES, TURN_REQUESTS, TURN_WORK
+from edge_queue.rules.rates import RequestRate
 from edge_queue.store import Store
 
 from .commands import Commands, rejections

@@ -1,6 +1,6 @@
 """What one request, one user, one loop turn or one fault may cost: the turn budgets, the
-request rate, the bulk limit, the disk guard, and throttled log lines
-(docs/configuration.md, "[limits]"; docs/operations.md).
+bulk limit and the disk guard (docs/configuration.md, "[limits]"; docs/operations.md). The
+rates (requests a second, calls a minute, throttled log lines) are :mod:`.rates`'.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -31,35 +30,6 @@ DISK_CHECK_INTERVAL_S = 2.0
 #: their indexes, in the database and its write-ahead log), in bytes: measured at about 2 KiB
 #: for a short job (docs/operations.md), counted double.
 STORE_BYTES_PER_JOB = 4096
-#: Rejected requests logged per window at most (:class:`RejectionLog`).
-REJECTIONS_LOGGED, REJECTION_WINDOW_S = 20, 10.0
-
-
-class RequestRate:
-    """``limits.max_requests_per_s`` as a token bucket of at least one token (so that a rate
-    under 1/s still lets requests through); a rate of 0 is no limit. Times are monotonic."""
-
-    def __init__(self, rate: float) -> None:
-        self.rate = rate
-        self.tokens = 0.0
-        self.at = time.monotonic()
-
-    def budget(self, cap: int) -> int:
-        """Requests that may be taken now, at most ``cap``."""
-        if not self.rate:
-            return cap
-        mono = time.monotonic()
-        self.tokens = min(max(self.rate, 1.0), self.tokens + (mono - self.at) * self.rate)
-        self.at = mono
-        return min(cap, int(self.tokens))
-
-    def spend(self) -> None:
-        if self.rate:
-            self.tokens -= 1
-
-    def ready(self) -> bool:
-        """True when a request could be taken now."""
-        return not self.rate or self.tokens + (time.monotonic() - self.at) * self.rate >= 1
 
 
 class DiskGuard:
@@ -111,39 +81,3 @@ class DiskGuard:
             log.info("free space is above limits.min_free_disk_mb again: jobs start")
         self.holding_starts = why is not None
         return why is None
-
-
-class RejectionLog:
-    """Log lines of one repeated kind (rejected requests, failed commits), at most
-    :data:`REJECTIONS_LOGGED` per :data:`REJECTION_WINDOW_S` seconds: one client sending
-    thousands of bad requests, or a full disk, cannot flood the journal. The ones left out are
-    counted, and the count is logged in one line with the first line of a later window.
-
-    Args:
-        what: what is counted, for that line ("rejected request(s)").
-        level: the ``logging`` level of every line.
-        logger: where the lines go.
-    """
-
-    def __init__(
-        self, what: str = "rejected request(s)", level: int = logging.WARNING, logger: logging.Logger = log
-    ) -> None:
-        self.what, self.level, self.logger = what, level, logger
-        self.window_start = -REJECTION_WINDOW_S
-        self.logged = 0
-        self.left_out = 0
-
-    def warning(self, message: str, *args: Any) -> None:
-        """Log ``message % args`` at :attr:`level`, unless this window's lines are spent."""
-        now = time.monotonic()
-        if now - self.window_start >= REJECTION_WINDOW_S:
-            if self.left_out:
-                self.logger.log(
-                    self.level, "%d more %s not logged in %.0f s", self.left_out, self.what, now - self.window_start
-                )
-            self.window_start, self.logged, self.left_out = now, 0, 0
-        if self.logged < REJECTIONS_LOGGED:
-            self.logged += 1
-            self.logger.log(self.level, message, *args)
-        else:
-            self.left_out += 1
