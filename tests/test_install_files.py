@@ -10,6 +10,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -158,3 +159,44 @@ def test_add_on_options_and_schema() -> None:
     documented = (ROOT / "docs" / "install.md").read_text()
     for option in config["options"]:
         assert f"`{option}`" in documented, f"the add-on's option {option} is not in docs/install.md"
+
+
+def test_the_health_check_answers_healthy_without_a_refusal_in_the_log(
+    mosquitto, service_factory, tmp_path: Path
+) -> None:
+    # Given a hub with its queue page and its HTTP API (which asks a key of every caller)
+    media = tmp_path / "media"
+    media.mkdir()
+    page, api = free_port(), free_port()
+    env = {
+        "EDGE_QUEUE_HTTP__ENABLED": "true",
+        "EDGE_QUEUE_HTTP__HOST": "127.0.0.1",
+        "EDGE_QUEUE_HTTP__PORT": str(page),
+        "EDGE_QUEUE_API__ENABLED": "true",
+        "EDGE_QUEUE_API__HOST": "127.0.0.1",
+        "EDGE_QUEUE_API__PORT": str(api),
+        "EDGE_QUEUE_API__KEYS": '{"bazarr": "3f7c9a1e5b2d4c6e8f0a1b2c3d4e5f60"}',
+    }
+    svc = service_factory(mosquitto, [media], env).start()
+    # When the container's health check runs, as often as Docker runs it
+    for _ in range(3):
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "container" / "healthcheck.py")],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        # Then it is healthy
+        assert done.returncode == 0, done.stdout + done.stderr
+    # and leaves no refused call in the log (a line every 30 s, for ever)
+    assert "refused" not in svc.log(), svc.log()
+    # and with the page off, it asks the API, which answers (a 401 counts)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "container" / "healthcheck.py")],
+        env={**os.environ, **env, "EDGE_QUEUE_HTTP__PORT": str(free_port())},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
