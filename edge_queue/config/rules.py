@@ -67,8 +67,9 @@ def serve_problems(settings: Settings) -> list[str]:
 def media_root_warnings(settings: Settings) -> list[str]:
     """A sentence for each of ``media_roots`` that is not a readable folder, or is an empty one,
     when ``serve`` or ``up`` starts (a share not mounted yet, a typo, a host path given to a
-    container, a container's mount of a folder of the box that did not exist): a warning, not a problem (the service runs, and jobs on files under it fail until the
-    folder is there; ``doctor`` fails on it)."""
+    container, a container's mount of a folder of the box that did not exist): a warning, not
+    a problem (the service runs, and jobs on files under it fail until the folder is there;
+    ``doctor`` fails on a missing one, and marks an empty one ``warn``)."""
     warnings = []
     for root in settings.media_roots:
         try:
