@@ -12,8 +12,9 @@
 # Every -f is kept, in order (an override file after the first). COMPOSE is the compose
 # command (default: "docker compose", else docker-compose, else podman-compose). A project
 # already up is started again without the check (its own containers hold the ports).
-# COMPOSE_HTTP_TIMEOUT (docker-compose 1.29's wait for dockerd, 60 s) is 300 unless set: on
-# vfs storage dockerd takes longer than a minute to create or remove the 1-GB container.
+# COMPOSE_HTTP_TIMEOUT (docker-compose 1.29's wait for dockerd, 60 s) is 300 unless set (here
+# or in .env): on vfs storage dockerd takes longer than a minute to create or remove the 1-GB
+# container.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 files=()
@@ -33,7 +34,6 @@ if [ -z "${COMPOSE:-}" ]; then
     else COMPOSE=podman-compose
     fi
 fi
-export COMPOSE_HTTP_TIMEOUT=${COMPOSE_HTTP_TIMEOUT:-300}
 # the container engine compose drives, for the image check and build.sh
 case "$COMPOSE" in
     podman*) ENGINE=${ENGINE:-podman} ;;
@@ -50,6 +50,9 @@ setting() {
 }
 # something accepts connections on this box's port $1 (within 3 s)
 listening() { timeout 3 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null; }
+
+export COMPOSE_HTTP_TIMEOUT
+COMPOSE_HTTP_TIMEOUT=$(setting COMPOSE_HTTP_TIMEOUT 300)
 
 # the compose files' text, for what they publish and mount
 text=$(cat "${files[@]}")
