@@ -407,14 +407,18 @@ def test_a_missing_media_root_is_a_warning_at_start(mosquitto, service_factory, 
     missing = tmp_path / "not-mounted"
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
+    # or empty (Docker mounts a new empty folder for a folder of the box that did not exist)
+    empty = tmp_path / "empty"
+    empty.mkdir()
     # When the service starts
-    svc = service_factory(mosquitto, [missing, a_file]).start()
+    svc = service_factory(mosquitto, [missing, a_file, empty]).start()
     # Then it serves, and a warning before it serves names each root that is no folder
     lines = svc.log().splitlines()
     serving = next(i for i, line in enumerate(lines) if "serving on" in line)
     warned = [line for line in lines[:serving] if line.startswith("WARNING ") and "media root" in line]
     assert any(f"{missing} does not exist" in line for line in warned), svc.log()
     assert any(f"{a_file} is not a folder" in line for line in warned), svc.log()
+    assert any(f"{empty} is empty" in line and "MEDIA_DIR" in line for line in warned), svc.log()
 
 
 @pytest.mark.slow

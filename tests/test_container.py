@@ -191,7 +191,8 @@ def test_compose_brings_up_mosquitto_and_the_hub(image: str, tmp_path: Path, spe
     ports = {name: _free_port() for name in ("MQTT_PORT", "MQTT_WEBSOCKET_PORT", "PAGE_PORT", "API_PORT")}
     env_file = "".join(f"{k}={v}\n" for k, v in ports.items())
     (project / ".env").write_text(
-        "EDGE_QUEUE_MQTT_PASSWORD=pw-edge-queue-7f3a\nMQTT_USERS=phone:pw-phone-9c1d\nMEDIA_DIR=./media\n" + env_file
+        "EDGE_QUEUE_MQTT_PASSWORD=pw-edge-queue-7f3a\nMQTT_USERS=phone:pw-phone-9c1d\nMEDIA_DIR=./media\n"
+        f"EDGE_QUEUE_IMAGE={image}\n" + env_file
     )
     conf = tmp_path / "containers.conf"
     conf.write_text(
@@ -200,7 +201,6 @@ def test_compose_brings_up_mosquitto_and_the_hub(image: str, tmp_path: Path, spe
     )
     env = {**os.environ, "CONTAINERS_CONF": str(conf)}
     compose = [_venv_tool("podman-compose") or "podman-compose"]
-    podman("tag", image, "localhost/edge-queue:local")
     built = subprocess.run(
         ["podman", "build", "--format", "docker", "--network", "host", "-f", "container/mosquitto/Containerfile",
          "-t", "localhost/edge-queue-mosquitto:local", "."],

@@ -150,6 +150,7 @@ def test_doctor_checks_the_media_roots_the_running_service_uses(mosquitto, servi
     # given with --media-root on its command line
     media = tmp_path / "media"
     media.mkdir()
+    (media / "call.flac").write_bytes(b"x")
     svc = service_factory(mosquitto, [])
     svc.env["EDGE_QUEUE_MEDIA_ROOTS"] = "[]"
     svc.prefix = ["sh", "-c", f'exec "$@" --media-root {media}', "sh"]
@@ -163,6 +164,10 @@ def test_doctor_checks_the_media_roots_the_running_service_uses(mosquitto, servi
     other = tmp_path / "other"
     out = run_doctor(svc.env, "--media-root", str(other))
     assert out.returncode == 1 and f"FAIL  media root {other}" in out.stdout, out.stdout
+    # and an empty one (a container's mount of a folder of the box that did not exist) is named
+    other.mkdir()
+    out = run_doctor(svc.env, "--media-root", str(other))
+    assert out.returncode == 0 and f"warn  media root {other}: readable, but empty" in out.stdout, out.stdout
     # and with the service stopped, before its next start, the roots it used are checked
     assert svc.stop() == 0
     out = run_doctor(svc.env)

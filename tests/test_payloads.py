@@ -13,6 +13,7 @@ from edge_queue.errors import ConfigError, ErrorCode, InputError, RequestError
 from edge_queue.mqtt import payloads
 from edge_queue.mqtt.payloads import SubmitRequest, decode_request
 from edge_queue.mqtt.topics import Topics
+from edge_queue.rules import inputs
 from edge_queue.rules.inputs import check_input
 from edge_queue.rules.lifecycle import backoff_s
 
@@ -489,3 +490,22 @@ def test_run_at_takes_the_lower_case_t_and_z_rfc_3339_allows(text: str) -> None:
     raw = json.dumps({"kind": "noop", "run_at": text}).encode()
     request = payloads.decode_request("submit", raw, max_bytes=65536, default_kind="noop")
     assert request.run_at_ts() == pytest.approx(1796240930.78)
+
+
+@pytest.mark.parametrize("container", [False, True])
+def test_a_path_outside_the_media_roots_is_answered_for_where_the_service_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, container: bool
+) -> None:
+    # Given a service in a container (Docker's /.dockerenv there) or on the box itself
+    mark = tmp_path / ".dockerenv"
+    if container:
+        mark.touch()
+    monkeypatch.setattr(inputs, "CONTAINER_MARKS", (mark,))
+    # When a path of the box is sent
+    with pytest.raises(InputError) as e:
+        check_input("/work/shared/media/speech/jfk.flac", [Path("/media")])
+    # Then the container's answer says to send the container's path, the box's the configuration
+    assert e.value.code == ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS
+    assert ("send the path as the container sees it" in e.value.message) == container, e.value.message
+    assert ("/media/..." in e.value.message) == container, e.value.message
+    assert ("--media-root of edge-queue up/serve" in e.value.message) == (not container), e.value.message

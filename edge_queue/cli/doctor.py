@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edge_queue.config.rules import EMPTY_ROOT_HINT, empty_folder
 from edge_queue.config.settings import Settings
 from edge_queue.errors import EdgeQueueError
 
@@ -157,7 +158,10 @@ def _media_roots(settings: Settings, service: dict[str, Any]) -> Iterator[Check]
     for root in roots:
         p = Path(root)
         ok = readable_folder(p)
-        yield Check(f"media root {p}", ok, "readable" if ok else "missing or not readable")
+        if ok and empty_folder(p):
+            yield Check(f"media root {p}", True, f"readable, but empty: {EMPTY_ROOT_HINT}", warn=True)
+        else:
+            yield Check(f"media root {p}", ok, "readable" if ok else "missing or not readable")
 
 
 def readable_folder(p: Path) -> bool:

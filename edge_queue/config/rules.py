@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import stat
+from pathlib import Path
 
 from edge_queue.config.settings import Settings
 
@@ -64,10 +65,11 @@ def serve_problems(settings: Settings) -> list[str]:
 
 
 def media_root_warnings(settings: Settings) -> list[str]:
-    """A sentence for each of ``media_roots`` that is not a readable folder when ``serve`` or
-    ``up`` starts (a share not mounted yet, a typo, a host path given to a container): a
-    warning, not a problem (the service runs, and jobs on files under it fail until the
-    folder is there; ``doctor`` fails on it)."""
+    """A sentence for each of ``media_roots`` that is not a readable folder, or is an empty one,
+    when ``serve`` or ``up`` starts (a share not mounted yet, a typo, a host path given to a
+    container, a container's mount of a folder of the box that did not exist): a warning, not
+    a problem (the service runs, and jobs on files under it fail until the folder is there;
+    ``doctor`` fails on a missing one, and marks an empty one ``warn``)."""
     warnings = []
     for root in settings.media_roots:
         try:
@@ -81,10 +83,29 @@ def media_root_warnings(settings: Settings) -> list[str]:
                 why = "is not a folder"
             elif not os.access(root, os.R_OK | os.X_OK):
                 why = "is not readable by this user"
+            elif empty_folder(root):
+                warnings.append(f"media root {root} is empty: {EMPTY_ROOT_HINT}")
+                continue
             else:
                 continue
         warnings.append(f"media root {root} {why}: jobs on files under it fail until it is there (media_roots)")
     return warnings
+
+
+#: Why a media root may be empty, for the start-up warning and ``doctor``.
+EMPTY_ROOT_HINT = (
+    "a share not mounted yet, or, in a container, a folder of the box that did not exist "
+    "(Docker then mounts a new empty one: check the volume's folder, compose's MEDIA_DIR)"
+)
+
+
+def empty_folder(path: Path) -> bool:
+    """``path`` is a folder with nothing in it (False when it cannot be listed)."""
+    try:
+        with os.scandir(path) as entries:
+            return next(entries, None) is None
+    except OSError:
+        return False
 
 
 def relay_warning(settings: Settings) -> str | None:

@@ -10,11 +10,33 @@ from pathlib import Path
 
 from edge_queue.errors import ErrorCode, InputError
 
+#: Files whose presence says this process runs in a container: Docker's and podman's.
+CONTAINER_MARKS = (Path("/.dockerenv"), Path("/run/.containerenv"))
+
 
 def roots_text(media_roots: list[Path]) -> str:
     """The media roots as one short text for messages: ``/srv/media, /mnt/rec`` or ``none
     configured``."""
     return ", ".join(str(r) for r in media_roots) or "none configured"
+
+
+def in_container() -> bool:
+    """True when one of :data:`CONTAINER_MARKS` exists (Docker's ``/.dockerenv``, podman's
+    ``/run/.containerenv``): the service sees the container's paths, not the box's."""
+    return any(mark.exists() for mark in CONTAINER_MARKS)
+
+
+def outside_hint(media_roots: list[Path]) -> str:
+    """What to do about a path outside ``media_roots``: in a container, send the path as the
+    container sees it (a folder of the box is mounted at a media root); elsewhere, the
+    configuration sets the roots."""
+    if in_container():
+        first = str(media_roots[0]) if media_roots else "/media"
+        return (
+            "edge-queue runs in a container and sees the container's paths: send the path as the container "
+            f"sees it (a file of the folder mounted at {first} is {first.rstrip('/')}/...), not the box's"
+        )
+    return "the service's configuration sets them (media_roots, or --media-root of edge-queue up/serve)"
 
 
 def check_input(raw: str, media_roots: list[Path], data_dir: Path | None = None) -> str:
@@ -42,8 +64,7 @@ def check_input(raw: str, media_roots: list[Path], data_dir: Path | None = None)
     roots = [Path(os.path.realpath(r)) for r in media_roots]
     if not any(resolved == r or resolved.is_relative_to(r) for r in roots):
         raise InputError(
-            f"{raw[:200]} is outside media_roots ({where}); the service's configuration sets them "
-            "(media_roots, or --media-root of edge-queue up/serve)",
+            f"{raw[:200]} is outside media_roots ({where}); {outside_hint(media_roots)}",
             code=ErrorCode.INPUT_OUTSIDE_MEDIA_ROOTS,
             field="input",
         )
