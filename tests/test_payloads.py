@@ -496,11 +496,12 @@ def test_run_at_takes_the_lower_case_t_and_z_rfc_3339_allows(text: str) -> None:
 def test_a_path_outside_the_media_roots_is_answered_for_where_the_service_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, container: bool
 ) -> None:
-    # Given a service in a container (Docker's /.dockerenv there) or on the box itself
-    mark = tmp_path / ".dockerenv"
+    # Given a service in edge-queue's image (which sets EDGE_QUEUE_IN_CONTAINER=1), or on the box
+    # itself (which may be a container of its own, with a /.dockerenv, as a development box is)
     if container:
-        mark.touch()
-    monkeypatch.setattr(inputs, "CONTAINER_MARKS", (mark,))
+        monkeypatch.setenv(inputs.CONTAINER_MARK, "1")
+    else:
+        monkeypatch.delenv(inputs.CONTAINER_MARK, raising=False)
     # When a path of the box is sent
     with pytest.raises(InputError) as e:
         check_input("/work/shared/media/speech/jfk.flac", [Path("/media")])

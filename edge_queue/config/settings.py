@@ -489,7 +489,9 @@ class Settings(BaseSettings):
 
 
 #: Environment variables with the prefix that are not configuration keys.
-_ENV_NOT_KEYS = {"EDGE_QUEUE_CONFIG"}
+#: Variables of the environment that are not configuration keys: the TOML file's name, and the
+#: mark edge-queue's container images set (:func:`edge_queue.rules.inputs.in_container`).
+_ENV_NOT_KEYS = {"EDGE_QUEUE_CONFIG", "EDGE_QUEUE_IN_CONTAINER"}
 
 
 def unknown_environment(environ: Any) -> list[str]:

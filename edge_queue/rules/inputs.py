@@ -10,8 +10,10 @@ from pathlib import Path
 
 from edge_queue.errors import ErrorCode, InputError
 
-#: Files whose presence says this process runs in a container: Docker's and podman's.
-CONTAINER_MARKS = (Path("/.dockerenv"), Path("/run/.containerenv"))
+#: The variable edge-queue's own images set (container/Containerfile, the add-on's Dockerfile):
+#: the service sees the container's paths. (``/.dockerenv`` is no such mark: a development box
+#: that is itself a container has it, and sees its own paths.)
+CONTAINER_MARK = "EDGE_QUEUE_IN_CONTAINER"
 
 
 def roots_text(media_roots: list[Path]) -> str:
@@ -21,9 +23,9 @@ def roots_text(media_roots: list[Path]) -> str:
 
 
 def in_container() -> bool:
-    """True when one of :data:`CONTAINER_MARKS` exists (Docker's ``/.dockerenv``, podman's
-    ``/run/.containerenv``): the service sees the container's paths, not the box's."""
-    return any(mark.exists() for mark in CONTAINER_MARKS)
+    """True in edge-queue's own image (:data:`CONTAINER_MARK` set to ``1``): the service sees
+    the container's paths, not the box's."""
+    return os.environ.get(CONTAINER_MARK) == "1"
 
 
 def outside_hint(media_roots: list[Path]) -> str:
