@@ -24,6 +24,7 @@ from edge_queue.rules.limits import BULK_LIMIT, RejectionLog
 from edge_queue.rules.states import ACTIVE, JobState, is_terminal
 from edge_queue.store import JobSpec, LockHeld
 
+from . import models
 from .browse import browse
 from .outputs import read_outputs
 from .ports import QueuePort
@@ -123,7 +124,7 @@ class Commands:
         self._mine = (user,) if role == "user" else None
         self._input_roots = input_roots
         try:
-            request = payloads.decode_request(
+            request = models.decode_request(
                 command,
                 raw,
                 max_bytes=svc.settings.max_payload_bytes,
@@ -150,7 +151,7 @@ class Commands:
 
     # -- submit -------------------------------------------------------------------------
 
-    def do_submit(self, req: payloads.SubmitRequest) -> dict[str, Any]:
+    def do_submit(self, req: models.SubmitRequest) -> dict[str, Any]:
         svc = self.service
         assert req.kind is not None
         if req.idempotency_key is not None:
@@ -271,15 +272,15 @@ class Commands:
     def _may_touch(self, job: dict[str, Any]) -> bool:
         return self._mine is None or job.get("submitted_by") == self._mine[0]
 
-    def do_get(self, req: payloads.GetRequest) -> dict[str, Any]:
+    def do_get(self, req: models.GetRequest) -> dict[str, Any]:
         """The job object, with its transcript read back (:func:`.outputs.read_outputs`)."""
         return read_outputs(self.service, payloads.job_object(self._job(req.job_id)), segments=req.segments)
 
-    def do_browse(self, req: payloads.BrowseRequest) -> dict[str, Any]:
+    def do_browse(self, req: models.BrowseRequest) -> dict[str, Any]:
         """A page of a folder inside the media roots, or the roots (:func:`.browse.browse`)."""
         return browse(req.path, self.service.settings.media_roots, limit=req.limit, after=req.after)
 
-    def do_list(self, req: payloads.ListRequest) -> dict[str, Any]:
+    def do_list(self, req: models.ListRequest) -> dict[str, Any]:
         if req.state is not None and req.state not in {s.value for s in JobState}:
             raise RequestError(f"unknown state {req.state[:32]!r}", field="state")
         filters: dict[str, Any] = {
@@ -297,7 +298,7 @@ class Commands:
             data["total"] = store.count_jobs(**filters)
         return data
 
-    def do_cancel(self, req: payloads.CancelRequest) -> dict[str, Any]:
+    def do_cancel(self, req: models.CancelRequest) -> dict[str, Any]:
         svc, store = self.service, self.service.job_store()
         chosen = sum(x is not None for x in (req.job_id, req.batch_id, req.running or None, req.all or None))
         if chosen != 1:
@@ -347,7 +348,7 @@ class Commands:
             svc.publish_job(job)
         return {"cancelled": cancelled, "cancelling": cancelling, "more": more}
 
-    def do_retry(self, req: payloads.RetryRequest) -> dict[str, Any]:
+    def do_retry(self, req: models.RetryRequest) -> dict[str, Any]:
         svc = self.service
         if (req.job_id is None) == (not req.failed):
             raise RequestError("give exactly one of job_id, failed: true", field="job_id")
@@ -375,15 +376,15 @@ class Commands:
         svc.publish_job(job)
         return job
 
-    def do_pause(self, req: payloads.PauseRequest) -> dict[str, Any]:
+    def do_pause(self, req: models.PauseRequest) -> dict[str, Any]:
         self.service.set_paused(req.paused)
         return {"paused": req.paused}
 
-    def do_resume(self, req: payloads.EmptyRequest) -> dict[str, Any]:
+    def do_resume(self, req: models.EmptyRequest) -> dict[str, Any]:
         self.service.set_paused(False)
         return {"paused": False}
 
-    def do_purge(self, req: payloads.PurgeRequest) -> dict[str, Any]:
+    def do_purge(self, req: models.PurgeRequest) -> dict[str, Any]:
         svc, store = self.service, self.service.job_store()
         if (req.job_id is None) == (req.older_than_s is None):
             raise RequestError("give either job_id or older_than_s", field="job_id")
@@ -405,11 +406,11 @@ class Commands:
         svc.count_work(min(len(ids), BULK_LIMIT))
         return {"purged": svc.purge(ids[:BULK_LIMIT]), "more": more}
 
-    def do_republish(self, req: payloads.EmptyRequest) -> dict[str, Any]:
+    def do_republish(self, req: models.EmptyRequest) -> dict[str, Any]:
         started = self.service.republish()
         return {"republished": True, "already_running": not started}
 
-    def do_events(self, req: payloads.EventsRequest) -> dict[str, Any]:
+    def do_events(self, req: models.EventsRequest) -> dict[str, Any]:
         """The event cursor: the state changes after ``after``, with ``next_after`` to ask for
         next, the oldest ``event_id`` still kept, and ``dropped`` when events after the cursor
         were deleted before they were read (docs/topics.md, ``events``)."""
@@ -424,7 +425,7 @@ class Commands:
             next_after = max(req.after, events[-1]["event_id"] if events else 0, newest)
         return {"events": events, "next_after": next_after, "oldest_event_id": oldest, "dropped": dropped}
 
-    def do_kinds(self, req: payloads.EmptyRequest) -> dict[str, Any]:
+    def do_kinds(self, req: models.EmptyRequest) -> dict[str, Any]:
         """Every job kind with the JSON Schema of its options (``<base>/info`` names the
         options only, so that it stays small) and its ``max_concurrency`` (``None``: no limit
         of its own)."""
