@@ -27,7 +27,8 @@ from edge_queue.mqtt.topics import ReplyAreas, Topics
 from edge_queue.rules.limits import TURN_BYTES, TURN_REQUESTS, TURN_WORK, RequestRate
 from edge_queue.store import Store
 
-from .commands import Commands, rejections
+from .commands import Commands
+from .queue import rejections
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from edge_queue.store import Store
 
 
 class QueuePort(Protocol):
-    """What a request may do to the queue (:class:`~edge_queue.requests.commands.Commands`)."""
+    """What a request may do to the queue (:class:`~edge_queue.requests.queue.Queue`)."""
 
     settings: Settings
     #: The largest packet, in bytes, the broker takes from the service: an answer's limit
