@@ -256,6 +256,23 @@ def decode_request(
             "payload holds a lone surrogate escape (such as \\ud800), which is not a Unicode character",
             field="(root)",
         )
+    return _validated(model, data, default_kind)
+
+
+def validated(command: str, data: dict[str, Any], *, default_kind: str) -> Request:
+    """An intake's own fields ``data`` as the request model of ``command`` (a submit without a
+    kind gets ``default_kind``). Raises :class:`RequestError` as :func:`decode_request` does:
+    ``unknown_command``, or ``invalid_request`` naming the field (text that is not Unicode:
+    ``(root)``)."""
+    model = REQUEST_MODELS.get(command)
+    if model is None:
+        raise RequestError(f"unknown command {command[:64]!r}", code=ErrorCode.UNKNOWN_COMMAND)
+    if not is_unicode(data):
+        raise RequestError("the request holds text that is not Unicode (a lone surrogate)", field="(root)")
+    return _validated(model, data, default_kind)
+
+
+def _validated(model: type[Request], data: dict[str, Any], default_kind: str) -> Request:
     try:
         request = model.model_validate(data)
     except ValidationError as e:
