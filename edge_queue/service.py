@@ -39,7 +39,6 @@ from typing import Any
 from edge_queue import package_version
 from edge_queue.config.settings import Settings
 from edge_queue.errors import ConfigError
-from edge_queue.gateway import Gateway
 from edge_queue.http.api_server import ApiServer, start_api
 from edge_queue.http.page import PageServer, start_page
 from edge_queue.jobs.outcomes import Outcomes
@@ -48,7 +47,7 @@ from edge_queue.jobs.retention import Retention
 from edge_queue.jobs.scheduler import Scheduler
 from edge_queue.kinds import registry
 from edge_queue.logfmt import TurnLog
-from edge_queue.mqtt.bridge import Bridge, Connected, Incoming
+from edge_queue.mqtt.bridge import Bridge, Connected
 from edge_queue.mqtt.instance import claim_base_topic, note_base_topic
 from edge_queue.mqtt.takeover import EXIT_SHARED_CLIENT_ID, SESSION_KEY
 from edge_queue.mqtt.topics import MAX_REPLY_AREAS, ReplyAreas, Topics
@@ -58,6 +57,10 @@ from edge_queue.publish.announce import Announcer
 from edge_queue.publish.publisher import Publisher, Republisher
 from edge_queue.requests.commands import Commands
 from edge_queue.requests.dispatch import Dispatcher
+from edge_queue.requests.http_intake import HttpIntake
+from edge_queue.requests.models import SubmitRequest
+from edge_queue.requests.ports import Intake
+from edge_queue.requests.queue import SERVICE
 from edge_queue.rules.inputs import roots_text
 from edge_queue.rules.lifecycle import backoff_s
 from edge_queue.rules.limits import DiskGuard
@@ -162,7 +165,6 @@ class Service:
         self.api: ApiServer | None = None  # the HTTP API ([api]), started by run()
         self.reply_areas = ReplyAreas([*settings.access.admins, *settings.access.users, *settings.access.nodes])
         self.commands = Commands(self)
-        self.gateway = Gateway(self.commands.execute, self.job_store, self._wake_w, settings.uploads_dir)  # [api]'s
         self.nodes = Nodes(settings, self.topics, self.bridge, kinds=self.kinds)  # worker nodes: docs/nodes.md
         self.watch_folders = WatchFolders(self)  # [[watch]] (edge_queue/watch/folders.py)
         self.publisher = Publisher(
@@ -204,6 +206,10 @@ class Service:
         areas = self.reply_areas
         self.dispatcher = Dispatcher(settings, self.topics, self.bridge, self.job_store, self.commands, clock, areas)
         self.dispatcher.on_shared_submit = self.announcer.submitted  # Home Assistant's <base>/ha/submit
+        self.dispatcher.on_connected = self.on_connected
+        queue, ended = self.commands.queue, self.publisher.turn_ended
+        self.http_intake = HttpIntake(settings, queue, self.job_store, self._wake_w, ended)  # [api]'s
+        self.intakes: tuple[Intake, ...] = (self.dispatcher, self.watch_folders, self.http_intake)  # drained in order
         self.turn_log = TurnLog.attach()  # a turn's lines are logged once it is committed
         self._boot_changes: list[dict[str, Any]] = []  # events owed for changes made before connecting
         self._lock: Any = None
@@ -266,7 +272,7 @@ class Service:
         # after the boot (the data_dir lock, the broker): a second service on the same data_dir
         # exits before it binds; before the first loop turn, which announces <base>/info
         self.page = start_page(self.settings, self.topics.base, package_version())
-        self.api = start_api(self.settings, self.gateway, package_version())
+        self.api = start_api(self.settings, self.http_intake, package_version())
         where = log_serving(self.settings, self.topics.base)
         self.notifier.ready(f"serving on {where}, base topic {self.topics.base}")
         while not self.stopping and self.bridge.foreign.shared is None:
@@ -311,14 +317,12 @@ class Service:
         """Act on everything pending at ``now``: messages, worker outcomes, due jobs, publishes,
         as one group commit (see the module's invariants)."""
         store = self.job_store()
-        taken: list[Incoming] = []
-        self.dispatcher.not_requests.clear()
-        self.dispatcher.turn_work = 0
         outcomes = self._carried + self.supervisor.poll() + self.nodes.poll(self.bridge.connected)
         self._carried = []
         try:
             with self.turn_log.held((sqlite3.Error, OSError)), self.bridge.held(), store.group():
-                self.dispatcher.take(taken, self.on_connected)
+                for intake in self.intakes:  # before the scheduler: a job from any door starts this turn
+                    intake.take(now)
                 self.outcomes.apply_all(outcomes, self.clock())
                 if self.nodes.end_turn():  # a node came, went or changed
                     self.announcer.publish_info()
@@ -333,36 +337,34 @@ class Service:
                 if not self.bridge.holding:
                     self.retention.step(self.clock())
                 self.republisher.step()
-                self.watch_folders.step(self.clock())
-                self.gateway.step()
-                if taken:
+                if self.dispatcher.taken:
                     # last: a new job may be claimed before its row is written (Store.claim)
                     store.set_meta("requests_seen", self.dispatcher.requests_seen)
         except (sqlite3.Error, OSError) as e:
-            self._turn_failed(e, taken, outcomes)
+            self._turn_failed(e, outcomes)
             return
-        self.watch_folders.committed()
+        for intake in self.intakes:
+            intake.committed()
         self.nodes.committed()
-        self.gateway.committed(self.publisher.turn_jobs)
         self.supervisor.dispatch()
         self.publisher.publish_states(time.monotonic())
         self.retention.committed()
 
-    def _turn_failed(self, e: Exception, taken: list[Incoming], outcomes: list[Outcome]) -> None:
+    def _turn_failed(self, e: Exception, outcomes: list[Outcome]) -> None:
         self.supervisor.unassign()
         self.nodes.turn_failed()
-        self.watch_folders.turn_failed()
         self.publisher.turn_failed()
         self.retention.turn_failed()
-        self.gateway.turn_failed(disk_full=disk_full_error(e))
+        full = disk_full_error(e)
+        for intake in self.intakes:
+            intake.turn_failed(disk_full=full)
         self._carried = [o for o in outcomes if o.op != "progress"]
-        code = self.dispatcher.answer_failed_turn(taken, disk_full=disk_full_error(e))
         self._commit_failures.warning(
             "could not commit to %s: %s; %d request(s) answered %s, the turn's job changes are kept for the next turn",
             self.settings.db_path,
             e,
-            len(taken),
-            code,
+            len(self.dispatcher.taken),
+            "disk_full" if full else "internal_error",
         )
 
     def on_connected(self, item: Connected) -> None:
@@ -380,16 +382,17 @@ class Service:
         self.ghosts.start()
 
     def _wait_s(self, cap: float) -> float:
-        if self.dispatcher.takeable() or self.gateway.pending():
-            return 0.0
         now = self.clock()
+        intakes = [intake.wait_s(now) for intake in self.intakes]
+        if 0.0 in intakes:
+            return 0.0
         due = self.job_store().next_due(after=now)
         waits = (
             self.bridge.wait_s(time.monotonic()),
             self.supervisor.next_deadline(),
             self.nodes.wait_s(),
             self.publisher.wait_s(),
-            self.watch_folders.wait_s(now),
+            *intakes,
             0.05 if self.republisher.active or self._carried else None,
             None if due is None else due - now,
         )
@@ -432,8 +435,8 @@ class Service:
     def connected(self) -> bool:
         return self.bridge.connected
 
-    def submit_as_service(self, raw: bytes) -> dict[str, Any]:
-        return self.commands.execute("submit", raw, role="admin")[0]
+    def submit_as_service(self, request: SubmitRequest) -> dict[str, Any]:
+        return self.commands.queue.answer("submit", request, SERVICE)
 
     def set_paused(self, paused: bool) -> None:
         """Pause (no job starts; running ones go on) or resume the queue, kept in the store.
@@ -532,7 +535,7 @@ def stop_http_calls(service: Service, *, wait: bool = False) -> None:
     not after the running jobs' grace (docs/http-api.md, "Errors"), and the API winds down
     meanwhile, so that a stop with callers waiting takes no longer than one without; with
     ``wait`` (the end of the stop), until the API's server is done."""
-    service.gateway.stop()  # first: the API answers its waiting callers while it stops
+    service.http_intake.stop()  # first: the API answers its waiting callers while it stops
     if service.api is not None:
         service.api.stop() if wait else service.api.begin_stop()
 

@@ -25,6 +25,7 @@ from edge_queue.errors import NON_RETRYABLE, ErrorCode
 from edge_queue.kinds import BUILTIN
 from edge_queue.mqtt import payloads
 from edge_queue.mqtt.topics import COMMANDS, Topics
+from edge_queue.requests import models
 from edge_queue.rules.states import TERMINAL, TRANSITIONS, JobState
 
 from .helpers.docs_text import DOCS, read, section
@@ -159,14 +160,14 @@ def test_request_fields_documented(command: str) -> None:
     text = read("topics.md")
     own = section(text, re.compile(rf"^###\s.*`{re.escape(command)}`"))
     general = section(text, re.compile(r"^##\s+Requests and responses"))
-    for field in payloads.REQUEST_MODELS[command].model_fields:
+    for field in models.REQUEST_MODELS[command].model_fields:
         where = own if f"`{field}`" in own else general
         assert f"`{field}`" in where, f"request field {field!r} of {command} is not documented"
 
 
 def test_every_command_has_a_request_model() -> None:
     # The docs describe the fields of REQUEST_MODELS: a command without one would be undocumented
-    assert set(payloads.REQUEST_MODELS) == set(COMMANDS)
+    assert set(models.REQUEST_MODELS) == set(COMMANDS)
 
 
 @pytest.mark.parametrize("code", list(ErrorCode), ids=str)

@@ -11,8 +11,8 @@ import pytest
 from edge_queue.config.settings import load_settings
 from edge_queue.errors import ConfigError, ErrorCode, InputError, RequestError
 from edge_queue.mqtt import payloads
-from edge_queue.mqtt.payloads import SubmitRequest, decode_request
 from edge_queue.mqtt.topics import Topics
+from edge_queue.requests.models import SubmitRequest, decode_request
 from edge_queue.rules import inputs
 from edge_queue.rules.inputs import check_input
 from edge_queue.rules.lifecycle import backoff_s
@@ -375,7 +375,7 @@ def test_rejected_requests_are_logged_at_most_twenty_per_ten_seconds(
 )
 def test_lone_surrogate_escapes_are_invalid_requests(raw: bytes) -> None:
     with pytest.raises(RequestError) as e:
-        payloads.decode_request("submit", raw, max_bytes=10_000, default_kind="noop")
+        decode_request("submit", raw, max_bytes=10_000, default_kind="noop")
     assert (e.value.code, e.value.field) == ("invalid_request", "(root)")
     assert payloads.peek_envelope(raw)[0] is None
 
@@ -392,7 +392,7 @@ def test_lone_surrogate_escapes_are_invalid_requests(raw: bytes) -> None:
 )
 def test_out_of_range_times_are_invalid_requests(command: str, raw: bytes, field: str) -> None:
     with pytest.raises(RequestError) as e:
-        payloads.decode_request(command, raw, max_bytes=10_000, default_kind="noop")
+        decode_request(command, raw, max_bytes=10_000, default_kind="noop")
     assert (e.value.code, e.value.field) == ("invalid_request", field)
 
 
@@ -454,7 +454,7 @@ def test_a_request_parsed_once_reads_as_when_parsed_twice(command: str, raw: byt
 
     def outcome(**kw: object) -> object:
         try:
-            return payloads.decode_request(command, raw, max_bytes=100_000, default_kind="noop", **kw)  # type: ignore[arg-type]
+            return decode_request(command, raw, max_bytes=100_000, default_kind="noop", **kw)  # type: ignore[arg-type]
         except RequestError as e:
             return (e.code, e.field, e.message)
 
@@ -465,11 +465,11 @@ def test_a_transaction_is_measured_in_utf8_bytes_of_compact_json() -> None:
     """docs/topics.md, "Order of checks": at most 1,024 bytes of JSON, counted in UTF-8."""
     accented = "é" * 511  # 1,022 bytes + 2 quotes = 1,024: the most there may be
     raw = json.dumps({"kind": "noop", "transaction": accented}).encode()
-    assert payloads.decode_request("submit", raw, max_bytes=10_000, default_kind="noop").transaction == accented
+    assert decode_request("submit", raw, max_bytes=10_000, default_kind="noop").transaction == accented
     assert payloads.peek_envelope(raw)[0] == accented
     over = json.dumps({"kind": "noop", "transaction": accented + "e"}).encode()
     with pytest.raises(RequestError) as e:
-        payloads.decode_request("submit", over, max_bytes=10_000, default_kind="noop")
+        decode_request("submit", over, max_bytes=10_000, default_kind="noop")
     assert e.value.field == "transaction"
     assert payloads.peek_envelope(over)[0] is None
     assert payloads.transaction_too_large("x" * 1022) is False
@@ -488,7 +488,7 @@ def test_a_transaction_is_measured_in_utf8_bytes_of_compact_json() -> None:
 def test_run_at_takes_the_lower_case_t_and_z_rfc_3339_allows(text: str) -> None:
     """RFC 3339 section 5.6: "T" and "Z" may be lower case."""
     raw = json.dumps({"kind": "noop", "run_at": text}).encode()
-    request = payloads.decode_request("submit", raw, max_bytes=65536, default_kind="noop")
+    request = decode_request("submit", raw, max_bytes=65536, default_kind="noop")
     assert request.run_at_ts() == pytest.approx(1796240930.78)
 
 

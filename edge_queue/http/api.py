@@ -77,11 +77,14 @@ class Ended:
 
 
 class JobGateway(Protocol):
-    """The loop's side (:class:`~edge_queue.gateway.Gateway`)."""
+    """The loop's side (:class:`~edge_queue.requests.http_intake.HttpIntake`): a typed submit of
+    an upload's job, or a retry of a job, and the response and the job's end as futures."""
 
     def submit_and_wait(
-        self, raw: bytes, user: str | None, *, input_roots: list[Path] | None = None, command: str = "submit"
+        self, input: Path, options: dict[str, Any], idempotency_key: str, user: str | None
     ) -> tuple[Future[dict[str, Any]], Future[Ended]]: ...
+
+    def retry_and_wait(self, job_id: str, user: str | None) -> tuple[Future[dict[str, Any]], Future[Ended]]: ...
 
 
 def flag(value: Any, default: bool) -> bool:
@@ -385,13 +388,12 @@ class Api:
         job not ended within ``api.wait_s``."""
         assert upload.path is not None
         digest = hashlib.sha256(orjson.dumps(options, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
-        payload = {
-            "kind": "transcribe",
-            "input": str(upload.path),
-            "options": {**options, "output": "data_dir", "formats": ["txt", "srt", "vtt", "json"]},
-            "idempotency_key": f"http:{upload.path.stem}:{digest}",
-        }
-        answered, ended = self.gateway.submit_and_wait(orjson.dumps(payload), caller.user, input_roots=[self.uploads])
+        answered, ended = self.gateway.submit_and_wait(
+            upload.path,
+            {**options, "output": "data_dir", "formats": ["txt", "srt", "vtt", "json"]},
+            f"http:{upload.path.stem}:{digest}",
+            caller.user,
+        )
         response = await _answer(answered)
         if response.get("status") != "ok":
             err = response.get("error") or {}
@@ -411,8 +413,7 @@ class Api:
             if done is not None and response["data"]["jobs"][0].get("duplicate") and again(done.job):
                 # the same audio sent again after its job failed: that job runs once more
                 log.info("HTTP caller %s sent the audio of failed job %s again: retried", caller.user, job_id)
-                retry = orjson.dumps({"job_id": job_id})
-                answered, ended = self.gateway.submit_and_wait(retry, caller.user, command="retry")
+                answered, ended = self.gateway.retry_and_wait(job_id, caller.user)
                 if (await _answer(answered)).get("status") == "ok":
                     done = await self._wait(request, ended)
         finally:

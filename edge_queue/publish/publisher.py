@@ -101,6 +101,8 @@ class Publisher:
         # turn, and job id -> (latest state, monotonic time it changed first) of committed
         # non-terminal states held back for COALESCE_S (see publish_states).
         self.turn_jobs: dict[str, tuple[bytes, bool]] = {}
+        #: the rows of the jobs that ended in the turn, job id -> row (for the HTTP API's waiters)
+        self.turn_ended: dict[str, dict[str, Any]] = {}
         self.held_jobs: dict[str, tuple[bytes, float]] = {}
         self.ha_last: dict[str, Any] | None = None  # the turn's last finished job, for <base>/ha/last
 
@@ -111,6 +113,10 @@ class Publisher:
         body = payloads.encode(payloads.job_object(job))
         terminal = is_terminal(job["state"])
         self.turn_jobs[job["job_id"]] = (body, terminal)
+        if terminal:
+            self.turn_ended[job["job_id"]] = job
+        elif self.turn_ended:
+            self.turn_ended.pop(job["job_id"], None)
         if event is None:
             event = "end" if terminal else "update"
         # The event embeds the very bytes of the retained state: encoded once. event_id: the
@@ -148,6 +154,7 @@ class Publisher:
                 since = held[job_id][1] if job_id in held else mono
                 held[job_id] = (body, since)
         self.turn_jobs.clear()
+        self.turn_ended.clear()
         if not held:
             return
         due = [j for j, (_, since) in held.items() if everything or mono - since >= COALESCE_S]
@@ -170,6 +177,7 @@ class Publisher:
     def turn_failed(self) -> None:
         """The turn's commit failed: nothing it decided is published."""
         self.turn_jobs.clear()
+        self.turn_ended.clear()
 
     def unpublished(self, job_id: str) -> bool:
         """True while a newer state of the job waits to be published (a republish skips it)."""
@@ -180,6 +188,7 @@ class Publisher:
         batches that lost jobs again."""
         for job_id in job_ids:
             self.turn_jobs.pop(job_id, None)
+            self.turn_ended.pop(job_id, None)
             self.held_jobs.pop(job_id, None)
             self.bridge.publish(self.topics.job(job_id), b"", retain=True)
         for batch_id in batch_ids:

@@ -1,7 +1,9 @@
-"""Request commands (docs/topics.md, "Commands"): decode, execute against the store, build the response.
+"""MQTT's adapter to the queue (docs/topics.md, "Order of checks"): a request payload's envelope
+checks, the sender's role, its decoding into a typed request, then the queue's answer.
 
-:meth:`Commands.execute` is the one place where request errors become error responses: every
-request gets exactly one response, whatever its payload.
+:meth:`Commands.execute` takes what MQTT dispatch read off a request topic (the command, the raw
+payload, the user from the topic) and returns one response for it, whatever its payload; the
+commands themselves are :class:`~edge_queue.requests.queue.Queue`'s.
 """
 
 from __future__ import annotations
@@ -11,48 +13,24 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
-from edge_queue.config.settings import Role, Settings
-from edge_queue.errors import EdgeQueueError, ErrorCode, InputError, NotFoundError, RequestError
+from edge_queue.config.settings import Role
+from edge_queue.errors import ErrorCode, RequestError
 from edge_queue.logfmt import clip as _clip
 from edge_queue.mqtt import payloads
-from edge_queue.mqtt.topics import COMMANDS, valid_id
-from edge_queue.rules import lifecycle
-from edge_queue.rules.inputs import check_input
-from edge_queue.rules.limits import BULK_LIMIT
-from edge_queue.rules.rates import RejectionLog
-from edge_queue.rules.states import ACTIVE, JobState, is_terminal
-from edge_queue.store import JobSpec, LockHeld
 
-from .browse import browse
-from .outputs import read_outputs
+from . import models
 from .ports import QueuePort
-
-#: Commands only the ``admin`` role may send (docs/configuration.md, "[access]").
-ADMIN_COMMANDS = frozenset({"pause", "resume", "purge", "republish"})
-#: A ``list`` page holds jobs up to this many bytes of JSON (and at least one): 500 jobs with
-#: long inputs and transcripts would otherwise make one response of megabytes.
-LIST_MAX_BYTES = 1 * 2**20
+from .queue import Caller, Queue, rejections
 
 log = logging.getLogger(__name__)
 
 
-#: The service's log of rejected requests (see :class:`RejectionLog`).
-rejections = RejectionLog(logger=log)
-
-
 class Commands:
-    """The request handlers of one service."""
+    """MQTT's request handler of one service, over its typed queue (``queue``)."""
 
-    def __init__(self, service: QueuePort) -> None:
+    def __init__(self, service: QueuePort, queue: Queue | None = None) -> None:
         self.service = service
-        #: the request being executed: its sender (``None``: the shared request topics) ...
-        self._user: str | None = None
-        #: ... and, for the ``user`` role, the filter to its own jobs (``None``: every job)
-        self._mine: tuple[str | None] | None = None
-        #: ... and the folders its submit's inputs must be in (``None``: ``media_roots``)
-        self._input_roots: list[Path] | None = None
+        self.queue = queue or Queue(service)
 
     def execute(
         self,
@@ -112,381 +90,25 @@ class Commands:
                     "transaction",
                 ), reply_to
         role = role or svc.settings.access.role_of(user)
-        if role == "none" or (role == "user" and command in ADMIN_COMMANDS):
+        caller = Caller(user, role, None if input_roots is None else tuple(input_roots))
+        if (why := self.queue.refusal(command, caller)) is not None:
             who = "requests on the shared topics" if user is None else f"user {_clip(user, 64)!r}"
             rejections.warning("request %s rejected: forbidden (%s, role %s)", _clip(command, 64), who, role)
-            return payloads.error(
-                ErrorCode.FORBIDDEN,
-                f"{who} (role {role}) may not send {_clip(command, 64)}; the service's access settings give roles",
-                transaction,
-            ), reply_to
-        self._user = user
-        self._mine = (user,) if role == "user" else None
-        self._input_roots = input_roots
+            return payloads.error(ErrorCode.FORBIDDEN, why, transaction), reply_to
         try:
-            request = payloads.decode_request(
+            request = models.decode_request(
                 command,
                 raw,
                 max_bytes=svc.settings.max_payload_bytes,
                 default_kind=svc.settings.default_kind,
                 parsed=parsed,
             )
-            transaction = request.transaction
-            data = getattr(self, f"do_{command}")(request)
-            return payloads.ok(data, transaction), reply_to
         except RequestError as e:
             rejections.warning("request %s rejected: %s: %s", _clip(command, 64), e.code, _clip(e.message))
-            resp = payloads.error(e.code, e.message, transaction, e.field)
-            if isinstance(e, _AllRejected):
-                resp["error"]["rejected"] = e.rejected
-            return resp, reply_to
-        except EdgeQueueError as e:
-            log.warning("request %s failed: %s: %s", _clip(command, 64), e.code, _clip(e.message))
-            return payloads.error(e.code, e.message, transaction), reply_to
+            return payloads.error(e.code, e.message, transaction, e.field), reply_to
         except sqlite3.Error:
-            raise  # the store failed (a full disk): the whole turn is answered (Service.tick)
+            raise
         except Exception as e:  # a bug must cost one response, not the service
             log.exception("request %s: internal error", _clip(command, 64))
             return payloads.error(ErrorCode.INTERNAL_ERROR, f"{type(e).__name__}: {e}", transaction), reply_to
-
-    # -- submit -------------------------------------------------------------------------
-
-    def do_submit(self, req: payloads.SubmitRequest) -> dict[str, Any]:
-        svc = self.service
-        assert req.kind is not None
-        if req.idempotency_key is not None:
-            # A key already used returns the first submit's jobs whatever the rest of this
-            # payload says: a client resending after a lost response gets them even when its
-            # file is gone since, the queue is full or the kind was removed (docs/topics.md,
-            # "Duplicates").
-            found = svc.job_store().submitted_with(req.idempotency_key, self._user)
-            if found is not None:
-                batch_id, created = found
-                jobs = [{"job_id": c.job["job_id"], "input": c.job["input"], "duplicate": True} for c in created]
-                return {"batch_id": batch_id, "jobs": jobs, "rejected": []}
-        kind = svc.kinds.get(req.kind)
-        if kind is None:
-            raise RequestError(
-                f"unknown kind {req.kind[:64]!r}; known: {', '.join(sorted(svc.kinds))}",
-                code=ErrorCode.UNKNOWN_KIND,
-                field="kind",
-            )
-        options = checked_options(kind, req.options, svc.settings)
-        raw_inputs = req.input_list()
-        if kind.needs_input and raw_inputs == [None]:
-            raise RequestError(f"kind {kind.name} needs an input file", field="input")
-        limits = svc.settings.limits
-        if len(raw_inputs) > limits.max_batch_inputs:
-            raise RequestError(
-                f"{len(raw_inputs)} inputs; one submit takes at most {limits.max_batch_inputs} "
-                "(limits.max_batch_inputs): split it",
-                field="inputs",
-            )
-        if why := svc.disk_full(len(raw_inputs), sum(len(i) for i in raw_inputs if i)):
-            raise RequestError(why, code=ErrorCode.DISK_FULL)
-        waiting = svc.job_store().waiting()
-        if waiting + len(raw_inputs) > limits.max_queued_jobs:
-            raise RequestError(
-                f"{waiting} job(s) waiting to run; the queue holds at most {limits.max_queued_jobs} "
-                "(limits.max_queued_jobs): submit again later",
-                code=ErrorCode.QUEUE_FULL,
-            )
-        own_limit = limits.max_queued_jobs_per_user
-        if self._mine is not None and own_limit:
-            mine = svc.job_store().waiting_of(self._user)
-            if mine + len(raw_inputs) > own_limit:
-                raise RequestError(
-                    f"{mine} of your job(s) are waiting to run; one user may have at most {own_limit} "
-                    "(limits.max_queued_jobs_per_user): submit again later",
-                    code=ErrorCode.QUEUE_FULL,
-                )
-        if req.lock_key is not None and req.on_lock == "reject" and len(raw_inputs) > 1:
-            raise RequestError(
-                'a lock key with on_lock "reject" takes one input; with "wait" the inputs run one after another',
-                field="on_lock",
-            )
-        specs, rejected = [], []
-        # every input costs its checks (a file system look-up), accepted or not
-        svc.count_work(len(raw_inputs))
-        for raw in raw_inputs:
-            try:
-                path = self._checked_input(raw) if kind.needs_input and raw else raw
-            except InputError as e:
-                rejected.append({"input": raw, "code": str(e.code), "message": e.message})
-                rejections.warning("submit: input rejected: %s: %s", e.code, _clip(e.message))
-                continue
-            specs.append(
-                JobSpec(
-                    kind=kind.name,
-                    input=path,
-                    options=options,
-                    priority=req.priority,
-                    max_attempts=req.max_attempts or svc.settings.retry.max_attempts,
-                    timeout_s=req.timeout_s,
-                    run_at=req.run_at_ts(),
-                    lock_key=req.lock_key,
-                    reject_when_locked=req.on_lock == "reject",
-                    submitted_by=self._user,
-                )
-            )
-        if not specs:
-            raise _AllRejected(rejected)
-        try:
-            batch_id, created = svc.job_store().submit(
-                specs, svc.clock(), idempotency_key=req.idempotency_key, as_batch=len(raw_inputs) > 1
-            )
-        except LockHeld as e:
-            raise RequestError(
-                f"lock key {_clip(e.lock_key, 200)!r} is held by job {e.holder}, which is not finished; "
-                'submit with "on_lock": "wait" to run after it',
-                code=ErrorCode.LOCK_HELD,
-                field="lock_key",
-            ) from e
-        for c in created:
-            if not c.duplicate:
-                if log.isEnabledFor(logging.INFO):
-                    log.info(
-                        "job %s queued: %s %s", c.job["job_id"], c.job["kind"], _clip(c.job["input"] or "(no input)")
-                    )
-                svc.publish_job(c.job, "new")
-        jobs = [{"job_id": c.job["job_id"], "input": c.job["input"], "duplicate": c.duplicate} for c in created]
-        return {"batch_id": batch_id, "jobs": jobs, "rejected": rejected}
-
-    def _checked_input(self, raw: str) -> str:
-        if self._input_roots is not None:  # the HTTP API's own uploads, inside data_dir
-            return check_input(raw, self._input_roots)
-        return check_input(raw, self.service.settings.media_roots, self.service.settings.data_dir)
-
-    # -- job control --------------------------------------------------------------------
-
-    def _job(self, job_id: str) -> dict[str, Any]:
-        """The job ``job_id``; raises ``not_found``, or ``forbidden`` when the sender's role
-        (``user``) may not touch another sender's job."""
-        if not valid_id(job_id):
-            raise NotFoundError(f"no job {job_id[:64]!r}")
-        job = self.service.job_store().get(job_id)
-        if not self._may_touch(job):
-            raise RequestError(f"job {job_id} was submitted by another user", code=ErrorCode.FORBIDDEN, field="job_id")
-        return job
-
-    def _may_touch(self, job: dict[str, Any]) -> bool:
-        return self._mine is None or job.get("submitted_by") == self._mine[0]
-
-    def do_get(self, req: payloads.GetRequest) -> dict[str, Any]:
-        """The job object, with its transcript read back (:func:`.outputs.read_outputs`)."""
-        return read_outputs(self.service, payloads.job_object(self._job(req.job_id)), segments=req.segments)
-
-    def do_browse(self, req: payloads.BrowseRequest) -> dict[str, Any]:
-        """A page of a folder inside the media roots, or the roots (:func:`.browse.browse`)."""
-        return browse(req.path, self.service.settings.media_roots, limit=req.limit, after=req.after)
-
-    def do_list(self, req: payloads.ListRequest) -> dict[str, Any]:
-        if req.state is not None and req.state not in {s.value for s in JobState}:
-            raise RequestError(f"unknown state {req.state[:32]!r}", field="state")
-        filters: dict[str, Any] = {
-            "state": req.state,
-            "kind": req.kind,
-            "batch_id": req.batch_id,
-            "lock_key": req.lock_key,
-            "submitted_by": self._mine,
-            "input_contains": req.input_contains,
-        }
-        store = self.service.job_store()
-        # one job more than the page: whether it exists says whether another page follows
-        data = list_page(store.list_jobs(before=req.before, limit=req.limit + 1, **filters), req.limit)
-        if req.count:
-            data["total"] = store.count_jobs(**filters)
-        return data
-
-    def do_cancel(self, req: payloads.CancelRequest) -> dict[str, Any]:
-        svc, store = self.service, self.service.job_store()
-        chosen = sum(x is not None for x in (req.job_id, req.batch_id, req.running or None, req.all or None))
-        if chosen != 1:
-            raise RequestError("give exactly one of job_id, batch_id, running: true, all: true", field="job_id")
-        if req.job_id is not None:
-            job = self._job(req.job_id)
-            if is_terminal(job["state"]):
-                raise RequestError(
-                    f"job {req.job_id} is already {job['state']}", code=ErrorCode.CONFLICT, field="job_id"
-                )
-            targets = [req.job_id]
-        elif req.batch_id is not None:
-            if not valid_id(req.batch_id):
-                raise NotFoundError(f"no batch {req.batch_id[:64]!r}")
-            targets = store.batch(req.batch_id)["job_ids"]
-            if self._mine is not None and targets and not self._may_touch(store.get(targets[0])):
-                raise RequestError(
-                    f"batch {req.batch_id} was submitted by another user", code=ErrorCode.FORBIDDEN, field="batch_id"
-                )
-        elif req.running:
-            targets = [
-                j["job_id"]
-                for j in store.list_jobs(state=JobState.RUNNING.value, limit=BULK_LIMIT + 1, submitted_by=self._mine)
-            ]
-        else:
-            targets = [
-                j["job_id"]
-                for s in ACTIVE
-                for j in store.list_jobs(state=s.value, limit=BULK_LIMIT + 1, submitted_by=self._mine)
-            ]
-        more = len(targets) > BULK_LIMIT
-        targets = targets[:BULK_LIMIT]
-        svc.count_work(len(targets))
-        cancelled, cancelling = [], []
-        now = svc.clock()
-        for job_id in targets:
-            step = lifecycle.after_cancel_request(store.get(job_id))
-            if step is None:
-                continue
-            job = store.transition(job_id, step.state, now, detail=step.detail, **step.changes)
-            if step.state == JobState.CANCELLING:
-                svc.cancel_running(job_id)
-                cancelling.append(job_id)
-            else:
-                cancelled.append(job_id)
-            log.info("job %s %s by request", job_id, job["state"])
-            svc.publish_job(job)
-        return {"cancelled": cancelled, "cancelling": cancelling, "more": more}
-
-    def do_retry(self, req: payloads.RetryRequest) -> dict[str, Any]:
-        svc = self.service
-        if (req.job_id is None) == (not req.failed):
-            raise RequestError("give exactly one of job_id, failed: true", field="job_id")
-        if req.job_id is None:  # every failed job, up to BULK_LIMIT
-            failed = svc.job_store().list_jobs(
-                state=JobState.FAILED.value, limit=BULK_LIMIT + 1, submitted_by=self._mine
-            )
-            svc.count_work(min(len(failed), BULK_LIMIT))
-            retried = [self._retry(j["job_id"])["job_id"] for j in reversed(failed[:BULK_LIMIT])]
-            return {"retried": retried, "more": len(failed) > BULK_LIMIT}
-        job = self._job(req.job_id)
-        if job["state"] not in (JobState.FAILED, JobState.CANCELLED):
-            raise RequestError(
-                f"only failed or cancelled jobs can be retried; {req.job_id} is {job['state']}",
-                code=ErrorCode.CONFLICT,
-                field="job_id",
-            )
-        return payloads.job_object(self._retry(req.job_id))
-
-    def _retry(self, job_id: str) -> dict[str, Any]:
-        """Queue a failed or cancelled job again, as new: attempts, error and result cleared."""
-        svc = self.service
-        step = lifecycle.after_retry_request()
-        job = svc.job_store().transition(job_id, step.state, svc.clock(), detail=step.detail, **step.changes)
-        svc.publish_job(job)
-        return job
-
-    def do_pause(self, req: payloads.PauseRequest) -> dict[str, Any]:
-        self.service.set_paused(req.paused)
-        return {"paused": req.paused}
-
-    def do_resume(self, req: payloads.EmptyRequest) -> dict[str, Any]:
-        self.service.set_paused(False)
-        return {"paused": False}
-
-    def do_purge(self, req: payloads.PurgeRequest) -> dict[str, Any]:
-        svc, store = self.service, self.service.job_store()
-        if (req.job_id is None) == (req.older_than_s is None):
-            raise RequestError("give either job_id or older_than_s", field="job_id")
-        if req.job_id is not None:
-            job = self._job(req.job_id)
-            if not is_terminal(job["state"]):
-                raise RequestError(
-                    f"job {req.job_id} is {job['state']}; only terminal jobs are purged",
-                    code=ErrorCode.CONFLICT,
-                    field="job_id",
-                )
-            ids = [req.job_id]
-        else:
-            assert req.older_than_s is not None
-            ids = store.finished_before(
-                svc.clock() - req.older_than_s, req.states or ("succeeded", "failed", "cancelled"), limit=BULK_LIMIT + 1
-            )
-        more = len(ids) > BULK_LIMIT
-        svc.count_work(min(len(ids), BULK_LIMIT))
-        return {"purged": svc.purge(ids[:BULK_LIMIT]), "more": more}
-
-    def do_republish(self, req: payloads.EmptyRequest) -> dict[str, Any]:
-        started = self.service.republish()
-        return {"republished": True, "already_running": not started}
-
-    def do_events(self, req: payloads.EventsRequest) -> dict[str, Any]:
-        """The event cursor: the state changes after ``after``, with ``next_after`` to ask for
-        next, the oldest ``event_id`` still kept, and ``dropped`` when events after the cursor
-        were deleted before they were read (docs/topics.md, ``events``)."""
-        store = self.service.job_store()
-        events, oldest, dropped = store.events_after(
-            req.after, req.limit, job_id=req.job_id, types=req.types, submitted_by=self._mine
-        )
-        if len(events) == req.limit:
-            next_after = events[-1]["event_id"]
-        else:  # everything up to the newest event was looked at
-            newest = store.newest_event_id()
-            next_after = max(req.after, events[-1]["event_id"] if events else 0, newest)
-        return {"events": events, "next_after": next_after, "oldest_event_id": oldest, "dropped": dropped}
-
-    def do_kinds(self, req: payloads.EmptyRequest) -> dict[str, Any]:
-        """Every job kind with the JSON Schema of its options (``<base>/info`` names the
-        options only, so that it stays small) and its ``max_concurrency`` (``None``: no limit
-        of its own)."""
-        settings = self.service.settings
-        return {
-            "kinds": {
-                name: {
-                    "description": k.description,
-                    "needs_input": k.needs_input,
-                    "max_concurrency": settings.kind(name).max_concurrency,
-                    "options": k.schema(),
-                }
-                for name, k in self.service.kinds.items()
-            }
-        }
-
-
-def list_page(rows: list[dict[str, Any]], limit: int) -> dict[str, Any]:
-    """``list``'s answer for ``rows`` (newest first, at most ``limit + 1``: one more than the
-    page, to know whether another follows): the job objects of at most ``limit`` of them, up to
-    :data:`LIST_MAX_BYTES` of JSON, and ``next_before``, the last listed job's id when more
-    jobs follow (a row was left out: beyond the limit, or the page was cut), else ``None``
-    (a filter matching exactly ``limit`` jobs has no next page)."""
-    jobs: list[dict[str, Any]] = []
-    size = 0
-    for row in rows[:limit]:
-        job = payloads.job_object(row)
-        size += len(payloads.encode(job))
-        if jobs and size > LIST_MAX_BYTES:
-            break  # the page ends here; next_before goes on from the last job listed
-        jobs.append(job)
-    more = len(jobs) < len(rows)
-    return {"jobs": jobs, "next_before": jobs[-1]["job_id"] if jobs and more else None}
-
-
-def checked_options(kind: Any, options: dict[str, Any], settings: Settings) -> dict[str, Any]:
-    """``options`` validated by ``kind``'s model and checks, as stored (defaults left out).
-    Raises :class:`RequestError` naming the first wrong field (``options.<name>``), and the
-    kind's options when the field is unknown."""
-    try:
-        parsed = kind.Options.model_validate(options)
-        kind.check_options(parsed, settings)
-        return dict(parsed.model_dump(mode="json", exclude_defaults=True))
-    except ValidationError as e:
-        err = e.errors()[0]
-        field = "options." + ".".join(str(p) for p in err["loc"])
-        message = f"{field}: {err['msg']}"
-        if err["type"] == "extra_forbidden" and len(err["loc"]) == 1:
-            known = ", ".join(sorted(kind.Options.model_fields)) or "none"
-            message += f"; the options of {kind.name} are: {known}"
-        raise RequestError(message, field=field) from e
-
-
-class _AllRejected(RequestError):
-    """Every input of a submit was rejected: the response is an error with the first code."""
-
-    def __init__(self, rejected: list[dict[str, Any]]) -> None:
-        first = rejected[0]
-        msg = first["message"] if len(rejected) == 1 else f"all {len(rejected)} inputs were rejected"
-        super().__init__(msg, code=ErrorCode(first["code"]), field="input")
-        self.rejected = rejected
-
-
-assert all(hasattr(Commands, f"do_{c}") for c in COMMANDS)
+        return self.queue.answer(command, request, caller, request.transaction), reply_to

@@ -28,7 +28,8 @@ from edge_queue.rules.limits import TURN_BYTES, TURN_REQUESTS, TURN_WORK
 from edge_queue.rules.rates import RequestRate
 from edge_queue.store import Store
 
-from .commands import Commands, rejections
+from .commands import Commands
+from .queue import rejections
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,10 @@ class Dispatcher:
         self.settings, self.topics, self.bridge, self.store = settings, topics, bridge, store
         self.commands, self.clock = commands, clock
         self.reply_areas = reply_areas
+        #: told of a (re)connect found in the inbox, in its order (:meth:`take`)
+        self.on_connected: Callable[[Connected], None] = lambda item: None
+        #: the requests taken in this turn (answered with the error when its commit fails)
+        self.taken: list[Incoming] = []
         #: told (request payload, response) of every submit answered on the shared topic
         self.on_shared_submit = on_shared_submit
         self.rate = RequestRate(settings.limits.max_requests_per_s)
@@ -82,13 +87,18 @@ class Dispatcher:
         #: retained requests answered lately: (topic, payload digest) -> monotonic deadline
         self.answered_retained: dict[tuple[str, bytes], float] = {}
 
-    def take(self, taken: list[Incoming], on_connected: Callable[[Connected], None]) -> None:
+    def take(self, now: float) -> None:
         """Take what arrived and run it, within the turn's budget: at most
         :data:`~edge_queue.rules.limits.TURN_REQUESTS` requests and ``TURN_WORK`` job changes, none
         while the broker has ``BACKLOG_HIGH`` of our messages to acknowledge, and at most
         ``limits.max_requests_per_s``. What is left stays in the inbox, unacknowledged, so the
-        broker holds back the rest (MQTT flow control). Each taken request is appended to
-        ``taken``; a (re)connect in the inbox goes to ``on_connected``, in its order."""
+        broker holds back the rest (MQTT flow control). Each taken request is kept in
+        :attr:`taken` for the turn; a (re)connect in the inbox goes to :attr:`on_connected`, in
+        its order. The first intake of a turn: it opens the turn's count of job changes."""
+        self.taken = taken = []
+        self.not_requests.clear()
+        self.turn_work = 0
+        on_connected = self.on_connected
         inbox = self.bridge.inbox
         budget = self.rate.budget(TURN_REQUESTS)
         while inbox:
@@ -112,6 +122,17 @@ class Dispatcher:
             else:
                 inbox.popleft()
                 on_connected(item)
+
+    def wait_s(self, now: float) -> float | None:
+        """0 when :meth:`take` would take a request now, else None."""
+        return 0.0 if self.takeable() else None
+
+    def committed(self) -> None:
+        """Nothing to do: the answers and PUBACKs leave with the bridge's held messages."""
+
+    def turn_failed(self, *, disk_full: bool) -> None:
+        """The turn's commit failed: each request it took is answered with the error."""
+        self.answer_failed_turn(self.taken, disk_full=disk_full)
 
     def takeable(self) -> bool:
         """True when :meth:`take` would take a request now."""

@@ -1,4 +1,5 @@
-"""The ports: the few operations of the service that requests and watch folders need.
+"""The ports: the few operations of the service that requests and watch folders need, and the
+shape of an intake (:class:`Intake`), the door a request comes in by.
 
 :mod:`.commands` and :mod:`.watch` depend on these Protocols, never on the service itself, so
 that each can be read, tested and changed alone (and no import cycle ties them to
@@ -9,15 +10,46 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from edge_queue.config.settings import Settings
 from edge_queue.mqtt.topics import ReplyAreas, Topics
 from edge_queue.store import Store
 
+if TYPE_CHECKING:
+    from .models import SubmitRequest
+
+
+class Intake(Protocol):
+    """A door into the queue: MQTT dispatch (:class:`~edge_queue.requests.dispatch.Dispatcher`),
+    the HTTP API (:class:`~edge_queue.requests.http_intake.HttpIntake`), the watch folders
+    (:class:`~edge_queue.watch.folders.WatchFolders`), and the next ones.
+
+    The loop drains every intake in one place each turn, before the scheduler, inside the turn's
+    transaction (:meth:`take`), so a job from any door is claimed in the turn that took it; what an
+    intake answers leaves after the commit (:meth:`committed`), or is answered with the error when
+    the commit fails (:meth:`turn_failed`). Each intake calls the typed queue
+    (:class:`~edge_queue.requests.queue.Queue`) with typed requests."""
+
+    def wait_s(self, now: float) -> float | None:
+        """Seconds until :meth:`take` has work (0: now), or None; ``now`` is Unix seconds."""
+        ...
+
+    def take(self, now: float) -> None:
+        """Take what arrived, within the intake's own budget for one turn, and run it."""
+        ...
+
+    def committed(self) -> None:
+        """The turn's commit succeeded: answer what :meth:`take` ran."""
+        ...
+
+    def turn_failed(self, *, disk_full: bool) -> None:
+        """The turn's commit failed (``disk_full``: for lack of space): nothing of it was kept."""
+        ...
+
 
 class QueuePort(Protocol):
-    """What a request may do to the queue (:class:`~edge_queue.requests.commands.Commands`)."""
+    """What a request may do to the queue (:class:`~edge_queue.requests.queue.Queue`)."""
 
     settings: Settings
     #: The largest packet, in bytes, the broker takes from the service: an answer's limit
@@ -93,7 +125,6 @@ class WatchPort(Protocol):
         """Publish ``<base>/info`` again (a watch's state changed)."""
         ...
 
-    def submit_as_service(self, raw: bytes) -> dict[str, Any]:
-        """Run a ``submit`` request with payload ``raw`` as the service's own (role ``admin``);
-        returns its response."""
+    def submit_as_service(self, request: SubmitRequest) -> dict[str, Any]:
+        """Run ``request`` as the service's own (role ``admin``); returns its response."""
         ...

@@ -3,16 +3,15 @@
 
 This is the service's half: it runs in the service's loop and turns the files that
 :class:`~edge_queue.watch.watcher.FolderWatcher` (the file-system half, in a thread of its own) hands
-over into jobs, through the same path as an MQTT ``submit``
-(a ``submit`` run as the service's own request), and records each file version in the store
-(``watch_files``) in the same transaction as its job, so that a restart, a rescan or a touch
-makes no second job.
+over into jobs through the queue's typed ``submit``, as any intake's (a
+:class:`~edge_queue.requests.models.SubmitRequest` run as the service's own request), and
+records each file version in the store (``watch_files``) in the same transaction as its job, so
+that a restart, a rescan or a touch makes no second job.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 from pathlib import Path
@@ -22,6 +21,7 @@ from pydantic import ValidationError
 
 from edge_queue.config.settings import Settings, watch_problems
 from edge_queue.errors import ConfigError, ErrorCode, RequestError
+from edge_queue.requests import models
 from edge_queue.requests.ports import WatchPort
 from edge_queue.rules.lifecycle import IN_ATTEMPT
 from edge_queue.store import BesideJob
@@ -61,8 +61,9 @@ def check_watches(settings: Settings, kinds: dict[str, Any]) -> None:
 
 
 class WatchFolders:
-    """The service's side of the watch folders: files handed over by :class:`FolderWatcher`
-    become jobs (one per file version, recorded in the store with the job).
+    """The service's side of the watch folders, an :class:`~edge_queue.requests.ports.Intake`:
+    files handed over by :class:`FolderWatcher` become jobs (one per file version, recorded in
+    the store with the job).
 
     Raises :class:`ConfigError` (at construction) when a watch is outside the media roots,
     overlaps another, names an unknown kind, or has options its kind refuses.
@@ -101,9 +102,9 @@ class WatchFolders:
         return self.watcher.describe()
 
     def wait_s(self, now: float) -> float | None:
-        """Seconds until there is work for :meth:`step`, or None."""
+        """Seconds until there is work for :meth:`take`, or None."""
         if self.service.holding():
-            return None  # the files wait for the broker (step takes none)
+            return None  # the files wait for the broker (take takes none)
         if self.watcher is not None and self.watcher.pending():
             return 0.0
         if self._retry:
@@ -114,12 +115,12 @@ class WatchFolders:
         """The turn's commit succeeded: its files are recorded with their jobs."""
         self._turn = []
 
-    def turn_failed(self) -> None:
+    def turn_failed(self, *, disk_full: bool = False) -> None:
         """The turn's commit failed: its files are offered again next turn."""
         self._retry.extend((0.0, r) for r in self._turn)
         self._turn = []
 
-    def step(self, now: float) -> None:
+    def take(self, now: float) -> None:
         """Take on the files handed over (within :data:`PER_TURN`), inside the turn's group
         commit; republish ``<base>/info`` when a watch's state changed. What it took on stays
         listed until :meth:`committed` or :meth:`turn_failed`."""
@@ -158,8 +159,12 @@ class WatchFolders:
                 return
         key = hashlib.sha256(f"{item.path}\0{item.size}\0{item.mtime_ns}\0{item.digest}".encode()).hexdigest()
         body = {"kind": w.kind, "input": item.path, "options": w.options, "idempotency_key": "watch-" + key[:40]}
-        raw = json.dumps(body).encode("utf-8", "surrogateescape")
-        response = svc.submit_as_service(raw)
+        try:
+            request = models.validated("submit", body, default_kind=w.kind or "")
+            assert isinstance(request, models.SubmitRequest)
+            response = svc.submit_as_service(request)
+        except RequestError as e:  # what the request's model refuses (a path over 4,096 characters)
+            response = {"status": "error", "error": {"code": e.code, "message": e.message}}
         if response.get("status") == "ok":
             job = response["data"]["jobs"][0]
             store.record_watched(item.path, item.size, item.mtime_ns, item.digest, "job", job["job_id"], now)

@@ -1,6 +1,6 @@
-"""The HTTP API's way into the loop: requests handed over from the API's thread, run in the
-loop's turn like any MQTT request, answered after the turn's commit; and the end of the jobs
-those requests wait for.
+"""The HTTP API's intake (an :class:`~.ports.Intake`): typed requests handed over from the API's
+thread, run by the queue (:class:`~.queue.Queue`) when the loop drains its intakes, answered
+after the turn's commit; and the end of the jobs those requests wait for.
 
 Thread-safe by construction: the API's thread only appends to a :class:`collections.deque`
 and writes one byte to the wake socket; everything else runs on the loop's thread, and each
@@ -9,7 +9,7 @@ call becomes a job").
 
 Bounds: at most :data:`CALLS_PER_TURN` requests are run per turn (the rest wait for the next
 one), and a waiter costs one dictionary entry until its job ends or its caller goes away. An
-upload goes with its job's failure or cancel (:meth:`Gateway.committed`): only a succeeded
+upload goes with its job's failure or cancel (:meth:`HttpIntake.committed`): only a succeeded
 job's upload is kept (docs/http-api.md, "Uploads").
 """
 
@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
+from edge_queue.config.settings import Settings
 from edge_queue.errors import ErrorCode
 from edge_queue.http.api import Ended
 from edge_queue.http.uploads import delete
@@ -33,36 +32,49 @@ from edge_queue.mqtt import payloads
 from edge_queue.rules.states import is_terminal
 from edge_queue.store import Store
 
+from .models import Request, RetryRequest, SubmitRequest
+from .queue import Caller, Queue
+
 log = logging.getLogger(__name__)
 
 #: Requests of the API run in one turn of the loop, at most; the rest wait for the next turn.
 CALLS_PER_TURN = 32
 
-#: ``execute(command, raw, user, input_roots)`` -> ``(response, reply_to)``: the requests'
-#: handler (:meth:`~edge_queue.requests.commands.Commands.execute`).
-Execute = Callable[..., tuple[dict[str, Any], Any]]
-
 
 @dataclass(slots=True)
 class _Call:
     command: str
-    raw: bytes
-    user: str | None
-    input_roots: list[Path] | None
+    request: Request
+    caller: Caller
     answered: Future[dict[str, Any]] = field(default_factory=Future)
-    #: submit only: the end of the one job it made (or found)
+    #: the end of the one job it made, found or retried
     ended: Future[Ended] | None = None
 
 
-class Gateway:
-    """Requests from the HTTP API, run by the loop (:class:`~edge_queue.service.Service`)."""
+class HttpIntake:
+    """Requests from the HTTP API, run by the loop (:class:`~edge_queue.service.Service`).
+
+    Args:
+        settings: ``access`` (a caller's role) and ``uploads_dir``: a submit's inputs must be
+            there, and the inputs of jobs that fail or are cancelled there are deleted.
+        queue: the typed queue the requests run against.
+        job_store: returns the open store.
+        wake: the loop's wake socket (written from the API's thread).
+        ended: the jobs that ended in the turn, job id -> the job's row
+            (:attr:`~edge_queue.publish.publisher.Publisher.turn_ended`).
+    """
 
     def __init__(
-        self, execute: Execute, job_store: Callable[[], Store], wake: socket.socket, uploads: Path | None = None
+        self,
+        settings: Settings,
+        queue: Queue,
+        job_store: Callable[[], Store],
+        wake: socket.socket,
+        ended: Mapping[str, dict[str, Any]],
     ) -> None:
-        self._execute, self._job_store, self._wake = execute, job_store, wake
-        #: ``<data_dir>/uploads``: the inputs of jobs that fail or are cancelled there are deleted
-        self._uploads = uploads
+        self._settings, self._queue, self._job_store, self._wake = settings, queue, job_store, wake
+        self._uploads = settings.uploads_dir
+        self._ended = ended
         self._incoming: deque[_Call] = deque()
         #: run this turn, answered at its commit
         self._turn: list[tuple[_Call, dict[str, Any]]] = []
@@ -75,24 +87,27 @@ class Gateway:
 
     # -- the API's thread ---------------------------------------------------------------
 
-    def request(
-        self, command: str, raw: bytes, user: str | None, *, input_roots: list[Path] | None = None
-    ) -> Future[dict[str, Any]]:
-        """Run ``command`` with JSON payload ``raw`` as ``user`` in the loop's next turn; the
-        future gets the response (docs/topics.md, "Response shapes") once the turn is committed.
-        ``input_roots``: the folders a submit's inputs must be in, instead of ``media_roots``."""
-        call = _Call(command, raw, user, input_roots)
-        self._hand_over(call)
-        return call.answered
-
     def submit_and_wait(
-        self, raw: bytes, user: str | None, *, input_roots: list[Path] | None = None, command: str = "submit"
+        self, input: Path, options: dict[str, Any], idempotency_key: str, user: str | None
     ) -> tuple[Future[dict[str, Any]], Future[Ended]]:
-        """``submit`` of one input (or ``retry`` of one job, with ``command``), and the end of
-        its job: the second future is set once the job is terminal (at once for a duplicate of an
-        ended job), and cancelled when the request is refused. Cancelling it (the caller went
-        away) forgets the waiter; the job goes on."""
-        call = _Call(command, raw, user, input_roots, ended=Future())
+        """``submit`` of one ``transcribe`` job of the upload ``input`` (inside ``uploads_dir``)
+        as ``user``, and the end of its job: the first future gets the response
+        (docs/topics.md, "Response shapes") once the turn is committed, the second is set once
+        the job is terminal (at once for a duplicate of an ended job), and cancelled when the
+        request is refused. Cancelling it (the caller went away) forgets the waiter; the job
+        goes on. Raises ``pydantic.ValidationError`` for fields the request model refuses."""
+        request = SubmitRequest(kind="transcribe", input=str(input), options=options, idempotency_key=idempotency_key)
+        return self._wait_for("submit", request, user)
+
+    def retry_and_wait(self, job_id: str, user: str | None) -> tuple[Future[dict[str, Any]], Future[Ended]]:
+        """``retry`` of the job ``job_id`` as ``user``, and its end (as :meth:`submit_and_wait`)."""
+        return self._wait_for("retry", RetryRequest(job_id=job_id), user)
+
+    def _wait_for(
+        self, command: str, request: Request, user: str | None
+    ) -> tuple[Future[dict[str, Any]], Future[Ended]]:
+        caller = Caller(user, self._settings.access.role_of(user), (self._uploads,))
+        call = _Call(command, request, caller, ended=Future())
         self._hand_over(call)
         assert call.ended is not None
         return call.answered, call.ended
@@ -109,17 +124,17 @@ class Gateway:
 
     # -- the loop's thread --------------------------------------------------------------
 
-    def pending(self) -> bool:
-        """True while requests wait to be run."""
-        return bool(self._incoming)
+    def wait_s(self, now: float) -> float | None:
+        """0 while requests wait to be run, else None."""
+        return 0.0 if self._incoming else None
 
-    def step(self) -> None:
+    def take(self, now: float) -> None:
         """Run up to :data:`CALLS_PER_TURN` waiting requests inside the turn's transaction."""
         for _ in range(min(CALLS_PER_TURN, len(self._incoming))):
             call = self._incoming.popleft()
             if call.answered.cancelled():
                 continue
-            response, _ = self._execute(call.command, call.raw, call.user, input_roots=call.input_roots)
+            response = self._queue.answer(call.command, call.request, call.caller)
             self._turn.append((call, response))
             if call.ended is not None:
                 self._watch(call, response)
@@ -136,30 +151,29 @@ class Gateway:
         if is_terminal(self._job_store().get(job_id)["state"]):
             self._done_now.append(job_id)
 
-    def committed(self, turn_jobs: Mapping[str, tuple[bytes, bool]]) -> None:
+    def committed(self) -> None:
         """After the turn's commit: answer its requests, and hand the jobs that ended in it
-        (``turn_jobs``: :attr:`~edge_queue.publish.publisher.Publisher.turn_jobs`, job id ->
-        (encoded job object, terminal)) to those waiting for them."""
+        (``ended``, the rows the turn published) to those waiting for them."""
         for call, response in self._turn:
             if not call.answered.cancelled():
                 call.answered.set_result(response)
         self._turn.clear()
-        self._drop_failed_uploads(turn_jobs)
+        self._drop_failed_uploads()
         if not self._waiting:
             self._done_now.clear()
             return
-        ended = {job_id: body for job_id, (body, terminal) in turn_jobs.items() if terminal and job_id in self._waiting}
+        ended = {job_id: row for job_id, row in self._ended.items() if job_id in self._waiting}
         store = self._job_store()
         for job_id in self._done_now:
             if job_id not in ended:
-                ended[job_id] = payloads.encode(payloads.job_object(store.get(job_id)))
+                ended[job_id] = store.get(job_id)
         self._done_now.clear()
-        for job_id, body in ended.items():
+        for job_id, row in ended.items():
             waiters = self._waiting.pop(job_id, [])
             live = [f for f in waiters if not f.cancelled()]
             if not live:
                 continue
-            result = Ended(orjson.loads(body), store.output_files(job_id))
+            result = Ended(payloads.job_object(row), store.output_files(job_id))
             for fut in live:
                 if not fut.done():
                     fut.set_result(result)
@@ -168,20 +182,15 @@ class Gateway:
         for job_id in [j for j, fs in self._waiting.items() if all(f.cancelled() for f in fs)]:
             del self._waiting[job_id]
 
-    def _drop_failed_uploads(self, turn_jobs: Mapping[str, tuple[bytes, bool]]) -> None:
+    def _drop_failed_uploads(self) -> None:
         """Delete the uploads of the jobs that failed or were cancelled in the turn: nothing
         reads them again (the same audio sent again is answered from the job's error, or
         uploaded anew for its retry), and a caller's refused audio would otherwise hold the
         disk for ``retention_days`` and a day."""
-        if self._uploads is None:
-            return
-        folder = str(self._uploads).encode()
-        for body, terminal in turn_jobs.values():
-            if not terminal or folder not in body:
-                continue
-            job = orjson.loads(body)
+        prefix = f"{self._uploads}/"
+        for job in self._ended.values():
             path = job.get("input")
-            if job.get("state") in ("failed", "cancelled") and isinstance(path, str):
+            if isinstance(path, str) and path.startswith(prefix) and job.get("state") in ("failed", "cancelled"):
                 upload = Path(path)
                 if upload.is_relative_to(self._uploads) and ".." not in upload.parts:
                     try:
