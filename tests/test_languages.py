@@ -24,6 +24,7 @@ from edge_queue.kinds import bundled, languages
 from edge_queue.kinds.transcribe import Transcribe
 
 from .conftest import need, wait_until, wer
+from .helpers.figures import figures
 from .helpers.http_api import KEY, api_service, bazarr_asr, pcm_of
 from .helpers.nodes import final, hub_env, online
 from .helpers.worker_ctx import Ctx
@@ -273,8 +274,13 @@ def test_noise_silero_passes_as_speech_has_no_language_and_telling_costs_under_a
     assert told["pink-0.8"].speech_s > 17 and told["pink-0.8"].passes == 1  # Silero had passed it
     assert [told[c].language for c in ("jfk", "es", "it", "fr", "de")] == ["en", "es", "it", "fr", "de"], told
     assert told["de"].probability >= 0.5 and told["fr"].probability < 0.5  # French: uncertain, as before
-    # And telling it costs under a CPU second a file (before: 1.6-2.0 CPU-s when two passes ran)
-    assert max(cpu.values()) < 1.0, cpu
+    # And telling it takes one encoder pass on noise and on sure speech, two at most (a short
+    # one, then a padded STANDARD_S window, never Whisper's 30-s one): the CPU it costs is
+    # measured in bench/p9_languages.py, not timed here, where other tests share the cores
+    assert all(told[name].passes == 1 for name in (*noise, "jfk", "es", "it")), told
+    assert told["fr"].passes == 2 and max(t.passes for t in told.values()) == 2, told
+    assert languages.STANDARD_S < 30
+    figures(detect_cpu_s={name: round(s, 2) for name, s in cpu.items()})
 
 
 def bazarr_subtitle(url: str, pcm: bytes, wanted: str) -> tuple[httpx.Response, httpx.Response | None]:

@@ -68,6 +68,7 @@ def store_jobs(db: Path) -> tuple[int, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # its waits run to 600 s under a parallel run's load
 @pytest.mark.parametrize("n", [10_000, 50_000, 100_000])
 def test_burst_of_submits_from_one_client_is_answered_exactly_once(
     shipped_mosquitto: PrivateMosquitto, tmp_path: Path, n: int, rig: Callable[..., Rig]
@@ -98,6 +99,7 @@ def test_burst_of_submits_from_one_client_is_answered_exactly_once(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # its waits run to 600 s under a parallel run's load
 def test_four_clients_at_once_with_other_requests(
     shipped_mosquitto: PrivateMosquitto, tmp_path: Path, rig: Callable[..., Rig]
 ) -> None:
@@ -144,6 +146,7 @@ def test_four_clients_at_once_with_other_requests(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # its waits run to 600 s under a parallel run's load
 def test_kill_9_during_a_burst_loses_nothing_acknowledged(
     shipped_mosquitto: PrivateMosquitto, tmp_path: Path, rig: Callable[..., Rig]
 ) -> None:
@@ -340,6 +343,7 @@ def test_restarts_with_100k_stored_jobs(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # its waits run to 600 s under a parallel run's load
 def test_republish_storm_is_coalesced(
     shipped_mosquitto: PrivateMosquitto, tmp_path: Path, store_100k: Path, rig: Callable[..., Rig]
 ) -> None:
