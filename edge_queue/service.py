@@ -37,10 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from edge_queue import package_version
+from edge_queue.component import Component
 from edge_queue.config.settings import Settings
 from edge_queue.errors import ConfigError
 from edge_queue.http.api_server import ApiServer, start_api
 from edge_queue.http.page import PageServer, start_page
+from edge_queue.jobs.control import QueueControl
 from edge_queue.jobs.outcomes import Outcomes
 from edge_queue.jobs.recovery import GhostClearing, requeue_orphans
 from edge_queue.jobs.retention import Retention
@@ -67,8 +69,9 @@ from edge_queue.rules.limits import DiskGuard
 from edge_queue.rules.rates import RejectionLog
 from edge_queue.store import Store, iso, new_id
 from edge_queue.store.preflight import check_data_dir, no_locks, private_store_files
+from edge_queue.wake import WakeSocket
 from edge_queue.watch.folders import WatchFolders
-from edge_queue.workers.supervisor import Outcome, Supervisor
+from edge_queue.workers.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +146,6 @@ class Service:
         self.topics = Topics(settings.mqtt.base_topic)
         self.kinds = checked_kinds(settings)
         self.run_id = new_id()
-        self.paused = False
         self.stopping = False
         self.stop_now = False  # a second SIGTERM/SIGINT: do not wait for running jobs
         self.store: Store | None = None
@@ -158,21 +160,20 @@ class Service:
         )
         self.packet_limit = lambda: self.bridge.outbox.packet_limit  # (QueuePort's)
         self.notifier = Notifier()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
+        self.wake = WakeSocket()
         self.page: PageServer | None = None  # the queue page ([http]), started by run()
         self.api: ApiServer | None = None  # the HTTP API ([api]), started by run()
         self.reply_areas = ReplyAreas([*settings.access.admins, *settings.access.users, *settings.access.nodes])
         self.commands = Commands(self)
         self.nodes = Nodes(settings, self.topics, self.bridge, kinds=self.kinds)  # worker nodes: docs/nodes.md
         self.watch_folders = WatchFolders(self)  # [[watch]] (edge_queue/watch/folders.py)
+        self.control: QueueControl  # pause, resume, republish (below: it needs the publisher)
         self.publisher = Publisher(
             self.bridge,
             self.topics,
             self.job_store,
             self.supervisor,
-            lambda: self.paused,
+            lambda: self.control.paused,
             ha_last=settings.homeassistant.discovery,
             nodes=self.nodes.summary,
         )
@@ -189,6 +190,8 @@ class Service:
             self.nodes.summary,
             self.publisher.ha_finished,
         )
+        control = (self.job_store, self.supervisor, self.publisher, self.announcer, self.republisher, clock)
+        self.control = QueueControl(*control)
         retry = settings.retry
         self.disk = DiskGuard(settings.data_dir, settings.limits.min_free_disk_mb)
         self.outcomes = Outcomes(
@@ -197,23 +200,48 @@ class Service:
             self.disk,
             crash_loop_limit=settings.crash_loop_limit,
             backoff=lambda attempt: backoff_s(attempt, retry.backoff_base_s, retry.backoff_cap_s, rng),
+            sources=(self.supervisor.poll, lambda: self.nodes.poll(self.bridge.connected)),
         )
+        self.nodes.on_change = self.node_changed
         self.scheduler = Scheduler(
-            settings, self.kinds, self.job_store, self.supervisor, self.run_id, self.publisher.publish_job, self.nodes
+            settings,
+            self.kinds,
+            self.job_store,
+            self.supervisor,
+            self.run_id,
+            self.publisher.publish_job,
+            self.nodes,
+            may_start=self.may_start,
         )
-        self.retention = Retention(settings, self.job_store, self.publisher)
-        self.ghosts = GhostClearing(settings, self.topics, self.bridge, self.job_store, self._wake_w)
+        self.retention = Retention(settings, self.job_store, self.publisher, holding=self.holding)
+        self.ghosts = GhostClearing(settings, self.topics, self.bridge, self.job_store, self.wake.writer)
         areas = self.reply_areas
         self.dispatcher = Dispatcher(settings, self.topics, self.bridge, self.job_store, self.commands, clock, areas)
         self.dispatcher.on_shared_submit = self.announcer.submitted  # Home Assistant's <base>/ha/submit
         self.dispatcher.on_connected = self.on_connected
         queue, ended = self.commands.queue, self.publisher.turn_ended
-        self.http_intake = HttpIntake(settings, queue, self.job_store, self._wake_w, ended)  # [api]'s
+        self.http_intake = HttpIntake(settings, queue, self.job_store, self.wake.writer, ended)  # [api]'s
         self.intakes: tuple[Intake, ...] = (self.dispatcher, self.watch_folders, self.http_intake)  # drained in order
+        #: the turn's parts, in its order (docs/architecture.md, "The turn's parts")
+        self.parts: tuple[Component, ...] = (
+            *self.intakes,  # first: a job from any door is claimed in the turn that took it
+            self.outcomes,
+            self.nodes,
+            self.scheduler,
+            self.supervisor,  # hands the turn's claims to the workers once committed
+            self.publisher,
+            self.ghosts,
+            self.retention,
+            self.republisher,
+        )
+        # the ports' operations (edge_queue/requests/ports.py) that another room does
+        self.publish_job, self.purge = self.publisher.publish_job, self.retention.purge
+        self.info, self.publish_info = self.announcer.info, self.announcer.publish_info
+        self.set_paused, self.republish = self.control.set_paused, self.control.republish
+        self.disk_full = self.disk.why_full
         self.turn_log = TurnLog.attach()  # a turn's lines are logged once it is committed
         self._boot_changes: list[dict[str, Any]] = []  # events owed for changes made before connecting
         self._lock: Any = None
-        self._carried: list[Outcome] = []  # outcomes of a turn whose commit failed
         self._commit_failures = RejectionLog("failed commit(s)", logging.ERROR, log)
         self.longest_turn_s = 0.0
 
@@ -229,10 +257,8 @@ class Service:
         if store_was_new:
             os.chmod(s.db_path, 0o600)  # readable by the service's user only, whatever the umask
         self.announcer.instance_id = instance_id = store.instance_id()
-        self.paused = bool(store.meta("paused"))  # a pause outlives restarts
+        self.control.restore()  # a pause outlives restarts
         self.dispatcher.requests_seen = store.meta("requests_seen") or 0
-        if self.paused:
-            log.warning("the queue is paused (since before this start): no job starts until a resume")
         if not self.bridge.client_id:
             self.bridge.set_client_id(f"edge-queue-{instance_id}-{store.client_id_secret()}")
         self.bridge.foreign.recorded = store.meta_text(SESSION_KEY)
@@ -243,12 +269,7 @@ class Service:
         self.nodes.adopt(store.on_nodes())  # jobs on worker nodes keep their lease
         self.supervisor.start()
         self.watch_folders.boot()
-        # another installation announcing itself (live messages only)
-        self.bridge.watch[self.topics.info] = self.announcer.on_foreign_info
-        ha = s.homeassistant
-        if ha.discovery:
-            # Home Assistant's birth message (not retained): it has just started, send the config
-            self.bridge.watch[f"{ha.prefix}/status"] = self.announcer.on_homeassistant_status
+        self.announcer.listen()
         self.bridge.connect(connect_timeout_s)
 
     def request_stop(self, *_: Any) -> None:
@@ -257,10 +278,7 @@ class Service:
         if self.stopping:
             self.stop_now = True
         self.stopping = self.outcomes.stopping = True
-        try:
-            self._wake_w.send(b"\0")
-        except OSError:
-            pass
+        self.wake.wake()
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -287,7 +305,7 @@ class Service:
     def step(self, max_wait_s: float = 1.0) -> None:
         """One loop turn: wait for something (at most ``max_wait_s`` s), then act on what is pending."""
         sock = self.bridge.fileno()
-        readable: list[Any] = [self._wake_r, *self.supervisor.wait_handles()]
+        readable: list[Any] = [self.wake.reader, *self.supervisor.wait_handles()]
         writable: list[Any] = []
         if sock is not None:
             readable.append(sock)
@@ -298,11 +316,7 @@ class Service:
         except InterruptedError:
             pass
         t0 = time.monotonic()
-        try:
-            while self._wake_r.recv(4096):
-                pass
-        except (BlockingIOError, OSError):
-            pass
+        self.wake.drain()
         self.bridge.pump(time.monotonic())
         self.tick(self.clock())
         self.bridge.pump(time.monotonic())
@@ -314,58 +328,43 @@ class Service:
                 log.warning("slow loop turn: %.2f s", took)
 
     def tick(self, now: float) -> None:
-        """Act on everything pending at ``now``: messages, worker outcomes, due jobs, publishes,
-        as one group commit (see the module's invariants)."""
+        """Act on everything pending at ``now``: each part's turn (:attr:`parts`, in order:
+        requests, worker outcomes, due jobs, publishes), as one group commit (see the module's
+        invariants); then each part is told whether the commit succeeded."""
         store = self.job_store()
-        outcomes = self._carried + self.supervisor.poll() + self.nodes.poll(self.bridge.connected)
-        self._carried = []
         try:
             with self.turn_log.held((sqlite3.Error, OSError)), self.bridge.held(), store.group():
-                for intake in self.intakes:  # before the scheduler: a job from any door starts this turn
-                    intake.take(now)
-                self.outcomes.apply_all(outcomes, self.clock())
-                if self.nodes.end_turn():  # a node came, went or changed
-                    self.announcer.publish_info()
-                    self.publisher.queue_dirty = True
-                if (
-                    not (self.paused or self.stopping or self.bridge.holding or self.bridge.backlog_high())
-                    and self.disk.allows_starts()
-                ):
-                    self.scheduler.schedule(self.clock())
-                self.publisher.flush(self.clock())
-                self.ghosts.step()
-                if not self.bridge.holding:
-                    self.retention.step(self.clock())
-                self.republisher.step()
+                for part in self.parts:
+                    part.turn(now)
                 if self.dispatcher.taken:
                     # last: a new job may be claimed before its row is written (Store.claim)
                     store.set_meta("requests_seen", self.dispatcher.requests_seen)
         except (sqlite3.Error, OSError) as e:
-            self._turn_failed(e, outcomes)
+            full = disk_full_error(e)
+            for part in self.parts:
+                part.turn_failed(disk_full=full)
+            self._commit_failures.warning(
+                "could not commit to %s: %s; %d request(s) answered %s, "
+                "the turn's job changes are kept for the next turn",
+                self.settings.db_path,
+                e,
+                len(self.dispatcher.taken),
+                "disk_full" if full else "internal_error",
+            )
             return
-        for intake in self.intakes:
-            intake.committed()
-        self.nodes.committed()
-        self.supervisor.dispatch()
-        self.publisher.publish_states(time.monotonic())
-        self.retention.committed()
+        for part in self.parts:
+            part.committed()
 
-    def _turn_failed(self, e: Exception, outcomes: list[Outcome]) -> None:
-        self.supervisor.unassign()
-        self.nodes.turn_failed()
-        self.publisher.turn_failed()
-        self.retention.turn_failed()
-        full = disk_full_error(e)
-        for intake in self.intakes:
-            intake.turn_failed(disk_full=full)
-        self._carried = [o for o in outcomes if o.op != "progress"]
-        self._commit_failures.warning(
-            "could not commit to %s: %s; %d request(s) answered %s, the turn's job changes are kept for the next turn",
-            self.settings.db_path,
-            e,
-            len(self.dispatcher.taken),
-            "disk_full" if full else "internal_error",
-        )
+    def may_start(self) -> bool:
+        """True when the scheduler may start jobs: not paused or stopping, the broker keeping
+        up with us, the disk over its minimum (docs/operations.md)."""
+        held = self.bridge.holding or self.bridge.backlog_high()
+        return not (self.control.paused or self.stopping or held) and self.disk.allows_starts()
+
+    def node_changed(self) -> None:
+        """A worker node came, went or changed: ``<base>/info`` now, ``<base>/queue`` soon."""
+        self.announcer.publish_info()
+        self.publisher.queue_dirty = True
 
     def on_connected(self, item: Connected) -> None:
         """(Re)connected: ``online``, ``info``, the changes made before the first connect, and
@@ -382,21 +381,13 @@ class Service:
         self.ghosts.start()
 
     def _wait_s(self, cap: float) -> float:
-        now = self.clock()
-        intakes = [intake.wait_s(now) for intake in self.intakes]
-        if 0.0 in intakes:
-            return 0.0
-        due = self.job_store().next_due(after=now)
-        waits = (
-            self.bridge.wait_s(time.monotonic()),
-            self.supervisor.next_deadline(),
-            self.nodes.wait_s(),
-            self.publisher.wait_s(),
-            *intakes,
-            0.05 if self.republisher.active or self._carried else None,
-            None if due is None else due - now,
-        )
-        return max(0.0, min([cap, *(w for w in waits if w is not None)]))
+        now, waits = self.clock(), [cap, self.bridge.wait_s(time.monotonic())]
+        for part in self.parts:
+            wait = part.wait_s(now)
+            if wait == 0.0:
+                return 0.0
+            waits.append(wait)
+        return max(0.0, min(w for w in waits if w is not None))
 
     # -- the ports (edge_queue/requests/ports.py) ------------------------------------------------
 
@@ -407,27 +398,12 @@ class Service:
     def count_work(self, changes: int) -> None:
         self.dispatcher.turn_work += changes
 
-    def publish_job(self, job: dict[str, Any], event: str | None = None) -> None:
-        self.publisher.publish_job(job, event)
-
     def cancel_running(self, job_id: str) -> None:
         if not self.nodes.cancel(job_id):
             self.supervisor.cancel(job_id, self.settings.cancel_grace_s)
 
-    def purge(self, job_ids: list[str]) -> list[str]:
-        return self.retention.purge(job_ids)
-
-    def disk_full(self, jobs: int = 0, payload_bytes: int = 0) -> str | None:
-        return self.disk.why_full(jobs, payload_bytes)
-
-    def info(self) -> dict[str, Any]:
-        return self.announcer.info()
-
-    def publish_info(self) -> None:
-        self.announcer.publish_info()
-
     def wake_socket(self) -> socket.socket:
-        return self._wake_w
+        return self.wake.writer
 
     def holding(self) -> bool:
         return self.bridge.holding
@@ -438,28 +414,6 @@ class Service:
     def submit_as_service(self, request: SubmitRequest) -> dict[str, Any]:
         return self.commands.queue.answer("submit", request, SERVICE)
 
-    def set_paused(self, paused: bool) -> None:
-        """Pause (no job starts; running ones go on) or resume the queue, kept in the store.
-
-        On pause, the jobs handed to workers in advance and not started yet are asked back
-        (:meth:`Supervisor.release`): they go back to ``queued``, their attempt not counted, and
-        none starts after the pause is acknowledged (docs/topics.md, ``pause``)."""
-        self.job_store().set_meta("paused", int(paused))
-        self.paused = paused
-        if paused:
-            for slot in self.supervisor.slots:
-                if len(slot.jobs) > 1:
-                    self.supervisor.release(slot)
-        self.publisher.publish_queue(self.clock())
-
-    def republish(self) -> bool:
-        """Republish status, info, queue, every job and batch, in pieces; False if one is running (it covers this)."""
-        if self.republisher.active:
-            return False
-        self.announcer.announce(forget_conflicts=True)
-        self.republisher.start()
-        return True
-
     # -- stop ---------------------------------------------------------------------------
 
     def shutdown(self) -> None:
@@ -469,20 +423,8 @@ class Service:
         store = self.job_store()
         self.stopping = self.outcomes.stopping = True
         stop_http_calls(self)
-        for slot in self.supervisor.slots:
-            if len(slot.jobs) > 1:  # jobs waiting in a worker's queue go back to the queue now
-                self.supervisor.release(slot)
-        running = len(self.supervisor.running_job_ids())
-        if running:
-            log.info("stopping: waiting up to %.0f s for %d running job(s)", self.settings.cancel_grace_s, running)
-        else:
-            log.info("stopping: no job is running")
-        end = time.monotonic() + self.settings.cancel_grace_s
-        while self.supervisor.running_job_ids() and time.monotonic() < end and not self.stop_now:
-            self.step(min(0.5, max(0.0, end - time.monotonic())))
-        interrupted = self.supervisor.running_job_ids()
-        if self.stop_now and interrupted:
-            log.warning("second stop signal: stopping now; %d running job(s) are queued again", len(interrupted))
+        self.control.release_waiting()  # jobs waiting in a worker's queue go back to the queue now
+        interrupted = let_running_finish(self)
         self.supervisor.stop()
         self.watch_folders.stop()
         now = self.clock()
@@ -501,8 +443,7 @@ class Service:
     def close(self) -> None:
         """Release the store and the wake-up sockets (also for a service that never ran)."""
         self.watch_folders.stop()
-        for sock in (self._wake_r, self._wake_w):
-            sock.close()
+        self.wake.close()
         self.notifier.close()
         self.turn_log.detach()
         stop_http_calls(self, wait=True)
@@ -538,6 +479,23 @@ def stop_http_calls(service: Service, *, wait: bool = False) -> None:
     service.http_intake.stop()  # first: the API answers its waiting callers while it stops
     if service.api is not None:
         service.api.stop() if wait else service.api.begin_stop()
+
+
+def let_running_finish(service: Service) -> set[str]:
+    """The graceful stop's wait: the running jobs get ``cancel_grace_s`` to finish (a second
+    stop signal ends the wait); returns the ids of those still running after it."""
+    running, grace_s = len(service.supervisor.running_job_ids()), service.settings.cancel_grace_s
+    if running:
+        log.info("stopping: waiting up to %.0f s for %d running job(s)", grace_s, running)
+    else:
+        log.info("stopping: no job is running")
+    end = time.monotonic() + grace_s
+    while service.supervisor.running_job_ids() and time.monotonic() < end and not service.stop_now:
+        service.step(min(0.5, max(0.0, end - time.monotonic())))
+    interrupted = service.supervisor.running_job_ids()
+    if service.stop_now and interrupted:
+        log.warning("second stop signal: stopping now; %d running job(s) are queued again", len(interrupted))
+    return interrupted
 
 
 def settle_own_requests(service: Service) -> None:

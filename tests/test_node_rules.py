@@ -466,7 +466,7 @@ def test_a_heartbeat_and_an_announcement_cost_bounded_work(tmp_path: Path, caplo
     say(nodes, "n2", {"op": "done", "job_id": "j1", "attempt": 1, "result": {}})
     assert [o.op for o in nodes.poll(True)] == ["done"]  # n2 read in the turn n1's flood is cut
     assert 0 < nodes.inbox_bytes <= len(big) and len(big) * 2 <= POLL_BYTES_PER_NODE + len(big)
-    assert nodes.wait_s() == 0.0  # the rest is read in the next turn, at once
+    assert nodes.wait_s(0.0) == 0.0  # the rest is read in the next turn, at once
     nodes.poll(True)
     assert nodes.inbox == []
     refused = [r for r in caplog.records if r.name == "edge_queue.nodes.hub" and r.levelname == "WARNING"]

@@ -697,7 +697,7 @@ def test_a_failed_commit_offers_the_files_again(tmp_path: Path, root: Path) -> N
         wait_until(lambda: folders.watcher.pending(), 10, "a complete file")  # type: ignore[union-attr]
         # When the turn that made its job fails to commit
         with pytest.raises(sqlite3.OperationalError), svc.store.group():
-            folders.take(time.time())
+            folders.turn(time.time())
             assert svc.store.counts()["queued"] == 1
             raise sqlite3.OperationalError("database or disk is full")
         folders.turn_failed()
@@ -705,13 +705,13 @@ def test_a_failed_commit_offers_the_files_again(tmp_path: Path, root: Path) -> N
         assert svc.store.watched_files([str(inbox)]) == {}
         # Then the next turn makes it, once
         with svc.store.group():
-            folders.take(time.time())
+            folders.turn(time.time())
         folders.committed()
         jobs = svc.store.list_jobs()
         assert [j["input"] for j in jobs] == [str(inbox / "a.wav")]
         assert list(svc.store.watched_files([str(inbox)])) == [str(inbox / "a.wav")]
         with svc.store.group():
-            folders.take(time.time())
+            folders.turn(time.time())
         assert len(svc.store.list_jobs()) == 1
     finally:
         folders.stop()

@@ -9,6 +9,7 @@ import logging
 import os
 from collections.abc import Callable
 
+from edge_queue.component import Component
 from edge_queue.errors import ErrorCode, NotFoundError
 from edge_queue.publish.publisher import Publisher
 from edge_queue.rules import lifecycle
@@ -21,14 +22,18 @@ from edge_queue.written import valid_identity
 log = logging.getLogger(__name__)
 
 
-class Outcomes:
-    """Applies a turn's worker outcomes to the store, in order.
+class Outcomes(Component):
+    """Applies a turn's worker outcomes to the store, in order: a part of the loop's turn
+    that polls its ``sources`` (the local workers, the worker nodes) and applies what they
+    reported; the outcomes of a turn whose commit failed are applied again in the next
+    (progress reports excepted).
 
     Args:
         store: returns the open store.
         publisher: publishes each changed job; throttles progress.
         crash_loop_limit: worker deaths in a row that end a job ``failed: crash_loop``.
         backoff: seconds before the retry of a failed attempt number (full jitter).
+        sources: called each turn, each returns the outcomes reported since the last call.
     """
 
     def __init__(
@@ -39,13 +44,34 @@ class Outcomes:
         *,
         crash_loop_limit: int,
         backoff: Callable[[int], float],
+        sources: tuple[Callable[[], list[Outcome]], ...] = (),
     ) -> None:
+        self.sources = sources
+        self.pending: list[Outcome] = []  # this turn's, until it commits or fails
+        self.carried: list[Outcome] = []  # a failed turn's, applied in the next
         self.store, self.publisher, self.disk = store, publisher, disk
         self.crash_loop_limit, self.backoff = crash_loop_limit, backoff
         #: set by the service once it stops: a worker lost from then on was ended by the stop
         #: (its job is treated as :meth:`graceful_stop` treats it; no attempt counts)
         self.stopping = False
         self.unkept = RejectionLog("chunk(s) not kept", logging.WARNING, log)
+
+    def wait_s(self, now: float) -> float | None:
+        """Soon after a failed commit: its outcomes are applied again."""
+        return 0.05 if self.carried else None
+
+    def turn(self, now: float) -> None:
+        """Apply the outcomes carried from a failed turn and those the sources report now."""
+        self.pending = self.carried + [outcome for source in self.sources for outcome in source()]
+        self.carried = []
+        self.apply_all(self.pending, now)
+
+    def committed(self) -> None:
+        self.pending = []
+
+    def turn_failed(self, *, disk_full: bool) -> None:
+        # (when the turn failed before this part's turn, nothing was polled: carried stays)
+        self.carried, self.pending = self.carried + [o for o in self.pending if o.op != "progress"], []
 
     def apply_all(self, outcomes: list[Outcome], now: float) -> None:
         """:meth:`apply` for each of a turn's outcomes, in order; each run of successes and

@@ -17,6 +17,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from edge_queue.component import Component
 from edge_queue.config.settings import Settings
 from edge_queue.mqtt.bridge import Bridge
 from edge_queue.mqtt.scan import RetainedScan
@@ -45,7 +46,7 @@ def requeue_orphans(store: Store, run_id: str, now: float) -> list[dict[str, Any
     return changed
 
 
-class GhostClearing:
+class GhostClearing(Component):
     """Clears the retained job and batch topics of ids the store does not know (a fresh
     ``data_dir``, a purge while the broker was away, a broker save older than a purge).
 
@@ -93,7 +94,7 @@ class GhostClearing:
         )
         self.scan.start()
 
-    def step(self) -> None:
+    def turn(self, now: float) -> None:
         """Take the scan's result when it has ended; check its job ids in pieces, one per turn."""
         scan = self.scan
         if scan is not None and not scan.is_alive():

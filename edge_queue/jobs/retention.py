@@ -11,6 +11,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 
+from edge_queue.component import Component
 from edge_queue.config.settings import Settings
 from edge_queue.publish.publisher import Publisher
 from edge_queue.rules.limits import BULK_LIMIT
@@ -28,7 +29,7 @@ DELIVERED_KEEP_S = 7 * 86400.0
 WAL_CHECK_S = 5.0
 
 
-class Retention:
+class Retention(Component):
     """Deletes terminal jobs from the store, the broker and ``data_dir``.
 
     Args:
@@ -37,8 +38,14 @@ class Retention:
         publisher: clears the retained topics of what is deleted.
     """
 
-    def __init__(self, settings: Settings, store: Callable[[], Store], publisher: Publisher) -> None:
-        self.settings, self.store, self.publisher = settings, store, publisher
+    def __init__(
+        self,
+        settings: Settings,
+        store: Callable[[], Store],
+        publisher: Publisher,
+        holding: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.settings, self.store, self.publisher, self.holding = settings, store, publisher, holding
         self.next_run = 0.0
         self.turn_purged: list[str] = []  # jobs purged this turn: their folders go after the commit
         self.next_wal_check = 0.0
@@ -56,11 +63,11 @@ class Retention:
             log.info("purged %d job(s)", len(gone))
         return gone
 
-    def step(self, now: float) -> None:
+    def turn(self, now: float) -> None:
         """Every :data:`RETENTION_INTERVAL_S` (Unix seconds ``now``): forget old request
         records, and purge up to :data:`BULK_LIMIT` jobs finished more than ``retention_days``
-        ago (the rest in the next turns)."""
-        if now < self.next_run:
+        ago (the rest in the next turns); not while the broker's messages are held."""
+        if now < self.next_run or self.holding():
             return
         self.next_run = now + RETENTION_INTERVAL_S
         store = self.store()
@@ -109,6 +116,6 @@ class Retention:
             )
         self.wal_over = not small
 
-    def turn_failed(self) -> None:
+    def turn_failed(self, *, disk_full: bool = False) -> None:
         """The turn's commit failed: its purges did not happen."""
         self.turn_purged.clear()

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
+from edge_queue.component import Component
 from edge_queue.config.settings import Settings
 from edge_queue.logfmt import clip
 from edge_queue.nodes.hub import HUB, NODE_OWNER, Nodes
@@ -84,7 +85,7 @@ def with_kept_chunks(store: Store, job: dict[str, Any]) -> dict[str, Any]:
     return job
 
 
-class Scheduler:
+class Scheduler(Component):
     """Hands due jobs to the local worker pool.
 
     Args:
@@ -95,6 +96,8 @@ class Scheduler:
         owner: the run id the claims are made for (orphans are the jobs of other runs).
         on_assign: called with each job handed out (the service publishes it).
         nodes: the worker nodes (docs/nodes.md); their free slots are filled after the local ones.
+        may_start: False while no job may start (paused, stopping, the broker's messages held
+            or backlogged, the disk short of its minimum): the turn schedules nothing then.
     """
 
     def __init__(
@@ -106,13 +109,25 @@ class Scheduler:
         owner: str,
         on_assign: Callable[[dict[str, Any]], None],
         nodes: Nodes,
+        may_start: Callable[[], bool] = lambda: True,
     ) -> None:
+        self.may_start = may_start
         self.concurrency = {k: settings.kind(k).max_concurrency for k in kinds}
         self.prefer = {k: settings.kind(k).prefer for k in self.concurrency if settings.kind(k).prefer}
         self.nodes = nodes
         self.timeouts = {k: settings.kind(k).timeout_s for k in self.concurrency}
         self.outputs = str(settings.outputs_dir)
         self.store, self.supervisor, self.owner, self.on_assign = store, supervisor, owner, on_assign
+
+    def wait_s(self, now: float) -> float | None:
+        """Seconds until the next job waiting for its ``run_at`` (a retry's backoff) is due."""
+        due = self.store().next_due(after=now)
+        return None if due is None else due - now
+
+    def turn(self, now: float) -> None:
+        """Schedule (:meth:`schedule`) when jobs may start."""
+        if self.may_start():
+            self.schedule(now)
 
     def schedule(self, now: float) -> None:
         """Give jobs due at ``now`` (Unix seconds) to workers."""

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
+from edge_queue.component import Component
 from edge_queue.config.settings import Settings
 from edge_queue.errors import ErrorCode
 from edge_queue.logfmt import clip
@@ -167,7 +168,7 @@ def node_of(owner: str | None) -> str | None:
     return owner[len(NODE_OWNER) :] if owner and owner.startswith(NODE_OWNER) else None
 
 
-class Nodes:
+class Nodes(Component):
     """Worker nodes and their leases, for the service's loop (one thread; no locking).
 
     Args:
@@ -187,6 +188,7 @@ class Nodes:
         kinds: Mapping[str, Any] | None = None,
     ) -> None:
         bridge.on_node = self.on_message
+        self.on_change: Callable[[], None] = lambda: None  # a node came, went or changed
         self.kind_classes = kinds or {}  # name -> kind class: the result shapes (Kind.Result)
         self.publish = bridge.publish
         self.allowed = frozenset(settings.access.nodes)
@@ -461,6 +463,12 @@ class Nodes:
 
     # -- the loop's turn ----------------------------------------------------------------
 
+    def turn(self, now: float) -> None:
+        """The turn's ``ok`` answers (:meth:`end_turn`); ``on_change`` once a node came, went
+        or changed."""
+        if self.end_turn():
+            self.on_change()
+
     def end_turn(self) -> bool:
         """Publish the turn's ``ok`` answers (:meth:`send_acks`); True once after a node came,
         went or changed (``<base>/info`` and ``<base>/queue`` are due)."""
@@ -468,7 +476,7 @@ class Nodes:
         changed, self.changed = self.changed, False
         return changed
 
-    def wait_s(self) -> float | None:
+    def wait_s(self, now: float) -> float | None:
         """Seconds until the first lease runs out or timeout or cancel is due (0 while messages
         wait to be read), or None."""
         if self.inbox:
@@ -491,7 +499,7 @@ class Nodes:
         for lease in self.leases.values():
             lease.new = False
 
-    def turn_failed(self) -> None:
+    def turn_failed(self, *, disk_full: bool = False) -> None:
         """The turn's commit failed: its hand-outs were rolled back (their messages dropped)."""
         for job_id in [j for j, lease in self.leases.items() if lease.new]:
             del self.leases[job_id]

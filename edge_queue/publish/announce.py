@@ -198,6 +198,14 @@ class Announcer:
         if not store.meta("discovery_published"):
             store.set_meta("discovery_published", 1)
 
+    def listen(self) -> None:
+        """Watch for another installation announcing itself on our ``<base>/info`` (live
+        messages only) and, with discovery on, for Home Assistant's birth message."""
+        self.bridge.watch[self.topics.info] = self.on_foreign_info
+        ha = self.settings.homeassistant
+        if ha.discovery:
+            self.bridge.watch[f"{ha.prefix}/status"] = self.on_homeassistant_status
+
     def on_homeassistant_status(self, payload: bytes, retained: bool) -> None:
         """Home Assistant's birth message (not retained): it has just started; send the config,
         and the finished jobs it has not received. Its Last Will (``offline``): finished jobs

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from edge_queue.component import Component
 from edge_queue.errors import NotFoundError
 from edge_queue.mqtt import payloads
 from edge_queue.mqtt.bridge import Bridge
@@ -63,7 +64,7 @@ def storage(db_path: Path) -> dict[str, int | None]:
     return {"store_bytes": size, "disk_free_bytes": free}
 
 
-class Publisher:
+class Publisher(Component):
     """Job events and retained state, throttled and coalesced.
 
     Args:
@@ -174,7 +175,11 @@ class Publisher:
             return None
         return int(parse_iso(job["finished_at"]) + self.finished_expiry_s - now)
 
-    def turn_failed(self) -> None:
+    def committed(self) -> None:
+        """The turn's commit succeeded: its job states leave (:meth:`publish_states`)."""
+        self.publish_states(time.monotonic())
+
+    def turn_failed(self, *, disk_full: bool = False) -> None:
         """The turn's commit failed: nothing it decided is published."""
         self.turn_jobs.clear()
         self.turn_ended.clear()
@@ -230,9 +235,10 @@ class Publisher:
         if job["attempt"] == data["attempt"] and job["state"] in (JobState.RUNNING, JobState.CANCELLING):
             self.publish_job(job, "update")
 
-    def flush(self, now: float) -> None:
-        """Publish throttled progress, batches and the queue summary whose interval has passed;
-        forget the finished runs Home Assistant got (inside the turn's group)."""
+    def turn(self, now: float) -> None:
+        """Publish throttled progress, batches and the queue summary whose interval has passed
+        at ``now`` (Unix seconds); forget the finished runs Home Assistant got (inside the turn's
+        group)."""
         if self.ha_enabled:
             self.ha_finished.step()
         for job_id in list(self.pending_progress):
@@ -248,8 +254,8 @@ class Publisher:
         if self.queue_dirty and now - self.last_queue_pub >= QUEUE_PUBLISH_INTERVAL_S:
             self.publish_queue(now)
 
-    def wait_s(self) -> float | None:
-        """Seconds until :meth:`flush` or :meth:`publish_states` has something due, or None."""
+    def wait_s(self, now: float) -> float | None:
+        """Seconds until :meth:`turn` or :meth:`publish_states` has something due, or None."""
         waits = []
         if self.pending_progress or self.dirty_batches:
             waits.append(BATCH_PUBLISH_INTERVAL_S / 2)
@@ -303,7 +309,7 @@ class Publisher:
         self.last_queue_pub = now
 
 
-class Republisher:
+class Republisher(Component):
     """The retained state of every job and batch, sent again from the store after a connect or
     a ``republish`` request, in pieces of :data:`REPUBLISH_PAGE` between requests, while the
     broker keeps up (fewer than :data:`BACKLOG_LOW` of our messages unacknowledged)."""
@@ -324,7 +330,12 @@ class Republisher:
         self.started = time.monotonic()
         self.count = 0
 
-    def step(self) -> None:
+    def wait_s(self, now: float) -> float | None:
+        """While a republish is under way, the next piece is due soon (the broker's backlog
+        may have gone down meanwhile)."""
+        return 0.05 if self.active else None
+
+    def turn(self, now: float) -> None:
         """Send the next piece when the broker keeps up."""
         pub = self.publisher
         bridge = pub.bridge

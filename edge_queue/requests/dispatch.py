@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from edge_queue.component import Component
 from edge_queue.config.settings import Settings
 from edge_queue.errors import ErrorCode
 from edge_queue.logfmt import clip
@@ -44,7 +45,7 @@ STATEFUL_COMMANDS = frozenset({"submit", "cancel", "retry", "pause", "resume", "
 REDELIVERY_WINDOW = 10_000
 
 
-class Dispatcher:
+class Dispatcher(Component):
     """Runs each request taken off the broker once, and answers it.
 
     Args:
@@ -70,7 +71,7 @@ class Dispatcher:
         self.settings, self.topics, self.bridge, self.store = settings, topics, bridge, store
         self.commands, self.clock = commands, clock
         self.reply_areas = reply_areas
-        #: told of a (re)connect found in the inbox, in its order (:meth:`take`)
+        #: told of a (re)connect found in the inbox, in its order (:meth:`turn`)
         self.on_connected: Callable[[Connected], None] = lambda item: None
         #: the requests taken in this turn (answered with the error when its commit fails)
         self.taken: list[Incoming] = []
@@ -87,7 +88,7 @@ class Dispatcher:
         #: retained requests answered lately: (topic, payload digest) -> monotonic deadline
         self.answered_retained: dict[tuple[str, bytes], float] = {}
 
-    def take(self, now: float) -> None:
+    def turn(self, now: float) -> None:
         """Take what arrived and run it, within the turn's budget: at most
         :data:`~edge_queue.rules.limits.TURN_REQUESTS` requests and ``TURN_WORK`` job changes, none
         while the broker has ``BACKLOG_HIGH`` of our messages to acknowledge, and at most
@@ -124,7 +125,7 @@ class Dispatcher:
                 on_connected(item)
 
     def wait_s(self, now: float) -> float | None:
-        """0 when :meth:`take` would take a request now, else None."""
+        """0 when :meth:`turn` would take a request now, else None."""
         return 0.0 if self.takeable() else None
 
     def committed(self) -> None:
@@ -135,7 +136,7 @@ class Dispatcher:
         self.answer_failed_turn(self.taken, disk_full=disk_full)
 
     def takeable(self) -> bool:
-        """True when :meth:`take` would take a request now."""
+        """True when :meth:`turn` would take a request now."""
         bridge = self.bridge
         return bool(bridge.inbox) and not bridge.backlog_high() and bridge.connected and self.rate.ready()
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edge_queue.component import Component
 from edge_queue.config.settings import Settings
 from edge_queue.errors import ErrorCode
 from edge_queue.http.api import Ended
@@ -51,7 +52,7 @@ class _Call:
     ended: Future[Ended] | None = None
 
 
-class HttpIntake:
+class HttpIntake(Component):
     """Requests from the HTTP API, run by the loop (:class:`~edge_queue.service.Service`).
 
     Args:
@@ -128,7 +129,7 @@ class HttpIntake:
         """0 while requests wait to be run, else None."""
         return 0.0 if self._incoming else None
 
-    def take(self, now: float) -> None:
+    def turn(self, now: float) -> None:
         """Run up to :data:`CALLS_PER_TURN` waiting requests inside the turn's transaction."""
         for _ in range(min(CALLS_PER_TURN, len(self._incoming))):
             call = self._incoming.popleft()

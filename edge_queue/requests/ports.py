@@ -12,6 +12,7 @@ import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from edge_queue.component import Component
 from edge_queue.config.settings import Settings
 from edge_queue.mqtt.topics import ReplyAreas, Topics
 from edge_queue.store import Store
@@ -20,32 +21,17 @@ if TYPE_CHECKING:
     from .models import SubmitRequest
 
 
-class Intake(Protocol):
+class Intake(Component, Protocol):
     """A door into the queue: MQTT dispatch (:class:`~edge_queue.requests.dispatch.Dispatcher`),
     the HTTP API (:class:`~edge_queue.requests.http_intake.HttpIntake`), the watch folders
     (:class:`~edge_queue.watch.folders.WatchFolders`), and the next ones.
 
-    The loop drains every intake in one place each turn, before the scheduler, inside the turn's
-    transaction (:meth:`take`), so a job from any door is claimed in the turn that took it; what an
-    intake answers leaves after the commit (:meth:`committed`), or is answered with the error when
-    the commit fails (:meth:`turn_failed`). Each intake calls the typed queue
-    (:class:`~edge_queue.requests.queue.Queue`) with typed requests."""
-
-    def wait_s(self, now: float) -> float | None:
-        """Seconds until :meth:`take` has work (0: now), or None; ``now`` is Unix seconds."""
-        ...
-
-    def take(self, now: float) -> None:
-        """Take what arrived, within the intake's own budget for one turn, and run it."""
-        ...
-
-    def committed(self) -> None:
-        """The turn's commit succeeded: answer what :meth:`take` ran."""
-        ...
-
-    def turn_failed(self, *, disk_full: bool) -> None:
-        """The turn's commit failed (``disk_full``: for lack of space): nothing of it was kept."""
-        ...
+    A :class:`~edge_queue.component.Component` of the loop, drained first in each turn, before
+    the scheduler, inside the turn's transaction (:meth:`turn`: take what arrived, within the
+    intake's own budget for one turn, and run it), so a job from any door is claimed in the turn
+    that took it; what an intake answers leaves after the commit (:meth:`committed`), or is
+    answered with the error when the commit fails (:meth:`turn_failed`). Each intake calls the
+    typed queue (:class:`~edge_queue.requests.queue.Queue`) with typed requests."""
 
 
 class QueuePort(Protocol):

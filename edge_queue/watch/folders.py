@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from edge_queue.component import Component
 from edge_queue.config.settings import Settings, watch_problems
 from edge_queue.errors import ConfigError, ErrorCode, RequestError
 from edge_queue.requests import models
@@ -60,7 +61,7 @@ def check_watches(settings: Settings, kinds: dict[str, Any]) -> None:
         raise ConfigError("invalid watch configuration: " + "; ".join(problems))
 
 
-class WatchFolders:
+class WatchFolders(Component):
     """The service's side of the watch folders, an :class:`~edge_queue.requests.ports.Intake`:
     files handed over by :class:`FolderWatcher` become jobs (one per file version, recorded in
     the store with the job).
@@ -102,9 +103,9 @@ class WatchFolders:
         return self.watcher.describe()
 
     def wait_s(self, now: float) -> float | None:
-        """Seconds until there is work for :meth:`take`, or None."""
+        """Seconds until there is work for :meth:`turn`, or None."""
         if self.service.holding():
-            return None  # the files wait for the broker (take takes none)
+            return None  # the files wait for the broker (turn takes none)
         if self.watcher is not None and self.watcher.pending():
             return 0.0
         if self._retry:
@@ -120,7 +121,7 @@ class WatchFolders:
         self._retry.extend((0.0, r) for r in self._turn)
         self._turn = []
 
-    def take(self, now: float) -> None:
+    def turn(self, now: float) -> None:
         """Take on the files handed over (within :data:`PER_TURN`), inside the turn's group
         commit; republish ``<base>/info`` when a watch's state changed. What it took on stays
         listed until :meth:`committed` or :meth:`turn_failed`."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any
 
+from edge_queue.component import Component
 from edge_queue.config.settings import Settings
 from edge_queue.errors import ErrorCode
 
@@ -115,7 +116,7 @@ def recycle_reason(s: Settings, slot: WorkerSlot, *, cancelled: bool) -> str | N
 EOF_EXIT_WAIT_S = 0.1
 
 
-class Supervisor:
+class Supervisor(Component):
     """A fixed pool of ``settings.workers`` worker processes.
 
     Workers are forked by multiprocessing's ``forkserver``: one clean process, started with
@@ -285,6 +286,15 @@ class Supervisor:
             except (OSError, AssertionError):
                 pass  # the worker is gone: poll() reports its jobs as lost
         warm(self.slots)
+
+    def committed(self) -> None:
+        self.dispatch()
+
+    def turn_failed(self, *, disk_full: bool) -> None:
+        self.unassign()
+
+    def wait_s(self, now: float) -> float | None:
+        return self.next_deadline()
 
     def unassign(self) -> None:
         """Forget jobs assigned but not sent (their claims were rolled back)."""
