@@ -371,7 +371,7 @@ class Service:
         """(Re)connected: ``online``, ``info``, the changes made before the first connect, and
         a republish of every job and batch, in pieces (:class:`~edge_queue.publish.publisher.Republisher`)."""
         if not item.session_present:  # a new session: nothing sent on it is a redelivery
-            self.job_store().forget_all_requests()
+            self.job_store().requests.forget_all_requests()
         self.bridge.foreign.record(self.job_store())
         self.announcer.connected()
         for job in self._boot_changes:
@@ -442,14 +442,15 @@ class Service:
         """Pause (no job starts; running ones go on) or resume the queue, kept in the store.
 
         On pause, the jobs handed to workers in advance and not started yet are asked back
-        (:meth:`Supervisor.release`): they go back to ``queued``, their attempt not counted, and
-        none starts after the pause is acknowledged (docs/topics.md, ``pause``)."""
+        (:meth:`~edge_queue.workers.prefetch.Prefetch.release`): they go back to ``queued``, their
+        attempt not counted, and none starts after the pause is acknowledged (docs/topics.md,
+        ``pause``)."""
         self.job_store().set_meta("paused", int(paused))
         self.paused = paused
         if paused:
             for slot in self.supervisor.slots:
                 if len(slot.jobs) > 1:
-                    self.supervisor.release(slot)
+                    self.supervisor.prefetch.release(slot)
         self.publisher.publish_queue(self.clock())
 
     def republish(self) -> bool:
@@ -471,7 +472,7 @@ class Service:
         stop_http_calls(self)
         for slot in self.supervisor.slots:
             if len(slot.jobs) > 1:  # jobs waiting in a worker's queue go back to the queue now
-                self.supervisor.release(slot)
+                self.supervisor.prefetch.release(slot)
         running = len(self.supervisor.running_job_ids())
         if running:
             log.info("stopping: waiting up to %.0f s for %d running job(s)", self.settings.cancel_grace_s, running)
