@@ -370,7 +370,7 @@ class Service:
         """(Re)connected: ``online``, ``info``, the changes made before the first connect, and
         a republish of every job and batch, in pieces (:class:`~edge_queue.publish.publisher.Republisher`)."""
         if not item.session_present:  # a new session: nothing sent on it is a redelivery
-            self.job_store().forget_all_requests()
+            self.job_store().requests.forget_all_requests()
         self.bridge.foreign.record(self.job_store())
         self.announcer.connected()
         for job in self._boot_changes:

@@ -542,7 +542,7 @@ def test_short_jobs_held_by_workers_are_bounded_by_their_expected_time(broker, s
             most = max(most, held)
     # Then workers held several short jobs at once (they run without a loop turn each), but no
     # more than about 0.1 s of expected work each: 5 jobs of 20 ms, on 2 workers
-    # (supervisor.PREFETCH_S; docs/topics.md, started_at)
+    # (prefetch.PREFETCH_S; docs/topics.md, started_at)
     assert 2 < most <= 2 * 5, most
     watcher.close()
 
@@ -584,7 +584,7 @@ def test_jobs_waiting_behind_a_long_one_in_a_worker_go_back_to_the_queue(
             if e["job"]["job_id"] in ids and e["job"]["state"] == "queued" and e["type"] == "update"
         ]
 
-    # When the job a worker runs passes 1 s (supervisor.OVERRUN_S), then the jobs waiting
+    # When the job a worker runs passes 1 s (prefetch.OVERRUN_S), then the jobs waiting
     # behind it are given back to the queue, their attempt not counted
     given_back = wait_until(lambda: len(back_in_queue()) >= len(ids) - 2 and back_in_queue(), 15, "jobs given back")
     assert all(job["attempt"] == 0 and job["started_at"] is None for job in given_back)

@@ -81,7 +81,7 @@ def hub(tmp_path: Path, **settings: Any) -> tuple[Nodes, Wire, Clock]:
 
 def say(nodes: Nodes, node_id: str, msg: dict[str, Any] | None, level: str = "up") -> None:
     topic = f"b/nodes/{node_id}" + ("/up" if level == "up" else "")
-    nodes.on_message(topic, json.dumps(msg).encode() if msg is not None else b"", level != "up")
+    nodes.inbox.on_message(topic, json.dumps(msg).encode() if msg is not None else b"", level != "up")
 
 
 def online(nodes: Nodes, *ids: str, slots: int = 1) -> None:
@@ -260,8 +260,8 @@ def test_a_listed_node_sending_json_nested_too_deep_to_read_is_refused_not_fatal
     nodes, _, _ = hub(tmp_path)
     online(nodes, "n1")
     deep = b"[" * 1500 + b"]" * 1500
-    nodes.on_message("b/nodes/n2", deep, True)
-    nodes.on_message("b/nodes/n1/up", deep, False)
+    nodes.inbox.on_message("b/nodes/n2", deep, True)
+    nodes.inbox.on_message("b/nodes/n1/up", deep, False)
     # Then each is refused as not JSON, and the hub goes on with the nodes it knows
     assert nodes.poll(True) == []
     assert caplog.text.count("sent a message that is not JSON") == 2
@@ -292,7 +292,7 @@ def test_a_nodes_progress_out_of_range_is_refused_and_the_lease_still_renewed(
     online(nodes, "n1")
     nodes.assign("n1", JOB, None)
     raw = ('{"op": "progress", "job_id": "j1", "attempt": 1, ' + fields + "}").encode()
-    nodes.on_message("b/nodes/n1/up", raw, False)
+    nodes.inbox.on_message("b/nodes/n1/up", raw, False)
     # Then no progress reaches the job, the refusal is logged, and the node still holds its lease
     out = nodes.poll(True)
     assert [o.op for o in out] == []
@@ -351,19 +351,19 @@ def test_a_node_flooding_the_hub_is_dropped_from_and_the_others_are_still_read(
     # Given a listed node sending 1 MB messages faster than the hub's turns read them (before:
     # all were held, 846 MB in the hub, and a submit waited 14.7 s for its answer), and one
     # message over the largest a node sends
-    from edge_queue.nodes.hub import MESSAGE_MAX_BYTES, NODE_INBOX_BYTES_MAX
+    from edge_queue.nodes.hub_inbox import MESSAGE_MAX_BYTES, NODE_INBOX_BYTES_MAX
 
     nodes, _, _ = hub(tmp_path)
     online(nodes, "n1", "n2")
     nodes.assign("n2", JOB, None)
     filler = json.dumps({"op": "progress", "job_id": "j1", "attempt": 1, "pad": "x" * 1_000_000}).encode()
-    nodes.on_message("b/nodes/n1/up", b"[" + b" " * MESSAGE_MAX_BYTES + b"]", False)
+    nodes.inbox.on_message("b/nodes/n1/up", b"[" + b" " * MESSAGE_MAX_BYTES + b"]", False)
     for _ in range(200):
-        nodes.on_message("b/nodes/n1/up", filler, False)
+        nodes.inbox.on_message("b/nodes/n1/up", filler, False)
     # When the other node ends its job in the same turn
     say(nodes, "n2", {"op": "done", "job_id": "j1", "attempt": 1, "result": {"ok": True}})
     # Then the flood holds at most its node's share, the other node's outcome is read
-    assert nodes.inbox_bytes <= NODE_INBOX_BYTES_MAX + 1_000
+    assert nodes.inbox.bytes <= NODE_INBOX_BYTES_MAX + 1_000
     assert [(o.op, o.job_id) for o in nodes.poll(True)] == [("done", "j1")]
     assert "node n1 sends faster than the hub reads" in caplog.text
     assert f"over {MESSAGE_MAX_BYTES}: dropped unread" in caplog.text
@@ -461,14 +461,14 @@ def test_a_heartbeat_and_an_announcement_cost_bounded_work(tmp_path: Path, caplo
     assert len(wire.sent) - sent == 4  # a cancel for each of the 4 listed jobs read, not 500,000
     big = json.dumps({"op": "beat", "jobs": [], "pad": "x" * 4_000_000}).encode()
     for _ in range(3):
-        nodes.on_message("b/nodes/n1/up", big, False)
+        nodes.inbox.on_message("b/nodes/n1/up", big, False)
     nodes.assign("n2", JOB, None)
     say(nodes, "n2", {"op": "done", "job_id": "j1", "attempt": 1, "result": {}})
     assert [o.op for o in nodes.poll(True)] == ["done"]  # n2 read in the turn n1's flood is cut
-    assert 0 < nodes.inbox_bytes <= len(big) and len(big) * 2 <= POLL_BYTES_PER_NODE + len(big)
+    assert 0 < nodes.inbox.bytes <= len(big) and len(big) * 2 <= POLL_BYTES_PER_NODE + len(big)
     assert nodes.wait_s(0.0) == 0.0  # the rest is read in the next turn, at once
     nodes.poll(True)
-    assert nodes.inbox == []
+    assert len(nodes.inbox) == 0
     refused = [r for r in caplog.records if r.name == "edge_queue.nodes.hub" and r.levelname == "WARNING"]
     assert len(refused) <= 20
 

@@ -128,7 +128,7 @@ def test_max_concurrency_caps_the_hub_and_a_node_adds_its_own(tmp_path: Path) ->
         slot.process = object()
     nodes = Nodes(settings, Topics("t"), Wire())  # type: ignore[arg-type]
     announce = {"v": 1, "state": "online", "kinds": ["transcribe"], "slots": 2}
-    nodes.on_message("t/nodes/n1", json.dumps(announce).encode(), True)
+    nodes.inbox.on_message("t/nodes/n1", json.dumps(announce).encode(), True)
     nodes.poll(True)
     assert nodes.free() == {"n1": 2}
     assigned: list[dict[str, Any]] = []

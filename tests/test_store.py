@@ -355,8 +355,8 @@ def test_a_groups_plain_submits_are_seen_by_every_statement_after_them(store: St
         (claimed,) = store.claim_many(3.0, ["noop"], "me", 1)
         assert claimed["job_id"] == b.job["job_id"]
         _, (c,) = store.submit([spec("/m/c")], 4.0)
-        store.remember_request(b"k", b"{}", None, 4.0, 1)
-        assert store.recall_request(b"k") == (b"{}", None, 1)
+        store.requests.remember_request(b"k", b"{}", None, 4.0, 1)
+        assert store.requests.recall_request(b"k") == (b"{}", None, 1)
     other = sqlite3.connect(tmp_path / "q.db")
     rows = dict(other.execute("SELECT job_id, state FROM jobs"))
     assert (
@@ -376,9 +376,9 @@ def test_a_failed_group_leaves_none_of_its_plain_submits(store: Store, tmp_path:
     with pytest.raises(RuntimeError):
         with store.group():
             store.submit([spec("/m/a")], 1.0)
-            store.remember_request(b"k", b"{}", None, 1.0, 1)
+            store.requests.remember_request(b"k", b"{}", None, 1.0, 1)
             raise RuntimeError("the turn failed")
-    assert store.counts()["queued"] == 0 and store.recall_request(b"k") is None
+    assert store.counts()["queued"] == 0 and store.requests.recall_request(b"k") is None
     assert sqlite3.connect(tmp_path / "q.db").execute("SELECT count(*) FROM jobs").fetchone() == (0,)
     with store.group():
         _, (a,) = store.submit([spec("/m/a")], 2.0)

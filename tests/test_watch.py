@@ -125,26 +125,26 @@ def test_store_keeps_one_version_per_path(tmp_path: Path) -> None:
     from edge_queue.store import JobSpec, Store
 
     store = Store(tmp_path / "s.db")
-    store.record_watched("/m/inbox/a.wav", 10, 111, "sha256:a", "job", "job1", 1.0)
-    store.record_watched("/m/inbox/sub/c.wav", 30, 333, "sha256:c", "refused:unsupported_media", None, 1.0)
-    store.record_watched("/m/inbox2/b.wav", 20, 222, "sha256:b", "job", "job2", 1.0)
+    store.watched.record_watched("/m/inbox/a.wav", 10, 111, "sha256:a", "job", "job1", 1.0)
+    store.watched.record_watched("/m/inbox/sub/c.wav", 30, 333, "sha256:c", "refused:unsupported_media", None, 1.0)
+    store.watched.record_watched("/m/inbox2/b.wav", 20, 222, "sha256:b", "job", "job2", 1.0)
     # a folder's files, not those of a folder whose name merely starts the same
-    assert store.watched_files(["/m/inbox"]) == {
+    assert store.watched.watched_files(["/m/inbox"]) == {
         "/m/inbox/a.wav": (10, 111, "sha256:a"),
         "/m/inbox/sub/c.wav": (30, 333, "sha256:c"),
     }
-    store.touch_watched("/m/inbox/a.wav", 999, 2.0)
-    assert store.watched_files(["/m/inbox"])["/m/inbox/a.wav"] == (10, 999, "sha256:a")
-    assert store.watch_counts("/m/inbox") == {"job": 1, "refused:unsupported_media": 1}
+    store.watched.touch_watched("/m/inbox/a.wav", 999, 2.0)
+    assert store.watched.watched_files(["/m/inbox"])["/m/inbox/a.wav"] == (10, 999, "sha256:a")
+    assert store.watched.watch_counts("/m/inbox") == {"job": 1, "refused:unsupported_media": 1}
     # a new version replaces the old one; its job too
-    store.record_watched("/m/inbox/a.wav", 11, 1000, "sha256:a2", "job", "job3", 3.0)
+    store.watched.record_watched("/m/inbox/a.wav", 11, 1000, "sha256:a2", "job", "job3", 3.0)
     row = store.conn.execute("SELECT size, job_id FROM watch_files WHERE path = '/m/inbox/a.wav'").fetchone()
     assert row == (11, "job3")
     # jobs writing beside their input, directly in the folder
     store.submit([JobSpec("extract_audio", "/m/inbox/talk.flac", {"output": "beside"})], 5.0)
     store.submit([JobSpec("extract_audio", "/m/inbox/sub/x.flac", {"output": "beside"})], 5.0)
     store.submit([JobSpec("extract_audio", "/m/inbox/y.flac", {})], 5.0)
-    assert [(j.input, j.created, j.state, j.written) for j in store.beside_jobs("/m/inbox")] == [
+    assert [(j.input, j.created, j.state, j.written) for j in store.watched.beside_jobs("/m/inbox")] == [
         ("/m/inbox/talk.flac", 5.0, "queued", frozenset())
     ]
     store.close()
@@ -702,14 +702,14 @@ def test_a_failed_commit_offers_the_files_again(tmp_path: Path, root: Path) -> N
             raise sqlite3.OperationalError("database or disk is full")
         folders.turn_failed()
         assert svc.store.counts()["queued"] == 0
-        assert svc.store.watched_files([str(inbox)]) == {}
+        assert svc.store.watched.watched_files([str(inbox)]) == {}
         # Then the next turn makes it, once
         with svc.store.group():
             folders.turn(time.time())
         folders.committed()
         jobs = svc.store.list_jobs()
         assert [j["input"] for j in jobs] == [str(inbox / "a.wav")]
-        assert list(svc.store.watched_files([str(inbox)])) == [str(inbox / "a.wav")]
+        assert list(svc.store.watched.watched_files([str(inbox)])) == [str(inbox / "a.wav")]
         with svc.store.group():
             folders.turn(time.time())
         assert len(svc.store.list_jobs()) == 1

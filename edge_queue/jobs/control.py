@@ -60,10 +60,10 @@ class QueueControl:
 
     def release_waiting(self) -> None:
         """Ask back the jobs waiting in a worker's own queue behind its running one
-        (:meth:`Supervisor.release`)."""
+        (:meth:`~edge_queue.workers.prefetch.Prefetch.release`)."""
         for slot in self.supervisor.slots:
             if len(slot.jobs) > 1:
-                self.supervisor.release(slot)
+                self.supervisor.prefetch.release(slot)
 
     def republish(self) -> bool:
         """Republish status, info, queue, every job and batch, in pieces; False if one is

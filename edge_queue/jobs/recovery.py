@@ -125,7 +125,7 @@ class GhostClearing(Component):
         cleared = 0
         for start in range(0, len(batch_ids), 500):
             chunk = batch_ids[start : start + 500]
-            known = store.batch_ids_in(chunk)
+            known = store.batches.batch_ids_in(chunk)
             for batch_id in chunk:
                 if batch_id not in known:
                     cleared += 1

@@ -71,7 +71,7 @@ class Retention(Component):
             return
         self.next_run = now + RETENTION_INTERVAL_S
         store = self.store()
-        store.forget_requests(now - max(DELIVERED_KEEP_S, self.settings.mqtt.session_expiry_s))
+        store.requests.forget_requests(now - max(DELIVERED_KEEP_S, self.settings.mqtt.session_expiry_s))
         expired = store.finished_before(now - self.settings.retention_days * 86400, limit=BULK_LIMIT)
         if len(expired) == BULK_LIMIT:
             self.next_run = now + 1.0  # more to purge: the rest in later turns

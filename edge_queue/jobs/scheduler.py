@@ -2,7 +2,7 @@
 priority order (docs/configuration.md, "[kinds.<name>]"; docs/topics.md, "`submit`").
 
 First one job to each idle worker; then short jobs to workers that hold only short jobs, up
-to :meth:`Supervisor.prefetch` each (see :class:`~edge_queue.workers.supervisor.Supervisor`). Lock
+to :meth:`Prefetch.per_worker` each (see :class:`~edge_queue.workers.prefetch.Prefetch`). Lock
 keys and ``run_at`` are the store's claim rules (``Store.claim``): a job whose lock is held,
 or whose time has not come, is not claimable.
 """
@@ -144,7 +144,7 @@ class Scheduler(Component):
         if not store.waiting():
             return
         for slot in sup.idle():
-            kinds = allowed_kinds(self.concurrency, busy, sup.fast, fast_only=False)
+            kinds = allowed_kinds(self.concurrency, busy, sup.prefetch.fast, fast_only=False)
             job = store.claim(now, preferred(kinds, HUB, self.prefer, places), owner)
             if job is None:
                 break
@@ -161,17 +161,21 @@ class Scheduler(Component):
             if not store.waiting():
                 return
         unlimited = [k for k, lim in self.concurrency.items() if lim is None]
-        for slot in sup.prefetching():
+        for slot in sup.prefetch.prefetching(sup.slots):
             if not store.waiting():
                 return
             # kinds without a concurrency limit: up to the worker's room at once
-            fast = preferred(allowed_kinds(self.concurrency, busy, sup.fast, fast_only=True), HUB, self.prefer, places)
-            jobs = store.claim_many(now, [k for k in fast if k in unlimited], owner, sup.room(slot), started=False)
+            fast = preferred(
+                allowed_kinds(self.concurrency, busy, sup.prefetch.fast, fast_only=True), HUB, self.prefer, places
+            )
+            jobs = store.claim_many(
+                now, [k for k in fast if k in unlimited], owner, sup.prefetch.room(slot), started=False
+            )
             for job in jobs:
                 self.assign(slot, job)
-            while sup.room(slot) > 0 and (
+            while sup.prefetch.room(slot) > 0 and (
                 kinds := preferred(
-                    allowed_kinds(self.concurrency, busy, sup.fast, fast_only=True), HUB, self.prefer, places
+                    allowed_kinds(self.concurrency, busy, sup.prefetch.fast, fast_only=True), HUB, self.prefer, places
                 )
             ):
                 claimed = store.claim_many(now, kinds, owner, 1, started=False)

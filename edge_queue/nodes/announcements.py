@@ -1,13 +1,17 @@
 """What the hub keeps of a worker node's announcement (docs/nodes.md, "What the hub takes from
 a node"): only the fields it shows, each bounded before anything is copied, so that a node
 announcing a 3.4 MB list of kinds costs ``<base>/info``, ``<base>/queue`` and the log no more
-than an honest one. Plain functions.
+than an honest one; the :class:`Node` the hub makes of it, its slots within ``nodes.max_slots``.
+Plain data and functions.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from typing import Any
+
+from edge_queue.rules.rates import RejectionLog
 
 #: Kinds a node may announce, and the longest kind name.
 MAX_KINDS, MAX_KIND_CHARS = 64, 64
@@ -64,3 +68,44 @@ def bounded(msg: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         if msg.get(key) is not None and kept[key] is None:
             problems.append(f"{key} left out (not text of at most {most} characters)")
     return kept, problems
+
+
+@dataclass(slots=True)
+class Node:
+    """A node as its retained announcement describes it."""
+
+    node_id: str
+    online: bool
+    kinds: frozenset[str]
+    slots: int
+    announcement: dict[str, Any]
+    #: jobs its last heartbeat listed that it holds no lease for (it runs them still): they
+    #: take slots until it drops them
+    strays: set[tuple[str, int]] = field(default_factory=set)
+    #: no hand-out until its next heartbeat: it went silent past a lease, or gave a job back
+    hold: bool = False
+
+
+def announced(node_id: str, msg: dict[str, Any], max_slots: int, refused: RejectionLog) -> Node:
+    """The node ``node_id`` as its announcement ``msg`` describes it: online when its
+    ``state`` says so, its fields :func:`bounded`, its ``slots`` at most ``max_slots``
+    (``nodes.max_slots``), none when they or its ``kinds`` are out of range or it is
+    ``incompatible``. What was left out is logged through ``refused``, the hub's rate limit."""
+    online = msg.get("state") == "online"
+    kept, problems = bounded(msg)  # nothing of the message is kept beyond these bounds
+    if problems:
+        refused.warning("node %s's announcement: %s", node_id, "; ".join(problems))
+    kinds = msg.get("kinds")
+    raw = msg.get("slots")
+    slots = min(raw, max_slots) if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0 else None
+    if isinstance(raw, int) and slots is not None and raw > max_slots:
+        refused.warning("node %s announced %d slots: it gets %d (nodes.max_slots)", node_id, raw, slots)
+    if slots is None or not isinstance(kinds, list):
+        refused.warning("node %s announced slots or kinds out of range: it gets no jobs", node_id)
+    return Node(
+        node_id,
+        online,
+        frozenset(kept["kinds"]),
+        0 if kept["incompatible"] else slots or 0,
+        kept,
+    )

@@ -26,7 +26,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeGuard
+from typing import Any
 
 from edge_queue.component import Component
 from edge_queue.config.settings import Settings
@@ -35,12 +35,12 @@ from edge_queue.logfmt import clip
 from edge_queue.mqtt.bridge import Bridge
 from edge_queue.mqtt.topics import Topics
 from edge_queue.rules.rates import RejectionLog
-from edge_queue.rules.results import result_problem
-from edge_queue.store.chunks import MAX_CHUNK_BYTES
 from edge_queue.workers.supervisor import Outcome
 
-from .announcements import bounded
-from .hub_rules import ACKS_PER_NODE, POLL_BYTES_PER_NODE, capped, counted, summary_of, within
+from .announcements import Node, announced
+from .hub_inbox import NodeInbox
+from .hub_rules import ACKS_PER_NODE, capped, summary_of
+from .reports import report_outcome
 
 log = logging.getLogger(__name__)
 
@@ -48,19 +48,6 @@ log = logging.getLogger(__name__)
 NODE_OWNER = "node:"
 #: The name of the hub's own workers in ``[kinds.<name>] prefer`` and in a job's ``node``.
 HUB = "hub"
-#: Node messages waiting for the next turn at most; more are dropped (their nodes send again
-#: until the hub answers ``ok``; a dropped ``chunk`` is decoded again on resume).
-INBOX_MAX = 10_000
-#: ... and their bytes. One listed node sending 1 MB messages as fast as the broker took them
-#: held 846 MB in the hub and made a submit wait 14.7 s for its answer before these bounds.
-INBOX_BYTES_MAX = 64 * 1024 * 1024
-#: What one node may have waiting, of :data:`INBOX_MAX` and :data:`INBOX_BYTES_MAX`: a node
-#: that floods the hub is dropped from, and the others are still read.
-NODE_INBOX_MAX = 1_000
-NODE_INBOX_BYTES_MAX = 16 * 1024 * 1024
-#: The largest node message read: a kept chunk (``MAX_CHUNK_BYTES`` of JSON, store/chunks.py)
-#: in its envelope. A larger one is dropped unread.
-MESSAGE_MAX_BYTES = MAX_CHUNK_BYTES + 64 * 1024
 #: (job, attempt, node) of outcomes applied lately: a copy of one is answered ``ok`` quietly.
 RECENT_MAX = 10_000
 #: Jobs remembered with the nodes that could not read their input.
@@ -88,22 +75,6 @@ def kept_within(kept: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]
 
 
 UP_OPS = frozenset({"beat", "progress", "chunk", "done", "failed", "lost", "unstarted"})
-
-
-@dataclass(slots=True)
-class Node:
-    """A node as its retained announcement describes it."""
-
-    node_id: str
-    online: bool
-    kinds: frozenset[str]
-    slots: int
-    announcement: dict[str, Any]
-    #: jobs its last heartbeat listed that it holds no lease for (it runs them still): they
-    #: take slots until it drops them
-    strays: set[tuple[str, int]] = field(default_factory=set)
-    #: no hand-out until its next heartbeat: it went silent past a lease, or gave a job back
-    hold: bool = False
 
 
 @dataclass(slots=True)
@@ -135,34 +106,6 @@ def overdue(lease: Lease, now: float, grace_s: float) -> str | None:
     return "ask" if lease.ends is not None and now >= lease.ends else None
 
 
-#: Longest ``stage`` a node's progress may carry (the kinds' own are at most 13 characters).
-STAGE_MAX_CHARS = 64
-#: Largest ``eta_s`` a node's progress may carry: a year.
-ETA_MAX_S = 365 * 86400
-
-
-def node_progress(msg: dict[str, Any]) -> dict[str, Any] | None:
-    """The ``progress``, ``stage`` and ``eta_s`` of a node's ``progress`` message as the job
-    object takes them (docs/topics.md: percent 0-100, a stage name, seconds or null), or
-    ``None`` when one is out of range: ``progress`` not a number in 0-100, ``stage`` neither
-    null nor a string of at most :data:`STAGE_MAX_CHARS`, ``eta_s`` neither null nor a number
-    in 0-:data:`ETA_MAX_S` (``NaN`` and infinities, which Python's JSON reads, are out of
-    range too)."""
-    progress, stage, eta_s = msg.get("progress"), msg.get("stage"), msg.get("eta_s")
-    if not _in_range(progress, 100):
-        return None
-    if stage is not None and not (isinstance(stage, str) and len(stage) <= STAGE_MAX_CHARS):
-        return None
-    if eta_s is not None and not _in_range(eta_s, ETA_MAX_S):
-        return None
-    return {"progress": float(progress), "stage": stage, "eta_s": eta_s}
-
-
-def _in_range(value: Any, top: float) -> TypeGuard[float]:
-    """A JSON number (not a boolean) in 0-``top``; ``NaN`` is not."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= top
-
-
 def node_of(owner: str | None) -> str | None:
     """The node a job's ``owner`` names (``node:<id>``), or None for the hub's own workers."""
     return owner[len(NODE_OWNER) :] if owner and owner.startswith(NODE_OWNER) else None
@@ -187,11 +130,9 @@ class Nodes(Component):
         clock: Callable[[], float] = time.monotonic,
         kinds: Mapping[str, Any] | None = None,
     ) -> None:
-        bridge.on_node = self.on_message
         self.on_change: Callable[[], None] = lambda: None  # a node came, went or changed
         self.kind_classes = kinds or {}  # name -> kind class: the result shapes (Kind.Result)
         self.publish = bridge.publish
-        self.allowed = frozenset(settings.access.nodes)
         self.lease_s, self.grace_s, self.max_slots = (
             settings.nodes.lease_s,
             settings.cancel_grace_s,
@@ -201,60 +142,23 @@ class Nodes(Component):
         self.topics, self.clock = topics, clock
         self.nodes: dict[str, Node] = {}
         self.leases: dict[str, Lease] = {}
-        self.inbox: list[tuple[str, str, bytes]] = []  # (node id, topic level, payload)
-        self.inbox_bytes = 0
-        self.waiting: Counter[str] = Counter()  # messages of each node in the inbox
-        self.waiting_bytes: Counter[str] = Counter()
         self.acks: list[tuple[str, dict[str, Any]]] = []
         self.recent: OrderedDict[tuple[str, int, str], None] = OrderedDict()
         self.excluded: OrderedDict[str, set[str]] = OrderedDict()
         self.refused = RejectionLog("node message(s) refused", logging.WARNING, log)
-        self._told: set[str] = set()  # node ids not in access.nodes, logged once each
+        self.inbox = NodeInbox(settings.access.nodes, topics, self.refused)  # what nodes sent, for the next turn
+        bridge.on_node = self.inbox.on_message
         self.heard, self.silent = dict[str, float](), set[str]()  # when each was last heard; not for lease_s
         self.changed = False  # a node came or went: <base>/info and <base>/queue are due
 
     # -- from the broker ----------------------------------------------------------------
-
-    def on_message(self, topic: str, payload: bytes, retain: bool) -> None:
-        """A message on a node topic (called by the bridge on the loop's thread). Kept for the
-        next :meth:`poll` within the bounds above (:data:`MESSAGE_MAX_BYTES` a message,
-        :data:`NODE_INBOX_MAX` and :data:`NODE_INBOX_BYTES_MAX` a node, :data:`INBOX_MAX` and
-        :data:`INBOX_BYTES_MAX` in all); dropped, with a rate-limited warning, over them."""
-        parsed = self.topics.parse_node(topic)
-        if parsed is None:
-            return
-        node_id, level = parsed
-        if node_id not in self.allowed:
-            if node_id not in self._told and len(self._told) < 1000:
-                self._told.add(node_id)
-                log.warning("node %s is not in access.nodes: its messages are ignored", clip(node_id))
-            return
-        size = len(payload)
-        if size > MESSAGE_MAX_BYTES:
-            self.refused.warning("node %s sent %d bytes, over %d: dropped unread", node_id, size, MESSAGE_MAX_BYTES)
-            return
-        if (
-            self.waiting[node_id] >= NODE_INBOX_MAX
-            or self.waiting_bytes[node_id] + size > NODE_INBOX_BYTES_MAX
-            or len(self.inbox) >= INBOX_MAX
-            or self.inbox_bytes + size > INBOX_BYTES_MAX
-        ):
-            self.refused.warning("node %s sends faster than the hub reads: a message dropped", node_id)
-            return
-        self.inbox.append((node_id, level, payload))
-        self.inbox_bytes += size
-        self.waiting[node_id] += 1
-        self.waiting_bytes[node_id] += size
 
     def poll(self, connected: bool) -> list[Outcome]:
         """The outcomes of what nodes sent since the last call, then of leases that ran out
         (none while the hub is not ``connected`` to the broker: then they start again)."""
         out: list[Outcome] = []
         now = self.clock()
-        inbox, self.inbox = within(self.inbox, POLL_BYTES_PER_NODE)  # the rest waits for the next turn
-        self.inbox_bytes = sum(len(item[2]) for item in self.inbox)
-        self.waiting, self.waiting_bytes = counted(self.inbox)
-        for node_id, level, payload in inbox:
+        for node_id, level, payload in self.inbox.take():  # the rest waits for the next turn
             self.heard[node_id] = now
             try:
                 msg = json.loads(payload) if payload else None
@@ -293,25 +197,8 @@ class Nodes(Component):
             self.changed = self.nodes.pop(node_id, None) is not None or self.changed
             self._offline(node_id, "its announcement was cleared")
             return
-        online = msg.get("state") == "online"
-        kept, problems = bounded(msg)  # nothing of the message is kept beyond these bounds
-        if problems:
-            self.refused.warning("node %s's announcement: %s", node_id, "; ".join(problems))
-        kinds = msg.get("kinds")
-        raw = msg.get("slots")
-        slots = min(raw, self.max_slots) if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0 else None
-        if isinstance(raw, int) and slots is not None and raw > self.max_slots:
-            self.refused.warning("node %s announced %d slots: it gets %d (nodes.max_slots)", node_id, raw, slots)
-        if slots is None or not isinstance(kinds, list):
-            self.refused.warning("node %s announced slots or kinds out of range: it gets no jobs", node_id)
-        node = Node(
-            node_id,
-            online,
-            frozenset(kept["kinds"]),
-            0 if kept["incompatible"] else slots or 0,
-            kept,
-        )
-        was = self.nodes.get(node_id)
+        node = announced(node_id, msg, self.max_slots, self.refused)
+        online, was = node.online, self.nodes.get(node_id)
         if was is not None:
             node.strays, node.hold = was.strays, was.hold
         self.nodes[node_id] = node
@@ -386,48 +273,18 @@ class Nodes(Component):
             self.acks.append((node_id, {"op": "ok", "job_id": job_id, "attempt": attempt}))
             return
         lease.expires, lease.confirmed, lease.why = now + self.lease_s, True, None
-        if op == "progress":
-            data = node_progress(msg)
-            if data is None:
-                self.refused.warning("node %s sent progress of job %s out of range: ignored", node_id, clip(job_id))
-            else:
-                out.append(Outcome("progress", job_id, attempt, data))
-            return
-        if op == "chunk":  # a finished chunk, kept for the job's next attempt (Outcomes.keep_chunk)
-            out.append(Outcome("chunk", job_id, attempt, {"index": msg.get("index"), "data": msg.get("data")}))
-            return
-        del self.leases[job_id]
-        self._remember(job_id, attempt, node_id)
-        self.acks.append((node_id, {"op": "ok", "job_id": job_id, "attempt": attempt}))
-        if op == "done":
-            kind = self.kind_classes.get(lease.kind)
-            problem = result_problem(msg.get("result"), getattr(kind, "Result", None))
-            if problem is None:
-                out.append(Outcome("done", job_id, attempt, {"result": msg.get("result")}))
-            else:  # never a succeeded job: a failed attempt, and the next one goes elsewhere or again
-                self.refused.warning("node %s: the result of job %s refused: %s", node_id, clip(job_id), problem)
-                message = f"node {node_id} reported a result that is not a {lease.kind} result: {clip(problem)}"
-                out.append(
-                    Outcome(
-                        "failed",
-                        job_id,
-                        attempt,
-                        {"code": ErrorCode.INVALID_RESULT, "message": message, "retryable": True},
-                    )
-                )
-        elif op == "unstarted":
+        if op not in ("progress", "chunk"):  # the attempt's end: its lease is done, answered ``ok``
+            del self.leases[job_id]
+            self._remember(job_id, attempt, node_id)
+            self.acks.append((node_id, {"op": "ok", "job_id": job_id, "attempt": attempt}))
+        if op == "unstarted":
             if msg.get("code") == ErrorCode.INPUT_UNREACHABLE or msg.get("exclude") is True:
                 self._exclude(job_id, node_id)
             elif node is not None:  # it had no room: no more until its next heartbeat says it has
                 node.hold = True
-            reason = f"node {node_id} gave it back: {clip(str(msg.get('message') or 'no reason given'))}"
-            self.refused.warning("job %s: %s", clip(job_id), reason)
-            out.append(Outcome("unstarted", job_id, attempt, {"reason": reason}))
-        else:
-            data = {"code": str(msg.get("code") or ErrorCode.WORKER_LOST), "message": str(msg.get("message") or "")}
-            if op == "failed":
-                data["retryable"] = bool(msg.get("retryable"))
-            out.append(Outcome(op, job_id, attempt, data))
+        outcome = report_outcome(node_id, msg, lease.kind, self.kind_classes.get(lease.kind), self.refused)
+        if outcome is not None:
+            out.append(outcome)
 
     def _lose(self, lease: Lease, why: str, out: list[Outcome], code: str = ErrorCode.WORKER_LOST) -> None:
         del self.leases[lease.job_id]

@@ -56,7 +56,7 @@ def counted(inbox: list[tuple[str, str, bytes]]) -> tuple[Counter[str], Counter[
 
 
 def summary_of(nodes: Iterable[Any], leases: Iterable[Any], silent: Collection[str] = ()) -> list[dict[str, Any]]:
-    """``nodes`` (:class:`~.hub.Node`) as ``<base>/info`` and ``<base>/queue`` show them: id,
+    """``nodes`` (:class:`~.announcements.Node`) as ``<base>/info`` and ``<base>/queue`` show them: id,
     online (false while ``silent``: not heard from for a lease, whatever its announcement
     says), silent, host, version, kinds, slots, running (their ``leases`` now), device, models."""
     held = Counter(lease.node_id for lease in leases)

@@ -355,7 +355,7 @@ class Republisher(Component):
             self.count += len(page)
             self.at = ("jobs", page[-1]["job_id"]) if len(page) == REPUBLISH_PAGE else ("batches", "")
         elif phase == "batches":
-            ids = store.batch_id_page(cursor, REPUBLISH_PAGE // 10)
+            ids = store.batches.batch_id_page(cursor, REPUBLISH_PAGE // 10)
             for batch_id in ids:
                 pub.publish_batch(batch_id)
             if len(ids) == REPUBLISH_PAGE // 10:

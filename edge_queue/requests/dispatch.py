@@ -196,7 +196,7 @@ class Dispatcher(Component):
             return
         key = request_key(msg) if msg.qos and msg.command in STATEFUL_COMMANDS else None
         if key is not None and msg.dup:
-            first = self.store().recall_request(key)
+            first = self.store().requests.recall_request(key)
             # Only a record of one of the last REDELIVERY_WINDOW requests can be for this very
             # message: the broker numbers its messages to us on, 1..65535, and may reuse a
             # number only after it had our PUBACK for it.
@@ -213,7 +213,8 @@ class Dispatcher(Component):
         response, reply_to = self.commands.execute(msg.command, msg.payload, msg.user)
         response = self.fitted(msg, response)
         if key is not None:  # errors too: delivered again, it gets the same answer
-            self.store().remember_request(key, payloads.encode(response), reply_to, self.clock(), self.requests_seen)
+            records = self.store().requests
+            records.remember_request(key, payloads.encode(response), reply_to, self.clock(), self.requests_seen)
         self.answer(msg, response, reply_to)
 
     def refuse_retained(self, msg: Incoming, now: float) -> None:

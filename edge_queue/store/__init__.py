@@ -70,8 +70,10 @@ __all__ = [
 
 
 class Store:
-    """The job store: one connection and the rooms over it, behind one interface. Not
-    thread-safe: the service's main loop is its only user.
+    """The job store: one connection and the rooms over it, behind one interface; the request
+    records (:attr:`requests`), the batches' pages (:attr:`batches`) and the watched files
+    (:attr:`watched`) are used through the rooms it holds. Not thread-safe: the service's main
+    loop is its only user.
 
     Args:
         path: the database file; created with its parent folder when missing.
@@ -231,33 +233,9 @@ class Store:
         """:meth:`.Meta.client_id_secret`."""
         return self.meta_.client_id_secret()
 
-    def remember_request(self, key: bytes, response: bytes, reply_to: str | None, now: float, seq: int) -> None:
-        """:meth:`.RequestRecords.remember_request`."""
-        return self.requests.remember_request(key, response, reply_to, now, seq)
-
-    def recall_request(self, key: bytes) -> tuple[bytes, str | None, int] | None:
-        """:meth:`.RequestRecords.recall_request`."""
-        return self.requests.recall_request(key)
-
-    def forget_all_requests(self) -> None:
-        """:meth:`.RequestRecords.forget_all_requests`."""
-        return self.requests.forget_all_requests()
-
-    def forget_requests(self, before: float) -> int:
-        """:meth:`.RequestRecords.forget_requests`."""
-        return self.requests.forget_requests(before)
-
-    def batch_ids_in(self, batch_ids: list[str]) -> set[str]:
-        """:meth:`.Batches.batch_ids_in`."""
-        return self.batches.batch_ids_in(batch_ids)
-
     def batch(self, batch_id: str) -> dict[str, Any]:
         """:meth:`.Batches.batch`."""
         return self.batches.batch(batch_id)
-
-    def batch_ids(self) -> list[str]:
-        """:meth:`.Batches.batch_ids`."""
-        return self.batches.batch_ids()
 
     def submitters(self, limit: int) -> list[str]:
         """:meth:`.Jobs.submitters`."""
@@ -270,10 +248,6 @@ class Store:
     def iter_job_page(self, after: str, limit: int) -> list[dict[str, Any]]:
         """:meth:`.Jobs.iter_job_page`."""
         return self.jobs.iter_job_page(after, limit)
-
-    def batch_id_page(self, after: str, limit: int) -> list[str]:
-        """:meth:`.Batches.batch_id_page`."""
-        return self.batches.batch_id_page(after, limit)
 
     def running(self) -> list[dict[str, Any]]:
         """:meth:`.Jobs.running`."""
@@ -418,25 +392,3 @@ class Store:
     ) -> list[str]:
         """:meth:`.Jobs.finished_before`."""
         return self.jobs.finished_before(cutoff, states, limit)
-
-    def watched_files(self, folders: Sequence[str]) -> dict[str, tuple[int, int, str]]:
-        """:meth:`.WatchedFiles.watched_files`."""
-        return self.watched.watched_files(folders)
-
-    def record_watched(
-        self, path: str, size: int, mtime_ns: int, digest: str, outcome: str, job_id: str | None, now: float
-    ) -> None:
-        """:meth:`.WatchedFiles.record_watched`."""
-        return self.watched.record_watched(path, size, mtime_ns, digest, outcome, job_id, now)
-
-    def touch_watched(self, path: str, mtime_ns: int, now: float) -> None:
-        """:meth:`.WatchedFiles.touch_watched`."""
-        return self.watched.touch_watched(path, mtime_ns, now)
-
-    def watch_counts(self, folder: str) -> dict[str, int]:
-        """:meth:`.WatchedFiles.watch_counts`."""
-        return self.watched.watch_counts(folder)
-
-    def beside_jobs(self, folder: str) -> list[BesideJob]:
-        """:meth:`.WatchedFiles.beside_jobs`."""
-        return self.watched.beside_jobs(folder)

@@ -111,7 +111,7 @@ class Connection:
         return self.utils
 
     def write_deferred(self) -> None:
-        """Write the rows deferred by ``Store.submit`` and ``Store.remember_request``: one
+        """Write the rows deferred by ``Store.submit`` and ``RequestRecords.remember_request``: one
         ``executemany`` per table, inside the group's transaction. A failure fails the group
         (it is rolled back whole, these rows with it)."""
         jobs, events, requests = self.deferred_jobs, self.deferred_events, self.deferred_requests

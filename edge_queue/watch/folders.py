@@ -85,7 +85,7 @@ class WatchFolders(Component):
         if not self.watches:
             return
         roots = [os.path.realpath(w.path) for w in self.watches]
-        known = self.service.job_store().watched_files(roots)
+        known = self.service.job_store().watched.watched_files(roots)
         self.watcher = FolderWatcher(self.watches, known, self.service.wake_socket())
         self.watcher.start()
 
@@ -145,13 +145,13 @@ class WatchFolders(Component):
         store = svc.job_store()
         w = self.watches[item.index]
         if item.touched:
-            store.touch_watched(item.path, item.mtime_ns, now)
+            store.watched.touch_watched(item.path, item.mtime_ns, now)
             log.debug("watch %s: %s touched, content unchanged: no new job", w.path, item.path)
             return
         if item.same_stem:
             writer, job_id = self._own_output(item, beside)
             if writer == "wrote":
-                store.record_watched(item.path, item.size, item.mtime_ns, item.digest, "output", job_id, now)
+                store.watched.record_watched(item.path, item.size, item.mtime_ns, item.digest, "output", job_id, now)
                 log.info("watch %s: %s is an output of job %s: not submitted", w.path, item.path, job_id)
                 return
             if writer == "writing":
@@ -168,7 +168,7 @@ class WatchFolders(Component):
             response = {"status": "error", "error": {"code": e.code, "message": e.message}}
         if response.get("status") == "ok":
             job = response["data"]["jobs"][0]
-            store.record_watched(item.path, item.size, item.mtime_ns, item.digest, "job", job["job_id"], now)
+            store.watched.record_watched(item.path, item.size, item.mtime_ns, item.digest, "job", job["job_id"], now)
             log.info("watch %s: %s -> job %s", w.path, item.path, job["job_id"])
             return
         error = response.get("error") or {}
@@ -177,7 +177,7 @@ class WatchFolders(Component):
             self._retry.append((now + RETRY_S, item))
             log.warning("watch %s: %s not submitted yet (%s); trying again in %.0f s", w.path, item.path, code, RETRY_S)
             return
-        store.record_watched(item.path, item.size, item.mtime_ns, item.digest, f"refused:{code}", None, now)
+        store.watched.record_watched(item.path, item.size, item.mtime_ns, item.digest, f"refused:{code}", None, now)
         log.warning("watch %s: %s refused: %s: %s", w.path, item.path, code, error.get("message", ""))
 
     def _own_output(self, item: Ready, beside: dict[str, list[BesideJob]]) -> tuple[str | None, str | None]:
@@ -188,7 +188,7 @@ class WatchFolders(Component):
         else ``(None, None)``: a recording named like an output is an input."""
         folder, name = os.path.split(item.path)
         if folder not in beside:
-            beside[folder] = self.service.job_store().beside_jobs(folder)
+            beside[folder] = self.service.job_store().watched.beside_jobs(folder)
         running = None
         for job in beside[folder]:
             if item.path in job.written:

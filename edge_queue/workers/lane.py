@@ -5,7 +5,7 @@ only while every other worker is busy, so that they never wait behind a film's c
 - The lane's worker is handed a job with ``within_s``; it gives back, unstarted, a job whose
   input declares more seconds than that (:func:`~.worker.fits_lane`), and the lane passes over that job
   from then on (:attr:`ShortLane.long_jobs`): it waits for a worker, its attempt not counted.
-- While the lane runs a job, the workers whose job has run :data:`~.supervisor.OVERRUN_S` or
+- While the lane runs a job, the workers whose job has run :data:`~.prefetch.OVERRUN_S` or
   more (a film) are stopped (``SIGSTOP``) and continued (``SIGCONT``) when the lane's job ends,
   at most :data:`PAUSE_S` later, and not stopped again for as long as they were: the short
   job has the box's cores, the film loses only that time (at most half of its time under a

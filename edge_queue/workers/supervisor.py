@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import select
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
@@ -23,27 +23,10 @@ from edge_queue.config.settings import Settings
 from edge_queue.errors import ErrorCode
 
 from .lane import ShortLane, warm
+from .prefetch import OVERRUN_S, Prefetch
 from .processes import JobEntry, ProcessPool, WorkerSlot
 
 log = logging.getLogger(__name__)
-
-#: Most jobs one worker may hold at once (the one it runs and those it runs next), for short
-#: kinds. Each loop turn has a fixed cost (about 1.5 ms of CPU under load), so the more jobs a
-#: turn's hand-out and outcomes carry, the less each job costs: P1 (bench/p1_throughput.py) ran
-#: 5,000 no-op jobs in batches at 0.36 ms of service CPU per job with 16, 0.29 with 64 and 0.26
-#: with 256 (docs/benchmarks.md).
-PREFETCH = 256
-#: ... and at most this many seconds of expected work (jobs held times the slowest short kind's
-#: mean attempt time), so that a job of higher priority submitted meanwhile waits for at most
-#: about this long behind jobs already handed out: 256 no-op jobs, 20 jobs of 5 ms, 2 of 49 ms.
-PREFETCH_S = 0.1
-#: A kind whose attempts take less than this many seconds on average is "short".
-FAST_S = 0.05
-#: A worker whose current job has run this many seconds while short jobs wait in its queue
-#: gives those back (:meth:`Supervisor.release`): a kind's mean does not foresee a job whose
-#: options make it long (a no-op with ``sleep_s``), and the jobs behind it, or one of higher
-#: priority submitted meanwhile, go to the next free worker instead of waiting for it.
-OVERRUN_S = 1.0
 
 
 @dataclass(slots=True)
@@ -126,10 +109,11 @@ class Supervisor(Component):
     with ``spawn``), which matters for ``max_jobs_per_worker`` recycling under many short jobs
     and for the replacement of a lost worker. The forkserver ends when the service does.
 
-    Jobs of a kind whose attempts take less than :data:`FAST_S` on average (measured here) may
-    be given to a busy worker, up to :meth:`prefetch` at once (:data:`PREFETCH` jobs, and about
-    :data:`PREFETCH_S` seconds of their work), so that many short jobs cost one message and one
-    loop turn instead of one each; any other job goes only to an idle worker.
+    Jobs of a kind whose attempts take less than :data:`~.prefetch.FAST_S` on average (measured
+    here) may be given to a busy worker, up to :meth:`.Prefetch.per_worker` at once
+    (:data:`~.prefetch.PREFETCH` jobs, and about :data:`~.prefetch.PREFETCH_S` seconds of their
+    work), so that many short jobs cost one message and one loop turn instead of one each; any
+    other job goes only to an idle worker.
     A job's ``timeout_s`` counts from when its worker starts it.
 
     Args:
@@ -146,7 +130,7 @@ class Supervisor(Component):
         if lane and settings.workers and settings.short_lane_s:  # the short lane: one slot more
             self.slots.append(WorkerSlot(settings.workers, lane=True))
         self.lane = ShortLane()
-        self._avg_s: dict[str, tuple[float, int]] = {}  # kind -> (mean run time in s, attempts seen)
+        self.prefetch = Prefetch(settings, clock)  # short jobs handed to busy workers
         self._claims: list[Outcome] = []  # workers' ``outputs``, answered by dispatch() after the commit
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -178,59 +162,6 @@ class Supervisor(Component):
         self.processes.finish_dying()
 
     # -- scheduling ---------------------------------------------------------------------
-
-    def fast(self, kind: str) -> bool:
-        """True when attempts of ``kind`` have taken less than :data:`FAST_S` on average."""
-        avg = self._avg_s.get(kind)
-        return avg is not None and avg[1] >= 3 and avg[0] < FAST_S
-
-    def prefetch(self) -> int:
-        """How many jobs of short kinds a worker may hold at once: :data:`PREFETCH_S` over the
-        slowest short kind's mean attempt time, at least 1 and at most :data:`PREFETCH`."""
-        slowest = max((mean for mean, n in self._avg_s.values() if n >= 3 and mean < FAST_S), default=FAST_S)
-        return max(1, min(PREFETCH, int(PREFETCH_S / max(slowest, 1e-6))))
-
-    def room(self, slot: WorkerSlot) -> int:
-        """How many more jobs the worker may be given: up to :meth:`prefetch` held at once, and
-        no more than it has left before ``max_jobs_per_worker`` replaces it."""
-        room = self.prefetch() - len(slot.jobs)
-        if self.settings.max_jobs_per_worker:
-            room = min(room, self.settings.max_jobs_per_worker - slot.jobs_done - len(slot.jobs))
-        return room
-
-    def prefetching(self) -> list[WorkerSlot]:
-        """Workers that hold only short jobs and have :meth:`room`: they may take more."""
-        return [
-            s
-            for s in self.slots
-            if s.process is not None
-            and not s.lane
-            and s.recycle is None
-            and s.jobs
-            and self.room(s) > 0
-            and not s.releasing
-            and not self._overran(s)
-            and all(self.fast(e.msg["kind"]) for e in s.jobs)
-        ]
-
-    def _overran(self, slot: WorkerSlot) -> bool:
-        """True when the worker's current job has run :data:`OVERRUN_S` seconds or more."""
-        head = slot.jobs[0] if slot.jobs else None
-        return head is not None and head.started is not None and self.clock() - head.started >= OVERRUN_S
-
-    def release(self, slot: WorkerSlot, job_ids: list[str] | None = None) -> None:
-        """Ask the worker to give back jobs of ``job_ids`` (all, for ``None``) waiting in its
-        queue, not started. Its answer (:meth:`poll`) reports each one as ``unstarted``: the
-        service puts it back in the queue, its attempt not counted, or ends it cancelled."""
-        if job_ids is None:
-            if slot.releasing:
-                return
-            slot.releasing = True
-        try:
-            assert slot.conn is not None
-            slot.conn.send({"op": "release", "job_ids": job_ids})
-        except (OSError, AssertionError):
-            pass  # the worker is gone: poll() reports its jobs
 
     def idle(self) -> list[WorkerSlot]:
         """Workers with no job (and not waiting to be replaced); not the short lane's."""
@@ -322,7 +253,7 @@ class Supervisor(Component):
                         if entry is not slot.jobs[0]:
                             # waiting in the worker's queue: given back at once, it ends
                             # cancelled without waiting for the jobs before it
-                            self.release(slot, [job_id])
+                            self.prefetch.release(slot, [job_id])
                     return True
         return False
 
@@ -393,8 +324,11 @@ class Supervisor(Component):
             if not self.said_fresh_size:
                 self.said_fresh_size = fresh_size_said(self.settings.max_worker_rss_mb, msg.get("rss_mb"))
             return
-        if op == "released":
-            self._released(slot, msg, out)
+        if op == "released":  # jobs it gave back from its queue: each is ``unstarted``
+            for job_id, attempt in self.prefetch.released(slot, msg):
+                out.append(
+                    Outcome("unstarted", job_id, attempt, {"reason": "its worker gave it back before starting it"})
+                )
             return
         head = slot.jobs[0] if slot.jobs else None
         if head is None or msg.get("job_id") != head.msg["job_id"] or msg.get("attempt") != head.msg["attempt"]:
@@ -411,9 +345,7 @@ class Supervisor(Component):
             now = self.clock()
             took = msg.get("took_s")
             if isinstance(took, float) and op != "unstarted":
-                mean, n = self._avg_s.get(job["kind"], (0.0, 0))
-                # An exponentially weighted mean over about the last 10 attempts.
-                self._avg_s[job["kind"]] = (took if n == 0 else mean + (took - mean) / min(n + 1, 10), n + 1)
+                self.prefetch.took(job["kind"], took)
             slot.jobs.popleft()
             if slot.jobs:
                 nxt = slot.jobs[0]
@@ -428,25 +360,6 @@ class Supervisor(Component):
                 log.info("worker %d (pid %s) recycled: %s", slot.index, slot.pid, slot.recycle)
                 self.processes.end(slot, polite=True)
                 self.processes.spawn(slot)
-
-    def _released(self, slot: WorkerSlot, msg: dict[str, Any], out: list[Outcome]) -> None:
-        """The worker gave back jobs from its queue: each is ``unstarted``."""
-        if msg.get("all"):
-            slot.releasing = False
-        given = {(job_id, attempt) for job_id, attempt in msg["jobs"]}
-        if not given:
-            return
-        kept: deque[JobEntry] = deque()
-        for entry in slot.jobs:
-            key = (entry.msg["job_id"], entry.msg["attempt"])
-            if key in given:
-                out.append(
-                    Outcome("unstarted", key[0], key[1], {"reason": "its worker gave it back before starting it"})
-                )
-            else:
-                kept.append(entry)
-        slot.jobs = kept
-        log.debug("worker %d gave back %d job(s) it had not started", slot.index, len(given))
 
     def _lost(self, slot: WorkerSlot, out: list[Outcome]) -> None:
         """The worker is gone: its current job is ``lost``, the jobs it had not started are
@@ -496,7 +409,7 @@ class Supervisor(Component):
             if head.started is None:
                 head.started = now
             if len(slot.jobs) > 1 and not slot.releasing and now - head.started >= OVERRUN_S:
-                self.release(slot)
+                self.prefetch.release(slot)
             cancel_at = head.cancel_deadline
             if cancel_at is not None and now >= cancel_at:
                 slot.end_reason = (str(ErrorCode.CANCELLED), "cancelled: the worker was ended after the grace period")

@@ -207,7 +207,7 @@ class _Worker:
         queue, not started: one ``released`` message names them (``[job_id, attempt]`` pairs;
         none when every one of them has started or ended meanwhile; ``all`` when the whole
         queue was asked for). The service puts them back in the queue or, cancelled, ends them
-        (:meth:`Supervisor.release`)."""
+        (:meth:`~.prefetch.Prefetch.release`)."""
         wanted = None if job_ids is None else set(job_ids)
         with self.jobs.mutex:  # the queue's own lock: the main thread takes its next job meanwhile
             waiting = self.jobs.queue
