@@ -49,7 +49,8 @@ from edge_queue.jobs.retention import Retention
 from edge_queue.jobs.scheduler import Scheduler
 from edge_queue.kinds import registry
 from edge_queue.logfmt import TurnLog
-from edge_queue.mqtt.bridge import Bridge, Connected
+from edge_queue.mqtt.bridge import Bridge
+from edge_queue.mqtt.inbox import Connected
 from edge_queue.mqtt.instance import claim_base_topic, note_base_topic
 from edge_queue.mqtt.takeover import EXIT_SHARED_CLIENT_ID, SESSION_KEY
 from edge_queue.mqtt.topics import MAX_REPLY_AREAS, ReplyAreas, Topics
@@ -506,9 +507,9 @@ def settle_own_requests(service: Service) -> None:
     end = time.monotonic() + SETTLE_S
     quiet_since = time.monotonic()
     while time.monotonic() < end and not service.stopping and time.monotonic() - quiet_since < SETTLE_QUIET_S:
-        seen = service.bridge.requests_received
+        seen = service.bridge.inbox.received
         service.step(max_wait_s=0.1)
-        if service.bridge.requests_received != seen or service.bridge.inbox or not service.bridge.connected:
+        if service.bridge.inbox.received != seen or service.bridge.inbox or not service.bridge.connected:
             quiet_since = time.monotonic()
 
 

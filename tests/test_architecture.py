@@ -1,7 +1,7 @@
 """The rooms of edge_queue stay small and apart (docs/architecture.md): read from the source
 with ``ast``, nothing is imported or run.
 
-- no class over 400 lines and no module over 600 lines;
+- no class over 350 lines and no module over 600 lines;
 - no import cycle among edge_queue modules, counting imports inside functions and under
   ``TYPE_CHECKING``;
 - no module reaches into another's ``_private`` names; a library's private names are used only
@@ -24,7 +24,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "edge_queue"
-MAX_CLASS_LINES = 400
+MAX_CLASS_LINES = 350
 MAX_MODULE_LINES = 600
 
 #: module (path under the repository) -> private names of libraries it may use, by name.

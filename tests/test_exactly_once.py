@@ -305,9 +305,10 @@ def test_a_connection_lost_with_a_full_inbox_comes_back(tmp_path: Path, monkeypa
     # a proxy
     from edge_queue.config.settings import MqttSettings
     from edge_queue.mqtt import bridge as bridge_module
+    from edge_queue.mqtt import inbox as inbox_module
     from edge_queue.mqtt.topics import Topics
 
-    monkeypatch.setattr(bridge_module, "INBOX_HIGH", 50)
+    monkeypatch.setattr(inbox_module, "INBOX_HIGH", 50)
     broker = PrivateMosquitto(tmp_path / "broker")
     proxy = AckDroppingProxy(broker.port)
     base = "eqt" + uuid.uuid4().hex[:10]

@@ -55,9 +55,10 @@ class StockClient(mqtt.Client):
 
 def main() -> None:
     from edge_queue.cli.main import main as cli_main
-    from edge_queue.mqtt import bridge
+    from edge_queue.mqtt import bridge, connecting
 
     bridge.FastClient = StockClient  # type: ignore[misc,assignment]
+    connecting.FastClient = StockClient  # type: ignore[misc,assignment]
     cli_main()
 
 

@@ -4,10 +4,11 @@ a ``transcribe`` job of the queue.
 
 One call: the caller is known from its key (:mod:`.callers`), counted against its rate, given
 one of ``api.uploads_at_once`` upload slots; its body is streamed to ``<data_dir>/uploads``
-(:mod:`.uploads`); the job is submitted through the loop (:class:`JobGateway`), with an
-idempotency key made of the audio's SHA-256 and the options, so the same audio sent again
-is answered from the same job; the answer waits for the job to end (or for the caller to go
-away: the job goes on) and is read from the job's own output files (:mod:`.transcripts`).
+(:mod:`.receiving`, :mod:`.uploads`); the job is submitted through the loop
+(:class:`JobGateway`), with an idempotency key made of the audio's SHA-256 and the options, so
+the same audio sent again is answered from the same job; the answer waits for the job to end
+(or for the caller to go away: the job goes on) and is read from the job's own output files
+(:mod:`.transcripts`).
 
 A Starlette application, served by uvicorn (:mod:`.api_server`).
 """
@@ -15,11 +16,10 @@ A Starlette application, served by uvicorn (:mod:`.api_server`).
 from __future__ import annotations
 
 import asyncio
-import errno
 import hashlib
 import logging
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -41,9 +41,10 @@ from edge_queue.written import NotTheFileWritten, read_written
 
 from . import transcripts
 from .callers import Caller, caller_of, count_call, presented_key
-from .shares import Shares, next_piece, user_bytes_allowed
+from .receiving import UploadReceiver
+from .shares import Shares
 from .statuses import RETRY_AFTER_S, code_of, error_response, status_of, stopping
-from .uploads import PCM_RATE, PCM_WIDTH, Upload, boundary_of, delete, disk_of, field, user_folder
+from .uploads import PCM_RATE, PCM_WIDTH, Upload, field
 
 log = logging.getLogger(__name__)
 #: Refused calls, one INFO line each, at most 20 in 10 s (a client can repeat them without end).
@@ -62,9 +63,6 @@ MEDIA_ERRORS = frozenset(
 #: A language the model does not speak or could not tell (docs/http-api.md, "Languages"): 422,
 #: as a refused submit and as a failed job; the same audio sent again is not run again.
 LANGUAGE_ERRORS = frozenset({ErrorCode.LANGUAGE_UNSUPPORTED, ErrorCode.LANGUAGE_UNCERTAIN})
-#: An upload slower than this many bytes a second over :data:`RATE_WINDOW_S` is dropped (408).
-MIN_UPLOAD_BYTES_S = 16 * 1024
-RATE_WINDOW_S = 10.0
 
 
 @dataclass(slots=True)
@@ -108,11 +106,11 @@ class Api:
         self.outputs = str(settings.outputs_dir)
         self.rate = CallRate(self.api.calls_per_minute)
         self.shares = Shares(self.api.uploads_at_once)  # upload slots and waits (the event loop's thread)
-        self.holding: Counter[Path] = Counter()  # upload files of calls not yet answered
         self.placeholders: OrderedDict[str, None] = OrderedDict()  # addresses sending unknown keys
         #: when a stop began (``ApiServer.begin_stop``): the calls still being received are answered
         #: 503 ``stopping`` by then (monotonic seconds), before the server's own grace ends them
         self.stop_receiving_at: float | None = None
+        self.receiver = UploadReceiver(settings, self.shares, lambda: self.stop_receiving_at)
 
     def app(self) -> Starlette:
         """The Starlette application."""
@@ -166,7 +164,7 @@ class Api:
             raise RequestError(
                 f"output must be one of {', '.join(transcripts.ASR_FORMATS)}", code=ErrorCode.INVALID_REQUEST
             )
-        upload = await self._receive(request, caller, "audio_file", raw_pcm=not flag(q.get("encode"), True))
+        upload = await self.receiver.receive(request, caller, "audio_file", raw_pcm=not flag(q.get("encode"), True))
         options: dict[str, Any] = {"task": q.get("task") or "transcribe"}
         if q.get("language"):
             options["language"] = q["language"]
@@ -195,7 +193,7 @@ class Api:
     async def _detect(self, request: Request, caller: Caller) -> Response:
         raw_pcm = not flag(request.query_params.get("encode"), True)
         keep = DETECT_S * PCM_RATE * PCM_WIDTH if raw_pcm else None
-        upload = await self._receive(request, caller, "audio_file", raw_pcm=raw_pcm, keep_bytes=keep)
+        upload = await self.receiver.receive(request, caller, "audio_file", raw_pcm=raw_pcm, keep_bytes=keep)
         ended = await self._run(request, caller, upload, {"task": "detect"})
         if ended is None:
             return Response(status_code=499)
@@ -223,7 +221,7 @@ class Api:
         return await self._guarded(request, lambda caller: self._openai(request, caller, "translate"))
 
     async def _openai(self, request: Request, caller: Caller, task: str) -> Response:
-        upload = await self._receive(request, caller, "file", raw_pcm=False)
+        upload = await self.receiver.receive(request, caller, "file", raw_pcm=False)
         model = field(upload, "model")
         if not model:
             raise RequestError("model is required (GET /v1/models lists them)", code=ErrorCode.INVALID_REQUEST)
@@ -291,7 +289,7 @@ class Api:
             log.info("HTTP caller from %s went away during its upload", address)
             return Response(status_code=499)
         finally:
-            self._release(getattr(request.state, "upload", None))
+            self.receiver.release(getattr(request.state, "upload", None))
 
     def _first_placeholder(self, address: str) -> bool:
         """True the first time (of the last :data:`MAX_TRACKED_CALLERS` addresses) ``address``
@@ -302,85 +300,6 @@ class Api:
         if len(self.placeholders) > MAX_TRACKED_CALLERS:
             self.placeholders.popitem(last=False)
         return True
-
-    def _release(self, upload: Upload | None) -> None:
-        """The call of ``upload`` has ended: its file is deleted when no job names it, this
-        call made it and no other call holds it (a refused call leaves nothing on disk)."""
-        if upload is None or upload.path is None:
-            return
-        self.holding[upload.path] -= 1
-        if self.holding[upload.path] <= 0:
-            del self.holding[upload.path]
-            if upload.created and not upload.used:
-                delete(upload.path)
-
-    async def _receive(
-        self, request: Request, caller: Caller, file_field: str, *, raw_pcm: bool, keep_bytes: int | None = None
-    ) -> Upload:
-        """Stream the body to an upload file of the caller's user's folder, in one of the
-        upload slots (:class:`~.shares.Shares`); each upload at least :data:`MIN_UPLOAD_BYTES_S`
-        over every :data:`RATE_WINDOW_S`, done within ``api.max_upload_s``, and the user's
-        uploads on disk within :func:`~.shares.user_bytes_allowed`."""
-        self.shares.may_wait(caller)
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > self.api.max_upload_mb * 2**20 + 2**20:
-            raise RequestError(
-                f"the upload is over {self.api.max_upload_mb} MiB ([api] max_upload_mb)",
-                code=ErrorCode.PAYLOAD_TOO_LARGE,
-            )
-        upload = Upload(
-            user_folder(self.uploads, caller.user),
-            boundary_of(request.headers.get("content-type")),
-            file_field=file_field,
-            raw_pcm=raw_pcm,
-            max_bytes=self.api.max_upload_mb * 2**20,
-            min_free_bytes=self.settings.limits.min_free_disk_mb * 2**20,
-            keep_bytes=keep_bytes,
-        )
-        slot = self.shares.take(caller, time.monotonic())
-        dropped = asyncio.ensure_future(slot.dropped.wait())
-        try:
-            held, free = await anyio.to_thread.run_sync(disk_of, upload.folder)
-            allowed = user_bytes_allowed(held, free, upload.min_free_bytes, self.api.max_user_uploads_mb * 2**20)
-            stream = request.stream().__aiter__()
-            window, window_bytes = time.monotonic(), 0
-            deadline = window + self.api.max_upload_s
-            while True:
-                chunk = await next_piece(stream, slot, dropped, deadline, self.api, lambda: self.stop_receiving_at)
-                if chunk is None:
-                    break
-                upload.feed(chunk)
-                slot.received = upload.size
-                slot.kept = min(upload.size, upload.keep_bytes if upload.keep_bytes is not None else upload.size)
-                if held + self.shares.receiving(caller.user) > allowed:
-                    raise RequestError(
-                        f"the uploads of user {caller.user!r} would pass {allowed // 2**20} MiB on disk "
-                        "([api] max_user_uploads_mb, or half of the space left); they go as their jobs end",
-                        code=ErrorCode.UPLOADS_FULL,
-                    )
-                window_bytes += len(chunk)
-                if (elapsed := time.monotonic() - window) >= RATE_WINDOW_S:
-                    if window_bytes < MIN_UPLOAD_BYTES_S * elapsed:
-                        raise RequestError(
-                            f"the upload is slower than {MIN_UPLOAD_BYTES_S // 1024} KiB/s",
-                            code=ErrorCode.UPLOAD_TIMEOUT,
-                        )
-                    window, window_bytes = time.monotonic(), 0
-            await anyio.to_thread.run_sync(upload.finish)
-            self.holding[upload.path] += 1  # type: ignore[index]
-            request.state.upload = upload
-            return upload
-        except OSError as e:
-            upload.discard()
-            if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise RequestError("the disk is full: the upload is refused", code=ErrorCode.DISK_FULL) from None
-            raise
-        except BaseException:
-            upload.discard()
-            raise
-        finally:
-            dropped.cancel()
-            self.shares.release(slot)
 
     async def _run(self, request: Request, caller: Caller, upload: Upload, options: dict[str, Any]) -> Ended | None:
         """Submit the upload's job and wait for its end; None when the caller went away first

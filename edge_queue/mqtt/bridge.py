@@ -13,16 +13,16 @@ each turn, which reads, writes, keeps the connection alive and reconnects. paho'
 therefore run on the service's thread, inside :meth:`pump`; they only append to
 :attr:`Bridge.inbox` and count acknowledgements. Nothing ever waits for the broker: what cannot
 be handed to paho yet waits in its :class:`~edge_queue.mqtt.outbox.Outbox`, in order, and goes out on
-a later turn. paho's client itself, with its short paths, is :mod:`.mqtt_client`; finding out what
-listens at the address is :mod:`.broker_probe`.
+a later turn. paho's client itself, with its short paths, is :mod:`.paho_client`; finding out what
+listens at the address is :mod:`.probe`.
 
 Flow control, end to end (docs/operations.md, "Load and back-pressure"):
 
-- in: the broker sends at most ``RECEIVE_MAXIMUM`` unacknowledged QoS 1 requests (MQTT 5
-  Receive Maximum; mosquitto's ``max_inflight_messages`` for MQTT 3.1.1), and a request is
+- in: the broker sends at most ``RECEIVE_MAXIMUM`` (:mod:`.connecting`) unacknowledged QoS 1
+  requests (MQTT 5 Receive Maximum; mosquitto's ``max_inflight_messages`` for MQTT 3.1.1), and a request is
   acknowledged only once committed, so requests that arrive faster than the service commits
   them wait in the broker, not here. The socket is read only while :attr:`inbox` holds fewer
-  than ``INBOX_HIGH`` items, or while our own publishes wait for acknowledgements (reading is
+  than ``INBOX_HIGH`` items (:mod:`.inbox`), or while our own publishes wait for acknowledgements (reading is
   how those arrive, so it never stops then).
 - out: at most ``WINDOW`` of our QoS 1 publishes are handed to paho without a PUBACK (paho
   numbers them with 16-bit ids); the rest wait in the outbox, whose length the service reads
@@ -32,75 +32,31 @@ Flow control, end to end (docs/operations.md, "Load and back-pressure"):
 from __future__ import annotations
 
 import logging
-import random
 import select
 import socket
 import sqlite3
 import ssl
 import time
-from collections import deque
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from typing import Any
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from edge_queue.config.settings import MqttSettings
 from edge_queue.errors import BrokerUnavailable
 
+from .connecting import Backoff, new_client, send_connect
+from .inbox import Inbox, Incoming, incoming
 from .outbox import Ack, Outbox, Pub
-from .paho_client import FastClient, ack_now, configure_client, set_nodelay, subscribe
+from .paho_client import FastClient, ack_now, set_nodelay, subscribe
 from .probe import detect_protocol
 from .takeover import ForeignMessages, TakeoverRule
 from .topics import OFFLINE, Topics
 
 log = logging.getLogger(__name__)
-
-#: Unacknowledged QoS 1 requests the broker may send us at once (MQTT 5 Receive Maximum).
-#: mosquitto 2.0.11 sends more under sustained load: a client that acknowledges as it goes
-#: held 1,606 unacknowledged messages at a Receive Maximum of 100. So the inbox bounds itself.
-RECEIVE_MAXIMUM = 1_000
-#: The socket is not read while the inbox holds this many items or payload bytes, unless the
-#: service takes no request until the broker acknowledges some of ours (:data:`BACKLOG_HIGH`):
-#: reading is how those acknowledgements arrive.
-INBOX_HIGH = 2_000
-INBOX_BYTES_HIGH = 32 * 2**20
-#: Packets read per :meth:`Bridge.pump` at most, so one turn stays short.
-READ_BUDGET = 2_000
-#: Seconds between reconnect attempts: from 1, doubling, at most 4 (the retained state must be
-#: back within seconds of a broker restart).
-RECONNECT_MIN_S, RECONNECT_MAX_S = 1.0, 4.0
-
-
-@dataclass(slots=True)
-class Incoming:
-    """A message on ``<base>/request/#`` as paho delivered it."""
-
-    topic: str
-    command: str
-    payload: bytes
-    retain: bool
-    qos: int
-    mid: int
-    response_topic: str | None = None
-    correlation_data: bytes | None = None
-    dup: bool = False
-    connection: int = 0  # which connection it came on (its PUBACK is for that one only)
-    size: int = 0  # bytes of the payload as received (the payload itself is dropped when too large)
-    property_bytes: int = 0  # MQTT 5 properties over MAX_PROPERTY_BYTES: their size; they were not decoded
-    user: str | None = None  # the broker user of <base>/request/<command>/<user>; None on the shared topics
-
-
-@dataclass(slots=True)
-class Connected:
-    """The bridge (re)connected: the service republishes its retained state."""
-
-    protocol: str
-    session_present: bool
 
 
 class Bridge:
@@ -130,9 +86,8 @@ class Bridge:
         self.client_id: str = client_id or settings.client_id or ""
         self.max_packet_bytes = max_packet_bytes
         self.max_payload_bytes = max_payload_bytes
-        self.inbox_bytes = 0  # payload bytes in the inbox (the service subtracts what it takes)
-        #: What arrived, in order; the service takes from the left.
-        self.inbox: deque[Incoming | Connected] = deque()
+        #: what arrived, in order; the service takes from the left
+        self.inbox = Inbox()
         self.protocol: mqtt.MQTTProtocolVersion = mqtt.MQTTv311 if settings.protocol == "3.1.1" else mqtt.MQTTv5
         self.connected = False
         self.connection = 0  # increments at every CONNACK
@@ -140,9 +95,7 @@ class Bridge:
         #: what we send, held until the turn's commit and paced by the broker's PUBACKs
         self.outbox = Outbox(settings.max_packet_size)
         self._closing = False
-        self._next_reconnect = 0.0
-        self._reconnect_delay = RECONNECT_MIN_S
-        self._more_to_read = False
+        self.backoff = Backoff()  # when to connect again
         self._client: FastClient = self._make_client()
         #: other topics to follow (QoS 0, not our own messages): topic -> called with
         #: ``(payload, retained)`` from :meth:`pump` (another installation's ``<base>/info``,
@@ -154,7 +107,6 @@ class Bridge:
         #: another client connected with our client id: the rule, and how often it happened
         self.takeovers, self.foreign = TakeoverRule(), ForeignMessages()
         self.on_client_id: Callable[[str], None] = lambda _: None  # told the id chosen (`up`'s broker trusts it)
-        self.requests_received = 0  # requests taken off the socket since the start
         self._connected_at = 0.0
 
     def set_client_id(self, client_id: str) -> None:
@@ -168,27 +120,11 @@ class Bridge:
         return "5" if self.protocol == mqtt.MQTTv5 else "3.1.1"
 
     def _make_client(self) -> FastClient:
-        v5 = self.protocol == mqtt.MQTTv5
-        client = FastClient(
-            CallbackAPIVersion.VERSION2,
-            # (a persistent MQTT 3.1.1 session needs an id: the real one is set before connect)
-            client_id=self.client_id or "edge-queue-unset",
-            protocol=self.protocol,
-            clean_session=None if v5 else False,
-            manual_ack=True,
-        )
-        client.max_queued_messages_set(0)  # bounded by WINDOW, below
-        client.max_inflight_messages_set(0)  # every message handed over is sent at once
-        client.connect_timeout = 5.0
-        configure_client(client, self.settings)
-        client.will_set(self.topics.status, OFFLINE, qos=1, retain=True)
+        client = new_client(self.client_id, self.protocol, self.settings, self.topics.status)
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
         client.on_publish = self._on_publish
-        # packets wait for the loop's loop_write (and are joined there) instead of being sent one
-        # by one as they are queued
-        client.on_socket_register_write = lambda *_: None
         return client
 
     # -- paho's callbacks (run inside pump(), on the service's thread) -------------------
@@ -202,7 +138,7 @@ class Bridge:
         self.connected = True
         self._connected_at = time.monotonic()
         self.connection += 1
-        self._reconnect_delay = RECONNECT_MIN_S
+        self.backoff.connected()
         set_nodelay(client)
         # PUBACKs still waiting were for the connection that ended (the broker sends those
         # requests again on this one); the packet limit is this connection's.
@@ -212,14 +148,6 @@ class Bridge:
         subscribe(client, self.protocol, requests, list(self.watch), nodes)
         session_present = bool(getattr(flags, "session_present", False))
         self.foreign.after_connect(session_present, self.client_id)
-        if session_present:
-            # Requests of the old connection not yet acknowledged: the broker sends them again
-            # on this one (same session), so the copies still waiting here are dropped.
-            kept = deque(m for m in self.inbox if not (isinstance(m, Incoming) and m.connection != self.connection))
-            self.inbox_bytes -= sum(len(m.payload) for m in self.inbox if isinstance(m, Incoming)) - sum(
-                len(m.payload) for m in kept if isinstance(m, Incoming)
-            )
-            self.inbox = kept
         log.info(
             "connected to %s:%s (MQTT %s, session present: %s)",
             self.settings.host,
@@ -228,8 +156,10 @@ class Bridge:
             session_present,
         )
         # "online" follows from the service's republish on this event, after the subscription
-        # is on its way: requests published after a client sees it are not missed.
-        self.inbox.append(Connected(self.protocol_name, session_present))
+        # is on its way: requests published after a client sees it are not missed. With the
+        # session present, the copies of the old connection's requests still waiting here are
+        # dropped: the broker sends those not acknowledged again on this one.
+        self.inbox.connected(self.connection, self.protocol_name, session_present)
 
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
         was = self.connected
@@ -248,10 +178,10 @@ class Bridge:
         )
         if takeover is not None:
             # reconnecting at once would take the id back and be taken again; a newcomer stops
-            self._reconnect_delay = self.foreign.after_takeover(takeover, self.client_id)
+            self.backoff.delay = self.foreign.after_takeover(takeover, self.client_id)
         elif not self._closing and was:
             log.warning("disconnected from the broker (%s); reconnecting", reason)
-        self._next_reconnect = now + self._reconnect_delay
+        self.backoff.ended(now)
 
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
         watcher = self.watch.get(msg.topic)
@@ -272,10 +202,7 @@ class Bridge:
             return
         command, user = parsed
         dropped = client.dropped_property_bytes if isinstance(client, FastClient) else 0
-        item = incoming(msg, command, user, self.connection, self.max_payload_bytes, dropped)
-        self.requests_received += 1
-        self.inbox_bytes += len(item.payload)
-        self.inbox.append(item)
+        self.inbox.add(incoming(msg, command, user, self.connection, self.max_payload_bytes, dropped))
 
     def _on_publish(self, client: mqtt.Client, userdata: Any, mid: int, reason: Any, properties: Any) -> None:
         self.outbox.acknowledged(mid, getattr(reason, "value", 0))
@@ -299,33 +226,15 @@ class Bridge:
                 self.protocol = mqtt.MQTTv311
                 self._client = self._make_client()
         deadline = time.monotonic() + timeout_s
-        try:
-            if self.protocol == mqtt.MQTTv5:
-                self._client.connect(
-                    s.host,
-                    s.port,
-                    keepalive=s.keepalive_s,
-                    clean_start=False,
-                    properties=connect_properties(self.settings, self.max_packet_bytes),
-                )
-            else:  # the session flag is the client's clean_session=False
-                self._client.connect(s.host, s.port, keepalive=s.keepalive_s)
-        except OSError as e:
-            raise BrokerUnavailable(f"no MQTT broker at {s.host}:{s.port}: {e}") from e
-        while not self.connected and self._refused is None and time.monotonic() < deadline:
-            sock = self._client.socket()
-            if sock is None:
-                break
-            select.select([sock], [sock] if self._client.want_write() else [], [], 0.1)
-            self.pump(time.monotonic(), reconnect=False)
+        send_connect(self._client, s, self.protocol, self.max_packet_bytes)
+        self._pump_while(lambda: not self.connected and self._refused is None, deadline, 0.1)
         if self._refused:
             raise BrokerUnavailable(f"the broker at {s.host}:{s.port} refused us: {self._refused}")
         if not self.connected:
             raise BrokerUnavailable(f"no MQTT broker answered at {s.host}:{s.port} within {timeout_s} s")
 
     def _reconnect(self, now: float) -> None:
-        self._next_reconnect = now + self._reconnect_delay
-        self._reconnect_delay = min(RECONNECT_MAX_S, self._reconnect_delay * 2) * (0.75 + random.random() / 4)
+        self.backoff.attempt(now)
         try:
             self._client.reconnect()
         except (OSError, ssl.SSLError) as e:
@@ -345,12 +254,12 @@ class Bridge:
 
     def wait_s(self, now: float) -> float | None:
         """How long the loop may sleep as far as the bridge goes (``None``: no limit)."""
-        if self._more_to_read or (self._client.buffered() and self._may_read()):
+        if self.inbox.more or (self._client.buffered() and self._may_read()):
             return 0.0
         if self.outbox.out and self.outbox.window_open() and self.connected:
             return 0.0
         if self._client.socket() is None and not self._closing:
-            return max(0.0, self._next_reconnect - now)
+            return max(0.0, self.backoff.next_at - now)
         return None
 
     @property
@@ -385,54 +294,24 @@ class Bridge:
         the broker: the service takes no new request until some are acknowledged."""
         return self.outbox.backlog_high()
 
-    def _inbox_full(self) -> bool:
-        return len(self.inbox) >= INBOX_HIGH or self.inbox_bytes >= INBOX_BYTES_HIGH
-
     def _may_read(self) -> bool:
-        """False while the inbox is full (back-pressure), except while we wait for the broker's
-        acknowledgements (:meth:`backlog_high`) or for its CONNACK: the requests left in the
-        inbox by a connection that ended are taken only once the new one is acknowledged, and
-        that CONNACK arrives through the socket (docs/operations.md, "Load and back-pressure")."""
-        return not self.connected or not self._inbox_full() or self.backlog_high()
+        """The inbox's rule (:meth:`.Inbox.may_read`) on this connection and outbox."""
+        return self.inbox.may_read(self.connected, self.backlog_high())
 
     def pump(self, now: float, *, reconnect: bool = True) -> None:
         """Read what arrived (within the budgets), write what waits, keep the connection
         alive, reconnect when due. Never blocks longer than a TCP connect (``connect_timeout``)."""
         client = self._client
         if client.socket() is None:
-            if reconnect and not self._closing and now >= self._next_reconnect:
+            if reconnect and not self._closing and now >= self.backoff.next_at:
                 self._reconnect(now)
             return
-        self._read()
+        self.inbox.read(client, self._may_read)
         self._hand_over()
         if client.socket() is not None and client.want_write():
             client.loop_write()
         if client.socket() is not None:
             client.loop_misc()
-
-    def _read(self) -> None:
-        """Read whole packets until the socket has none, or a budget is reached.
-
-        paho's ``loop_read`` does not say whether the socket ran dry
-        (:meth:`FastClient.read_packet` does).
-        """
-        client = self._client
-        self._more_to_read = False
-        for _ in range(READ_BUDGET):
-            if not self._may_read():
-                # back-pressure: leave it in the socket, whatever the broker's Receive Maximum
-                # let it send; the service drains the inbox first
-                self._more_to_read = False
-                return
-            if client.socket() is None:
-                return
-            rc = client.read_packet()
-            if rc == MQTTErrorCode.MQTT_ERR_AGAIN:
-                return
-            if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
-                client.read_failed(rc)
-                return
-        self._more_to_read = True
 
     def settle(self) -> None:
         """At the end of a loop turn: when the turn read bytes and sent nothing after them (the
@@ -481,13 +360,18 @@ class Bridge:
         """Pump until everything waiting has been acknowledged, at most ``timeout_s`` seconds
         (used when stopping). Returns True when nothing is left."""
         end = time.monotonic() + timeout_s
-        while (self.outbox.out or self.outbox.inflight) and self.connected and time.monotonic() < end:
+        self._pump_while(lambda: bool(self.outbox.out or self.outbox.inflight) and self.connected, end, 0.05)
+        return not self.outbox.out and not self.outbox.inflight
+
+    def _pump_while(self, waiting: Callable[[], bool], end: float, poll_s: float) -> None:
+        """Pump on this thread while ``waiting()`` and before ``end`` (monotonic), ``poll_s``
+        seconds at most in each ``select``; ends with the socket."""
+        while waiting() and time.monotonic() < end:
             sock = self._client.socket()
             if sock is None:
                 break
-            select.select([sock], [sock] if self._client.want_write() else [], [], 0.05)
+            select.select([sock], [sock] if self._client.want_write() else [], [], poll_s)
             self.pump(time.monotonic(), reconnect=False)
-        return not self.outbox.out and not self.outbox.inflight
 
     def close(self, *, offline: bool = True, timeout_s: float = 5.0) -> None:
         """Send what waits, publish ``offline`` (retained), then disconnect."""
@@ -515,17 +399,6 @@ def expiry_properties(expiry_s: int, protocol: int) -> Properties | None:
     return props
 
 
-def connect_properties(settings: MqttSettings, max_packet_bytes: int | None) -> Properties:
-    """The MQTT 5 CONNECT properties: session expiry (``mqtt.session_expiry_s``), Receive
-    Maximum (:data:`RECEIVE_MAXIMUM`), Maximum Packet Size."""
-    props = Properties(PacketTypes.CONNECT)
-    props.SessionExpiryInterval = settings.session_expiry_s
-    props.ReceiveMaximum = RECEIVE_MAXIMUM
-    if max_packet_bytes:
-        props.MaximumPacketSize = max_packet_bytes
-    return props
-
-
 def follow(watcher: Callable[[bytes, bool], None], msg: mqtt.MQTTMessage) -> None:
     """Hand a message of a followed topic (:attr:`Bridge.watch`) to its watcher, outside any
     turn's transaction. A watcher that cannot write (the disk is full, an I/O error) costs that
@@ -534,37 +407,3 @@ def follow(watcher: Callable[[bytes, bool], None], msg: mqtt.MQTTMessage) -> Non
         watcher(bytes(msg.payload), bool(msg.retain))
     except (sqlite3.Error, OSError) as e:
         log.error("could not act on the message on %s: %s", msg.topic[:200], e)
-
-
-def incoming(
-    msg: mqtt.MQTTMessage,
-    command: str,
-    user: str | None,
-    connection: int,
-    max_payload_bytes: int | None,
-    dropped_property_bytes: int,
-) -> Incoming:
-    """The request ``msg`` as the service takes it: a payload over ``max_payload_bytes`` is
-    dropped (its size is kept), Correlation Data over 1,024 bytes too (it is echoed back)."""
-    props = getattr(msg, "properties", None)
-    response_topic = getattr(props, "ResponseTopic", None) if props else None
-    correlation = getattr(props, "CorrelationData", None) if props else None
-    size = len(msg.payload)
-    payload = b"" if max_payload_bytes and size > max_payload_bytes else bytes(msg.payload)
-    if correlation is not None and len(correlation) > 1024:
-        correlation = None  # echoed back: bounded like a transaction
-    return Incoming(
-        msg.topic,
-        command,
-        payload,
-        bool(msg.retain),
-        msg.qos,
-        msg.mid,
-        response_topic,
-        correlation,
-        bool(msg.dup),
-        connection,
-        size,
-        dropped_property_bytes,
-        user,
-    )

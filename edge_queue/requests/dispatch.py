@@ -22,7 +22,8 @@ from edge_queue.config.settings import Settings
 from edge_queue.errors import ErrorCode
 from edge_queue.logfmt import clip
 from edge_queue.mqtt import payloads
-from edge_queue.mqtt.bridge import Bridge, Connected, Incoming
+from edge_queue.mqtt.bridge import Bridge
+from edge_queue.mqtt.inbox import Connected, Incoming
 from edge_queue.mqtt.paho_client import MAX_PROPERTY_BYTES
 from edge_queue.mqtt.topics import ReplyAreas, Topics
 from edge_queue.rules.limits import TURN_BYTES, TURN_REQUESTS, TURN_WORK
@@ -100,7 +101,7 @@ class Dispatcher(Component):
         self.not_requests.clear()
         self.turn_work = 0
         on_connected = self.on_connected
-        inbox = self.bridge.inbox
+        inbox = self.bridge.inbox.items
         budget = self.rate.budget(TURN_REQUESTS)
         while inbox:
             item = inbox[0]
@@ -117,7 +118,7 @@ class Dispatcher(Component):
                 budget -= 1
                 self.rate.spend()
                 inbox.popleft()
-                self.bridge.inbox_bytes -= len(item.payload)
+                self.bridge.inbox.bytes -= len(item.payload)
                 taken.append(item)
                 self.on_message(item)
             else:

@@ -27,7 +27,8 @@ from edge_queue.requests.ports import WatchPort
 from edge_queue.rules.lifecycle import IN_ATTEMPT
 from edge_queue.store import BesideJob
 
-from .watcher import FolderWatcher, Ready
+from .settling import Ready
+from .watcher import FolderWatcher
 
 log = logging.getLogger(__name__)
 
