@@ -36,6 +36,33 @@ def uploads(svc: Any) -> list[str]:
     return sorted(p.name for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
 
 
+def begin_upload(port: int, headers: str) -> socket.socket:
+    """A ``POST /asr`` whose body is under way: its head and 1 KiB of its file sent, 64 MiB
+    declared."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall(
+        f"POST /asr?task=evil HTTP/1.1\r\nHost: x\r\n{headers}"
+        "Content-Type: multipart/form-data; boundary=b\r\nContent-Length: 67108864\r\n\r\n"
+        '--b\r\nContent-Disposition: form-data; name="audio_file"; filename="a"\r\n\r\n'.encode()
+        + os.urandom(1024)
+    )
+    return s
+
+
+def answer_of(s: socket.socket, wait_s: float) -> bytes:
+    """What the service answered on ``s`` within ``wait_s`` seconds of quiet (b"": nothing)."""
+    s.settimeout(wait_s)
+    got = b""
+    try:
+        while more := s.recv(65536):
+            got += more
+            if got.rstrip().endswith(b"}"):
+                break
+    except OSError:  # nothing (more) within wait_s, or reset after the answer
+        pass
+    return got
+
+
 def post(url: str, route: str, data: bytes, headers: dict[str, str], name: str = "audio_file", **form: str) -> Any:
     return httpx.post(url + route, files={name: ("a.flac", data)}, data=form, headers=headers, timeout=60)
 
@@ -236,20 +263,27 @@ def test_a_disk_that_fills_during_uploads_is_a_507_and_its_space_comes_back(
         EDGE_QUEUE_ACCESS__USERS=json.dumps(["bazarr", "alice", "bob"]),
     )
     assert svc.data_dir == small_data_dir
-    answers: list[httpx.Response] = []
-
-    def send(headers: dict[str, str]) -> None:
-        answers.append(post(url, "/asr?task=evil", os.urandom(10 << 20), headers))
-
-    callers: list[dict[str, str]] = [ALICE, {"Authorization": f"Bearer {keys['bob']}"}, {}]
-    threads = [threading.Thread(target=send, args=(h,)) for h in callers]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert len(answers) == 3
-    assert all(r.headers["content-type"] == "application/json" for r in answers), [r.text for r in answers]
-    assert any(r.status_code == 507 and r.json()["error"]["code"] == "disk_full" for r in answers)
+    port = int(url.rsplit(":", 1)[1])
+    # all three begin, so each is allowed half of the ~23 MiB left (9 MiB is within it) ...
+    callers = [f"Authorization: Bearer {KEY}\r\n", f"Authorization: Bearer {keys['bob']}\r\n", ""]
+    socks = [begin_upload(port, headers) for headers in callers]
+    try:
+        wait_until(lambda: len(uploads(svc)) == 3, 30, "three uploads begun")
+        # ... then each sends 9 MiB more, one after the other: 27 MiB do not fit
+        answers = []
+        for s in socks:
+            try:
+                s.sendall(os.urandom(9 << 20))
+            except OSError:  # answered and closed: the disk was full
+                pass
+            answers.append(answer_of(s, 1.0))
+        told = [a for a in answers if a]
+        assert told and all(b"application/json" in a for a in told), told
+        assert any(a.startswith(b"HTTP/1.1 507 ") and b'"disk_full"' in a for a in told), told
+    finally:
+        for s in socks:
+            s.close()  # the callers still uploading go away
+    wait_until(lambda: uploads(svc) == [], 30, "the uploads deleted")
     assert uploads(svc) == []  # nothing of them is left: every byte of the disk came back
     assert httpx.get(url + "/api/system/status", timeout=10).status_code == 200
 
