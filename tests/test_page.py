@@ -23,6 +23,7 @@ import pytest
 
 from edge_queue.config.http import HttpSettings
 from edge_queue.http.page import FILES, PageServer
+from edge_queue.http.server import Connections
 
 from .conftest import Broker, ServiceProcess, free_port, port_open, wait_until, words
 from .helpers.deploy import service_env
@@ -157,6 +158,20 @@ def test_slow_connections_cannot_take_every_thread_and_descriptor(server: PageSe
             return False
 
     wait_until(served, 40, "the page served again", interval=0.2)
+
+
+def test_connections_refused_for_one_address_take_no_place_of_another() -> None:
+    # Given a server's count of 64 places, 8 an address, and 64 connections from one host
+    conns = Connections(64, 8)
+    told = [conns.open(("10.0.0.2", port)) for port in range(64)]
+    assert told.count(None) == 8 and told.count("address") == 56
+    # Then, while the 56 refused ones still linger, another host gets a place (before: "all")
+    assert conns.open(("10.0.0.1", 1)) is None
+    # And every count comes back when they close
+    for port in range(64):
+        conns.close(("10.0.0.2", port))
+    conns.close(("10.0.0.1", 1))
+    assert (conns.total, conns.refused, dict(conns.by_address)) == (0, 0, {})
 
 
 def test_one_host_trickling_headers_costs_only_its_own_connections(server: PageServer) -> None:

@@ -73,19 +73,24 @@ class Connections:
         self.per_address = per_address
         self.by_address: Counter[str] = Counter()
         self.total = 0
-        self._open: dict[tuple[str, int], bool] = {}  # peer -> counted against its address
+        #: connections refused for their address's share, still open (answered, lingering)
+        self.refused = 0
+        self._open: dict[tuple[str, int], bool | None] = {}  # peer -> counted against its address (None: refused)
 
     def open(self, peer: tuple[str, int]) -> str | None:
         """Count a new connection from ``peer``; None when it is within the bounds, else
-        ``"all"`` (over :attr:`at_most`) or ``"address"`` (over its address's share). Counted
-        either way, until :meth:`close`."""
+        ``"address"`` (over its address's share: not counted at all, so that the connections
+        one address is refused, not closed yet, never take a place of another address's) or
+        ``"all"`` (over :attr:`at_most`: counted until :meth:`close`)."""
+        if self.by_address[peer[0]] >= self.per_address:
+            self._open[peer] = None
+            self.refused += 1
+            return "address"
         self._open[peer] = True
         self.total += 1
         self.by_address[peer[0]] += 1
         if self.total > self.at_most:
             return "all"
-        if self.by_address[peer[0]] > self.per_address:
-            return "address"
         return None
 
     def not_by_address(self, peer: tuple[str, int]) -> None:
@@ -97,8 +102,11 @@ class Connections:
 
     def close(self, peer: tuple[str, int]) -> None:
         """``peer``'s connection closed (again: nothing)."""
-        counted = self._open.pop(peer, None)
+        if peer not in self._open:
+            return
+        counted = self._open.pop(peer)
         if counted is None:
+            self.refused -= 1
             return
         self.total -= 1
         if counted:
@@ -140,7 +148,7 @@ class HeaderDeadline(H11Protocol):
         # loses the answer on the client's side
         transport.write(self.bounds.answers[0] if over == "address" else self.bounds.answers[1])
         transport.write_eof()
-        if self.open_connections.total > 2 * self.open_connections.at_most:
+        if self.open_connections.total + self.open_connections.refused > 2 * self.open_connections.at_most:
             transport.close()  # a flood: no lingering, so that uvicorn's own limit is never reached
         else:
             asyncio.get_running_loop().call_later(REFUSED_S, transport.close)
