@@ -331,11 +331,15 @@ class Service:
     def tick(self, now: float) -> None:
         """Act on everything pending at ``now``: each part's turn (:attr:`parts`, in order:
         requests, worker outcomes, due jobs, publishes), as one group commit (see the module's
-        invariants); then each part is told whether the commit succeeded."""
+        invariants); then each part is told whether the commit succeeded. Each part's time is
+        the clock read as its turn begins (never before ``now``), so no part stamps a time
+        before what an earlier part of the turn stamped (a job submitted and claimed in one
+        turn starts no earlier than it was created)."""
         store = self.job_store()
         try:
             with self.turn_log.held((sqlite3.Error, OSError)), self.bridge.held(), store.group():
                 for part in self.parts:
+                    now = max(now, self.clock())
                     part.turn(now)
                 if self.dispatcher.taken:
                     # last: a new job may be claimed before its row is written (Store.claim)

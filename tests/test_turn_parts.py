@@ -9,6 +9,7 @@ from edge_queue.component import Component
 from edge_queue.config.settings import Settings
 from edge_queue.jobs.outcomes import Outcomes
 from edge_queue.service import Service
+from edge_queue.store import Store
 from edge_queue.workers.supervisor import Outcome
 
 
@@ -56,5 +57,48 @@ def test_the_intakes_come_first_and_every_part_has_the_component_shape(tmp_path:
         assert all(Component in type(p).__mro__ for p in parts)  # its defaults, its four methods
         order = [parts.index(p) for p in (svc.outcomes, svc.nodes, svc.scheduler, svc.supervisor, svc.publisher)]
         assert order == sorted(order)  # outcomes free workers before the scheduler fills them
+    finally:
+        svc.close()
+
+
+class Stamping(Component):
+    """A part that stamps the clock in its turn, as an intake's submit does (``created_at``)."""
+
+    def __init__(self, clock: Any) -> None:
+        self.clock = clock
+        self.seen: list[float] = []
+
+    def turn(self, now: float) -> None:
+        self.seen.append(self.clock())
+
+
+class Receiving(Component):
+    """A part that records the time its turn is given, as the scheduler's claim uses it
+    (``started_at``)."""
+
+    def __init__(self) -> None:
+        self.given: list[float] = []
+
+    def turn(self, now: float) -> None:
+        self.given.append(now)
+
+
+def test_no_part_is_given_a_time_before_what_an_earlier_part_stamped(tmp_path: Any) -> None:
+    # Given a clock that moves on at every reading (a busy turn: the intake's submit reads it
+    # after the turn began)
+    ticks = iter(range(1000, 2000))
+    svc = Service(Settings(data_dir=tmp_path), clock=lambda: float(next(ticks)))
+    try:
+        svc.store = Store(svc.settings.db_path, svc.settings.durability)  # the store boot() opens
+        stamping, receiving = Stamping(svc.clock), Receiving()
+        svc.parts = (stamping, receiving)
+        # When a turn runs from a time read before it
+        svc.tick(svc.clock())
+        # Then the later part's time is not before the earlier part's stamp (a job submitted and
+        # claimed in one turn: started_at >= created_at)
+        assert receiving.given[0] >= stamping.seen[0]
+        # and a time given to the turn later than the clock is kept (a turn run for a time ahead)
+        svc.tick(5000.0)
+        assert receiving.given[1] == 5000.0
     finally:
         svc.close()
