@@ -38,6 +38,9 @@ GAP_S = 0.6
 SIDES: dict[str, tuple[str, list[str]]] = {
     "edge-queue batched": ("eq", []),
     "edge-queue batched, 2 chunks at once": ("eq", ["chunks_at_once=2", "cpu_threads=1"]),
+    # English as it was before languages were told: tiny.en alone, no detection (what English
+    # cost before; the default's difference from it is detection's cost on a real file)
+    "edge-queue batched, tiny.en alone": ("eq", ["model=tiny.en"]),
     "faster-whisper batched 8, timestamps": ("fw-batched", ["batch_size=8", "timestamps=1"]),
     "faster-whisper batched 8": ("fw-batched", ["batch_size=8"]),
     "faster-whisper sequential": ("fw", []),
