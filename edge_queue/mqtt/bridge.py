@@ -275,11 +275,6 @@ class Bridge:
         return self.outbox.backlog
 
     @property
-    def backlog_bytes(self) -> int:
-        """Payload bytes of the messages waiting here and of those not yet acknowledged."""
-        return self.outbox.backlog_bytes
-
-    @property
     def unacked(self) -> int:
         """Our publishes handed to paho that the broker has not acknowledged yet."""
         return len(self.outbox.inflight)

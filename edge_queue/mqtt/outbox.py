@@ -25,7 +25,7 @@ WINDOW = 2_000
 WINDOW_BYTES = 8 * 2**20
 #: The service takes no new request while this many of our messages wait to be handed to paho,
 #: or this many bytes of ours wait for the broker's acknowledgements (:attr:`Bridge.backlog`,
-#: :attr:`Bridge.backlog_bytes`).
+#: :attr:`Outbox.backlog_bytes`).
 BACKLOG_HIGH = 5_000
 BACKLOG_BYTES_HIGH = 8 * 2**20
 #: While disconnected, at most this many responses and events (and this many bytes of them)

@@ -42,9 +42,6 @@ class Batches:
         batch["done"] = all(is_terminal(s) for s in counts if counts[s]) and bool(ids)
         return batch
 
-    def batch_ids(self) -> list[str]:
-        return [r[0] for r in self.c.conn.execute("SELECT batch_id FROM batches ORDER BY batch_id")]
-
     def batch_id_page(self, after: str, limit: int) -> list[str]:
         """Up to ``limit`` batch ids greater than ``after``, in order."""
         return [
