@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 from edge_queue.config.http import HttpSettings
+from edge_queue.config.values import canonical_address, is_loopback
 from edge_queue.http import relay
-from edge_queue.http.relay import Login, LoginGate, RelaySlots, is_loopback
+from edge_queue.http.relay import Login, LoginGate, RelaySlots
 from edge_queue.mqtt.origins import origin_refusal, page_origins, parse_origin
 from edge_queue.rules.rates import REFUSAL_LOG_S, RefusalLog
 
@@ -206,6 +207,31 @@ def test_the_login_gate_asks_the_broker_and_holds_its_verdict() -> None:
 def test_is_loopback() -> None:
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.5") and not is_loopback("nas.local")
+    # a dual-stack listener on "::" sees an IPv4 client in its IPv6 spelling
+    assert is_loopback("::ffff:127.0.0.1") and is_loopback("[::1]") and not is_loopback("::ffff:192.168.1.5")
+
+
+def test_an_address_is_one_address_whatever_its_spelling() -> None:
+    assert canonical_address("::ffff:172.30.32.2") == canonical_address("172.30.32.2") == "172.30.32.2"
+    assert canonical_address("fe80::1%eth0") == canonical_address("[fe80:0::1]") == "fe80::1"
+    assert canonical_address("nas.local") == "nas.local"
+
+
+def test_a_trusted_proxy_seen_by_a_dual_stack_listener_keeps_its_slots() -> None:
+    # Given the page on http.host "::" behind Home Assistant's ingress (172.30.32.2): the proxy's
+    # connections arrive as ::ffff:172.30.32.2
+    slots = RelaySlots(trusted=frozenset({"172.30.32.2"}))
+    seen = "::ffff:172.30.32.2"
+    # Then it is the trusted proxy, not one address over its quarter of the slots
+    assert [slots.take(seen) for _ in range(relay.MAX_RELAYS_PER_ADDRESS + 4)] == [None] * 12
+    # and a proxy configured in its IPv6 spelling is the same proxy
+    mapped = RelaySlots(trusted=frozenset({"::ffff:172.30.32.2"}))
+    assert [mapped.take("172.30.32.2") for _ in range(relay.MAX_RELAYS_PER_ADDRESS + 1)] == [None] * 9
+    assert (
+        ORIGINS.trusted
+        and refusal("https://ha.example.org", remote=seen, x_forwarded_host="ha.example.org", x_forwarded_proto="https")
+        is None
+    )
 
 
 def test_config_rules_warn_of_a_relay_that_will_refuse_ups_anonymous_broker() -> None:

@@ -229,8 +229,9 @@ def _page(settings: Settings) -> Iterator[Check]:
 def _relay(settings: Settings) -> Iterator[Check]:
     """The page's ``/mqtt`` relay (``http.websocket_proxy``) when the page listens beyond this
     box: whether the broker behind it asks for a login (else the relay refuses it)."""
+    from edge_queue.config.values import is_loopback
     from edge_queue.http.page import relay_target
-    from edge_queue.http.relay import anonymous_line, is_loopback
+    from edge_queue.http.relay import anonymous_line
     from edge_queue.mqtt.probe import anonymous_over_websocket
 
     if (to := relay_target(settings)) is None or is_loopback(settings.http.host):

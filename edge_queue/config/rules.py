@@ -7,22 +7,19 @@ Plain data in, sentences out: tested without a broker.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import stat
 from pathlib import Path
 
 from edge_queue.config.settings import Settings
+from edge_queue.config.values import canonical_address, is_loopback
 
 #: Host names that mean this machine: a broker listening there and our own listeners share ports.
 _THIS_MACHINE = {"localhost", "0.0.0.0", "::", "::1"}
 
 
 def _on_this_machine(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback or host in _THIS_MACHINE
-    except ValueError:
-        return host in _THIS_MACHINE
+    return is_loopback(host) or canonical_address(host) in _THIS_MACHINE
 
 
 def listener_problems(settings: Settings) -> list[str]:
@@ -117,7 +114,7 @@ def relay_warning(settings: Settings) -> str | None:
     proxy or Home Assistant's ingress"). A warning, not a problem: the queue runs, and
     ``serve`` with a broker that asks for a login relays."""
     http = settings.http
-    if not (http.enabled and http.websocket_proxy) or _loopback(http.host):
+    if not (http.enabled and http.websocket_proxy) or is_loopback(http.host):
         return None
     if settings.broker.embedded == "false" or settings.broker.config_file is not None:
         return None
@@ -129,10 +126,3 @@ def relay_warning(settings: Settings) -> str | None:
         "refuses it (403). Give the embedded broker passwords (broker.config_file, broker/amqtt.yaml), or set "
         'http.host = "127.0.0.1"'
     )
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return host == "localhost"

@@ -40,6 +40,33 @@ def origin_problem(origin: str) -> str | None:
     )
 
 
+def ip_of(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``host`` as an IP address, the way a listener sees it: brackets and an IPv6 zone
+    (``%eth0``) left out, an IPv4-mapped IPv6 address (``::ffff:172.30.32.2``, how a
+    dual-stack listener on ``::`` sees an IPv4 client) as its IPv4 address; None for a name."""
+    try:
+        ip = ipaddress.ip_address(host.strip("[]").split("%", 1)[0])
+    except ValueError:
+        return None
+    return (ip.ipv4_mapped or ip) if isinstance(ip, ipaddress.IPv6Address) else ip
+
+
+def canonical_address(address: str) -> str:
+    """``address`` in one spelling per host (:func:`ip_of`, compressed), so that a client
+    address compares equal to a configured one whatever form either arrives in; a name is
+    returned as it is."""
+    ip = ip_of(address)
+    return address if ip is None else str(ip)
+
+
+def is_loopback(host: str) -> bool:
+    """``host`` (an address in any of its spellings, or ``localhost``) reaches this box only."""
+    if host == "localhost":
+        return True
+    ip = ip_of(host)
+    return ip is not None and ip.is_loopback
+
+
 def address_problem(address: str) -> str | None:
     """Why ``address`` is not an IP address (a proxy's, ``172.30.32.2``), or None."""
     try:

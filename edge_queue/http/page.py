@@ -34,10 +34,11 @@ from starlette.websockets import WebSocket
 
 from edge_queue.config.http import HttpSettings
 from edge_queue.config.settings import Settings
+from edge_queue.config.values import is_loopback
 from edge_queue.mqtt.origins import page_origins
 from edge_queue.mqtt.probe import anonymous_over_websocket
 
-from .relay import LoginGate, Relay, is_loopback, refuse
+from .relay import LoginGate, Relay, refuse
 from .server import HEADER_S, Bounds, UvicornThread
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,6 @@ What a relayed connection must pass, in order:
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import threading
 import time
@@ -33,6 +32,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import WebSocketException
 from websockets.typing import Subprotocol
 
+from edge_queue.config.values import canonical_address
 from edge_queue.mqtt.origins import PageOrigins, origin_refusal
 from edge_queue.rules.rates import RefusalLog
 
@@ -56,16 +56,6 @@ ANSWER_S = 10.0
 LOGIN_CHECK_S = 60.0
 #: MQTT's CONNECT packet type (first byte, MQTT 3.1.1 and 5 section 3.1.1).
 _MQTT_CONNECT = 0x10
-
-
-def is_loopback(host: str) -> bool:
-    """``host`` (an address or ``localhost``) reaches this box only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 class Login:
@@ -169,7 +159,7 @@ class RelaySlots:
     client address except ``trusted`` ones (``http.trusted_proxies``). Thread-safe."""
 
     def __init__(self, trusted: frozenset[str] = frozenset()) -> None:
-        self.trusted = trusted
+        self.trusted = frozenset(canonical_address(a) for a in trusted)
         self._lock = threading.Lock()
         self._per_address: dict[str, int] = {}
         self.taken = 0
@@ -180,7 +170,7 @@ class RelaySlots:
             if self.taken >= MAX_RELAYS:
                 return "too many relayed connections"
             held = self._per_address.get(address, 0)
-            if held >= MAX_RELAYS_PER_ADDRESS and address not in self.trusted:
+            if held >= MAX_RELAYS_PER_ADDRESS and canonical_address(address) not in self.trusted:
                 return "too many relayed connections from this address"
             self.taken += 1
             self._per_address[address] = held + 1

@@ -36,13 +36,13 @@ host name.
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from edge_queue.config.http import HttpSettings
+from edge_queue.config.values import ip_of
 
 #: Names every box is reached by from its own browser.
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
@@ -96,13 +96,8 @@ def parse_origin(origin: str) -> tuple[str, str, int] | None:
 def _same_address(host: str, address: str | None) -> bool:
     if address is None:
         return False
-    try:
-        a, b = ipaddress.ip_address(host), ipaddress.ip_address(address.split("%", 1)[0])
-    except ValueError:
-        return False
-    a = a.ipv4_mapped or a if isinstance(a, ipaddress.IPv6Address) else a
-    b = b.ipv4_mapped or b if isinstance(b, ipaddress.IPv6Address) else b
-    return a == b
+    a, b = ip_of(host), ip_of(address)
+    return a is not None and a == b
 
 
 def _forwarded(parsed: tuple[str, str, int], headers: Mapping[str, str]) -> bool:
