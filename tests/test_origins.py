@@ -142,7 +142,10 @@ def test_refused_handshakes_are_logged_once_a_minute_with_a_count() -> None:
     log = RefusalLog()
     assert log.line("refused", 0.0) == "refused"
     assert [log.line("refused", t) for t in (1.0, 2.0, 3.0)] == [None, None, None]
-    assert log.line("refused", REFUSAL_LOG_S + 1) == f"refused (3 more refused in the last {REFUSAL_LOG_S:.0f} s)"
+    assert (
+        log.line("refused", REFUSAL_LOG_S + 1)
+        == f"refused (3 more refused in the {REFUSAL_LOG_S + 1:.0f} s since the last line)"
+    )
 
 
 #: An MQTT 3.1.1 CONNECT, as the page sends it in its first WebSocket message.

@@ -38,4 +38,4 @@ def test_a_throttle_counts_what_it_leaves_out_and_hands_the_count_over_once() ->
     assert throttle.take(13.0) == (True, 0, 0.0)
     log = RefusalLog()  # one line a minute
     assert log.line("refused", 0.0) == "refused" and log.line("refused", 59.0) is None
-    assert log.line("refused", 60.0) == "refused (1 more refused in the last 60 s)"
+    assert log.line("refused", 60.0) == "refused (1 more refused in the 60 s since the last line)"

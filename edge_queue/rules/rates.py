@@ -150,7 +150,7 @@ class RefusalLog:
 
     def line(self, text: str, now: float) -> str | None:
         """``text`` to log now (with the count left out since the last line), or None."""
-        allowed, left_out, _ = self.throttle.take(now)
+        allowed, left_out, lasted = self.throttle.take(now)
         if not allowed:
             return None
-        return f"{text} ({left_out} more refused in the last {REFUSAL_LOG_S:.0f} s)" if left_out else text
+        return f"{text} ({left_out} more refused in the {lasted:.0f} s since the last line)" if left_out else text
