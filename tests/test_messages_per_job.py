@@ -276,3 +276,30 @@ def test_a_subscriber_that_comes_later_gets_every_topic_again(service: Any, monk
             run_until(svc, lambda: len(w.messages) >= seen + 40, 10, "the watcher to get them")
     finally:
         client.close()
+
+
+def test_a_request_other_than_submit_brings_events_back_at_once(service: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    svc, base = service, service.topics.base
+    broker = svc.test_broker
+    counted = Counted(base, monkeypatch)
+    client = Client(broker.host, broker.port, base, counted)
+    svc.publisher.events_heard.retry_s = 3600.0  # no try in this test: only the request brings them back
+    try:
+        # Given a service that stopped sending <base>/events: nobody read them
+        settle(svc)
+        one_per_request(svc, client, 3)
+        counted.reset()
+        one_per_request(svc, client, 3)
+        assert counted.published["events"] == 0, counted.published
+        # When a client subscribes to them and then asks something (the queue page asks list)
+        with Watcher(broker.host, broker.port, [f"{base}/events"], mqtt.MQTTv5) as w:
+            with counted.aside():
+                client.client.publish(f"{base}/request/list", "{}", qos=1)
+            run_until(svc, lambda: svc.dispatcher.requests_seen >= 7, 10, "the list request")
+            counted.reset()
+            # Then the events of the next jobs reach it, every one
+            one_per_request(svc, client, 3)
+            assert counted.published["events"] == 9, counted.published
+            run_until(svc, lambda: len(w.json_on(f"{base}/events")) >= 9, 10, "the watcher to get them")
+    finally:
+        client.close()
