@@ -154,9 +154,11 @@ def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     try:
         yield svc
     finally:
-        svc.stop_now = True
-        svc.shutdown()
-        broker.stop()
+        try:
+            svc.stop_now = True
+            svc.shutdown()
+        finally:
+            broker.stop()
 
 
 def run_until(svc: Any, done: Callable[[], bool], timeout: float, what: str) -> None:
