@@ -220,6 +220,7 @@ class Service:
         self.dispatcher = Dispatcher(settings, self.topics, self.bridge, self.job_store, self.commands, clock, areas)
         self.dispatcher.on_shared_submit = self.announcer.submitted  # Home Assistant's <base>/ha/submit
         self.dispatcher.on_connected = self.on_connected
+        self.dispatcher.on_request = self.publisher.request_seen  # <base>/events may have a reader
         queue, ended = self.commands.queue, self.publisher.turn_ended
         self.http_intake = HttpIntake(settings, queue, self.job_store, self.wake.writer, ended)  # [api]'s
         self.intakes: tuple[Intake, ...] = (self.dispatcher, self.watch_folders, self.http_intake)  # drained in order
@@ -377,6 +378,7 @@ class Service:
         if not item.session_present:  # a new session: nothing sent on it is a redelivery
             self.job_store().requests.forget_all_requests()
         self.bridge.foreign.record(self.job_store())
+        self.publisher.wake_unheard()  # who reads <base>/events and <base>/ha/finished: asked again
         self.announcer.connected()
         for job in self._boot_changes:
             self.publisher.publish_job(job)

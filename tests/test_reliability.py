@@ -26,6 +26,7 @@ from .conftest import (
     port_open,
     publish,
     retained_under,
+    stop_client,
     stop_mosquitto,
     wait_until,
     wer,
@@ -725,7 +726,7 @@ def test_events_of_one_turns_outcomes_go_out_in_event_id_order(tmp_path: Path) -
     svc = Service(Settings(data_dir=tmp_path), clock=lambda: now)
     svc.store = Store(tmp_path / "q.db")
     sent: list[tuple[str, bytes]] = []
-    svc.bridge.publish = lambda topic, payload, retain=False: sent.append((topic, payload))  # no broker here
+    svc.bridge.publish = lambda topic, payload, retain=False, **_: sent.append((topic, payload))  # no broker here
     ids = [svc.store.submit([JobSpec("noop", f"in{i}", {})], now)[1][0].job["job_id"] for i in range(3)]
     assert len(svc.store.claim_many(now, ["noop"], svc.run_id, 3)) == 3
     svc.store.transition(ids[0], JobState.CANCELLING, now)  # cancelled while it ran
@@ -793,6 +794,55 @@ def test_a_finished_jobs_retained_state_expires_from_the_broker_and_stays_in_the
     wait_until(lambda: "republished the retained state of 21 job(s)" in svc.log(), 30, "the republish")
     retained = {t for t in retained_under(mosquitto, svc.base) if "/jobs/" in t}
     assert retained == only_waiting, retained
+
+
+def test_a_finished_state_sent_again_after_a_reconnect_keeps_its_expiry(tmp_path: Path) -> None:
+    # Given the service's bridge on a private mosquitto that freezes (SIGSTOP) just before the
+    # bridge writes a finished job's retained state with its Message Expiry: on the socket,
+    # never read (the service's short publish path keeps the message for paho to send again)
+    from edge_queue.config.settings import MqttSettings
+    from edge_queue.mqtt.bridge import Bridge
+    from edge_queue.mqtt.topics import Topics
+
+    from .helpers.brokers import PrivateMosquitto
+
+    broker = PrivateMosquitto(tmp_path / "broker")
+    base = "eqt" + uuid.uuid4().hex[:10]
+    settings = MqttSettings(host=broker.host, port=broker.port, base_topic=base, protocol="5")
+    bridge = Bridge(settings, Topics(base), client_id="svc-" + base)
+    topic = f"{base}/jobs/0mx1aaaaaaaaaaaa"
+    got: list[mqtt.MQTTMessage] = []
+    sub = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="sub-" + base, protocol=mqtt.MQTTv5)
+    try:
+        bridge.connect(10)
+        assert broker.proc is not None
+        os.kill(broker.proc.pid, signal.SIGSTOP)
+        bridge.publish(topic, b'{"state": "succeeded"}', retain=True, expiry_s=3600)
+        bridge.pump(time.monotonic())
+        assert bridge.unacked == 1
+        # When the broker dies there (its save never had the message) and starts again
+        os.kill(broker.proc.pid, signal.SIGKILL)
+        broker.proc.wait(10)
+        broker.start()
+
+        def pumped() -> bool:
+            bridge.pump(time.monotonic())
+            return bridge.connected and bridge.connection == 2 and bridge.unacked == 0
+
+        wait_until(pumped, 30, "the bridge to reconnect and its message to be acknowledged")
+        # Then paho sent it again with its expiry: a subscriber gets it retained, expiring
+        sub.on_message = lambda c, u, m: got.append(m)
+        sub.connect(broker.host, broker.port)
+        sub.subscribe(topic, 1)
+        sub.loop_start()
+        wait_until(lambda: got, 10, "the retained state")
+        assert got[0].retain and got[0].payload == b'{"state": "succeeded"}'
+        assert 0 < got[0].properties.MessageExpiryInterval <= 3600
+    finally:
+        stop_client(sub)
+        bridge.close(offline=False, timeout_s=1)
+        if broker.proc is not None and broker.proc.poll() is None:
+            broker.stop()
 
 
 def _park(broker: Broker, client_id: str, topic: str) -> None:

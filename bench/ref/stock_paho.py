@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's edge_queue
 
@@ -39,8 +40,10 @@ class StockClient(mqtt.Client):
     def forget_message(self, mid: int) -> None:
         self._out_messages.pop(mid, None)
 
-    def publish_qos1(self, topic: str, payload: bytes, retain: bool) -> int:
-        return int(self.publish(topic, payload, qos=1, retain=retain).mid)
+    def publish_qos1(
+        self, topic: str, payload: bytes, retain: bool, properties: Any = None, packed: bytes | None = None
+    ) -> int:
+        return int(self.publish(topic, payload, qos=1, retain=retain, properties=properties).mid)
 
     def _sock_recv(self, bufsize: int) -> bytes:
         data = super()._sock_recv(bufsize)

@@ -31,6 +31,7 @@ Flow control, end to end (docs/operations.md, "Load and back-pressure"):
 
 from __future__ import annotations
 
+import functools
 import logging
 import select
 import socket
@@ -57,6 +58,10 @@ from .takeover import ForeignMessages, TakeoverRule
 from .topics import OFFLINE, Topics
 
 log = logging.getLogger(__name__)
+
+#: Message Expiry properties kept made (:func:`expiry`): ``mqtt.finished_expiry_s``, and the
+#: seconds left of the finished jobs a republish sends again (one value per second of age).
+EXPIRIES_KEPT = 4096
 
 
 class Bridge:
@@ -331,10 +336,23 @@ class Bridge:
         block exits normally (after the store's group commit), drop them on an exception."""
         return self.outbox.held()
 
-    def publish(self, topic: str, payload: bytes | str, *, retain: bool = False, expiry_s: int = 0) -> None:
+    def publish(
+        self,
+        topic: str,
+        payload: bytes | str,
+        *,
+        retain: bool = False,
+        expiry_s: int = 0,
+        receipt: Callable[[int], None] | None = None,
+    ) -> None:
         """Publish at QoS 1 once the enclosing :meth:`held` block has committed (with MQTT 5,
-        the broker drops it ``expiry_s`` seconds later when over 0)."""
-        self.outbox.put(Pub(topic, payload, retain, expiry_properties(expiry_s, self.protocol)))
+        the broker drops it ``expiry_s`` seconds later when over 0). ``receipt``: called with
+        the PUBACK's reason code (MQTT 5; 0 with 3.1.1) once the broker acknowledges it."""
+        if expiry_s > 0 and self.protocol == mqtt.MQTTv5:
+            props, packed = expiry(expiry_s)
+            self.outbox.put(Pub(topic, payload, retain, props, receipt=receipt, packed=packed))
+        else:
+            self.outbox.put(Pub(topic, payload, retain, receipt=receipt))
 
     def respond(self, topic: str, payload: bytes, *, correlation_data: bytes | None = None, once: bool = False) -> None:
         """Publish a response (QoS 1, not retained). ``once``: if the connection ends before
@@ -384,14 +402,15 @@ class Bridge:
             pass
 
 
-def expiry_properties(expiry_s: int, protocol: int) -> Properties | None:
-    """PUBLISH properties with a Message Expiry Interval of ``expiry_s`` seconds (None for 0,
-    and under MQTT 3.1.1, which has no properties)."""
-    if expiry_s <= 0 or protocol != mqtt.MQTTv5:
-        return None
+@functools.lru_cache(maxsize=EXPIRIES_KEPT)
+def expiry(expiry_s: int) -> tuple[Properties, bytes]:
+    """MQTT 5 PUBLISH properties with a Message Expiry Interval of ``expiry_s`` seconds (> 0),
+    and their packed bytes: one shared object per value, made once (every finished job's
+    retained state carries ``mqtt.finished_expiry_s``; a republish, the seconds each one has
+    left). Never change one: it is shared by every message that carries it."""
     props = Properties(PacketTypes.PUBLISH)
     props.MessageExpiryInterval = expiry_s
-    return props
+    return props, props.pack()
 
 
 def follow(watcher: Callable[[bytes, bool], None], msg: mqtt.MQTTMessage) -> None:

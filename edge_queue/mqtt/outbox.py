@@ -42,13 +42,19 @@ OFFLINE_HOLD_BYTES = OFFLINE_BACKLOG_BYTES // 2
 TOO_LARGE_LOG_S = 10.0
 
 
-def packet_bytes(topic: str, payload_bytes: int, props: Properties | None, mqtt5: bool) -> int:
+def packet_bytes(
+    topic: str, payload_bytes: int, props: Properties | None, mqtt5: bool, packed: bytes | None = None
+) -> int:
     """Bytes of a QoS 1 PUBLISH of ``payload_bytes`` on ``topic``: the fixed header, the topic,
-    the packet identifier, the properties (MQTT 5 only; one byte when there are none) and the
-    payload (MQTT 5.0, 3.3). What the broker's Maximum Packet Size is compared with."""
+    the packet identifier, the properties (MQTT 5 only; one byte when there are none; ``packed``:
+    ``props.pack()`` when the caller has it) and the payload (MQTT 5.0, 3.3). What the broker's
+    Maximum Packet Size is compared with."""
     remaining = 2 + len(topic.encode("utf-8", "surrogatepass")) + 2 + payload_bytes
     if mqtt5:
-        remaining += len(props.pack()) if props is not None else 1
+        if packed is not None:
+            remaining += len(packed)
+        else:
+            remaining += len(props.pack()) if props is not None else 1
     return 1 + max(1, (remaining.bit_length() + 6) // 7) + remaining
 
 
@@ -63,6 +69,8 @@ class Pub:
     once: bool = False  # not sent again after a disconnect (a copy on a topic a client named)
     #: called with the PUBACK's reason code (MQTT 5; 0 with 3.1.1) once the broker acknowledges it
     receipt: Callable[[int], None] | None = None
+    #: ``props.pack()``, for shared properties packed once (``bridge.expiry``)
+    packed: bytes | None = None
 
     @property
     def size(self) -> int:
@@ -237,13 +245,13 @@ class Outbox:
                 continue
             size = m.size
             self.out_bytes -= size
-            if packet_bytes(m.topic, len(m.payload), m.props, self.mqtt5) > self.packet_limit:
+            if packet_bytes(m.topic, len(m.payload), m.props, self.mqtt5, m.packed) > self.packet_limit:
                 self.dropped_too_large(m.topic)
                 continue
-            if m.props is None and not m.once and client.socket() is not None:
+            if (m.props is None or m.packed is not None) and not m.once and client.socket() is not None:
                 # the usual message (state, event, response): paho's bookkeeping, less work
                 payload = m.payload.encode() if isinstance(m.payload, str) else m.payload
-                mid = client.publish_qos1(m.topic, payload, m.retain)
+                mid = client.publish_qos1(m.topic, payload, m.retain, m.props, m.packed)
                 self.inflight[mid] = size
                 self.inflight_bytes += size
                 if m.receipt is not None:

@@ -77,6 +77,10 @@ MAX_PROPERTY_BYTES = 8 * 1024
 
 
 _PUBACK_OK = ReasonCode(PacketTypes.PUBACK)
+#: the success reason codes of a PUBACK (MQTT 5.0, 3.4.2.1), one shared, read-only object each,
+#: handed to ``on_publish``: 0, and 16 "no matching subscribers" (which the broker sends for
+#: every message nobody reads)
+_PUBACK_REASONS = {0: _PUBACK_OK, 16: ReasonCode(PacketTypes.PUBACK, identifier=16)}
 _NO_PROPERTIES = Properties(PacketTypes.PUBACK)
 #: the (empty, shared, never changed) properties of a PUBLISH that came without any
 _NO_PUBLISH_PROPERTIES = Properties(PacketTypes.PUBLISH)
@@ -206,22 +210,37 @@ class FastClient(mqtt.Client):
             self._inflight_messages -= 1
             on_publish = self.on_publish
             if on_publish is not None:
-                reason = _PUBACK_OK if code == 0 else ReasonCode(PacketTypes.PUBACK, identifier=code)
+                reason = _PUBACK_REASONS.get(code)
+                if reason is None:
+                    reason = ReasonCode(PacketTypes.PUBACK, identifier=code)
                 on_publish(self, self._userdata, mid, reason, _NO_PROPERTIES)  # type: ignore[call-arg]
             msg.info._set_as_published()
 
-    def publish_qos1(self, topic: str, payload: bytes, retain: bool) -> int:
-        """paho's ``publish(topic, payload, qos=1, retain=retain)`` without MQTT 5 properties,
+    def publish_qos1(
+        self,
+        topic: str,
+        payload: bytes,
+        retain: bool,
+        properties: Properties | None = None,
+        packed: bytes | None = None,
+    ) -> int:
+        """paho's ``publish(topic, payload, qos=1, retain=retain, properties=properties)``,
         connected, on a topic the service built: the same message kept in ``_out_messages``
-        (sent again, with DUP, after a reconnect, by paho), the packet built here, and a
-        :class:`PlainMessageInfo` without paho's per-message ``threading.Condition``. Returns the
-        message id. Raises ``ValueError`` for a topic paho would refuse (empty, wildcards, NUL)."""
+        (sent again, with DUP and its ``properties``, after a reconnect, by paho), the packet
+        built here, and a :class:`PlainMessageInfo` without paho's per-message
+        ``threading.Condition``. ``packed``: ``properties.pack()``, made once by the caller for
+        properties it sends many times (a finished job's Message Expiry); both or neither, and
+        only under MQTT 5. Returns the message id. Raises ``ValueError`` for a topic paho would
+        refuse (empty, wildcards, NUL)."""
         topic_bytes = topic.encode()
         if not topic_bytes or b"+" in topic_bytes or b"#" in topic_bytes or b"\x00" in topic_bytes:
             raise ValueError("Invalid topic.")
         mid = self._mid_generate()
         if mid in self._out_messages:  # paho refuses it too (16-bit ids all in flight)
-            return self.publish(topic, payload, qos=1, retain=retain).mid
+            return self.publish(topic, payload, qos=1, retain=retain, properties=properties).mid
+        v5 = self._protocol == mqtt.MQTTv5
+        if not v5 or packed is None:
+            properties, packed = None, b"\x00"  # MQTT 5: an empty property section
         message = MQTTMessage.__new__(MQTTMessage)
         message.timestamp = time.monotonic()
         message.dup = False
@@ -231,14 +250,13 @@ class FastClient(mqtt.Client):
         message.qos = 1
         message.retain = retain
         message.info = info = PlainMessageInfo(mid)
-        message.properties = None
+        message.properties = properties
         message.state = _WAIT_FOR_PUBACK
         self._out_messages[mid] = message
         self._inflight_messages += 1
-        # PUBLISH, QoS 1: fixed header, remaining length, topic, message id, (MQTT 5) an empty
+        # PUBLISH, QoS 1: fixed header, remaining length, topic, message id, (MQTT 5) the
         # property section, payload (MQTT 5.0 section 3.3)
-        v5 = self._protocol == mqtt.MQTTv5
-        size = 2 + len(topic_bytes) + 2 + v5 + len(payload)
+        size = 2 + len(topic_bytes) + 2 + (len(packed) if v5 else 0) + len(payload)
         packet = bytearray(((0x32 | retain),))
         while True:
             byte = size & 0x7F
@@ -252,7 +270,7 @@ class FastClient(mqtt.Client):
         packet += topic_bytes
         packet += struct.pack("!H", mid)
         if v5:
-            packet.append(0)
+            packet += packed
         packet += payload
         self._packet_queue(_PUBLISH, packet, mid, 1, info)
         return mid

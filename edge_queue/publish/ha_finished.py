@@ -24,11 +24,20 @@ from edge_queue.mqtt.bridge import Bridge
 from edge_queue.mqtt.outbox import Pub
 from edge_queue.mqtt.topics import Topics
 from edge_queue.rules import ha_delivery
+from edge_queue.rules.unheard import Unheard
 from edge_queue.store import Store
 
 from . import discovery
 
 log = logging.getLogger(__name__)
+
+
+#: what the log line of :meth:`FinishedJobs.send_owed` says of why
+WHY = {
+    "online": "is online",
+    "connect": "may be online (edge-queue connected)",
+    "heard": "or another subscriber reads <base>/ha/finished again",
+}
 
 
 class FinishedJobs:
@@ -48,20 +57,25 @@ class FinishedJobs:
         self.in_flight: dict[int, float] = {}
         self.reached: list[int] = []  # event ids a subscriber got, deleted from ha_owed by step()
         self.dropped_reported = False  # a summary with the dropped count reached a subscriber
+        #: whether anyone reads <base>/ha/finished (rules/unheard): a run that ends while nobody
+        #: does is owed, not sent; once a try is heard, what is owed is sent
+        self.unheard = Unheard()
+        #: told of Home Assistant's birth message (the publisher: <base>/events is sent again)
+        self.on_birth: Callable[[], None] = lambda: None
 
     def ended(self, job: dict[str, Any]) -> None:
         """A job reached a terminal state (its ``end`` event, ``event_id`` in ``job``), inside
         the turn's group: owed in the same transaction, and sent unless Home Assistant's Last
         Will is the last word heard of it."""
         event_id, state = job.get("event_id"), job["state"]
-        body = discovery.finished_payload(job, state, event_id, late=False)
         if event_id is None:  # (every end has one; without it nothing could be tracked)
-            self._publish(body, None)
+            self._publish(discovery.finished_payload(job, state, event_id, late=False), None)
             return
         row = {"event_id": int(event_id), "job_id": job["job_id"], "state": state}
         self.store().ha_owed.owe(row["event_id"], row["job_id"], state, job.get("finished_at"))
-        if ha_delivery.send_live(self.ha_online):
-            self._send([row], body, reports_dropped=False)
+        if ha_delivery.send_live(self.ha_online) and self.unheard.send(time.monotonic()):
+            body = discovery.finished_payload(job, state, event_id, late=False)
+            self._send([row], body, reports_dropped=False, counted=True)
 
     def step(self) -> None:
         """Forget the runs that reached Home Assistant (inside a turn's group, or on its own)."""
@@ -81,6 +95,7 @@ class FinishedJobs:
         """Our own (re)connect: Home Assistant's state is not known; the owed runs are sent when
         the broker can say whether anyone got them (MQTT 5)."""
         self.ha_online = None
+        self.unheard.wake()
         if ha_delivery.send_owed("connect", mqtt5):
             self.send_owed("connect")
 
@@ -88,6 +103,9 @@ class FinishedJobs:
         """Home Assistant's status: its Last Will (``online`` False) or its birth message, at
         which everything it did not get is sent."""
         self.ha_online = online
+        if online:
+            self.unheard.wake()
+            self.on_birth()
         if online and ha_delivery.send_owed("online", True):
             self.send_owed("online")
 
@@ -101,7 +119,12 @@ class FinishedJobs:
             return
         now = time.monotonic()
         self.in_flight = {i: t for i, t in self.in_flight.items() if now - t < ha_delivery.IN_FLIGHT_S}
-        rows = [r for r in rows if now - self.in_flight.get(r["event_id"], -1e9) >= ha_delivery.IN_FLIGHT_S]
+        reached = set(self.reached)  # got by a subscriber, not yet forgotten by step()
+        rows = [
+            r
+            for r in rows
+            if now - self.in_flight.get(r["event_id"], -1e9) >= ha_delivery.IN_FLIGHT_S and r["event_id"] not in reached
+        ]
         if not rows:
             return
         groups = ha_delivery.plan(rows)
@@ -120,16 +143,21 @@ class FinishedJobs:
             )
         log.info(
             "Home Assistant %s: sending it %d finished job(s) it has not received%s",
-            "is online" if why == "online" else "may be online (edge-queue connected)",
+            WHY.get(why, why),
             len(rows) + dropped,
             " as one summary and the newest" if len(groups[0]) > 1 else "",
         )
 
-    def _send(self, rows: list[dict[str, Any]], body: dict[str, Any], *, reports_dropped: bool) -> None:
+    def _send(
+        self, rows: list[dict[str, Any]], body: dict[str, Any], *, reports_dropped: bool, counted: bool = False
+    ) -> None:
+        """Send ``body`` for the owed ``rows``; ``counted``: :meth:`Unheard.send` counted it."""
         ids = [r["event_id"] for r in rows]
         now = time.monotonic()
         for i in ids:
             self.in_flight[i] = now
+        if not counted:
+            self.unheard.sending()
 
         def receipt(reason_code: int) -> None:
             for i in ids:
@@ -137,6 +165,8 @@ class FinishedJobs:
             if ha_delivery.delivered(reason_code):
                 self.reached.extend(ids)
                 self.dropped_reported = self.dropped_reported or reports_dropped
+            if self.unheard.acknowledged(reason_code, time.monotonic()):
+                self.send_owed("heard")  # a subscriber came: what ended meanwhile, late
 
         self._publish(body, receipt)
 

@@ -22,6 +22,7 @@ from edge_queue.mqtt import payloads
 from edge_queue.mqtt.bridge import Bridge
 from edge_queue.mqtt.topics import Topics
 from edge_queue.rules.states import JobState, is_terminal
+from edge_queue.rules.unheard import Unheard
 from edge_queue.store import Store, iso, parse_iso
 from edge_queue.workers.supervisor import Supervisor
 
@@ -106,6 +107,10 @@ class Publisher(Component):
         self.turn_ended: dict[str, dict[str, Any]] = {}
         self.held_jobs: dict[str, tuple[bytes, float]] = {}
         self.ha_last: dict[str, Any] | None = None  # the turn's last finished job, for <base>/ha/last
+        #: whether anyone reads <base>/events (rules/unheard): not sent while nobody does
+        self.events_heard = Unheard()
+        self.events_receipt = self.events_acknowledged  # one bound method for every event's receipt
+        self.ha_finished.on_birth = self.wake_unheard
 
     def publish_job(self, job: dict[str, Any], event: str | None = None) -> None:
         """An event now; the retained job topic once per turn with the job's latest state (a
@@ -122,19 +127,39 @@ class Publisher(Component):
             event = "end" if terminal else "update"
         # The event embeds the very bytes of the retained state: encoded once. event_id: the
         # state change's id in the store's event log (the events request's cursor); progress
-        # is not a state change and has none.
-        event_id = job.get("event_id")
-        self.bridge.publish(
-            self.topics.events,
-            b'{"v":1,"type":"%s","event_id":%s,"job":%s}'
-            % (event.encode(), b"null" if event_id is None else str(int(event_id)).encode(), body),
-        )
+        # is not a state change and has none. Not sent while nobody reads <base>/events.
+        if self.events_heard.send(time.monotonic()):
+            event_id = job.get("event_id")
+            self.bridge.publish(
+                self.topics.events,
+                b'{"v":1,"type":"%s","event_id":%s,"job":%s}'
+                % (event.encode(), b"null" if event_id is None else str(int(event_id)).encode(), body),
+                receipt=self.events_receipt,
+            )
         if job.get("batch_id"):
             self.dirty_batches.add(job["batch_id"])
         self.queue_dirty = True
         if terminal and event == "end" and self.ha_enabled:
             self.ha_last = job  # Home Assistant's "last result": once per turn, the turn's last
             self.ha_finished.ended(job)  # its "Job finished" event: every one
+
+    def events_acknowledged(self, reason_code: int) -> None:
+        """The broker's PUBACK of an event (``reason_code`` 16: nobody read it)."""
+        self.events_heard.acknowledged(reason_code, time.monotonic())
+
+    def wake_unheard(self) -> None:
+        """Someone may be listening (our connect, Home Assistant's birth message, a request
+        other than ``submit``): ``<base>/events`` and ``<base>/ha/finished`` are sent again
+        until the broker says nobody reads them (docs/topics.md, "Messages per job")."""
+        self.events_heard.wake()
+        self.ha_finished.unheard.wake()
+
+    def request_seen(self, command: str) -> None:
+        """A request came: its sender may read ``<base>/events`` (the queue page, which asks
+        ``list``; a client catching up with ``events``). Submits are the load itself and wake
+        nothing: a submitter that reads ``<base>/events`` is heard at the next try."""
+        if command != "submit" and not (self.events_heard.heard and self.ha_finished.unheard.heard):
+            self.wake_unheard()
 
     def publish_states(self, mono: float, *, everything: bool = False) -> None:
         """Publish the retained job states committed by the turns so far: a terminal state at

@@ -78,6 +78,8 @@ class Dispatcher(Component):
         self.taken: list[Incoming] = []
         #: told (request payload, response) of every submit answered on the shared topic
         self.on_shared_submit = on_shared_submit
+        #: told the command of every request taken (the publisher: its sender may be listening)
+        self.on_request: Callable[[str], None] = lambda command: None
         self.rate = RequestRate(settings.limits.max_requests_per_s)
         self.turn_work = 0  # job changes requests made in this turn (see TURN_WORK)
         self.requests_seen = 0  # QoS 1 requests received, ever (kept in the store each turn)
@@ -120,6 +122,7 @@ class Dispatcher(Component):
                 inbox.popleft()
                 self.bridge.inbox.bytes -= len(item.payload)
                 taken.append(item)
+                self.on_request(item.command)
                 self.on_message(item)
             else:
                 inbox.popleft()

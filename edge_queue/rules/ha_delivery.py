@@ -26,12 +26,12 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from .unheard import NO_MATCHING_SUBSCRIBERS
+
 #: Owed runs sent one by one; more are one ``missed`` summary and the newest.
 SINGLE_MAX = 3
 #: Owed runs kept; beyond, the oldest are dropped (counted in the next summary's ``dropped``).
 OWED_MAX = 1_000
-#: A PUBACK reason code: the broker had no subscriber for the message (MQTT 5.0, 3.4.2.1).
-NO_MATCHING_SUBSCRIBERS = 16
 #: An owed run handed to the broker and not acknowledged for this long may be sent again (s).
 IN_FLIGHT_S = 60.0
 #: Job ids a summary lists, newest first.
