@@ -39,13 +39,15 @@ from .kinds_for_tests import EXTRA_KINDS
 # tests/helpers/ is not collected: its asserts explain their failures as a test module's do
 pytest.register_assert_rewrite("tests.helpers")
 
-#: The fixtures several test modules use, given to every test (tests/helpers/).
+#: The fixtures several test modules use, given to every test (tests/helpers/, and the real Home
+#: Assistant's ``ha``).
 pytest_plugins = [
     "tests.helpers.deploy",
     "tests.helpers.load_rig",
     "tests.helpers.nodes",
     "tests.helpers.page",
     "tests.helpers.podman",
+    "tests.homeassistant_support",
 ]
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,6 +1,8 @@
 """What the Home Assistant tests share: a real Home Assistant Core (through
-``../shared/tools/homeassistant/ha_harness.py``) on a mosquitto of its own, edge-queue services
-with discovery on, and waiting on Home Assistant's states."""
+``../shared/tools/homeassistant/ha_harness.py``) on a mosquitto of its own, one for a row of
+tests that use it (the ``ha`` fixture: a start takes 10-20 s), into which each test loads its
+own automations, scripts and MQTT sensors (``reload_yaml``); edge-queue services with discovery
+on, and waiting on Home Assistant's states."""
 
 from __future__ import annotations
 
@@ -8,13 +10,14 @@ import shutil
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from .conftest import ROOT, Broker, ServiceProcess, free_port, need, wait_until
+from .helpers.ha_docs import EXTRA_YAML
 
 #: The marks of every test file that runs the real Home Assistant.
 HOME_ASSISTANT_MARKS = [
@@ -59,28 +62,41 @@ KEYS = [
 ]
 
 
+#: The files docs/home-assistant.md's reader has Home Assistant include (``EXTRA_YAML``), empty
+#: until a test writes its own and loads them (:func:`reload_yaml`).
+INCLUDED = {"automations.yaml": "[]\n", "scripts.yaml": "{}\n", "edge_queue_mqtt.yaml": "{}\n"}
+#: The file in its configuration folder that is appended to ``configuration.yaml`` at each start.
+EXTRA = "extra.yaml"
+
+
 @contextmanager
-def home_assistant(extra_yaml: Path | None = None) -> Iterator[tuple[Any, dict[str, Any], Broker]]:
-    """A real Home Assistant Core with its MQTT integration on a broker of its own, in a
-    configuration folder of this checkout's own (two checkouts on one machine do not share
-    one); ``extra_yaml`` is appended to its ``configuration.yaml``."""
+def home_assistant() -> Iterator[tuple[Any, dict[str, Any], Broker]]:
+    """A real Home Assistant Core with its MQTT integration on a broker of its own, in a fresh
+    configuration folder of this checkout's own (two checkouts on one machine do not share one),
+    configured as docs/home-assistant.md's reader has it (``EXTRA_YAML``: the included
+    automations, scripts and MQTT sensors, empty; the phone's notify group)."""
     need((HARNESS / "ha_harness.py").is_file(), f"no Home Assistant harness in {HARNESS}")
     sys.path.insert(0, str(HARNESS))
     import ha_harness as h
 
     need(h.venv_exists(), "Home Assistant is not set up: python3 ../shared/tools/homeassistant/ha_harness.py setup")
     need(shutil.which("mosquitto") is not None, "mosquitto not installed")
+    config = Path(f"{h.DEFAULT_CONFIG}-{ROOT.name}")
+    if (config / "harness.json").exists():  # one left running by an interrupted session
+        h.stop(h.load(config))
+    shutil.rmtree(config, ignore_errors=True)
+    config.mkdir(parents=True)
+    for name, text in INCLUDED.items():
+        (config / name).write_text(text)
+    (config / EXTRA).write_text(EXTRA_YAML)
     port = free_port()
     h.broker_start(port)
-    config = Path(f"{h.DEFAULT_CONFIG}-{ROOT.name}")
-    inst = h.start(
-        broker_host="127.0.0.1",
-        broker_port=port,
-        config=config,
-        fresh=True,
-        http_port=free_port(),
-        extra_yaml=None if extra_yaml is None else str(extra_yaml),
-    )
+    try:
+        extra, http_port = str(config / EXTRA), free_port()
+        inst = h.start(broker_host="127.0.0.1", broker_port=port, config=config, http_port=http_port, extra_yaml=extra)
+    except BaseException:
+        h.broker_stop(port)
+        raise
     try:
         yield h, inst, Broker("127.0.0.1", port, "mosquitto")
     finally:
@@ -88,7 +104,51 @@ def home_assistant(extra_yaml: Path | None = None) -> Iterator[tuple[Any, dict[s
         h.broker_stop(port)
 
 
-def restart_home_assistant(h: Any, inst: dict[str, Any], extra_yaml: Path | None = None) -> None:
+class SharedHomeAssistant:
+    """The one Home Assistant of a test session (a start takes 10-20 s): started by the first
+    test that asks for it, stopped after the last one of a row of tests that use it
+    (``pytest_runtest_teardown``), so that the tests after them run without it."""
+
+    def __init__(self) -> None:
+        self.stack = ExitStack()
+        self.found: tuple[Any, dict[str, Any], Broker] | None = None
+
+    def get(self) -> tuple[Any, dict[str, Any], Broker]:
+        """The running one, started first if none runs."""
+        if self.found is None:
+            self.found = self.stack.enter_context(home_assistant())
+        return self.found
+
+    def close(self) -> None:
+        """Stop it and its broker, if they run."""
+        self.found = None
+        self.stack.close()
+
+
+SHARED = SharedHomeAssistant()
+
+
+@pytest.fixture
+def ha() -> tuple[Any, dict[str, Any], Broker]:
+    """``(ha_harness, instance, broker)``: the session's real Home Assistant Core (the harness
+    module, its state as ``ha_harness.start`` returns it, its own mosquitto). A test leaves it
+    running, on its broker; what it configured stays until the next test loads its own."""
+    return SHARED.get()
+
+
+def pytest_sessionfinish() -> None:
+    """Home Assistant stops at the end of an interrupted session too."""
+    SHARED.close()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After the test's own teardown: Home Assistant stops when the next test does not use it."""
+    if nextitem is None or "ha" not in getattr(nextitem, "fixturenames", ()):
+        SHARED.close()
+
+
+def restart_home_assistant(h: Any, inst: dict[str, Any]) -> None:
     """Stop Home Assistant and start it again on the same configuration (``inst`` is updated)."""
     h.stop(inst)
     inst.update(
@@ -97,9 +157,19 @@ def restart_home_assistant(h: Any, inst: dict[str, Any], extra_yaml: Path | None
             broker_port=inst["broker_port"],
             config=inst["config"],
             http_port=inst["http_port"],
-            extra_yaml=None if extra_yaml is None else str(extra_yaml),
+            extra_yaml=str(Path(inst["config"]) / EXTRA),
         )
     )
+
+
+def reload_yaml(h: Any, inst: dict[str, Any]) -> None:
+    """Home Assistant reads its automations (and their blueprints), scripts and MQTT sensors
+    again, as the reader of docs/home-assistant.md does after editing them (Developer tools,
+    YAML), and dismisses every notification: a test's own configuration, loaded without the
+    10-20 s of a restart."""
+    for domain in ("automation", "script", "mqtt"):
+        h.call_service(inst, domain, "reload")
+    h.call_service(inst, "persistent_notification", "dismiss_all")
 
 
 def service(broker: Broker, tmp: Path, media: list[Path], name: str, base: str | None = None) -> ServiceProcess:
@@ -127,12 +197,26 @@ def instance_id(svc: ServiceProcess) -> str:
 
 
 def entities(h: Any, inst: dict[str, Any], iid: str, keys: list[str] = KEYS) -> dict[str, str]:
-    """key -> entity_id of every entity of the installation, waiting for discovery."""
-    found = {}
-    for key in keys:
-        eid = h.entity_for_unique_id(inst, f"edge_queue_{iid}_{key}", timeout=30)
-        assert eid is not None, f"no entity with unique_id edge_queue_{iid}_{key}"
-        found[key] = eid
+    """key -> entity_id of every entity of the installation, waiting (up to 30 s) for discovery
+    and for each to be available: Home Assistant has subscribed to its topics (an entity in the
+    registry may not have yet; a message then would be missed)."""
+    wanted = {f"edge_queue_{iid}_{key}": key for key in keys}
+    found: dict[str, str] = {}
+
+    def all_available() -> bool:
+        for entry in h.ws_call(inst, "config/entity_registry/list"):
+            if entry.get("unique_id") in wanted:
+                found[wanted[entry["unique_id"]]] = entry["entity_id"]
+        if len(found) < len(wanted):
+            return False
+        states = {s["entity_id"]: s["state"] for s in h.states(inst)}
+        return all(states.get(eid) not in (None, "unavailable") for eid in found.values())
+
+    try:
+        wait_until(all_available, 30, f"the entities of edge-queue {iid}, available", interval=0.2)
+    except AssertionError as err:
+        missing = sorted(unique_id for unique_id, key in wanted.items() if key not in found)
+        raise AssertionError(f"{err}: no entity with unique_id {missing}; found {found}") from None
     return found
 
 

@@ -197,6 +197,7 @@ def _take_client_id(broker: Broker, user: str, client_id: str) -> str:
     return answers[0] if len(set(answers[:2])) == 1 else f"{answers[0]} / {answers[1]}"
 
 
+@pytest.mark.slow
 def test_requests_sent_while_the_service_is_stopped_run_when_it_comes_back(
     amqtt_with_acl: Broker, service_factory, speech: Path
 ) -> None:

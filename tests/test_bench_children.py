@@ -20,6 +20,7 @@ CHILD = ROOT / "bench" / "ref" / "long_child.py"
     "variant, extra",
     [("eq", []), ("eq", ["chunks_at_once=2", "cpu_threads=1"]), ("fw-batched", ["batch_size=8", "timestamps=1"])],
 )
+@pytest.mark.slow
 def test_long_child_transcribes(speech: Path, model_installed: None, variant: str, extra: list[str]) -> None:
     out = subprocess.run(
         [sys.executable, str(CHILD), variant, str(speech / "jfk.flac"), *extra],

@@ -23,6 +23,7 @@ def cli(svc, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[st
 
 
 @pytest.mark.usefixtures("model_installed")
+@pytest.mark.slow
 def test_submit_wait_jobs_show(mosquitto, service_factory, speech: Path) -> None:
     svc = service_factory(mosquitto, [speech]).start()
     done = cli(svc, "submit", str(speech / "jfk.flac"), "--wait")
@@ -357,6 +358,7 @@ def test_serve_waits_behind_a_forwarder_whose_broker_is_not_up_yet(tmp_path: Pat
         stop_mosquitto(late)
 
 
+@pytest.mark.slow
 def test_serve_with_the_broker_down_says_at_once_which_broker_it_waits_for(tmp_path: Path, service_factory) -> None:
     from .conftest import Broker, port_open
 

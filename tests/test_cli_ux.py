@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import typer
 
 from edge_queue.cli import main as cli
@@ -52,6 +53,7 @@ def test_version_and_a_bare_command_show_what_they_should() -> None:
         assert "Usage: edge-queue" in out.stdout and "Commands" in out.stdout, out.stdout
 
 
+@pytest.mark.slow
 def test_help_names_values_and_shows_no_type_tags() -> None:
     paths = command_paths()
     assert len(paths) >= 12, paths
@@ -64,6 +66,7 @@ def test_help_names_values_and_shows_no_type_tags() -> None:
         assert shown in submit, submit
 
 
+@pytest.mark.slow
 def test_doctor_is_coloured_on_a_terminal_only(mosquitto, tmp_path: Path) -> None:
     svc = ServiceProcess(mosquitto, tmp_path, [tmp_path])  # not started: its status check warns
     # On a terminal (a pseudo-terminal): every mark coloured

@@ -65,6 +65,7 @@ os.execv(sys.argv[1], sys.argv[1:])
 """
 
 
+@pytest.mark.slow
 def test_transcription_under_the_units_privilege_limits(
     mosquitto, service_factory, speech: Path, tmp_path: Path
 ) -> None:
@@ -284,6 +285,7 @@ def test_a_box_with_its_own_base_topic_works_under_the_several_boxes_acl(
 
 
 @pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+@pytest.mark.slow
 def test_a_base_topic_the_acl_does_not_grant_is_found_by_doctor_and_stops_the_service(
     mosquitto_with_acl, service_factory, speech: Path, tmp_path: Path, protocol: str
 ) -> None:

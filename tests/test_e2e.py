@@ -25,6 +25,7 @@ def _states(watcher: Watcher, topic: str) -> list[str]:
 
 
 @pytest.mark.usefixtures("model_installed")
+@pytest.mark.slow
 def test_transcribe_jfk_seen_by_subscribers(broker, service_factory, speech: Path) -> None:
     # Given a service with its own base topic and a plain subscriber on <base>/jobs/+
     svc = service_factory(broker, [speech]).start()
@@ -95,6 +96,7 @@ def test_batch_of_librivox_clips(broker, service_factory, speech: Path) -> None:
 
 
 @pytest.mark.usefixtures("model_installed", "mosquitto_clients")
+@pytest.mark.slow
 def test_mosquitto_pub_bare_path(mosquitto, service_factory, speech: Path) -> None:
     svc = service_factory(mosquitto, [speech]).start()
     watcher = svc.watcher("jobs/+", "response/submit")

@@ -26,6 +26,7 @@ def _umask(mask: str) -> list[str]:
     return ["sh", "-c", f'umask {mask} && exec "$@"', "sh"]
 
 
+@pytest.mark.slow
 def test_text_from_clients_and_files_cannot_start_a_log_line(broker, service_factory, tmp_path: Path) -> None:
     # Given a media root holding a file whose name carries a newline and a forged record
     # (the file system allows any byte but "/" and NUL), and a running service
@@ -216,6 +217,7 @@ def test_an_empty_request_after_a_cleared_retained_one_is_answered(broker, servi
     assert len(_responses(watcher, topic)) == 2
 
 
+@pytest.mark.slow
 def test_a_retained_request_sent_while_the_service_is_down_is_answered_once(
     broker, service_factory, tmp_path: Path
 ) -> None:
@@ -399,6 +401,7 @@ def _children(pid: int) -> list[tuple[int, str]]:
 
 
 @pytest.mark.parametrize("moment", ["forkserver starting", "job running"])
+@pytest.mark.slow
 def test_ctrl_c_in_the_terminal_reaches_only_the_service_and_costs_no_job_an_attempt(
     mosquitto, service_factory, tmp_path: Path, moment: str
 ) -> None:
@@ -468,6 +471,7 @@ def test_a_worker_that_dies_during_the_graceful_stop_costs_its_job_no_attempt(
     assert "worker_lost" not in svc.log()
 
 
+@pytest.mark.slow
 def test_the_write_ahead_log_shrinks_once_an_outside_reader_lets_go(mosquitto, service_factory, tmp_path: Path) -> None:
     # Given a service, and an outside program holding a read of its store open (a backup, the
     # sqlite3 shell): SQLite cannot reset the write-ahead log meanwhile, so it grows

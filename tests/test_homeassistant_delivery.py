@@ -5,8 +5,9 @@ notifications, through orders of stops and starts of Home Assistant, edge-queue 
 (docs/home-assistant.md, "Jobs that end while Home Assistant is down").
 
 Every notification goes to Home Assistant's ``persistent_notification`` (the phone of
-``notify.mobile_app_my_phone`` is a notify group of it), which it keeps until it stops: they are
-collected before each stop of Home Assistant and at the end.
+``notify.mobile_app_my_phone`` is a notify group of it), which it keeps until it stops (or the
+next test loads its configuration): they are collected before each stop of Home Assistant and at
+the end.
 """
 
 from __future__ import annotations
@@ -24,24 +25,18 @@ import pytest
 
 from .conftest import Broker, ServiceProcess, port_open, wait_until
 from .helpers.figures import figures
-from .helpers.ha_docs import BLUEPRINT, DOC_BASE, DOC_EVENT, EXTRA_YAML, blocks, notifications
+from .helpers.ha_docs import BLUEPRINT, DOC_BASE, DOC_EVENT, blocks, notifications
 from .homeassistant_support import (
     HOME_ASSISTANT_MARKS,
     entities,
-    home_assistant,
     instance_id,
+    reload_yaml,
     restart_home_assistant,
     service,
     wait_state,
 )
 
 pytestmark = HOME_ASSISTANT_MARKS
-
-
-@pytest.fixture(scope="module")
-def ha() -> Iterator[tuple[Any, dict[str, Any], Broker]]:
-    with home_assistant() as found:
-        yield found
 
 
 class Rig:
@@ -52,7 +47,6 @@ class Rig:
         self.h, self.inst, self.broker, self.svc, self.media = h, inst, broker, svc, media
         self.tally: Counter[tuple[str, str]] = Counter()
         self.seen = 0  # notifications of this run of Home Assistant already counted
-        self.extra = media.parent / "extra.yaml"
         self.n = 0
         self.w = svc.watcher("response/#", "jobs/+")
         self.ha_up = True
@@ -97,7 +91,7 @@ class Rig:
                 self.count()
                 return self.tally[("blueprint", name)] >= 1 and self.tally[("ui", name)] >= 1
 
-            wait_until(notified, 30, f"{name} notified")
+            wait_until(notified, 30, f"{name} notified", interval=0.1)
         return name
 
     def ha_stop(self) -> None:
@@ -106,7 +100,7 @@ class Rig:
         self.seen, self.ha_up = 0, False
 
     def ha_start(self) -> None:
-        restart_home_assistant(self.h, self.inst, self.extra)
+        restart_home_assistant(self.h, self.inst)
         self.seen, self.ha_up = 0, True
 
     def eq_stop(self) -> None:
@@ -179,8 +173,7 @@ def rig(ha: tuple[Any, dict[str, Any], Broker], tmp_path: Path) -> Iterator[Rig]
         )
         for name in ("scripts.yaml", "edge_queue_mqtt.yaml"):
             (config / name).write_text("{}\n")
-        r.extra.write_text(EXTRA_YAML)
-        r.ha_start()
+        reload_yaml(h, inst)
         for eid in (
             "automation.edge_queue_to_my_phone",
             "automation.edge_queue_send_me_the_transcript",
@@ -223,7 +216,9 @@ def run_order(r: Rig, steps: list[str]) -> tuple[list[str], list[str]]:
     """Run ``steps``; returns the jobs that ended and those of them that ended while Home
     Assistant ran."""
     jobs, seen_live = [], []
+    settled = False  # the last step was a start after which Home Assistant and edge-queue were quiet
     for step in steps:
+        settled = False
         if step == "job":
             name = r.job()
             jobs.append(name)
@@ -233,7 +228,8 @@ def run_order(r: Rig, steps: list[str]) -> tuple[list[str], list[str]]:
             getattr(r, step)()
             if step in ("ha_start", "eq_start", "broker_restart", "thaw") and r.ha_up and r.eq_up:
                 r.quiet(step)
-    if r.ha_up and r.eq_up:
+                settled = True
+    if r.ha_up and r.eq_up and not settled:
         r.quiet("the end")
     return jobs, seen_live
 
@@ -296,6 +292,7 @@ def test_a_burst_of_jobs_ending_together_is_notified_by_every_automation(rig: Ri
         lambda: (rig.count() or True) and sum(rig.tally[("events", f"b{i:02d}.wav")] for i in range(31)) >= 31,
         120,
         "every notification of the MQTT-trigger automation",
+        interval=0.1,
     )
     rig.quiet("the burst")
     for who in ("blueprint", "ui", "events"):

@@ -5,39 +5,33 @@ says, across restarts of edge-queue, the broker and Home Assistant.
 
 ``notify.mobile_app_my_phone`` is a notify group of Home Assistant's own
 ``persistent_notification``: every notification is one persistent notification, kept until
-Home Assistant stops (so one sent while it starts is seen too).
+Home Assistant stops or a test loads its own configuration (so one sent while it starts is seen
+too).
 """
 
 from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .conftest import Broker, port_open, publish, wait_until
+from .conftest import port_open, publish, wait_until
 from .helpers.figures import figures
-from .helpers.ha_docs import BLUEPRINT, DOC_BASE, DOC_CLIP, DOC_EVENT, DOC_JOB, EXTRA_YAML, blocks, notifications
+from .helpers.ha_docs import BLUEPRINT, DOC_BASE, DOC_CLIP, DOC_EVENT, DOC_JOB, blocks, notifications
 from .homeassistant_support import (
     HOME_ASSISTANT_MARKS,
     entities,
-    home_assistant,
     instance_id,
+    reload_yaml,
     restart_home_assistant,
     service,
     wait_state,
 )
 
 pytestmark = HOME_ASSISTANT_MARKS
-
-
-@pytest.fixture(scope="module")
-def ha() -> Iterator[tuple[Any, dict[str, Any], Broker]]:
-    with home_assistant() as found:
-        yield found
 
 
 @pytest.mark.usefixtures("model_installed")
@@ -69,10 +63,8 @@ def test_the_pages_yaml_works_in_home_assistant_across_restarts(ha, tmp_path: Pa
         )
         (config / "scripts.yaml").write_text(ours(doc["script"]))
         (config / "edge_queue_mqtt.yaml").write_text(ours(doc["sensors"]).removeprefix("mqtt:\n"))
-        extra = tmp_path / "extra.yaml"
-        extra.write_text(EXTRA_YAML)
         log = config / "home-assistant.log"
-        restart_home_assistant(h, inst, extra)
+        reload_yaml(h, inst)
         assert "script.edge_queue_transcribe_doorbell" in doc["card"]
         for eid in (
             "automation.edge_queue_send_me_the_transcript",
@@ -95,7 +87,7 @@ def test_the_pages_yaml_works_in_home_assistant_across_restarts(ha, tmp_path: Pa
         job_id = wait_until(lambda: w.json_on(answer), 30, "the submit")[0]["data"]["jobs"][0]["job_id"]
         w.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] == "succeeded", timeout=120)
         # Then one job, and each automation notifies once, with the transcript
-        wait_until(lambda: len(notifications(h, inst)) >= 2, 30, "two notifications")
+        wait_until(lambda: len(notifications(h, inst)) >= 2, 30, "two notifications", interval=0.1)
         wait_state(h, inst, "script.edge_queue_transcribe_doorbell", lambda s, a: s == "off", "the script done")
         assert len(w.json_on(answer)) == 1, w.json_on(answer)
         sent = notifications(h, inst)
@@ -133,7 +125,7 @@ def test_the_pages_yaml_works_in_home_assistant_across_restarts(ha, tmp_path: Pa
         h.broker_start(broker.port)
         restarted("broker restart")
         # When Home Assistant restarts
-        restart_home_assistant(h, inst, extra)
+        restart_home_assistant(h, inst)
         restarted("Home Assistant restart", 0)
         # When the job is purged, its topic cleared: the sensor says deleted, without an error
         svc.request("purge", {"job_id": job_id}, svc.watcher("response/purge"))
@@ -172,9 +164,7 @@ def test_the_blueprint_notifies_each_finished_job_once_also_after_home_assistant
         )
         for name in ("scripts.yaml", "edge_queue_mqtt.yaml"):
             (config / name).write_text("{}\n")
-        extra = tmp_path / "extra.yaml"
-        extra.write_text(EXTRA_YAML)
-        restart_home_assistant(h, inst, extra)
+        reload_yaml(h, inst)
         wait_state(h, inst, "automation.edge_queue_to_my_phone", lambda s, a: s == "on", "the automation loaded")
         wait_state(h, inst, e["job_finished"], lambda s, a: s != "unavailable", "the event entity")
 
@@ -187,7 +177,7 @@ def test_the_blueprint_notifies_each_finished_job_once_also_after_home_assistant
         # When a job succeeds and one fails: one notification each, the error in the second
         run("noop", {}, "succeeded")
         run("test_fail", {"code": "unsupported_media"}, "failed")
-        wait_until(lambda: len(notifications(h, inst)) >= 2, 30, "two notifications")
+        wait_until(lambda: len(notifications(h, inst)) >= 2, 30, "two notifications", interval=0.1)
         sent = notifications(h, inst)
         assert [n["title"] for n in sent] == ["noop succeeded", "test_fail failed"], sent
         assert sent[1]["message"] == "unsupported_media: failing on purpose", sent
@@ -210,9 +200,9 @@ def test_the_blueprint_notifies_each_finished_job_once_also_after_home_assistant
         # When jobs end while Home Assistant is down, and it comes back
         h.stop(inst)
         missed = [run("noop", {}, "succeeded"), run("test_fail", {"code": "decode_error"}, "failed")]
-        restart_home_assistant(h, inst, extra)
+        restart_home_assistant(h, inst)
         # Then each of them is notified once, marked, and nothing older
-        wait_until(lambda: len(notifications(h, inst)) >= 2, 30, "the missed jobs notified")
+        wait_until(lambda: len(notifications(h, inst)) >= 2, 30, "the missed jobs notified", interval=0.1)
         quiet("Home Assistant restart", 2)
         sent = notifications(h, inst)
         assert [n["title"] for n in sent] == [
@@ -221,7 +211,7 @@ def test_the_blueprint_notifies_each_finished_job_once_also_after_home_assistant
         ], sent
         figures(missed_jobs=missed, notified_after_home_assistant_restart=sent)
         # And a restart of Home Assistant with nothing missed sends nothing
-        restart_home_assistant(h, inst, extra)
+        restart_home_assistant(h, inst)
         quiet("Home Assistant restart, nothing missed", 0)
     finally:
         w.close()
@@ -252,9 +242,7 @@ def test_the_submit_script_hands_back_the_job_id(ha, tmp_path: Path, speech: Pat
         (config / "scripts.yaml").write_text(ours(doc["script"]))
         (config / "edge_queue_mqtt.yaml").write_text(ours(doc["sensors"]).removeprefix("mqtt:\n"))
         (config / "automations.yaml").write_text(ours(doc["script_use"]))
-        extra = tmp_path / "extra.yaml"
-        extra.write_text(EXTRA_YAML)
-        restart_home_assistant(h, inst, extra)
+        reload_yaml(h, inst)
         ha_log = config / "home-assistant.log"
         log_start = ha_log.stat().st_size if ha_log.exists() else 0
         wait_state(h, inst, "script.edge_queue_submit", lambda s, a: s == "off", "the script loaded")
@@ -306,6 +294,7 @@ def test_the_submit_script_hands_back_the_job_id(ha, tmp_path: Path, speech: Pat
             lambda: any("edge-queue: " in n["message"] and "error" not in n["message"] for n in notifications(h, inst)),
             30,
             "the automation's notification with the job id",
+            interval=0.1,
         )
         figures(script_response=result, refused=refused, notified=notifications(h, inst))
     finally:

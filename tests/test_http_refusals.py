@@ -67,6 +67,7 @@ def post(url: str, route: str, data: bytes, headers: dict[str, str], name: str =
     return httpx.post(url + route, files={name: ("a.flac", data)}, data=form, headers=headers, timeout=60)
 
 
+@pytest.mark.slow
 def test_a_refused_call_leaves_nothing_and_a_none_role_is_refused_first(
     service_factory: Any, mosquitto: Any, speech: Path, tmp_path: Path, model_installed: None
 ) -> None:

@@ -47,6 +47,7 @@ def _info(svc: ServiceProcess) -> dict[str, Any]:
         w.close()
 
 
+@pytest.mark.slow
 def test_two_default_installs_on_one_broker_keep_to_themselves(tmp_path: Path, service_factory) -> None:
     # Given two installs with default settings but their data folder and base topic
     broker = PrivateMosquitto(tmp_path / "broker")
@@ -114,6 +115,7 @@ def test_a_second_install_on_a_taken_base_topic_does_not_start(tmp_path: Path, s
     watcher.close()
 
 
+@pytest.mark.slow
 def test_a_replaced_data_dir_takes_its_base_topic_over(tmp_path: Path, service_factory, own_broker) -> None:
     # Given an install that ran jobs and stopped, whose data folder is then replaced
     broker = own_broker
@@ -203,6 +205,7 @@ def test_a_client_id_take_over_is_said_as_such(tmp_path: Path, service_factory, 
     watcher.close()
 
 
+@pytest.mark.slow
 def test_a_renamed_base_topic_says_how_to_clear_the_old_one_and_doctor_sees_it(
     mosquitto, service_factory, tmp_path: Path, mosquitto_clients: None
 ) -> None:
@@ -231,6 +234,7 @@ def test_a_renamed_base_topic_says_how_to_clear_the_old_one_and_doctor_sees_it(
     assert "base topic" not in run_doctor(svc.env).stdout
 
 
+@pytest.mark.slow
 def test_an_installation_given_anothers_client_id_stops_and_leaves_it_every_request(
     mosquitto, service_factory, tmp_path: Path
 ) -> None:
@@ -285,6 +289,7 @@ def test_an_installation_given_anothers_client_id_stops_and_leaves_it_every_requ
     assert a.stop() == 0
 
 
+@pytest.mark.slow
 def test_an_installation_given_anothers_client_id_stops_with_no_request_arriving(
     mosquitto, service_factory, tmp_path: Path
 ) -> None:

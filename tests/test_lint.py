@@ -29,6 +29,7 @@ def test_ruff(args: list[str]) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+@pytest.mark.slow
 def test_mypy() -> None:
     out = subprocess.run([_tool("mypy"), "edge_queue"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr

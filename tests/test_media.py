@@ -73,6 +73,7 @@ def corpus(tmp_path: Path, speech: Path) -> dict[str, tuple[Path, str, str | Non
 
 
 @pytest.mark.usefixtures("model_installed")
+@pytest.mark.slow
 def test_bad_media_gets_exact_codes_and_service_goes_on(mosquitto, service_factory, corpus, speech: Path) -> None:
     media = next(iter(corpus.values()))[0].parent
     svc = service_factory(mosquitto, [media, speech]).start()
@@ -124,6 +125,7 @@ class _Ctx:
 
 
 @pytest.mark.usefixtures("model_installed")
+@pytest.mark.slow
 def test_chunked_and_unchunked_give_the_same_words(tmp_path: Path, speech: Path) -> None:
     import numpy as np
     from faster_whisper import decode_audio
@@ -152,6 +154,7 @@ def test_chunked_and_unchunked_give_the_same_words(tmp_path: Path, speech: Path)
 
 
 @pytest.mark.usefixtures("model_installed")
+@pytest.mark.slow
 def test_beside_output_and_output_exists(mosquitto, service_factory, tmp_path: Path, speech: Path) -> None:
     media = tmp_path / "library"
     media.mkdir()
@@ -232,6 +235,7 @@ def test_transcode_and_extract_audio_read_back(mosquitto, service_factory, tmp_p
 
 
 @pytest.mark.usefixtures("model_installed")
+@pytest.mark.slow
 def test_probe_runs_beside_a_long_transcription(mosquitto, service_factory, long_speech: Path, speech: Path) -> None:
     # no short lane: it would take the 11-s second transcription beside the long one, as it is
     # meant to (tests/test_short_lane.py); here the kind's max_concurrency is what is tested

@@ -174,6 +174,7 @@ def test_transcode_never_makes_a_video_of_a_picture(mosquitto, service_factory, 
 
 
 @pytest.mark.usefixtures("model_installed")
+@pytest.mark.slow
 def test_transcribe_hears_the_audio_a_player_plays(mosquitto, service_factory, files) -> None:
     # Given the files, When each is transcribed
     folder = next(iter(files.values())).parent

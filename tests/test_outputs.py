@@ -96,6 +96,7 @@ def _get(svc: Any, watcher: Any, job_id: str) -> dict[str, Any]:
     return svc.request("get", {"job_id": job_id, "segments": True}, watcher)
 
 
+@pytest.mark.slow
 def test_get_reads_an_output_only_while_it_is_the_file_the_job_wrote(
     mosquitto, service_factory, tmp_path: Path, speech: Path
 ) -> None:
@@ -164,6 +165,7 @@ def _connects(svc: Any) -> int:
 
 
 @pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+@pytest.mark.slow
 def test_no_answer_exceeds_the_packets_the_broker_takes(
     service_factory, tmp_path: Path, speech: Path, protocol: str
 ) -> None:
@@ -216,6 +218,7 @@ def test_no_answer_exceeds_the_packets_the_broker_takes(
         broker.stop()
 
 
+@pytest.mark.slow
 def test_an_answer_that_cannot_be_cut_becomes_a_small_error(service_factory, tmp_path: Path) -> None:
     # Given a mosquitto that takes packets of at most 64 KiB, and 300 jobs
     limit = 64 * 2**10
@@ -285,6 +288,7 @@ def _retried_with_every_format(svc: Any, job_id: str, folder: Path, by: str = "i
     assert answer["segment_list"] and "output_errors" not in answer, answer
 
 
+@pytest.mark.slow
 def test_a_service_killed_while_the_first_attempt_writes_beside_the_input(
     mosquitto, service_factory, tmp_path: Path, speech: Path
 ) -> None:
@@ -314,6 +318,7 @@ def test_a_service_killed_while_the_first_attempt_writes_beside_the_input(
 
 
 @pytest.mark.parametrize("by", ["itself", "retry"])
+@pytest.mark.slow
 def test_an_attempt_lost_while_it_moves_its_recorded_files_into_place(
     mosquitto, service_factory, tmp_path: Path, speech: Path, by: str
 ) -> None:

@@ -174,6 +174,7 @@ def test_connections_refused_for_one_address_take_no_place_of_another() -> None:
     assert (conns.total, conns.refused, dict(conns.by_address)) == (0, 0, {})
 
 
+@pytest.mark.slow
 def test_one_host_trickling_headers_costs_only_its_own_connections(server: PageServer) -> None:
     # Given 64 connections from one host, each sending a header line every 2 s and never
     # ending its request (before: they held every place of the page from everyone)

@@ -768,6 +768,7 @@ def test_a_persistent_broker_restoring_an_older_save_is_not_taken_for_a_replaced
             broker.stop()
 
 
+@pytest.mark.slow
 def test_a_finished_jobs_retained_state_expires_from_the_broker_and_stays_in_the_store(
     mosquitto, service_factory, speech: Path
 ) -> None:

@@ -798,6 +798,7 @@ def _deep_tree(top: Path, levels: int, *, remove: bool = False) -> None:
         top.rmdir()
 
 
+@pytest.mark.slow
 def test_doctor_fails_a_beside_watch_folder_where_no_file_can_be_made(tmp_path: Path, root: Path) -> None:
     inbox = root / "inbox"
     env = {k: v for k, v in os.environ.items() if not k.startswith("EDGE_QUEUE_")}
