@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from .conftest import ROOT, Broker, ServiceProcess, free_port, need, wait_until
+from .conftest import ROOT, Broker, ServiceProcess, need, wait_until
 from .helpers.ha_docs import EXTRA_YAML
+from .helpers.ports import free_port
 
 #: The marks of every test file that runs the real Home Assistant.
 HOME_ASSISTANT_MARKS = [

@@ -30,10 +30,11 @@ from typing import Any
 import pytest
 import yaml
 
-from .conftest import ROOT, descendants, free_port, need, port_open, wait_until
+from .conftest import ROOT, descendants, need, port_open, wait_until
 from .helpers.brokers import PrivateMosquitto
 from .helpers.figures import figures
 from .helpers.podman import LIMITS, PODMAN, podman, run_container
+from .helpers.ports import free_port
 from .helpers.supervisor import FakeSupervisor
 
 #: the first test builds the image (pip's install of about 1 GB: minutes, more under load)

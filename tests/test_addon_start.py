@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from .conftest import ROOT, Broker, Watcher, clean_broker, descendants, free_port, need, wait_until
+from .conftest import ROOT, Broker, Watcher, clean_broker, descendants, need, wait_until
+from .helpers.ports import free_port
 from .helpers.supervisor import FakeSupervisor
 
 RUN = ROOT / "addon" / "edge-queue" / "run.py"

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REFERENCE, Watcher, free_port, stop_mosquitto, wait_until, wer
+from .conftest import REFERENCE, Watcher, stop_mosquitto, wait_until, wer
+from .helpers.ports import free_port
 
 
 def cli(svc, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

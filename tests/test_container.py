@@ -162,7 +162,7 @@ def test_a_worker_container_takes_jobs_from_a_hub_outside_it(
 
 
 def _free_port() -> int:
-    from .conftest import free_port
+    from .helpers.ports import free_port
 
     return free_port()
 

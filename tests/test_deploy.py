@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, Broker, free_port, need, port_open, run_doctor, stop_mosquitto, wait_until
+from .conftest import ROOT, Broker, need, port_open, run_doctor, stop_mosquitto, wait_until
 from .helpers.deploy import STATE_TOPICS, connect, make_ca, service_env
+from .helpers.ports import free_port
 
 EDGE_QUEUE_BIN = str(Path(sys.executable).parent / "edge-queue")
 

@@ -21,8 +21,9 @@ from paho.mqtt.enums import CallbackAPIVersion
 from edge_queue.mqtt import embedded_broker
 from edge_queue.mqtt.embedded_broker import BrokerThread, broker_config
 
-from .conftest import free_port, stop_client, wait_until
+from .conftest import stop_client, wait_until
 from .helpers.handshakes import raw_handshake
+from .helpers.ports import free_port
 
 
 @pytest.fixture

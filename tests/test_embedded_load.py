@@ -23,7 +23,8 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from .conftest import Broker, ServiceProcess, Watcher, free_port, port_open, stop_client, wait_until
+from .conftest import Broker, ServiceProcess, Watcher, port_open, stop_client, wait_until
+from .helpers.ports import free_port
 
 #: Log lines at WARNING or above from the broker (amqtt's loggers, and edge-queue's own lines
 #: about the broker), and traceback lines, that a burst on a healthy connection may cause.

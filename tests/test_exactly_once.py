@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from .conftest import free_port, publish, wait_until
+from .conftest import publish, wait_until
 from .helpers.brokers import PrivateMosquitto
+from .helpers.ports import free_port
 
 PUBACK = 0x40
 

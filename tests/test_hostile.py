@@ -26,10 +26,11 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from .conftest import Broker, free_port, wait_until
+from .conftest import Broker, wait_until
 from .helpers.brokers import PrivateMosquitto
 from .helpers.figures import figures
 from .helpers.load_rig import Rig, peak_rss_mb, rss_mb, stop_and_longest_turn_ms, succeeded_store
+from .helpers.ports import free_port
 
 #: Reply topics a broker refuses as malformed (MQTT 5.0 section 1.5.4); lone surrogates come
 #: as JSON escapes, in the test.

@@ -20,8 +20,9 @@ import yaml
 
 from edge_queue.config.settings import Settings, load_settings
 
-from .conftest import ROOT, free_port, need
+from .conftest import ROOT, need
 from .helpers.docs_text import read, section
+from .helpers.ports import free_port
 
 FILES = [
     "container/Containerfile",

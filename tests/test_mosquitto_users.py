@@ -17,7 +17,8 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 
-from .conftest import free_port, need, port_open, wait_until
+from .conftest import need, port_open, wait_until
+from .helpers.ports import free_port
 
 SCRIPT = Path(__file__).resolve().parents[1] / "container" / "mosquitto" / "entrypoint.sh"
 

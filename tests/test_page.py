@@ -25,9 +25,10 @@ from edge_queue.config.http import HttpSettings
 from edge_queue.http.page import FILES, PageServer
 from edge_queue.http.server import Connections
 
-from .conftest import Broker, ServiceProcess, free_port, port_open, wait_until, words
+from .conftest import Broker, ServiceProcess, port_open, wait_until, words
 from .helpers.deploy import service_env
 from .helpers.page import Browser, page_service
+from .helpers.ports import free_port
 
 # -- the HTTP server ------------------------------------------------------------------------
 

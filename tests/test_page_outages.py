@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Broker, ServiceProcess, Watcher, free_port, port_open, wait_until
+from .conftest import Broker, ServiceProcess, Watcher, port_open, wait_until
 from .helpers.brokers import PrivateMosquitto
 from .helpers.page import Browser, page_service
+from .helpers.ports import free_port
 
 STATUS = "document.querySelector('#status').dataset.state"
 BANNER = "document.querySelector('#broker')"

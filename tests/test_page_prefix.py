@@ -13,8 +13,8 @@ import pytest
 from edge_queue.config.http import HttpSettings
 from edge_queue.http.page import PageServer
 
-from .conftest import free_port
 from .helpers.page import Browser, browser_ready
+from .helpers.ports import free_port
 
 
 @pytest.fixture

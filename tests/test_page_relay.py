@@ -30,9 +30,10 @@ from edge_queue.http.page import MAX_CONNECTIONS_PER_ADDRESS, PageServer
 from edge_queue.http.relay import MAX_RELAYS_PER_ADDRESS
 from edge_queue.mqtt.embedded_broker import BrokerThread, broker_config
 
-from .conftest import Broker, free_port, port_open, run_doctor, wait_until
+from .conftest import Broker, port_open, run_doctor, wait_until
 from .helpers.handshakes import raw_handshake
 from .helpers.page import Browser, browser_ready
+from .helpers.ports import free_port
 
 
 @pytest.fixture
@@ -111,13 +112,13 @@ def test_mqtt_over_the_relay_and_more_pages_than_one_address_may_open(ws_mosquit
 
 
 def test_a_port_handed_to_another_test_process_is_not_handed_here(monkeypatch: pytest.MonkeyPatch) -> None:
-    from . import conftest
+    from .helpers import ports
 
     # Given another test process (a pytest-xdist worker, another run on the machine) that was
     # handed a port, and the same one coming up next here
     other = subprocess.Popen(
-        [sys.executable, "-c", "from tests.conftest import free_port; print(free_port(), flush=True); input()"],
-        cwd=Path(conftest.__file__).parent.parent,
+        [sys.executable, "-c", "from tests.helpers.ports import free_port; print(free_port(), flush=True); input()"],
+        cwd=Path(ports.__file__).parent.parent.parent,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -126,8 +127,8 @@ def test_a_port_handed_to_another_test_process_is_not_handed_here(monkeypatch: p
         assert other.stdout is not None
         taken = int(other.stdout.readline())
         offers = [taken]
-        pick = conftest._candidate_port
-        monkeypatch.setattr(conftest, "_candidate_port", lambda: offers.pop() if offers else pick())
+        pick = ports.candidate_port
+        monkeypatch.setattr(ports, "candidate_port", lambda: offers.pop() if offers else pick())
         # Then this process is handed another (before: the same; the relay's browser test then
         # opened another test's page, whose relay answered Chromium 403)
         assert free_port() != taken
@@ -135,20 +136,20 @@ def test_a_port_handed_to_another_test_process_is_not_handed_here(monkeypatch: p
         other.kill()  # as a run that was killed: its file stays
         other.communicate(timeout=30)
     # And once that process has ended, its port may be handed out again
-    assert (conftest.PORTS_DIR / str(taken)).exists()
-    monkeypatch.setattr(conftest, "_candidate_port", lambda: taken)
+    assert (ports.PORTS_DIR / str(taken)).exists()
+    monkeypatch.setattr(ports, "candidate_port", lambda: taken)
     assert free_port() == taken
 
 
 def test_ports_handed_out_are_outside_the_range_of_outgoing_connections() -> None:
-    from .conftest import PORT_RANGE, _ephemeral_low
+    from .helpers.ports import PORT_RANGE, ephemeral_low
 
     # (before: the kernel's pick, from the range it also takes the local port of every
     # connection from; a page's port was taken so before the page's server bound it)
     if not PORT_RANGE:
         pytest.skip("no room below the kernel's ephemeral range (net.ipv4.ip_local_port_range)")
     ports = [free_port() for _ in range(20)]
-    assert all(port < _ephemeral_low() for port in ports), ports
+    assert all(port < ephemeral_low() for port in ports), ports
     for port in ports:  # each one free to listen on
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))

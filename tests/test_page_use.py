@@ -19,8 +19,9 @@ from pydantic import ValidationError
 from edge_queue.config.http import HttpSettings
 from edge_queue.http.page import headers
 
-from .conftest import Broker, free_port, wait_until
+from .conftest import Broker, wait_until
 from .helpers.page import Browser, page_service
+from .helpers.ports import free_port
 
 SHOWN = "document.querySelector('#shown').textContent"
 ROWS = "document.querySelectorAll('#jobs .job').length"

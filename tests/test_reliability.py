@@ -21,7 +21,6 @@ from .conftest import (
     REFERENCE,
     Broker,
     descendants,
-    free_port,
     need,
     port_open,
     publish,
@@ -31,6 +30,7 @@ from .conftest import (
     wait_until,
     wer,
 )
+from .helpers.ports import free_port
 
 
 def _alive(pid: int) -> bool:

@@ -8,15 +8,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ..conftest import (
-    ROOT,
-    Broker,
-    free_port,
-    need,
-    port_open,
-    stop_mosquitto,
-    wait_until,
-)
+from ..conftest import ROOT, Broker, need, port_open, stop_mosquitto, wait_until
+from .ports import free_port
 
 
 def _shipped_delivery_settings() -> str:

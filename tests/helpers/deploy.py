@@ -14,7 +14,8 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from ..conftest import ROOT, Broker, free_port, need, port_open, stop_mosquitto, wait_until
+from ..conftest import ROOT, Broker, need, port_open, stop_mosquitto, wait_until
+from .ports import free_port
 
 #: The topics every user may read with the shipped ACLs (broker/README.md).
 STATE_TOPICS = [

@@ -9,7 +9,8 @@ from typing import Any
 
 import httpx
 
-from ..conftest import ServiceProcess, free_port, wait_until
+from ..conftest import ServiceProcess, wait_until
+from .ports import free_port
 
 KEY = "0123456789abcdef0123456789abcdef"
 NOBODY_KEY = "fedcba9876543210fedcba9876543210"

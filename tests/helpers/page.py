@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from ..conftest import ROOT, Broker, ServiceProcess, free_port, need, port_open, wait_until
+from ..conftest import ROOT, Broker, ServiceProcess, need, port_open, wait_until
 from .brokers import PrivateMosquitto
+from .ports import free_port
 
 BROWSER_DIR = ROOT / "tests" / "browser"
 CHROMIUM = Path("/usr/bin/chromium")
