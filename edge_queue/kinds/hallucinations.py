@@ -141,14 +141,14 @@ REPEATED_WITHIN = 3
 
 def why_left_out(seg: dict[str, Any], previous: list[dict[str, Any]]) -> str | None:
     """Why ``seg`` is left out of the transcript, or ``None`` to keep it: ``no_speech``
-    (:func:`no_speech`), ``repetitive`` (:func:`repetitive`), ``junk`` (:func:`junk` text the
-    model :func:`doubted`), ``repeated`` (the text of one of ``previous``, the last
+    (:func:`no_speech`), ``repetitive`` (:func:`repetitive`), ``junk`` (:func:`junk` text, or
+    text without a word, that the model :func:`doubted`), ``repeated`` (the text of one of ``previous``, the last
     :data:`REPEATED_WITHIN` segments kept before it, again, its words :func:`unsure_of_words`)."""
     text = str(seg.get("text", ""))
     if no_speech(seg):  # with words or without (". . ." on loud noise)
         return "no_speech"
-    if not words_of(text):
-        return None
+    if not words_of(text):  # punctuation alone: made up on noise when the model doubts it
+        return "junk" if doubted(seg) else None
     if repetitive(seg):
         return "repetitive"
     if junk(text) and doubted(seg):
