@@ -251,6 +251,15 @@ def test_messages_and_objects_per_job_in_steady_state(service: Any, monkeypatch:
         client.close()
 
 
+def unheard(svc: Any, client: Any, counted: Any, jobs: int) -> None:
+    """``jobs`` jobs, one request each, with nobody subscribed (the broker answers "no matching
+    subscribers" and the topics go unheard), then ``jobs`` more counted afresh."""
+    settle(svc)
+    one_per_request(svc, client, jobs)
+    counted.reset()
+    one_per_request(svc, client, jobs)
+
+
 def test_a_subscriber_that_comes_later_gets_every_topic_again(service: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     svc, base = service, service.topics.base
     broker = svc.test_broker
@@ -258,10 +267,7 @@ def test_a_subscriber_that_comes_later_gets_every_topic_again(service: Any, monk
     client = Client(broker.host, broker.port, base, counted)
     try:
         # Given a service that stopped sending <base>/events and <base>/ha/finished: nobody read them
-        settle(svc)
-        one_per_request(svc, client, 5)
-        counted.reset()
-        one_per_request(svc, client, 5)
+        unheard(svc, client, counted, 5)
         assert counted.published["events"] < 15 and counted.published["ha/finished"] < 5, counted.published
         # When a subscriber comes for both, and the way back's try has had its time
         with Watcher(broker.host, broker.port, [f"{base}/events", f"{base}/ha/finished"], mqtt.MQTTv5) as w:
@@ -288,10 +294,7 @@ def test_a_request_other_than_submit_brings_events_back_at_once(service: Any, mo
     svc.publisher.events_heard.retry_s = 3600.0  # no try in this test: only the request brings them back
     try:
         # Given a service that stopped sending <base>/events: nobody read them
-        settle(svc)
-        one_per_request(svc, client, 3)
-        counted.reset()
-        one_per_request(svc, client, 3)
+        unheard(svc, client, counted, 3)
         assert counted.published["events"] == 0, counted.published
         # When a client subscribes to them and then asks something (the queue page asks list)
         with Watcher(broker.host, broker.port, [f"{base}/events"], mqtt.MQTTv5) as w:
