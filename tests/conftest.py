@@ -43,6 +43,7 @@ pytest_plugins = [
     "tests.helpers.nodes",
     "tests.helpers.page",
     "tests.helpers.podman",
+    "tests.helpers.watch_rig",
     "tests.homeassistant_support",
 ]
 

@@ -7,7 +7,7 @@ submits `noop` jobs and waits for each job's retained final state. What the serv
 the broker is counted where it leaves (``FastClient.publish_qos1`` and paho's ``publish``,
 wrapped), by topic kind; the paho ``Properties`` and ``ReasonCode`` objects made are counted by
 wrapping their constructors. The 20 ms coalescing of non-final retained states is wall-clock
-(its own tests are in tests/test_reliability.py): here it is set long, so that the counts do
+(its own test is in tests/test_e2e.py): here it is set long, so that the counts do
 not depend on the machine's speed."""
 
 from __future__ import annotations
