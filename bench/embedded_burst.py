@@ -25,7 +25,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
 
-import harness  # noqa: E402
+import provenance  # noqa: E402
 
 from tests.test_embedded_load import burst  # noqa: E402
 
@@ -38,7 +38,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="eq-embedded-burst-") as tmp:
         figures = burst(Path(tmp), a.submits, a.timeout)
     out = BENCH / "results" / f"embedded-burst-{a.submits}-{datetime.now():%Y-%m-%d}.json"
-    out.write_text(json.dumps({"code": harness.code_state(), "figures": figures}, indent=1) + "\n")
+    out.write_text(json.dumps({"code": provenance.code_state(), "figures": figures}, indent=1) + "\n")
     print(json.dumps(figures, indent=1))
     print(f"written: {out}")
 

@@ -35,6 +35,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness  # noqa: E402
+import provenance  # noqa: E402
 from harness import BENCH, HOST, Publisher, Service, Watcher, peak_rss_mb, speech, uid  # noqa: E402
 
 
@@ -140,8 +141,8 @@ def main() -> int:
         good.cleanup(clear=False)
         broker.stop()
         shutil.rmtree(media, ignore_errors=True)
-    result["machine"] = harness.machine()
-    result["code"] = harness.code_state()
+    result["machine"] = provenance.machine()
+    result["code"] = provenance.code_state()
     out = BENCH / "results" / f"node-attack-{datetime.now():%Y-%m-%d}.json"
     out.write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k not in ("machine", "code")}, indent=1))

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import harness
+import provenance
 
 BENCH = Path(__file__).resolve().parent
 
@@ -104,7 +105,7 @@ def main() -> None:
         print(f"{k}: {v['median_ms']:.1f} [{v['min_ms']:.1f}-{v['max_ms']:.1f}] ms")
     out = BENCH / "results" / f"one-connection-{datetime.now():%Y-%m-%d}.json"
     out.write_text(
-        json.dumps({"requests": a.requests, "runs": a.runs, "code": harness.code_state(), "figures": rows}, indent=1)
+        json.dumps({"requests": a.requests, "runs": a.runs, "code": provenance.code_state(), "figures": rows}, indent=1)
         + "\n"
     )
     print(f"wrote {out.relative_to(BENCH.parent)}")

@@ -42,6 +42,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness  # noqa: E402
+import provenance  # noqa: E402
 from harness import BENCH, ROOT, Figure  # noqa: E402
 from rows import fmt, rows_for, table, target_of  # noqa: E402
 
@@ -157,7 +158,7 @@ def main() -> int:
     runs = a.runs or (3 if a.quick else 5)
     q = a.quick
     started = time.monotonic()
-    code_state = harness.code_state()  # the tree measured: others may edit it during the run
+    code_state = provenance.code_state()  # the tree measured: others may edit it during the run
     brokers: dict[str, Any] = {}
     if a.broker == "private":
         shipped = harness.shipped_broker_settings()
@@ -254,8 +255,8 @@ def main() -> int:
         "runs": runs,
         "only": only,
         "elapsed_min": (time.monotonic() - started) / 60,
-        "machine": harness.machine(),
-        "versions": harness.versions(PACKAGES),
+        "machine": provenance.machine(),
+        "versions": provenance.versions(PACKAGES),
         "code": code_state,
         "brokers": {"shipped": shipped + "persistence false", "nagle": "shipped without set_tcp_nodelay"}
         if a.broker == "private"
