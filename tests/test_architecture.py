@@ -75,6 +75,18 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     return out
 
 
+def test_no_test_or_bench_module_is_too_large() -> None:
+    """The suite's and the benchmarks' own modules keep the same bound: what several of them
+    share lives in ``tests/helpers/`` or a bench module of its own, not in a grown test module."""
+    too_large = [
+        f"{path.relative_to(ROOT)}: {n} lines (limit {MAX_MODULE_LINES})"
+        for folder in (ROOT / "tests", ROOT / "bench")
+        for path in sorted(folder.rglob("*.py"))
+        if "node_modules" not in path.parts and (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    ]
+    assert too_large == []
+
+
 def test_no_class_or_module_is_too_large() -> None:
     too_large = []
     for name, path in modules().items():
