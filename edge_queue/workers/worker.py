@@ -380,8 +380,9 @@ def main(conn: Connection, settings: Settings) -> None:
     from edge_queue.kinds.media import confine_inputs
 
     # inputs are checked again when they are opened: the media roots, and the HTTP API's
-    # uploads (only its jobs may name them: docs/http-api.md, "Uploads")
-    confine_inputs([*settings.media_roots, settings.uploads_dir])
+    # uploads (only its jobs may name them: docs/http-api.md, "Uploads"), and the Wyoming
+    # listener's voice commands (only theirs: docs/home-assistant.md, "Voice (Assist)")
+    confine_inputs([*settings.media_roots, settings.uploads_dir, settings.voice_dir])
     _thread_lock_for_tqdm()
     worker = _Worker(conn, settings)
     root = logging.getLogger()
