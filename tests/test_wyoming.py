@@ -12,6 +12,8 @@ answered. The slow test: ``describe`` within 1 s and a command answered while a 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import shutil
 import stat
 import subprocess
@@ -26,7 +28,14 @@ from wyoming.client import AsyncTcpClient
 from wyoming.error import Error
 from wyoming.info import Describe, Info
 
+from edge_queue.config.settings import Settings
+from edge_queue.errors import RequestError
 from edge_queue.kinds import bundled
+from edge_queue.kinds.languages import WHISPER_LANGUAGES
+from edge_queue.voice.command import whisper_language
+from edge_queue.voice.info import installed_models
+from edge_queue.voice.intake import is_voice_job
+from edge_queue.voice.server import MAX_LINE_BYTES, MAX_PAYLOAD_BYTES, read_event
 
 from .conftest import ServiceProcess, need, wait_until
 from .helpers.figures import figures
@@ -38,6 +47,73 @@ RATE, WIDTH, CHANNELS = 16_000, 2, 1
 #: Home Assistant streams 10-ms chunks at the pipeline's pace; 100 ms here keeps it cheap.
 CHUNK_BYTES = RATE * WIDTH // 10
 SAID = "turn on the kitchen lights"
+
+
+# -- the rules, in milliseconds ---------------------------------------------------------
+
+
+def test_home_assistant_s_language_tags_become_whisper_codes() -> None:
+    assert [whisper_language(t) for t in ("en", "en-US", "pt_BR", "HAW", "", None, 3)] == [
+        "en",
+        "en",
+        "pt",
+        "haw",
+        None,
+        None,
+        None,
+    ]
+
+
+def test_a_voice_job_is_one_whose_input_is_in_the_voice_folder(tmp_path: Path) -> None:
+    voice = tmp_path / "voice"
+    assert is_voice_job({"input": f"{voice}/a.wav"}, voice)
+    assert not is_voice_job({"input": f"{voice}-other/a.wav"}, voice)
+    assert not is_voice_job({"input": None}, voice)
+
+
+def test_describe_names_the_models_a_command_goes_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in os.environ if n.startswith("EDGE_QUEUE_")]:
+        monkeypatch.delenv(name)
+    need(bundled.tiny_en() is not None and bundled.base_installed(), "the bundled models are not installed")
+    models = installed_models(Settings())
+    # English to tiny.en, every other language Whisper knows to base (transcribe.language_models)
+    assert models["tiny.en"] == ["en"]
+    assert (
+        "en" not in models["base"]
+        and {"de", "es", "fr"} <= set(models["base"])
+        and len(models["base"]) == len(WHISPER_LANGUAGES) - 1
+    )
+    routed = Settings(transcribe={"language_models": {"de": "tiny.en"}})  # an English-only model for German
+    assert installed_models(routed)["tiny.en"] == ["de"]
+
+
+def read(data: bytes) -> object:
+    async def go() -> object:
+        reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
+        reader.feed_data(data)
+        reader.feed_eof()
+        try:
+            return await read_event(reader)
+        except RequestError as e:
+            return str(e.code)
+
+    return asyncio.run(go())
+
+
+def test_events_are_read_within_their_bounds() -> None:
+    event = read(
+        b'{"type": "audio-chunk", "data": {"rate": 16000}, "data_length": 12, "payload_length": 2}\n{"width": 2}ab'
+    )
+    assert getattr(event, "type", None) == "audio-chunk"
+    assert getattr(event, "data", None) == {"rate": 16000, "width": 2} and getattr(event, "payload", None) == b"ab"
+    assert read(b"") is None
+    assert read(b'{"type": "audio-chunk", "payload_length": %d}\n' % (MAX_PAYLOAD_BYTES + 1)) == "payload_too_large"
+    assert read(b'{"type": "x", "data": {}}' + b" " * MAX_LINE_BYTES + b"\n") == "payload_too_large"
+    assert read(b"not json\n") == "invalid_request"
+    assert read(b'{"data": {}}\n') == "invalid_request"
+
+
+# -- a real service ------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -96,12 +172,43 @@ async def transcribe(port: int, pcm: bytes, language: str | None = "en") -> Any:
                 return Error.from_event(event)
 
 
+def voice_jobs(svc: ServiceProcess) -> list[dict[str, Any]]:
+    return [j for j in jobs_listed(svc) if j["kind"] == "transcribe"]
+
+
+async def leave_after_audio(port: int, pcm: bytes) -> None:
+    """A command whose caller closes its connection right after ``audio-stop``."""
+    async with AsyncTcpClient("127.0.0.1", port) as client:
+        await client.write_event(Transcribe(language="en").event())
+        await client.write_event(AudioStart(rate=RATE, width=WIDTH, channels=CHANNELS).event())
+        await client.write_event(AudioChunk(rate=RATE, width=WIDTH, channels=CHANNELS, audio=pcm).event())
+        await client.write_event(AudioStop().event())
+
+
+async def third_connection(port: int) -> str | None:
+    """The code of the error a third connection is answered with while two are open."""
+    async with AsyncTcpClient("127.0.0.1", port), AsyncTcpClient("127.0.0.1", port):
+        await asyncio.sleep(0.2)  # (both taken by the listener)
+        async with AsyncTcpClient("127.0.0.1", port) as third:
+            event = await asyncio.wait_for(third.read_event(), timeout=5)
+            return Error.from_event(event).code if event is not None and Error.is_type(event.type) else None
+
+
+@pytest.mark.slow
 def test_a_spoken_command_is_transcribed_and_nothing_of_it_kept(
     service_factory: Any, shipped_mosquitto: Any, tmp_path: Path, command_pcm: bytes
 ) -> None:
-    # Given a service with the Wyoming listener on
-    svc, port = voice_service(service_factory, shipped_mosquitto, tmp_path, EDGE_QUEUE_WYOMING__MAX_AUDIO_S="5")
+    # Given a service with the Wyoming listener on, and Home Assistant's discovery on
+    svc, port = voice_service(
+        service_factory,
+        shipped_mosquitto,
+        tmp_path,
+        EDGE_QUEUE_WYOMING__MAX_AUDIO_S="5",
+        EDGE_QUEUE_WYOMING__CONNECTIONS_PER_ADDRESS="2",
+        EDGE_QUEUE_HOMEASSISTANT__DISCOVERY="true",
+    )
     wait_until(lambda: "Wyoming listener on" in svc.log(), 10, "the Wyoming listener")
+    finished = svc.watcher("ha/finished")
     # When Home Assistant asks what it serves: one installed asr program, its models' languages
     info, seconds = asyncio.run(describe(port))
     assert seconds < 1
@@ -120,7 +227,13 @@ def test_a_spoken_command_is_transcribed_and_nothing_of_it_kept(
     assert stat.S_IMODE(voice_dir.stat().st_mode) == 0o700
     assert list(voice_dir.iterdir()) == []
     wait_until(lambda: jobs_listed(svc) == [], 10, "the voice command's job to be purged")
-    assert "Job finished" not in svc.log()
+    # and Home Assistant gets no "Job finished" of it, while a batch job's comes as before
+    with svc.watcher("response/#") as w:
+        assert svc.request("submit", {"kind": "noop"}, w)["status"] == "ok"
+    wait_until(lambda: finished.on(f"{svc.base}/ha/finished"), 30, "the noop job's Job finished")
+    sent = [json.loads(m) for m in finished.on(f"{svc.base}/ha/finished")]
+    finished.close()
+    assert [m["kind"] for m in sent] == ["noop"], sent
 
     # When a command is longer than wyoming.max_audio_s (5 s here)
     answer = asyncio.run(transcribe(port, bytes(RATE * WIDTH * 6)))
@@ -130,6 +243,16 @@ def test_a_spoken_command_is_transcribed_and_nothing_of_it_kept(
     assert list(voice_dir.iterdir()) == []
     # and the connection still serves the next question
     assert asyncio.run(describe(port))[0].asr
+
+    # When a caller goes away right after its audio, its job is cancelled or ends, and is purged
+    asyncio.run(leave_after_audio(port, command_pcm))
+    wait_until(lambda: voice_jobs(svc) == [], 30, "the left command's job to be purged")
+    assert list(voice_dir.iterdir()) == []
+    # (a running command is let end: a cancel would end the worker process and its warm model)
+    assert "recycled" not in svc.log()
+
+    # When more connections than wyoming.connections_per_address (2 here) are open from one address
+    assert asyncio.run(third_connection(port)) == "busy"
 
 
 @pytest.mark.slow

@@ -35,7 +35,7 @@ class WyomingSettings(BaseModel):
     max_audio_s: float = Field(30.0, gt=0, le=600)
     #: Seconds a connection may send nothing (between events, or within one) before it is closed.
     idle_timeout_s: float = Field(30.0, gt=0, le=3600)
-    #: Seconds a command waits for its job to end; then ``error`` ``timeout``, and its job is cancelled.
+    #: Seconds a command waits for its job to end, and its job's timeout; then ``error`` ``timeout``.
     wait_s: float = Field(60.0, gt=0, le=3600)
 
     @field_validator("host")

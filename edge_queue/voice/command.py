@@ -170,7 +170,7 @@ class Command:
         self, reader: asyncio.StreamReader, ended: Future[dict[str, Any]], job_id: str
     ) -> dict[str, Any] | None:
         """The job's object once it ended; ``None`` when the caller went away first (the job is
-        cancelled). Raises ``timeout`` after ``wyoming.wait_s`` (the job is cancelled),
+        cancelled unless it runs). Raises ``timeout`` after ``wyoming.wait_s``,
         ``stopping`` when the service stops."""
         end = asyncio.wrap_future(ended)
         deadline = time.monotonic() + self.cfg.wait_s

@@ -7,7 +7,8 @@ its caller may name), at priority :data:`PRIORITY` (claimed before every batch j
 input, so the short lane takes it while every worker is busy: docs/configuration.md,
 ``short_lane_s``), with one attempt (never run again once its caller is gone). The job is
 purged in the turn after it ends (docs/home-assistant.md, "Voice (Assist)": nothing of a voice
-command is kept), and a command whose caller went away is cancelled.
+command is kept), and a command whose caller went away is cancelled while it waits (one that
+runs already ends: a cancel would end its worker process, whose model the next command needs).
 
 Thread-safe as :class:`~edge_queue.requests.http_intake.HttpIntake` is: the listener's thread
 only appends to a deque and writes one byte to the wake socket; each answer comes back as a
@@ -38,8 +39,6 @@ log = logging.getLogger(__name__)
 
 #: A voice command's priority: the highest a submit may give (docs/topics.md, "submit").
 PRIORITY = 100
-#: Seconds a voice command's attempt may run (a 30-s command takes a few on a CPU).
-TIMEOUT_S = 120.0
 #: Commands run in one turn of the loop, at most; the rest wait for the next turn.
 CALLS_PER_TURN = 16
 
@@ -63,7 +62,8 @@ class VoiceIntake(Component):
     """Voice commands from the Wyoming listener, run by the loop.
 
     Args:
-        settings: ``wyoming.user`` (and its role in ``access``), ``voice_dir``.
+        settings: ``wyoming.user`` (and its role in ``access``), ``wyoming.wait_s`` (a
+            command's attempt's timeout too), ``voice_dir``.
         queue: the typed queue the commands run against.
         job_store: returns the open store.
         wake: the loop's wake socket (written from the listener's thread).
@@ -84,6 +84,7 @@ class VoiceIntake(Component):
     ) -> None:
         self._queue, self._job_store, self._wake, self._ended, self._purge = queue, job_store, wake, ended, purge
         self.voice_dir = settings.voice_dir
+        self._wait_s = settings.wyoming.wait_s
         user = settings.wyoming.user
         self._caller = Caller(user, settings.access.role_of(user), (self.voice_dir,))
         self._incoming: deque[_Call] = deque()
@@ -111,7 +112,7 @@ class VoiceIntake(Component):
             options=options,
             priority=PRIORITY,
             max_attempts=1,
-            timeout_s=TIMEOUT_S,
+            timeout_s=self._wait_s,  # of no use once its caller stopped waiting
         )
         call = _Call(request, ended=Future())
         self._hand_over(call)
@@ -150,11 +151,22 @@ class VoiceIntake(Component):
             call = self._incoming.popleft()
             if call.answered.cancelled():
                 continue
+            if isinstance(call.request, CancelRequest) and not self._worth_cancelling(call.request.job_id):
+                continue
             command = "submit" if isinstance(call.request, SubmitRequest) else "cancel"
             response = self._queue.answer(command, call.request, self._caller)
             self._turn.append((call, response))
             if call.ended is not None:
                 self._watch(call, response)
+
+    def _worth_cancelling(self, job_id: str | None) -> bool:
+        """False for a job already running (or gone): a command's attempt is seconds long,
+        while a cancel ends its worker process and the next command would load its model
+        again; it ends, is not run again (one attempt) and is purged."""
+        try:
+            return job_id is not None and self._job_store().get(job_id)["state"] in ("queued", "retrying")
+        except NotFoundError:
+            return False
 
     def _watch(self, call: _Call, response: dict[str, Any]) -> None:
         assert call.ended is not None
