@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import secrets
@@ -171,6 +172,14 @@ class VoiceServer:
             except RequestError as e:
                 command.discard()
                 await _error(writer, e.code, e.message)
+                continue
+            except ConnectionResetError:
+                raise  # the caller went away while its command waited
+            except OSError as e:  # the command's WAV could not be written
+                command.discard()
+                code = ErrorCode.DISK_FULL if e.errno == errno.ENOSPC else ErrorCode.INTERNAL_ERROR
+                log.warning("Wyoming: a command's audio cannot be written to %s: %s", self.voice_dir, e)
+                await _error(writer, code, f"the command's audio cannot be written: {e.strerror or e}")
                 continue
             if answer is not None:
                 await async_write_event(answer, writer)
