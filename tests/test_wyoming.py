@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -286,6 +287,13 @@ def test_describe_and_a_command_are_answered_while_a_long_job_runs(
     assert isinstance(answer, Transcript), answer
     assert "kitchen" in answer.text.lower()
     assert any(j["state"] == "running" for j in jobs_listed(svc))
+    # with the model it needs loaded ahead by the lane (tiny.en, int8: before, the lane loaded
+    # base's float16 copy, which no job of compute_type int8 uses, and the command its model)
+    log = svc.log()
+    lane = re.search(r"\[worker (\d+)\] short lane: model loaded ahead", log)
+    assert lane is not None
+    after = log[lane.end() :]
+    assert f"[worker {lane[1]}] model " not in after, after
     figures(
         describe_s=[round(t, 3) for t in took],
         idle_s=round(idle_s, 2),
