@@ -73,6 +73,9 @@ class ErrorCode(StrEnum):
     STOPPING = "stopping"
     #: the user's uploads on disk would pass ``api.max_user_uploads_mb``
     UPLOADS_FULL = "uploads_full"
+    # the Wyoming listener's own (docs/home-assistant.md, "Voice (Assist)")
+    #: a voice command's audio past ``wyoming.max_audio_s``
+    AUDIO_TOO_LONG = "audio_too_long"
 
 
 #: Codes a later attempt cannot fix: a job failing with one of these fails at once

@@ -70,6 +70,8 @@ from edge_queue.rules.limits import DiskGuard
 from edge_queue.rules.rates import RejectionLog
 from edge_queue.store import Store, iso, new_id
 from edge_queue.store.preflight import check_data_dir, no_locks, private_store_files
+from edge_queue.voice.intake import VoiceIntake, is_voice_job
+from edge_queue.voice.server import VoiceServer, start_voice
 from edge_queue.wake import WakeSocket
 from edge_queue.watch.folders import WatchFolders
 from edge_queue.workers.supervisor import Supervisor
@@ -164,6 +166,7 @@ class Service:
         self.wake = WakeSocket()
         self.page: PageServer | None = None  # the queue page ([http]), started by run()
         self.api: ApiServer | None = None  # the HTTP API ([api]), started by run()
+        self.voice: VoiceServer | None = None  # the Wyoming listener ([wyoming]), started by run()
         self.reply_areas = ReplyAreas([*settings.access.admins, *settings.access.users, *settings.access.nodes])
         self.commands = Commands(self)
         self.nodes = Nodes(settings, self.topics, self.bridge, kinds=self.kinds)  # worker nodes: docs/nodes.md
@@ -177,6 +180,7 @@ class Service:
             lambda: self.control.paused,
             ha_last=settings.homeassistant.discovery,
             nodes=self.nodes.summary,
+            private=lambda job: is_voice_job(job, settings.voice_dir),  # no "Job finished" of a voice command
         )
         self.republisher = Republisher(self.publisher, clock)
         self.announcer = Announcer(
@@ -223,7 +227,9 @@ class Service:
         self.dispatcher.on_request = self.publisher.request_seen  # <base>/events may have a reader
         queue, ended = self.commands.queue, self.publisher.turn_ended
         self.http_intake = HttpIntake(settings, queue, self.job_store, self.wake.writer, ended)  # [api]'s
-        self.intakes: tuple[Intake, ...] = (self.dispatcher, self.watch_folders, self.http_intake)  # drained in order
+        purge = self.retention.purge
+        self.voice_intake = VoiceIntake(settings, queue, self.job_store, self.wake.writer, ended, purge)  # [wyoming]'s
+        self.intakes: tuple[Intake, ...] = (self.dispatcher, self.watch_folders, self.http_intake, self.voice_intake)
         #: the turn's parts, in its order (docs/architecture.md, "The turn's parts")
         self.parts: tuple[Component, ...] = (
             *self.intakes,  # first: a job from any door is claimed in the turn that took it
@@ -293,6 +299,7 @@ class Service:
         # exits before it binds; before the first loop turn, which announces <base>/info
         self.page = start_page(self.settings, self.topics.base, package_version())
         self.api = start_api(self.settings, self.http_intake, package_version())
+        self.voice = start_voice(self.settings, self.voice_intake)
         where = log_serving(self.settings, self.topics.base)
         self.notifier.ready(f"serving on {where}, base topic {self.topics.base}")
         while not self.stopping and self.bridge.foreign.shared is None:
@@ -484,6 +491,10 @@ def stop_http_calls(service: Service, *, wait: bool = False) -> None:
     meanwhile, so that a stop with callers waiting takes no longer than one without; with
     ``wait`` (the end of the stop), until the API's server is done."""
     service.http_intake.stop()  # first: the API answers its waiting callers while it stops
+    service.voice_intake.stop()
+    if service.voice is not None:  # (a voice command does not outlive the stop's grace)
+        service.voice.stop()
+        service.voice = None
     if service.api is not None:
         service.api.stop() if wait else service.api.begin_stop()
 

@@ -5,9 +5,11 @@ shared mosquitto. tests/test_container.py runs the same in the add-on's image.""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -55,6 +57,7 @@ def addon_env(mosquitto: Broker, folder: Path, supervisor: FakeSupervisor, token
         "SUPERVISOR_TOKEN": token,
         "EDGE_QUEUE_DATA_DIR": str(folder / "data"),
         "ADDON_PAGE_PORT": str(free_port()),
+        "ADDON_WYOMING_PORT": str(free_port()),
         "EDGE_QUEUE_API__ENABLED": "false",
         "EDGE_QUEUE_MQTT__BASE_TOPIC": base,
         "EDGE_QUEUE_MQTT__CLIENT_ID": "svc-" + base,
@@ -93,6 +96,12 @@ def test_the_add_on_names_its_device_plainly_and_links_the_ingress_panel(
             "the discovery config",
         )
         assert device["name"] == "edge-queue" and device["cu"] == f"homeassistant://hassio/ingress/{SLUG}", device
+        # And the Wyoming listener is announced to the Supervisor (discovery: [wyoming]), by the
+        # container's host name, and answers describe there
+        sup = supervisor[0]
+        port = int(env["ADDON_WYOMING_PORT"])
+        assert sup.discovered == [{"service": "wyoming", "config": {"uri": f"tcp://{socket.gethostname()}:{port}"}}]
+        wait_until(lambda: describe_answered(port), 30, "the Wyoming listener to answer describe")
     finally:
         w.close()
         proc.terminate()
@@ -132,6 +141,24 @@ def test_the_add_on_runs_the_service_as_uid_1000(
             proc.stderr.close()
         clean_broker(mosquitto, base)
         clean_broker(mosquitto, base + "-ha")
+
+
+def describe_answered(port: int) -> bool:
+    """True when ``describe`` on ``port`` is answered with ``info`` (Home Assistant's check of a
+    discovered Wyoming service, with the ``wyoming`` package's client)."""
+    from wyoming.client import AsyncTcpClient
+    from wyoming.info import Describe, Info
+
+    async def ask() -> bool:
+        async with AsyncTcpClient("127.0.0.1", port) as client:
+            await client.write_event(Describe().event())
+            event = await asyncio.wait_for(client.read_event(), 1)
+            return event is not None and Info.is_type(event.type)
+
+    try:
+        return asyncio.run(ask())
+    except OSError:
+        return False
 
 
 def ids_of(pid: int) -> tuple[int, int] | None:

@@ -16,6 +16,11 @@ edge-queue's settings, then ``edge-queue serve`` (docs/install.md, "Home Assista
   through ``setpriv``), its ``data_dir`` handed to that user, so FFmpeg never parses an upload
   as root.
 
+- Voice: the Wyoming listener on 10300 (option ``wyoming``, on by default), announced to the
+  Supervisor (``POST /discovery``, service ``wyoming``, ``{"uri": "tcp://<host name>:10300"}``,
+  as the add-on's ``discovery: [wyoming]`` allows), so that Home Assistant offers it by itself;
+  Home Assistant checks the URI (``describe``) when the user accepts it, after the service runs.
+
 ``--print``: print the settings (without passwords and keys) as JSON and exit.
 """
 
@@ -34,6 +39,8 @@ SUPERVISOR = os.environ.get("SUPERVISOR_API", "http://supervisor")
 SECRET = ("EDGE_QUEUE_MQTT__PASSWORD", "EDGE_QUEUE_API__KEYS")
 #: The service's user and group: the image's ``edge-queue`` (container/Containerfile)
 SERVICE_UID = SERVICE_GID = 1000
+#: The Wyoming listener's port in the add-on: ``wyoming.port``'s default, 10300
+WYOMING_PORT = int(os.environ.get("ADDON_WYOMING_PORT", "10300"))
 
 
 def supervisor_get(path: str) -> dict[str, Any] | None:
@@ -58,6 +65,40 @@ def ingress_url() -> str:
     info = supervisor_get("/addons/self/info") or {}
     slug = info.get("slug") if isinstance(info.get("slug"), str) else None
     return f"homeassistant://hassio/ingress/{slug or socket.gethostname().replace('-', '_')}"
+
+
+def supervisor_post(path: str, body: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``data`` of the Supervisor's ``POST <path>`` with the JSON ``body``, or None without a
+    token or an answer (said on stderr)."""
+    token = os.environ.get("SUPERVISOR_TOKEN")
+    if not token:
+        return None
+    request = urllib.request.Request(
+        f"{SUPERVISOR}{path}",
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            reply = json.loads(answer.read())
+    except (OSError, ValueError) as e:
+        print(f"edge-queue add-on: the Supervisor's {path} refused or did not answer ({e})", file=sys.stderr)
+        return None
+    data = reply.get("data") if isinstance(reply, dict) and reply.get("result") == "ok" else None
+    return data if isinstance(data, dict) else None
+
+
+def announce_wyoming(port: int = WYOMING_PORT) -> bool:
+    """Tell the Supervisor where the Wyoming listener is (its documented ``POST /discovery``:
+    ``{"service": "wyoming", "config": {"uri": "tcp://<host name>:<port>"}}``, the host name
+    the Supervisor gave the container, which Home Assistant resolves); True once it took it."""
+    uri = f"tcp://{socket.gethostname()}:{port}"
+    data = supervisor_post("/discovery", {"service": "wyoming", "config": {"uri": uri}})
+    if data is None:
+        return False
+    print(f"edge-queue add-on: Wyoming listener {uri} announced to Home Assistant", file=sys.stderr)
+    return True
 
 
 def supervisor_mqtt() -> dict[str, Any] | None:
@@ -109,6 +150,9 @@ def settings(options: dict[str, Any], mqtt: dict[str, Any] | None) -> dict[str, 
     env["EDGE_QUEUE_HOMEASSISTANT__DEVICE_URL"] = ingress_url()
     if options.get("api_anonymous_user"):
         env["EDGE_QUEUE_API__ANONYMOUS_USER"] = str(options["api_anonymous_user"])
+    if options.get("wyoming", True):
+        env["EDGE_QUEUE_WYOMING__ENABLED"] = "true"
+        env["EDGE_QUEUE_WYOMING__PORT"] = str(WYOMING_PORT)
     keys = {k["user"]: k["key"] for k in options.get("api_keys", []) if k.get("user") and k.get("key")}
     if keys:
         env["EDGE_QUEUE_API__KEYS"] = json.dumps(keys)
@@ -121,6 +165,8 @@ def main(argv: list[str]) -> int:
     if "--print" in argv:
         print(json.dumps({k: ("***" if k in SECRET else v) for k, v in sorted(env.items())}, indent=1))
         return 0
+    if env.get("EDGE_QUEUE_WYOMING__ENABLED") == "true":
+        announce_wyoming()
     data_dir = Path(os.environ.get("EDGE_QUEUE_DATA_DIR", "/data/edge-queue"))
     data_dir.mkdir(parents=True, exist_ok=True)
     os.environ.update(env)

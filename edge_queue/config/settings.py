@@ -26,6 +26,7 @@ from edge_queue.config.api import ApiSettings
 from edge_queue.config.http import HttpSettings
 from edge_queue.config.sources import not_json_in_environment, toml_type_problems
 from edge_queue.config.values import NODE_ID_PATTERN, NOT_IN_USER, host_problem
+from edge_queue.config.wyoming import WyomingSettings
 from edge_queue.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = Path("/etc/edge-queue/config.toml")
@@ -448,6 +449,7 @@ class Settings(BaseSettings):
     access: AccessSettings = AccessSettings()
     http: HttpSettings = HttpSettings()
     api: ApiSettings = ApiSettings()
+    wyoming: WyomingSettings = WyomingSettings()
     nodes: NodesSettings = NodesSettings()
     #: ``[[path_map]]`` tables of a worker node: hub paths and the same folders on this machine.
     path_map: list[PathMap] = []
@@ -486,6 +488,12 @@ class Settings(BaseSettings):
     def uploads_dir(self) -> Path:
         """The HTTP API's uploads (docs/http-api.md, "Uploads"): inputs of its jobs only."""
         return self.data_dir / "uploads"
+
+    @property
+    def voice_dir(self) -> Path:
+        """The Wyoming listener's audio (docs/home-assistant.md, "Voice (Assist)"): one WAV per
+        voice command, the service's own (0700), deleted once the command is answered."""
+        return self.data_dir / "voice"
 
 
 #: Environment variables with the prefix that are not configuration keys.

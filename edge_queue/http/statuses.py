@@ -28,6 +28,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.CONFLICT: 409,
     ErrorCode.LOCK_HELD: 409,
     ErrorCode.PAYLOAD_TOO_LARGE: 413,
+    ErrorCode.AUDIO_TOO_LONG: 413,
     ErrorCode.UNSUPPORTED_MEDIA: 422,
     ErrorCode.NO_AUDIO_STREAM: 422,
     ErrorCode.TRUNCATED_MEDIA: 422,

@@ -102,9 +102,11 @@ def load_model(model: str, compute_type: str, cpu_threads: int, device: str = "c
             _drop(next(iter(_MODELS)))
         limit_arenas(SHARED_ARENAS if replicas > 1 else WORKER_ARENAS)
         release_free_memory()  # the last job's freed buffers, before the load's own peak
+        t0 = time.monotonic()
         _MODELS[key] = WhisperModel(
             model, device=device, compute_type=compute_type, cpu_threads=cpu_threads, num_workers=replicas
         )
+        log.debug("model %s (%s) loaded in %.1f s", model, compute_type, time.monotonic() - t0)
     _MODELS[key] = _MODELS.pop(key)  # the most recently used last
     _USED[key] = time.monotonic()
     return _MODELS[key]

@@ -75,6 +75,8 @@ class Publisher(Component):
         supervisor: the worker pool, for the queue summary's worker pids and count.
         paused: returns whether the queue is paused, for the queue summary.
         ha_last: whether Home Assistant's ``<base>/ha/last`` is published (discovery on).
+        private: True for a job whose end Home Assistant is not told of (neither ``<base>/ha/last``
+            nor ``<base>/ha/finished``): a voice command's.
     """
 
     def __init__(
@@ -87,8 +89,11 @@ class Publisher(Component):
         *,
         ha_last: bool,
         nodes: Callable[[], list[dict[str, Any]]] = list,
+        private: Callable[[dict[str, Any]], bool] = lambda job: False,
     ) -> None:
         self.bridge, self.topics, self.store, self.supervisor = bridge, topics, store, supervisor
+        #: jobs Home Assistant is not told of (a voice command's: Assist has its answer already)
+        self.private = private
         self.paused, self.nodes = paused, nodes
         self.ha_enabled = ha_last
         self.ha_finished = FinishedJobs(bridge, topics, store)
@@ -139,7 +144,7 @@ class Publisher(Component):
         if job.get("batch_id"):
             self.dirty_batches.add(job["batch_id"])
         self.queue_dirty = True
-        if terminal and event == "end" and self.ha_enabled:
+        if terminal and event == "end" and self.ha_enabled and not self.private(job):
             self.ha_last = job  # Home Assistant's "last result": once per turn, the turn's last
             self.ha_finished.ended(job)  # its "Job finished" event: every one
 

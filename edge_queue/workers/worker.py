@@ -353,16 +353,31 @@ def _next_job(worker: _Worker, idle_s: float) -> dict[str, Any] | None:
             unload_idle(idle_s)
 
 
+def warm_models(settings: Settings) -> list[str | None]:
+    """The ``transcribe.model`` settings the short lane loads ahead, in order: the one that
+    tells the language (``transcribe.model``; None: the bundled base); with ``[wyoming]`` on,
+    then the models of ``transcribe.language_models`` (by default tiny.en for English), which
+    a voice command given its language loads first. A worker keeps at most two models
+    (:data:`~edge_queue.kinds.whisper.KEEP_MODELS`): the last two loaded stay."""
+    from edge_queue.kinds.languages import routes
+
+    wanted: list[str | None] = [settings.transcribe.model]
+    if settings.wyoming.enabled:
+        wanted += [ref for ref in dict.fromkeys(routes(settings.transcribe).values()) if ref not in wanted]
+    return wanted
+
+
 def _warm(settings: Settings) -> None:
-    """Load the model a transcription with the default options loads first (the one that
-    tells the language: ``transcribe.model``), as its jobs will (the same cache key)."""
+    """Load :func:`warm_models` as its jobs will (the same cache key: the model resolved for
+    ``transcribe.compute_type``, so int8's stored copy of a bundled model)."""
     from edge_queue.kinds.transcribe import load_model, model_threads, resolve_model
 
     cfg = settings.transcribe
     t0 = time.monotonic()
     try:
-        ref = resolve_model(cfg.model, Path(settings.data_dir) / "models")
-        load_model(ref, cfg.compute_type, model_threads(settings), cfg.device, cfg.chunks_at_once)
+        for setting in warm_models(settings):
+            ref = resolve_model(setting, Path(settings.data_dir) / "models", cfg.compute_type)
+            load_model(ref, cfg.compute_type, model_threads(settings), cfg.device, cfg.chunks_at_once)
     except Exception as e:  # its first job says what is wrong, as without the warm-up
         logging.getLogger(__name__).debug("short lane: no model loaded ahead: %s", e)
         return
@@ -380,8 +395,9 @@ def main(conn: Connection, settings: Settings) -> None:
     from edge_queue.kinds.media import confine_inputs
 
     # inputs are checked again when they are opened: the media roots, and the HTTP API's
-    # uploads (only its jobs may name them: docs/http-api.md, "Uploads")
-    confine_inputs([*settings.media_roots, settings.uploads_dir])
+    # uploads (only its jobs may name them: docs/http-api.md, "Uploads"), and the Wyoming
+    # listener's voice commands (only theirs: docs/home-assistant.md, "Voice (Assist)")
+    confine_inputs([*settings.media_roots, settings.uploads_dir, settings.voice_dir])
     _thread_lock_for_tqdm()
     worker = _Worker(conn, settings)
     root = logging.getLogger()

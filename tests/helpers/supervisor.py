@@ -26,7 +26,23 @@ class FakeSupervisor:
             "password": login[1],
         }
 
+        discovered: list[dict[str, Any]] = []
+        self.discovered = discovered
+
         class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                ok = self.path == "/discovery" and self.headers.get("Authorization") == f"Bearer {token}"
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"null")
+                ok = ok and isinstance(body, dict) and isinstance(body.get("config"), dict)
+                if ok:
+                    discovered.append(body)
+                answer = {"result": "ok", "data": {"uuid": "5e1c0f3e"}} if ok else {"result": "error"}
+                reply = json.dumps(answer).encode()
+                self.send_response(200 if ok else 401)
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
             def do_GET(self) -> None:  # noqa: N802
                 answers = {"/services/mqtt": data, "/addons/self/info": {"slug": slug, "ingress": True}}
                 ok = self.path in answers and self.headers.get("Authorization") == f"Bearer {token}"

@@ -1,0 +1,241 @@
+"""The Wyoming listener (``[wyoming]``): a TCP server on a thread of its own with its own
+asyncio loop, speaking the Wyoming protocol (its Event Flow, in the README of OHF-Voice/wyoming) as
+Home Assistant's ``wyoming`` integration calls it (``homeassistant/components/wyoming/stt.py``,
+``data.py``):
+
+- ``describe`` -> ``info`` (:mod:`.info`, built once at start: answered at once, never waiting
+  on the loop);
+- ``transcribe`` (``language``) -> ``audio-start`` -> ``audio-chunk``\\* -> ``audio-stop`` ->
+  ``transcript`` (``text``, ``language``), or ``error`` (``text``, ``code``: one of
+  docs/topics.md, "Error codes").
+
+The audio is written as it arrives to a WAV of its own in ``<data_dir>/voice`` (0700, files
+0600), handed to the loop as a job (:class:`~.intake.VoiceIntake`), and deleted once the
+command is answered (or its caller is gone). Bounds: ``wyoming.max_connections`` and
+``wyoming.connections_per_address``, ``wyoming.max_audio_s`` of audio per command, an event
+header of :data:`MAX_LINE_BYTES`, its data of :data:`MAX_DATA_BYTES` and a chunk of
+:data:`MAX_PAYLOAD_BYTES`, ``wyoming.idle_timeout_s`` without a byte, ``wyoming.wait_s`` for
+the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import secrets
+import threading
+from collections import Counter
+from concurrent.futures import Future
+from typing import Any, Protocol
+
+from wyoming.event import Event, async_write_event
+
+from edge_queue.config.settings import Settings
+from edge_queue.errors import ErrorCode, RequestError
+
+from .command import Command
+from .info import info_event_data
+
+log = logging.getLogger(__name__)
+
+#: Bytes of one event's JSON header line, at most (Home Assistant's are under 200).
+MAX_LINE_BYTES = 64 * 1024
+#: Bytes of an event's additional data, at most.
+MAX_DATA_BYTES = 64 * 1024
+#: Bytes of one event's payload (an audio chunk), at most: 10 s of 48-kHz stereo s16
+#: (Home Assistant sends chunks of about 10 ms).
+MAX_PAYLOAD_BYTES = 2 * 1024 * 1024
+#: Seconds the server's thread is given to bind, and to stop.
+START_S = STOP_S = 5.0
+
+
+class CommandGateway(Protocol):
+    """The loop's side (:class:`~.intake.VoiceIntake`)."""
+
+    def transcribe(self, wav: Any, language: str | None) -> tuple[Future[dict[str, Any]], Future[dict[str, Any]]]: ...
+
+    def cancel(self, job_id: str) -> None: ...
+
+
+class VoiceServer:
+    """The listener: :meth:`start` binds and serves on a thread; :meth:`stop` ends it."""
+
+    def __init__(self, settings: Settings, gateway: CommandGateway) -> None:
+        self.settings, self.cfg, self.gateway = settings, settings.wyoming, gateway
+        self.info = Event("info", info_event_data(settings))
+        self.voice_dir = settings.voice_dir
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.server: asyncio.base_events.Server | None = None
+        self.thread: threading.Thread | None = None
+        self.port: int | None = None  # the port bound (``wyoming.port``, or the one 0 gave)
+        self.per_address: Counter[str] = Counter()
+        self.open = 0
+        self.stopping = False
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+
+    def start(self) -> None:
+        """Make ``voice_dir`` (0700) and bind ``wyoming.host:port`` on the server's thread.
+        Raises ``OSError`` when the port cannot be bound."""
+        self.voice_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.voice_dir, 0o700)  # the service's own, whatever the umask or an earlier mode
+        for stale in self.voice_dir.glob("*.wav"):  # of a run that died mid-command
+            stale.unlink(missing_ok=True)
+        self.thread = threading.Thread(target=self._run, name="wyoming", daemon=True)
+        self.thread.start()
+        self._started.wait(START_S)
+        if self._error is not None:
+            raise self._error
+        log.info("Wyoming listener on %s:%s (docs/home-assistant.md, Voice)", self.cfg.host, self.port)
+
+    def _run(self) -> None:
+        loop = self.loop = asyncio.new_event_loop()
+        try:
+            self.server = loop.run_until_complete(
+                asyncio.start_server(self._serve, self.cfg.host, self.cfg.port, limit=MAX_LINE_BYTES)
+            )
+            self.port = self.server.sockets[0].getsockname()[1]
+        except OSError as e:
+            self._error = e
+            self._started.set()
+            loop.close()
+            return
+        self._started.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.close()
+
+    def stop(self) -> None:
+        """Stop listening and close every connection (their commands' callers get nothing
+        more; their jobs were let go by the intake's own stop)."""
+        loop, self.stopping = self.loop, True
+        if loop is None or self.thread is None or loop.is_closed():
+            return
+
+        async def _close() -> None:
+            if self.server is not None:
+                self.server.close()
+            for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
+                task.cancel()
+            loop.stop()
+
+        with contextlib.suppress(RuntimeError):  # the loop ended already
+            asyncio.run_coroutine_threadsafe(_close(), loop)
+        self.thread.join(STOP_S)
+
+    # -- one connection -----------------------------------------------------------------
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        address = str(peer[0]) if peer else "?"
+        if self.open >= self.cfg.max_connections or self.per_address[address] >= self.cfg.connections_per_address:
+            log.info("Wyoming: a connection from %s refused: too many open (wyoming.*connections*)", address)
+            with contextlib.suppress(OSError):
+                await _error(writer, ErrorCode.BUSY, "too many connections open; try again")
+            writer.close()
+            return
+        self.open += 1
+        self.per_address[address] += 1
+        command = Command(self.cfg, self.voice_dir, self.gateway, secrets.token_hex(8))
+        try:
+            await self._events(reader, writer, command)
+        except (OSError, asyncio.IncompleteReadError):
+            pass  # the caller went away
+        except TimeoutError:
+            log.info("Wyoming: %s sent nothing for %g s: closed", address, self.cfg.idle_timeout_s)
+        finally:
+            command.discard()
+            self.open -= 1
+            self.per_address[address] -= 1
+            if self.per_address[address] <= 0:
+                del self.per_address[address]
+            writer.close()
+
+    async def _events(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, command: Command) -> None:
+        while not self.stopping:
+            try:
+                event = await asyncio.wait_for(read_event(reader), self.cfg.idle_timeout_s)
+            except RequestError as e:
+                await _error(writer, e.code, e.message)
+                return  # the stream cannot be read past a bad event
+            if event is None:
+                return
+            if event.type == "describe":
+                await async_write_event(self.info, writer)
+                continue
+            try:
+                answer = await command.handle(event, reader)
+            except RequestError as e:
+                command.discard()
+                await _error(writer, e.code, e.message)
+                continue
+            except ConnectionResetError:
+                raise  # the caller went away while its command waited
+            except OSError as e:  # the command's WAV could not be written
+                command.discard()
+                code = ErrorCode.DISK_FULL if e.errno == errno.ENOSPC else ErrorCode.INTERNAL_ERROR
+                log.warning("Wyoming: a command's audio cannot be written to %s: %s", self.voice_dir, e)
+                await _error(writer, code, f"the command's audio cannot be written: {e.strerror or e}")
+                continue
+            if answer is not None:
+                await async_write_event(answer, writer)
+
+
+async def read_event(reader: asyncio.StreamReader) -> Event | None:
+    """One event (``None`` at the end of the stream), within :data:`MAX_LINE_BYTES`,
+    :data:`MAX_DATA_BYTES` and :data:`MAX_PAYLOAD_BYTES`, as ``wyoming.event.async_read_event``
+    reads it. Raises :class:`~edge_queue.errors.RequestError` ``payload_too_large`` or
+    ``invalid_request`` for what cannot be read."""
+    import json
+
+    try:
+        line = await reader.readline()
+    except (ValueError, asyncio.LimitOverrunError):
+        raise RequestError(f"an event header over {MAX_LINE_BYTES} bytes", code=ErrorCode.PAYLOAD_TOO_LARGE) from None
+    if not line:
+        return None
+    try:
+        header = json.loads(line)
+        kind, data = header["type"], header.get("data") or {}
+        data_length = int(header.get("data_length") or 0)
+        payload_length = int(header.get("payload_length") or 0)
+        if not isinstance(kind, str) or not isinstance(data, dict):
+            raise ValueError("type must be a string and data an object")
+    except (ValueError, KeyError, TypeError) as e:
+        raise RequestError(f"not a Wyoming event: {str(e)[:200]}", code=ErrorCode.INVALID_REQUEST) from None
+    if not 0 <= data_length <= MAX_DATA_BYTES or not 0 <= payload_length <= MAX_PAYLOAD_BYTES:
+        raise RequestError(
+            f"an event's data or payload over {MAX_DATA_BYTES} or {MAX_PAYLOAD_BYTES} bytes",
+            code=ErrorCode.PAYLOAD_TOO_LARGE,
+        )
+    if data_length:
+        try:
+            more = json.loads(await reader.readexactly(data_length))
+            data.update(more)
+        except (ValueError, TypeError, AttributeError):
+            raise RequestError("an event's data is not a JSON object", code=ErrorCode.INVALID_REQUEST) from None
+    payload = await reader.readexactly(payload_length) if payload_length else None
+    return Event(type=kind, data=data, payload=payload)
+
+
+async def _error(writer: asyncio.StreamWriter, code: ErrorCode, text: str) -> None:
+    """Wyoming's ``error`` event (``text``, ``code``: ours, docs/topics.md "Error codes")."""
+    await async_write_event(Event("error", {"text": text, "code": str(code)}), writer)
+
+
+def start_voice(settings: Settings, gateway: CommandGateway) -> VoiceServer | None:
+    """The listener when ``wyoming.enabled``, started; ``None`` when disabled, or when its
+    port cannot be bound (logged as an error: the service runs without it)."""
+    if not settings.wyoming.enabled:
+        return None
+    server = VoiceServer(settings, gateway)
+    try:
+        server.start()
+    except OSError as e:
+        log.error("Wyoming listener: cannot listen on %s:%s: %s", settings.wyoming.host, settings.wyoming.port, e)
+        return None
+    return server
