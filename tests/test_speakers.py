@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from edge_queue.kinds.cue_layout import LATIN, kept, laid_out
 from edge_queue.kinds.documents import render
 from edge_queue.kinds.speakers import Voice, clusters, labelled, smoothed, speaker_names
 
@@ -109,16 +110,23 @@ def test_the_formats_show_who_speaks_where_the_speaker_changes() -> None:
         {"start": 6.5, "end": 8.0, "text": " Hi.", "speaker": "SPEAKER_00"},
     ]
     assert render("txt", segments, {}) == "[SPEAKER_00] Hello.\n[SPEAKER_01] Hello? Oh, hello.\n[SPEAKER_00] Hi.\n"
-    srt = render("srt", segments, {})
+    srt = render("srt", laid_out(segments, "en", marks=True), {})
     assert "\n[SPEAKER_00] Hello.\n" in srt and "\n[SPEAKER_01] Hello?\n" in srt
     assert "\nOh, hello.\n" in srt and "\n[SPEAKER_00] Hi.\n" in srt
     vtt = render("vtt", segments, {})
     assert "<v SPEAKER_01>Oh, hello.\n" in vtt and vtt.count("<v ") == 4
 
 
-def test_two_speakers_words_are_never_one_subtitle_event() -> None:
-    from edge_queue.kinds.cue_layout import laid_out
+def test_a_speaker_mark_counts_in_the_line_and_stays_with_its_first_word() -> None:
+    words = " Well, I think we should meet on Thursday afternoon, if that works for everybody."
+    cue = {"start": 0.0, "end": 5.0, "text": words, "speaker": "SPEAKER_01"}
+    events = laid_out([cue], "en", marks=True)
+    assert events[0]["text"].startswith("[SPEAKER_01] Well,") and kept(events, LATIN)["lines"] == 100.0
+    assert all("SPEAKER" not in e["text"] for e in events[1:])
+    assert laid_out([cue], "en")[0]["text"].startswith("Well,")
 
+
+def test_two_speakers_words_are_never_one_subtitle_event() -> None:
     # two short cues a blink apart would be joined into one event without speakers
     cues = [
         {"start": 0.0, "end": 0.4, "text": " Hello?", "speaker": "SPEAKER_00"},

@@ -215,14 +215,21 @@ def end_score(words: list[dict[str, Any]], k: int, rules: Rules) -> float:
     return natural(words, k) + 2 * pause + 2 * fill - (2.0 if len(joined(words[k:])) < 12 else 0.0)
 
 
-def events_of(cues: list[dict[str, Any]], rules: Rules) -> list[dict[str, Any]]:
+def events_of(cues: list[dict[str, Any]], rules: Rules, marks: bool = False) -> list[dict[str, Any]]:
     """Each cue cut into :func:`pieces`: ``{"start", "end", "words"}``, the first starting at
-    the cue's start, the last ending at its end, the others at their words' times."""
+    the cue's start, the last ending at its end, the others at their words' times. With
+    ``marks``, a cue whose ``speaker`` is not the one before it starts with ``[SPEAKER_01] ``,
+    held to its first word (counted in the line, never a line of its own)."""
     out: list[dict[str, Any]] = []
+    before = None
     for cue in cues:
         words = tokens(cue)
         if not words:
             continue
+        who = cue.get("speaker")
+        if marks and who and who != before:
+            words[0] = {**words[0], "word": f" [{who}]" + words[0]["word"]}
+        before = who or before
         parts = pieces(words, rules)
         for i, part in enumerate(parts):
             start = float(cue["start"]) if i == 0 else part[0]["start"]
@@ -291,14 +298,15 @@ def escaped(text: str, fmt: str) -> str:
     return text.replace("-->", "--&gt;" if fmt == "vtt" else "->")
 
 
-def laid_out(cues: list[dict[str, Any]], language: str | None = None) -> list[dict[str, Any]]:
+def laid_out(cues: list[dict[str, Any]], language: str | None = None, marks: bool = False) -> list[dict[str, Any]]:
     """The transcript's cues (in order, none overlapping: :func:`.subtitles.subtitle_cues`) as
     subtitle events ``{"start", "end", "text"}`` (seconds; lines joined by ``\\n``) by the rules
     of ``language`` (:func:`rules_for`): cut into events that fit (:func:`pieces`), short ones
     joined (:func:`merged_short`), timed (:func:`timed`). The words, read in order, are the
-    cues'. With speakers (``diarize``), each event is one speaker's and carries its ``speaker``."""
+    cues'. With speakers (``diarize``), each event is one speaker's and carries its ``speaker``;
+    with ``marks`` (srt), the speaker is written where it changes (:func:`events_of`)."""
     rules = rules_for(language, " ".join(str(c.get("text") or "") for c in cues[:50]))
-    events = timed(merged_short(events_of(cues, rules), rules), rules)
+    events = timed(merged_short(events_of(cues, rules, marks), rules), rules)
     return [
         {
             "start": round(e["start"], 3),

@@ -26,15 +26,15 @@ def render(fmt: str, segments: list[dict[str, Any]], meta: dict[str, Any]) -> st
     segment, its text :func:`.cue_layout.escaped`) or ``json``. With speakers (segments and
     events with ``speaker``, docs/topics.md "Speakers"): ``txt`` one line per turn, starting
     ``[SPEAKER_00] ``; ``srt`` a cue's text starting ``[SPEAKER_01] `` where the speaker
-    changes; ``vtt`` each cue in its voice span, ``<v SPEAKER_01>``."""
+    changes (written into the events' text by :func:`.cue_layout.laid_out`, ``marks``); ``vtt``
+    each cue in its voice span, ``<v SPEAKER_01>``."""
     if fmt == "txt":
         if any("speaker" in s for s in segments):
             return "".join(f"[{who}] {text}\n" for who, text in turns(segments))
         return "".join(s["text"].strip() + "\n" for s in segments)
     if fmt == "srt":
         return "\n".join(
-            f"{i}\n{stamp(s['start'], ',')} --> {stamp(s['end'], ',')}\n{changed(segments, i - 1)}"
-            f"{escaped(s['text'].strip(), fmt)}\n"
+            f"{i}\n{stamp(s['start'], ',')} --> {stamp(s['end'], ',')}\n{escaped(s['text'].strip(), fmt)}\n"
             for i, s in enumerate(segments, 1)
         )
     if fmt == "vtt":
@@ -45,15 +45,6 @@ def render(fmt: str, segments: list[dict[str, Any]], meta: dict[str, Any]) -> st
             for s in segments
         )
     return json.dumps({**meta, "segments": segments}, ensure_ascii=False, indent=1)
-
-
-def changed(events: list[dict[str, Any]], i: int) -> str:
-    """``[SPEAKER_01] `` when event ``i`` has a speaker other than the event before it's (the
-    first event's too), else nothing."""
-    who = events[i].get("speaker")
-    if not who or (i > 0 and events[i - 1].get("speaker") == who):
-        return ""
-    return f"[{who}] "
 
 
 def turns(segments: list[dict[str, Any]]) -> list[tuple[str, str]]:

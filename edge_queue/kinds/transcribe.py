@@ -499,10 +499,11 @@ class Transcribe(Kind):
         }
         ctx.progress(100, "writing")
         events = laid_out(segments, language)  # srt and vtt: lines, times and reading speed of subtitles
+        marked = laid_out(segments, language, marks=True) if options.diarize else events  # srt: [SPEAKER_01]
         if options.diarize and not options.word_timestamps:
             segments = [{k: v for k, v in seg.items() if k != "words"} for seg in segments]
         documents = {
-            path: render(fmt, events if fmt in ("srt", "vtt") else segments, meta).encode()
+            path: render(fmt, {"srt": marked, "vtt": events}.get(fmt, segments), meta).encode()
             for fmt, path in planned.items()
         }
         write_outputs(ctx, documents, overwrite=options.overwrite or options.output == "data_dir")
