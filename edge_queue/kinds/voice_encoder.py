@@ -166,22 +166,9 @@ class VoiceEncoder:
 
     def partials(self, wav: Any, rate: float = 1.3, min_coverage: float = 0.75) -> tuple[Any, list[int]]:
         """The embeddings (n, 256) of ``wav``'s partial windows of 1.6 s, ``rate`` windows a
-        second, and each window's first sample, as Resemblyzer's ``compute_partial_slices``
-        cuts them (at least one window; the audio zero-padded to the last window's end)."""
-        import numpy as np
-
-        n_frames = math.ceil((wav.shape[0] + 1) / HOP)
-        step = max(1, round(SAMPLE_RATE / rate / HOP))
-        starts = list(range(0, max(1, n_frames - PARTIAL_FRAMES + step + 1), step))
-        coverage = (wav.shape[0] - starts[-1] * HOP) / (PARTIAL_FRAMES * HOP)
-        if coverage < min_coverage and len(starts) > 1:
-            starts.pop()
-        end = (starts[-1] + PARTIAL_FRAMES) * HOP
-        if end >= wav.shape[0]:
-            wav = np.pad(wav, (0, end - wav.shape[0]))
-        mel = mel_frames(wav)
-        windows = np.stack([mel[s : s + PARTIAL_FRAMES] for s in starts])
-        return self.embed_mels(windows), [s * HOP for s in starts]
+        second, and each window's first sample (:func:`partial_mels`)."""
+        windows, starts = partial_mels(wav, rate, min_coverage)
+        return self.embed_mels(windows), starts
 
     def embed_utterance(self, wav: Any) -> Any:
         """The embedding (256,) of an utterance: its partial windows' mean, L2-normalized
@@ -191,6 +178,26 @@ class VoiceEncoder:
         parts, _ = self.partials(wav)
         mean = parts.mean(axis=0)
         return mean / max(float(np.linalg.norm(mean)), 1e-12)
+
+
+def partial_mels(wav: Any, rate: float = 1.3, min_coverage: float = 0.75) -> tuple[Any, list[int]]:
+    """The mel windows (n, 160, 40) of ``wav``'s partial windows of 1.6 s, ``rate`` windows a
+    second, and each window's first sample, as Resemblyzer's ``compute_partial_slices`` cuts
+    them (at least one window; the audio zero-padded to the last window's end)."""
+    import numpy as np
+
+    n_frames = math.ceil((wav.shape[0] + 1) / HOP)
+    step = max(1, round(SAMPLE_RATE / rate / HOP))
+    starts = list(range(0, max(1, n_frames - PARTIAL_FRAMES + step + 1), step))
+    coverage = (wav.shape[0] - starts[-1] * HOP) / (PARTIAL_FRAMES * HOP)
+    if coverage < min_coverage and len(starts) > 1:
+        starts.pop()
+    end = (starts[-1] + PARTIAL_FRAMES) * HOP
+    if end >= wav.shape[0]:
+        wav = np.pad(wav, (0, end - wav.shape[0]))
+    mel = mel_frames(wav)
+    windows = np.stack([mel[s : s + PARTIAL_FRAMES] for s in starts])
+    return windows, [s * HOP for s in starts]
 
 
 def _sigmoid(x: Any) -> Any:
