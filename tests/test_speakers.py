@@ -148,3 +148,8 @@ def test_max_speakers_below_min_speakers_is_refused_at_submit(tmp_path: Any) -> 
     with pytest.raises(RequestError) as refused:
         Transcribe.check_options(Transcribe.Options(diarize=True, min_speakers=3, max_speakers=2), settings)
     assert refused.value.code == ErrorCode.INVALID_REQUEST and refused.value.field == "options.max_speakers"
+
+
+def test_a_recording_too_short_to_tell_voices_apart_is_one_speaker() -> None:
+    out, count = labelled([seg(0.0, 0.6, " Hi.")], [voice(A, 0.0, 0.6)], min_speakers=1, max_speakers=4)
+    assert count == 1 and out[0]["speaker"] == "SPEAKER_00"
