@@ -21,7 +21,8 @@ from typing import Any
 THRESHOLD = 0.3
 #: Segments shorter than this (s) are not clustered; they take the nearest speaker.
 ANCHOR_S = 1.0
-#: A run of words shorter than this (s) inside a segment keeps the speaker around it.
+#: A run of words spoken in less than this (s) inside a segment takes the speaker of the
+#: longer run beside it.
 MIN_TURN_S = 1.0
 
 
