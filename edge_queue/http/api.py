@@ -97,6 +97,14 @@ def flag(value: Any, default: bool) -> bool:
     raise RequestError(f"{str(value)[:40]!r} is not true or false", code=ErrorCode.INVALID_REQUEST)
 
 
+def count(value: str, name: str) -> int:
+    """A query's whole number (``min_speakers=2``); anything else is ``invalid_request``."""
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise RequestError(f"{name}: {value[:40]!r} is not a whole number", field=name) from None
+
+
 class Api:
     """The routes, over ``settings`` and the loop's ``gateway``."""
 
@@ -154,7 +162,8 @@ class Api:
     async def asr(self, request: Request) -> Response:
         """``POST /asr``: whisper-asr-webservice's transcription (query parameters ``task``,
         ``language``, ``initial_prompt``, ``vad_filter``, ``word_timestamps``, ``output``,
-        ``encode``; the audio as the ``audio_file`` part)."""
+        ``encode``, and ``diarize``, ``min_speakers``, ``max_speakers``; the audio as the
+        ``audio_file`` part)."""
         return await self._guarded(request, lambda caller: self._asr(request, caller))
 
     async def _asr(self, request: Request, caller: Caller) -> Response:
@@ -174,6 +183,11 @@ class Api:
             options["vad"] = flag(q.get("vad_filter"), True)
         if flag(q.get("word_timestamps"), False):
             options["word_timestamps"] = True
+        if flag(q.get("diarize"), False):
+            options["diarize"] = True
+        for name in ("min_speakers", "max_speakers"):
+            if q.get(name):
+                options[name] = count(q[name], name)
         ended = await self._run(request, caller, upload, options)
         if ended is None:
             return Response(status_code=499)

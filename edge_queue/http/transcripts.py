@@ -77,10 +77,19 @@ def whisper_json(document: dict[str, Any]) -> bytes:
             "temperature": 0.0,
             **confidence(s),
             **({"words": s["words"]} if isinstance(s.get("words"), list) else {}),
+            **({"speaker": s["speaker"]} if isinstance(s.get("speaker"), str) else {}),
         }
         for i, s in enumerate(segments_of(document))
     ]
-    return orjson.dumps({"text": _text(document), "segments": segments, "language": document.get("language")})
+    found = {s["speaker"] for s in segments if "speaker" in s}
+    return orjson.dumps(
+        {
+            "text": _text(document),
+            "segments": segments,
+            "language": document.get("language"),
+            **({"speakers": len(found)} if found else {}),
+        }
+    )
 
 
 def confidence(segment: dict[str, Any]) -> dict[str, Any]:

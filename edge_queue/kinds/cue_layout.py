@@ -215,19 +215,26 @@ def end_score(words: list[dict[str, Any]], k: int, rules: Rules) -> float:
     return natural(words, k) + 2 * pause + 2 * fill - (2.0 if len(joined(words[k:])) < 12 else 0.0)
 
 
-def events_of(cues: list[dict[str, Any]], rules: Rules) -> list[dict[str, Any]]:
+def events_of(cues: list[dict[str, Any]], rules: Rules, marks: bool = False) -> list[dict[str, Any]]:
     """Each cue cut into :func:`pieces`: ``{"start", "end", "words"}``, the first starting at
-    the cue's start, the last ending at its end, the others at their words' times."""
+    the cue's start, the last ending at its end, the others at their words' times. With
+    ``marks``, a cue whose ``speaker`` is not the one before it starts with ``[SPEAKER_01] ``,
+    held to its first word (counted in the line, never a line of its own)."""
     out: list[dict[str, Any]] = []
+    before = None
     for cue in cues:
         words = tokens(cue)
         if not words:
             continue
+        who = cue.get("speaker")
+        if marks and who and who != before:
+            words[0] = {**words[0], "word": f" [{who}]" + words[0]["word"]}
+        before = who or before
         parts = pieces(words, rules)
         for i, part in enumerate(parts):
             start = float(cue["start"]) if i == 0 else part[0]["start"]
             end = float(cue["end"]) if i == len(parts) - 1 else part[-1]["end"]
-            out.append({"start": start, "end": max(end, start), "words": part})
+            out.append({"start": start, "end": max(end, start), "words": part, "speaker": cue.get("speaker")})
     return out
 
 
@@ -240,7 +247,7 @@ def needed_s(event: dict[str, Any], rules: Rules) -> float:
 def merged_short(events: list[dict[str, Any]], rules: Rules) -> list[dict[str, Any]]:
     """Events shorter than they need (:func:`needed_s`), even with the silence after them,
     joined with the next (or else the one before) where the two make one event that
-    :func:`fits`, spoken within :attr:`Rules.max_s`, at most 1 s apart."""
+    :func:`fits`, spoken within :attr:`Rules.max_s`, at most 1 s apart, by the same speaker."""
     out = list(events)
     i = 0
     while i < len(out):
@@ -254,8 +261,9 @@ def merged_short(events: list[dict[str, Any]], rules: Rules) -> list[dict[str, A
                 continue
             a, b = out[j], out[j + 1]
             words = a["words"] + b["words"]
-            if b["start"] - a["end"] <= 1.0 and b["end"] - a["start"] <= rules.max_s and fits(words, rules):
-                out[j : j + 2] = [{"start": a["start"], "end": b["end"], "words": words}]
+            same = a.get("speaker") == b.get("speaker")
+            if same and b["start"] - a["end"] <= 1.0 and b["end"] - a["start"] <= rules.max_s and fits(words, rules):
+                out[j : j + 2] = [{"start": a["start"], "end": b["end"], "words": words, "speaker": a.get("speaker")}]
                 i = max(j - 1, 0)
                 break
         else:
@@ -290,16 +298,22 @@ def escaped(text: str, fmt: str) -> str:
     return text.replace("-->", "--&gt;" if fmt == "vtt" else "->")
 
 
-def laid_out(cues: list[dict[str, Any]], language: str | None = None) -> list[dict[str, Any]]:
+def laid_out(cues: list[dict[str, Any]], language: str | None = None, marks: bool = False) -> list[dict[str, Any]]:
     """The transcript's cues (in order, none overlapping: :func:`.subtitles.subtitle_cues`) as
     subtitle events ``{"start", "end", "text"}`` (seconds; lines joined by ``\\n``) by the rules
     of ``language`` (:func:`rules_for`): cut into events that fit (:func:`pieces`), short ones
     joined (:func:`merged_short`), timed (:func:`timed`). The words, read in order, are the
-    cues'."""
+    cues'. With speakers (``diarize``), each event is one speaker's and carries its ``speaker``;
+    with ``marks`` (srt), the speaker is written where it changes (:func:`events_of`)."""
     rules = rules_for(language, " ".join(str(c.get("text") or "") for c in cues[:50]))
-    events = timed(merged_short(events_of(cues, rules), rules), rules)
+    events = timed(merged_short(events_of(cues, rules, marks), rules), rules)
     return [
-        {"start": round(e["start"], 3), "end": round(e["end"], 3), "text": "\n".join(lines(e["words"], rules))}
+        {
+            "start": round(e["start"], 3),
+            "end": round(e["end"], 3),
+            "text": "\n".join(lines(e["words"], rules)),
+            **({"speaker": e["speaker"]} if e.get("speaker") else {}),
+        }
         for e in events
     ]
 

@@ -27,9 +27,11 @@ from .ahead import DecodeAhead, Pending
 from .audio import Chunk, chunks, decode_pcm
 from .base import JobContext, Kind, OutputOptions, output_stem
 from .cue_layout import laid_out
+from .diarize import diarized, require_voice_model
 from .documents import render
 from .hallucinations import real_speech
 from .int8_models import stored_int8
+from .kept_chunks import resumable, resumed_share, same_cut
 from .languages import WHISPER_LANGUAGES, model_languages
 from .library import existing_subtitle, language_tag, subtitle_streams
 from .media import container_duration_s, input_descriptor, open_media, require_audio
@@ -125,6 +127,7 @@ class TranscribeResult(BaseModel):
     model: str = Field(max_length=200)
     realtime_factor: float | None = Field(ge=0)
     skipped: dict[Literal["reason", "existing"], Annotated[str, Field(max_length=4096)]] | None = None
+    speakers: int | None = Field(None, ge=0)
 
 
 class TranscribeOptions(OutputOptions):
@@ -147,6 +150,10 @@ class TranscribeOptions(OutputOptions):
         False, description="succeed at once, skipped, when a subtitle in the language exists"
     )
     language_tag: Literal["alpha2", "alpha3"] = Field("alpha2", description="beside names: film.en.srt or film.eng.srt")
+    #: docs/topics.md, "Speakers"
+    diarize: bool = Field(False, description="who said what: segments and words labelled SPEAKER_00, ...")
+    min_speakers: int | None = Field(None, ge=1, le=32, description="with diarize: at least this many speakers")
+    max_speakers: int | None = Field(None, ge=1, le=32, description="with diarize: at most this many speakers")
 
 
 def resolve_model(setting: str | None, models_dir: Path, compute_type: str = "") -> str:
@@ -196,60 +203,6 @@ def input_signature(path: str, cfg: Any, model_ref: str, vad: bool, languages: S
     parts = [st.st_size, st.st_mtime_ns, content, track, model, cfg.compute_type, chunk_length_s(cfg, vad), vad]
     parts += [batched, cfg.carry_context, lang.routes(cfg)]
     return hashlib.sha1(json.dumps(parts).encode()).hexdigest()[:16]
-
-
-def resumable(kept: list[dict[str, Any]], signature: str) -> list[dict[str, Any]]:
-    """The kept chunks a new attempt may take: chunks 0, 1, ... in order while each matches
-    ``signature`` and has the fields :meth:`Transcribe.run` reads; none when the input or the
-    settings changed since they were kept."""
-    out = []
-    for item in kept:
-        if not (
-            isinstance(item, dict)
-            and item.get("signature") == signature
-            and isinstance(item.get("segments"), list)
-            and _number(item.get("offset_s"))
-            and _number(item.get("duration_s"))
-            and isinstance(item.get("language"), (str, type(None)))
-            and (item.get("language_probability") is None or _number(item.get("language_probability")))
-            and all(_kept_segment(seg) for seg in item["segments"])
-        ):
-            break
-        out.append(item)
-    return out
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _kept_segment(seg: Any) -> bool:
-    """A segment as :meth:`Transcribe.run` keeps it: ``start`` and ``end`` numbers, ``text`` a
-    string, and ``words``, when there, a list."""
-    return (
-        isinstance(seg, dict)
-        and _number(seg.get("start"))
-        and _number(seg.get("end"))
-        and isinstance(seg.get("text"), str)
-        and isinstance(seg.get("words", []), list)
-    )
-
-
-def resumed_share(resume: list[dict[str, Any]]) -> float:
-    """The share of the recording (0-1) that the kept chunks of ``resume`` cover: the end of the
-    last one over the duration the container declared when it was kept (0 when unknown)."""
-    if not resume:
-        return 0.0
-    last = resume[-1]
-    declared = last.get("declared_s")
-    if not isinstance(declared, (int, float)) or declared <= 0:
-        return 0.0
-    return min((last["offset_s"] + last["duration_s"]) / declared, 1.0)
-
-
-def same_cut(kept: dict[str, Any], offset_s: float, duration_s: float) -> bool:
-    """True when a kept chunk covers the same audio as the chunk cut now (to the sample)."""
-    return abs(kept["offset_s"] - offset_s) < 1e-4 and abs(kept["duration_s"] - duration_s) < 1e-4
 
 
 def eta_s(pace: tuple[float, float, float, float] | None, total_s: float, now: float) -> float | None:
@@ -314,6 +267,11 @@ class Transcribe(Kind):
                 f"options.model: {options.model!r} is not in transcribe.models ({allowed})", field="options.model"
             )
         lang.check_language(options, settings.transcribe)
+        if (options.min_speakers or 1) > (options.max_speakers or 32):
+            raise RequestError(
+                f"options.max_speakers: {options.max_speakers} is below min_speakers ({options.min_speakers})",
+                field="options.max_speakers",
+            )
 
     def run(self, ctx: JobContext, input_path: str | None, options: Any) -> dict[str, Any]:
         assert input_path is not None
@@ -349,6 +307,8 @@ class Transcribe(Kind):
         ctx.progress(100 * self._done, "loading_model")
         if no_model is not None:
             raise no_model
+        if options.diarize:
+            require_voice_model()
         model = load_model(model_ref, cfg.compute_type, model_threads(ctx.settings), cfg.device, cfg.chunks_at_once)
         width = chunks_at_once(cfg.chunks_at_once, options.beam_size or cfg.beam_size, cfg.beam_size)
         ctx.checkpoint()
@@ -416,7 +376,7 @@ class Transcribe(Kind):
                 chunk.offset_s,
                 batch_size=cfg.batch_size,
                 vad=vad,
-                words=options.word_timestamps,
+                words=options.word_timestamps or options.diarize,  # a shared segment is cut at a word
                 language=language,
                 task=options.task,
                 beam_size=options.beam_size or cfg.beam_size,
@@ -517,6 +477,11 @@ class Transcribe(Kind):
         segments, left_out = real_speech(segments)  # no text the model marks as no speech, loops, known junk
         if left_out:
             log.info("left out segments the model made up: %s", left_out)
+        speakers = None
+        if options.diarize:
+            ctx.progress(100, "diarizing")
+            pcm = decode_pcm(input_path, languages=options.audio_languages)
+            segments, speakers = diarized(pcm, segments, options.min_speakers, options.max_speakers, ctx.checkpoint)
         # in order, no overlap, at most 7 s where speech allows a cut; a cut segment's tokens its own
         segments = subtitle_cues(segments, vocab=vocabulary(getattr(model, "hf_tokenizer", None)))
         text = " ".join(s["text"].strip() for s in segments if s["text"].strip())
@@ -534,8 +499,11 @@ class Transcribe(Kind):
         }
         ctx.progress(100, "writing")
         events = laid_out(segments, language)  # srt and vtt: lines, times and reading speed of subtitles
+        marked = laid_out(segments, language, marks=True) if options.diarize else events  # srt: [SPEAKER_01]
+        if options.diarize and not options.word_timestamps:
+            segments = [{k: v for k, v in seg.items() if k != "words"} for seg in segments]
         documents = {
-            path: render(fmt, events if fmt in ("srt", "vtt") else segments, meta).encode()
+            path: render(fmt, {"srt": marked, "vtt": events}.get(fmt, segments), meta).encode()
             for fmt, path in planned.items()
         }
         write_outputs(ctx, documents, overwrite=options.overwrite or options.output == "data_dir")
@@ -554,6 +522,7 @@ class Transcribe(Kind):
             "model": model_name,
             # processing seconds per audio second of what this attempt decoded
             "realtime_factor": round(elapsed / (decoded_s - resumed_s), 4) if decoded_s > resumed_s else None,
+            **({"speakers": speakers} if options.diarize else {}),
         }
 
     @staticmethod

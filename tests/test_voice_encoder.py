@@ -1,0 +1,95 @@
+"""The voice encoder of `diarize` (edge_queue/kinds/voice_encoder.py): Resemblyzer's weights
+read without PyTorch, the exact file pinned, and its embeddings those of Resemblyzer itself."""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from pathlib import Path
+
+import pytest
+
+from edge_queue.kinds import voice_encoder
+from edge_queue.kinds.torch_weights import MAGIC, PROTOCOL, WeightsError, load_state_dict
+
+from .conftest import need
+
+#: SHA-256 of resemblyzer 0.1.4's pretrained.pt (the wheel is pinned in requirements/model.txt).
+WEIGHTS_SHA256 = "39373b86598fa3da9fcddee6142382efe09777e8d37dc9c0561f41f0070f134e"
+#: Resemblyzer 0.1.4's own ``VoiceEncoder("cpu").embed_utterance`` of librivox-0930.wav read
+#: with soundfile (torch 2.13.0, librosa 0.11.0): its first 8 values, and its largest.
+REFERENCE_0930 = [0.018575, 0.0, 0.112564, 0.0, 0.0, 0.026917, 0.0, 0.0]
+REFERENCE_0930_MAX = (243, 0.343296)
+
+
+@pytest.fixture(scope="module")
+def weights() -> Path:
+    try:
+        return voice_encoder.weights_path()
+    except voice_encoder.NoVoiceModel as e:
+        need(False, str(e))
+        raise
+
+
+def test_the_weights_are_the_pinned_file_with_the_tensors_the_encoder_expects(weights: Path) -> None:
+    assert hashlib.sha256(weights.read_bytes()).hexdigest() == WEIGHTS_SHA256
+    tensors = load_state_dict(weights)
+    assert {name: v.shape for name, v in tensors.items()} == {
+        **voice_encoder.SHAPES,
+        "similarity_weight": (1,),
+        "similarity_bias": (1,),
+    }
+    assert all(v.dtype.name == "float32" for v in tensors.values())
+
+
+def test_an_utterance_embeds_as_resemblyzer_embeds_it(weights: Path, speech: Path) -> None:
+    import numpy as np
+
+    from edge_queue.kinds.audio import decode_pcm
+
+    wav = np.concatenate(list(decode_pcm(str(speech / "librivox-0930.wav"))))
+    got = voice_encoder.encoder().embed_utterance(wav)
+    assert got.shape == (256,)
+    assert np.allclose(got[:8], REFERENCE_0930, atol=2e-5)
+    assert int(np.argmax(got)) == REFERENCE_0930_MAX[0] and abs(got.max() - REFERENCE_0930_MAX[1]) < 2e-5
+
+
+def test_two_voices_are_further_apart_than_one_voice_with_itself(weights: Path, speech: Path) -> None:
+    import numpy as np
+
+    from edge_queue.kinds.audio import decode_pcm
+
+    def embed(name: str) -> np.ndarray:
+        return voice_encoder.encoder().embed_utterance(np.concatenate(list(decode_pcm(str(speech / name)))))
+
+    reader_a, reader_b, jfk = embed("librivox-0870.wav"), embed("librivox-0890.wav"), embed("jfk.flac")
+    assert reader_a @ reader_b > 0.85 > 0.65 > max(jfk @ reader_a, jfk @ reader_b)
+
+
+def test_a_file_that_is_no_legacy_checkpoint_is_refused(tmp_path: Path) -> None:
+    other = tmp_path / "other.pt"
+    other.write_bytes(b"PK\x03\x04 a zip checkpoint")
+    with pytest.raises(WeightsError):
+        load_state_dict(other)
+
+
+def test_a_checkpoint_naming_any_other_global_is_refused_without_importing_it(tmp_path: Path) -> None:
+    # Given a checkpoint whose object would call os.system when unpickled by pickle itself
+    evil = tmp_path / "evil.pt"
+    with open(evil, "wb") as f:
+        for part in (MAGIC, PROTOCOL, {}):
+            pickle.dump(part, f, protocol=2)
+        f.write(b"\x80\x02cos\nsystem\nq\x00X\x04\x00\x00\x00truq\x01\x85q\x02Rq\x03.")
+    # Then the reader names the global and runs nothing
+    with pytest.raises(WeightsError, match="os.system"):
+        load_state_dict(evil)
+
+
+def test_the_mel_filters_are_librosas_slaney_filters() -> None:
+    import numpy as np
+
+    filters = voice_encoder.mel_filters()
+    assert filters.shape == (40, 201)
+    # each filter a triangle of unit area on the Hz axis (Slaney's normalization, 40 Hz bins)
+    assert np.allclose(filters.sum(axis=1) * 40.0, 1.0, atol=0.08)
+    assert voice_encoder.mel_frames(np.zeros(16000, np.float32)).shape == (101, 40)
