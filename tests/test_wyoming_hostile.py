@@ -208,3 +208,15 @@ def test_an_event_of_another_service_is_let_pass(listener: tuple[VoiceServer, Re
     event = Event("ping", {"text": "x"})
     sent = header(event.type, data=event.data) + header("describe")
     assert exchange(server.port, sent, wait_s=0.5) == [("info", None), "open"]
+
+
+def test_a_chunk_is_at_most_a_second_of_the_largest_format(listener: tuple[VoiceServer, Recorder]) -> None:
+    """1 s of 48-kHz stereo s16 in one chunk is taken; a chunk over 256 KiB is refused before
+    it is read (at 2 MiB, 32 connections held some 200 MiB of the service's memory)."""
+    server, _ = listener
+    assert server.port is not None
+    stereo = {"rate": 48_000, "width": 2, "channels": 2}
+    second = header("transcribe") + header("audio-start", data=stereo) + chunk(b"\0" * 192_000, **stereo)
+    assert exchange(server.port, second + header("audio-stop"), wait_s=1) == [("transcript", None), "open"]
+    over = header("audio-chunk", data=stereo, payload_length=256 * 1024 + 4)
+    assert exchange(server.port, over) == [("error", "payload_too_large"), "closed"]

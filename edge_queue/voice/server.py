@@ -46,9 +46,11 @@ log = logging.getLogger(__name__)
 MAX_LINE_BYTES = 64 * 1024
 #: Bytes of an event's additional data, at most.
 MAX_DATA_BYTES = 64 * 1024
-#: Bytes of one event's payload (an audio chunk), at most: 10 s of 48-kHz stereo s16
-#: (Home Assistant sends chunks of about 10 ms).
-MAX_PAYLOAD_BYTES = 2 * 1024 * 1024
+#: Bytes of one event's payload (an audio chunk), at most: over 1 s of the largest format a
+#: command may send (48-kHz stereo s16, 192,000 bytes; Home Assistant sends chunks of about
+#: 10 ms). A connection holds about three times it while it reads one, so 32 connections
+#: sending the largest take some 25 MiB, not the 200 MiB that chunks of 2 MiB took.
+MAX_PAYLOAD_BYTES = 256 * 1024
 #: Seconds the server's thread is given to bind, and to stop.
 START_S = STOP_S = 5.0
 
