@@ -3,9 +3,12 @@
 as it arrives, then its job's end as a ``transcript``.
 
 Refusals raise :class:`~edge_queue.errors.RequestError` with the code the listener sends in
-Wyoming's ``error`` event: ``invalid_request`` (an event out of order, an audio format that is
-not PCM), ``audio_too_long`` (past ``wyoming.max_audio_s``; the rest of that audio, up to its
-``audio-stop``, is read and dropped), a refused submit's code, or a failed job's code.
+Wyoming's ``error`` event: ``invalid_request`` (an event out of order, an audio format outside
+:data:`RATES`, :data:`WIDTHS` and :data:`CHANNELS`, a chunk of another format than its
+``audio-start`` or not a whole number of frames), ``audio_too_long`` (past
+``wyoming.max_audio_s``), a refused submit's code, or a failed job's code. A command refused
+during its audio is told once: the rest of that audio, up to its ``audio-stop``, is read and
+dropped.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import time
 import wave
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from wyoming.event import Event
 
@@ -26,6 +29,10 @@ from edge_queue.errors import ErrorCode, RequestError
 
 log = logging.getLogger(__name__)
 
+#: The audio formats a command may send: Hz, bytes a sample, channels (Home Assistant sends
+#: 16 kHz, 2, 1). At most 48 kHz stereo: ``wyoming.max_audio_s`` of it is a bounded file.
+RATES, WIDTHS, CHANNELS = range(8000, 48_001), range(1, 5), range(1, 3)
+FORMAT_KEYS = ("rate", "width", "channels")
 #: How often a command waiting for its job looks whether its caller is still there (seconds).
 CALLER_CHECK_S = 0.1
 
@@ -58,10 +65,12 @@ class Command:
         self.cfg, self.voice_dir, self.gateway, self.name = cfg, voice_dir, gateway, name
         self.language: str | None = None
         self.wav: wave.Wave_write | None = None
+        self.file: BinaryIO | None = None  # the WAV's file (wave closes only the files it opened)
         self.path: Path | None = None
         self.written = 0
         self.limit = 0
-        self.refused = False  # over max_audio_s: the rest of the audio is dropped
+        self.refused = False  # refused during its audio: the rest of it is dropped
+        self.format: tuple[int, int, int] = (0, 0, 0)  # audio-start's rate, width, channels
         self.count = 0  # commands on this connection
 
     async def handle(self, event: Event, reader: asyncio.StreamReader) -> Event | None:
@@ -69,17 +78,19 @@ class Command:
         kind, data = event.type, event.data
         if kind == "transcribe":
             self.discard()
+            self.refused = False
             self.language = whisper_language(data.get("language"))
             return None
         if kind == "audio-start":
-            self._start(data)
+            self.refused = False
+            self._refusing(self._start, data)
             return None
         if kind == "audio-chunk":
             if self.refused:
                 return None
             if self.wav is None:
                 raise RequestError("audio-chunk before audio-start", code=ErrorCode.INVALID_REQUEST)
-            self._write(event.payload or b"")
+            self._refusing(self._write, data, event.payload or b"")
             return None
         if kind == "audio-stop":
             if self.refused:
@@ -90,35 +101,51 @@ class Command:
             return await self._answer(reader)
         return None  # an event of another service (wake, tts, ping...): not ours to answer
 
+    def _refusing(self, step: Any, *args: Any) -> None:
+        """Run ``step``; when it refuses, the command's audio is discarded and the rest of it,
+        up to its ``audio-stop``, dropped (its caller is told once)."""
+        try:
+            step(*args)
+        except RequestError:
+            self.discard()
+            self.refused = True
+            raise
+
     def _start(self, data: dict[str, Any]) -> None:
         self.discard()
-        rate, width, channels = data.get("rate"), data.get("width"), data.get("channels")
-        if not (
-            isinstance(rate, int)
-            and 1000 <= rate <= 192_000
-            and width in (1, 2, 3, 4)
-            and isinstance(channels, int)
-            and 1 <= channels <= 8
-        ):
+        fmt = _format(data)
+        if fmt is None:
             raise RequestError(
-                "audio-start needs rate (1000-192000 Hz), width (1-4 bytes) and channels (1-8)",
+                f"audio-start needs rate ({RATES.start}-{RATES.stop - 1} Hz), width ({WIDTHS.start}-"
+                f"{WIDTHS.stop - 1} bytes) and channels ({CHANNELS.start}-{CHANNELS.stop - 1})",
                 code=ErrorCode.INVALID_REQUEST,
             )
+        rate, width, channels = self.format = fmt
         self.count += 1
         self.path = self.voice_dir / f"{self.name}-{self.count}.wav"
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        self.wav = wave.open(os.fdopen(fd, "wb"), "wb")
+        self.file = os.fdopen(fd, "wb")
+        self.wav = wave.open(self.file, "wb")
         self.wav.setnchannels(channels)
-        self.wav.setsampwidth(int(width))
+        self.wav.setsampwidth(width)
         self.wav.setframerate(rate)
-        self.written, self.limit = 0, int(self.cfg.max_audio_s * rate) * int(width) * channels
+        self.written, self.limit = 0, int(self.cfg.max_audio_s * rate) * width * channels
 
-    def _write(self, pcm: bytes) -> None:
+    def _write(self, data: dict[str, Any], pcm: bytes) -> None:
         assert self.wav is not None
+        rate, width, channels = self.format
+        if any(key in data and data[key] != value for key, value in zip(FORMAT_KEYS, self.format, strict=True)):
+            raise RequestError(
+                f"an audio-chunk of another format than its audio-start ({rate} Hz, {width} bytes, {channels} ch)",
+                code=ErrorCode.INVALID_REQUEST,
+            )
+        if len(pcm) % (width * channels):
+            raise RequestError(
+                f"an audio-chunk of {len(pcm)} bytes is not whole frames of {width * channels} bytes",
+                code=ErrorCode.INVALID_REQUEST,
+            )
         self.written += len(pcm)
         if self.written > self.limit:
-            self.discard()
-            self.refused = True
             raise RequestError(
                 f"the command's audio is over {self.cfg.max_audio_s:g} s (wyoming.max_audio_s)",
                 code=ErrorCode.AUDIO_TOO_LONG,
@@ -127,8 +154,7 @@ class Command:
 
     async def _answer(self, reader: asyncio.StreamReader) -> Event:
         assert self.wav is not None and self.path is not None
-        self.wav.close()  # the header's sizes written
-        self.wav = None
+        self._close()  # the header's sizes written
         try:
             return await self._run(reader)
         finally:
@@ -193,17 +219,37 @@ class Command:
             raise RequestError("the service is stopping", code=ErrorCode.STOPPING)
         return end.result()
 
+    def _close(self) -> None:
+        """Close the WAV (its header written) and its file. Raises ``OSError``."""
+        wav, file, self.wav, self.file = self.wav, self.file, None, None
+        try:
+            if wav is not None:
+                wav.close()
+        finally:
+            if file is not None:
+                file.close()
+
     def discard(self) -> None:
         """Drop the command's audio: the WAV closed and deleted."""
-        if self.wav is not None:
-            try:
-                self.wav.close()
-            except OSError:
-                pass
-            self.wav = None
+        try:
+            self._close()
+        except OSError:
+            pass
         if self.path is not None:
             self.path.unlink(missing_ok=True)
             self.path = None
+
+
+def _format(data: dict[str, Any]) -> tuple[int, int, int] | None:
+    """``audio-start``'s (rate, width, channels) when within :data:`RATES`, :data:`WIDTHS` and
+    :data:`CHANNELS` (whole numbers, not ``true``), else ``None``."""
+    values: list[int] = []
+    for key, allowed in zip(FORMAT_KEYS, (RATES, WIDTHS, CHANNELS), strict=True):
+        value = data.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value not in allowed:
+            return None
+        values.append(value)
+    return values[0], values[1], values[2]
 
 
 def _code(value: Any) -> ErrorCode:

@@ -14,8 +14,9 @@ The audio is written as it arrives to a WAV of its own in ``<data_dir>/voice`` (
 command is answered (or its caller is gone). Bounds: ``wyoming.max_connections`` and
 ``wyoming.connections_per_address``, ``wyoming.max_audio_s`` of audio per command, an event
 header of :data:`MAX_LINE_BYTES`, its data of :data:`MAX_DATA_BYTES` and a chunk of
-:data:`MAX_PAYLOAD_BYTES`, ``wyoming.idle_timeout_s`` without a byte, ``wyoming.wait_s`` for
-the job.
+:data:`MAX_PAYLOAD_BYTES`, ``wyoming.idle_timeout_s`` without a byte (answered ``timeout``) or
+for an answer the caller does not read (dropped), ``wyoming.wait_s`` for the job. Whatever a
+connection provokes ends that connection alone, with an ``error`` event when it can be sent.
 """
 
 from __future__ import annotations
@@ -45,9 +46,11 @@ log = logging.getLogger(__name__)
 MAX_LINE_BYTES = 64 * 1024
 #: Bytes of an event's additional data, at most.
 MAX_DATA_BYTES = 64 * 1024
-#: Bytes of one event's payload (an audio chunk), at most: 10 s of 48-kHz stereo s16
-#: (Home Assistant sends chunks of about 10 ms).
-MAX_PAYLOAD_BYTES = 2 * 1024 * 1024
+#: Bytes of one event's payload (an audio chunk), at most: over 1 s of the largest format a
+#: command may send (48-kHz stereo s16, 192,000 bytes; Home Assistant sends chunks of about
+#: 10 ms). A connection holds about three times it while it reads one, so 32 connections
+#: sending the largest take some 25 MiB, not the 200 MiB that chunks of 2 MiB took.
+MAX_PAYLOAD_BYTES = 256 * 1024
 #: Seconds the server's thread is given to bind, and to stop.
 START_S = STOP_S = 5.0
 
@@ -134,44 +137,70 @@ class VoiceServer:
         address = str(peer[0]) if peer else "?"
         if self.open >= self.cfg.max_connections or self.per_address[address] >= self.cfg.connections_per_address:
             log.info("Wyoming: a connection from %s refused: too many open (wyoming.*connections*)", address)
-            with contextlib.suppress(OSError):
-                await _error(writer, ErrorCode.BUSY, "too many connections open; try again")
-            writer.close()
+            busy = _error_event(ErrorCode.BUSY, "too many connections open; try again")
+            if await self._send(writer, busy, quiet=True):
+                writer.close()
+            else:
+                writer.transport.abort()
             return
         self.open += 1
         self.per_address[address] += 1
         command = Command(self.cfg, self.voice_dir, self.gateway, secrets.token_hex(8))
+        stuck = False  # an answer the caller did not read: the connection is dropped, not flushed
         try:
             await self._events(reader, writer, command)
+        except TimeoutError:  # (an OSError: before it)
+            log.info("Wyoming: %s read no answer for %g s: dropped", address, self.cfg.idle_timeout_s)
+            stuck = True
         except (OSError, asyncio.IncompleteReadError):
             pass  # the caller went away
-        except TimeoutError:
+        except _Idle:
             log.info("Wyoming: %s sent nothing for %g s: closed", address, self.cfg.idle_timeout_s)
+            stuck = not await self._send(writer, _error_event(ErrorCode.TIMEOUT, _IDLE_TEXT), quiet=True)
+        except Exception:  # whatever a hostile stream may provoke, the caller is told and the listener lives
+            log.exception("Wyoming: the connection of %s failed", address)
+            stuck = not await self._send(writer, _error_event(ErrorCode.INTERNAL_ERROR, "internal error"), quiet=True)
         finally:
             command.discard()
             self.open -= 1
             self.per_address[address] -= 1
             if self.per_address[address] <= 0:
                 del self.per_address[address]
-            writer.close()
+            if stuck:
+                writer.transport.abort()
+            else:
+                writer.close()
+
+    async def _send(self, writer: asyncio.StreamWriter, event: Event, *, quiet: bool = False) -> bool:
+        """Write ``event``; raises ``TimeoutError`` when the caller has not read it within
+        ``wyoming.idle_timeout_s`` (``quiet``: returns False instead, and False when it is gone)."""
+        try:
+            await asyncio.wait_for(async_write_event(event, writer), self.cfg.idle_timeout_s)
+        except (TimeoutError, OSError):
+            if not quiet:
+                raise
+            return False
+        return True
 
     async def _events(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, command: Command) -> None:
         while not self.stopping:
             try:
                 event = await asyncio.wait_for(read_event(reader), self.cfg.idle_timeout_s)
+            except TimeoutError:
+                raise _Idle from None
             except RequestError as e:
-                await _error(writer, e.code, e.message)
+                await self._send(writer, _error_event(e.code, e.message))
                 return  # the stream cannot be read past a bad event
             if event is None:
                 return
             if event.type == "describe":
-                await async_write_event(self.info, writer)
+                await self._send(writer, self.info)
                 continue
             try:
                 answer = await command.handle(event, reader)
             except RequestError as e:
                 command.discard()
-                await _error(writer, e.code, e.message)
+                await self._send(writer, _error_event(e.code, e.message))
                 continue
             except ConnectionResetError:
                 raise  # the caller went away while its command waited
@@ -179,10 +208,11 @@ class VoiceServer:
                 command.discard()
                 code = ErrorCode.DISK_FULL if e.errno == errno.ENOSPC else ErrorCode.INTERNAL_ERROR
                 log.warning("Wyoming: a command's audio cannot be written to %s: %s", self.voice_dir, e)
-                await _error(writer, code, f"the command's audio cannot be written: {e.strerror or e}")
+                text = f"the command's audio cannot be written: {e.strerror or e}"
+                await self._send(writer, _error_event(code, text))
                 continue
             if answer is not None:
-                await async_write_event(answer, writer)
+                await self._send(writer, answer)
 
 
 async def read_event(reader: asyncio.StreamReader) -> Event | None:
@@ -201,13 +231,12 @@ async def read_event(reader: asyncio.StreamReader) -> Event | None:
     try:
         header = json.loads(line)
         kind, data = header["type"], header.get("data") or {}
-        data_length = int(header.get("data_length") or 0)
-        payload_length = int(header.get("payload_length") or 0)
+        data_length, payload_length = _length(header.get("data_length")), _length(header.get("payload_length"))
         if not isinstance(kind, str) or not isinstance(data, dict):
             raise ValueError("type must be a string and data an object")
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, RecursionError) as e:  # RecursionError: nesting too deep
         raise RequestError(f"not a Wyoming event: {str(e)[:200]}", code=ErrorCode.INVALID_REQUEST) from None
-    if not 0 <= data_length <= MAX_DATA_BYTES or not 0 <= payload_length <= MAX_PAYLOAD_BYTES:
+    if data_length > MAX_DATA_BYTES or payload_length > MAX_PAYLOAD_BYTES:
         raise RequestError(
             f"an event's data or payload over {MAX_DATA_BYTES} or {MAX_PAYLOAD_BYTES} bytes",
             code=ErrorCode.PAYLOAD_TOO_LARGE,
@@ -215,16 +244,35 @@ async def read_event(reader: asyncio.StreamReader) -> Event | None:
     if data_length:
         try:
             more = json.loads(await reader.readexactly(data_length))
-            data.update(more)
-        except (ValueError, TypeError, AttributeError):
+            if not isinstance(more, dict):
+                raise ValueError("not an object")
+        except (ValueError, RecursionError):
             raise RequestError("an event's data is not a JSON object", code=ErrorCode.INVALID_REQUEST) from None
+        data.update(more)
     payload = await reader.readexactly(payload_length) if payload_length else None
     return Event(type=kind, data=data, payload=payload)
 
 
-async def _error(writer: asyncio.StreamWriter, code: ErrorCode, text: str) -> None:
+def _length(value: Any) -> int:
+    """An event's ``data_length`` or ``payload_length``: absent, or a whole number >= 0
+    (``1.5``, ``"12"``, ``Infinity`` or ``true`` are not). Raises ``ValueError``."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"a length must be a whole number of bytes, not {str(value)[:20]}")
+    return value
+
+
+class _Idle(Exception):
+    """The caller sent nothing for ``wyoming.idle_timeout_s``."""
+
+
+_IDLE_TEXT = "nothing received for wyoming.idle_timeout_s: closed"
+
+
+def _error_event(code: ErrorCode, text: str) -> Event:
     """Wyoming's ``error`` event (``text``, ``code``: ours, docs/topics.md "Error codes")."""
-    await async_write_event(Event("error", {"text": text, "code": str(code)}), writer)
+    return Event("error", {"text": text, "code": str(code)})
 
 
 def start_voice(settings: Settings, gateway: CommandGateway) -> VoiceServer | None:
