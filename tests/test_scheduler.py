@@ -21,7 +21,7 @@ from edge_queue.mqtt.topics import Topics
 from edge_queue.nodes.hub import Nodes
 from edge_queue.rules.states import JobState
 from edge_queue.store import JobSpec, Store
-from edge_queue.workers.lane import PAUSE_S, ShortLane, to_pause
+from edge_queue.workers.lane import PAUSE_S, ShortLane, holding_locks, to_pause
 from edge_queue.workers.processes import JobEntry, WorkerSlot
 from edge_queue.workers.supervisor import Outcome, Supervisor
 from edge_queue.workers.worker import fits_lane
@@ -206,6 +206,53 @@ def test_the_short_lane_stops_a_film_s_worker_only_while_its_job_runs(tmp_path: 
         os.kill(film.pid, signal.SIGCONT)
         film.kill()
         film.wait()
+
+
+def test_the_short_lane_never_stops_a_worker_holding_the_models_lock(tmp_path: Path) -> None:
+    """A film's worker that makes a model's int8 copy holds ``<data_dir>/models/.int8.lock``;
+    stopped then, the lane's own job, needing a model of that folder, would wait for the lock
+    until the film's worker is continued (PAUSE_S later): the first voice command of a new
+    install waited 30-36 s so."""
+    # Given a film's worker (a real process) holding the models folder's lock as int8_models does
+    lock = tmp_path / ".int8.lock"
+    film = subprocess.Popen(
+        ["python3", "-c", f"import fcntl,time; f=open({str(lock)!r},'w'); fcntl.flock(f, fcntl.LOCK_EX); "
+         "print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert film.stdout is not None and film.stdout.readline() == "held\n"
+        assert film.pid in holding_locks()
+        worker, lane = WorkerSlot(0), WorkerSlot(1, lane=True)
+        worker.process, worker.pid, lane.process = object(), film.pid, object()
+        worker.jobs.append(JobEntry({"job_id": "film"}, None))
+        worker.jobs[0].started = 0.0
+        lane.jobs.append(JobEntry({"job_id": "clip"}, None))
+        # When the lane runs a clip while the film's worker holds the lock
+        short = ShortLane()
+        short.turn([worker, lane], 2.0, 1.0)
+        # Then the worker is not stopped (its lock is let go as soon as the copy is made)
+        assert _stopped(film.pid, False) and short.stopped == {}
+        # and a process that only waits for a lock holds none
+        waiter = subprocess.Popen(
+            ["python3", "-c", f"import fcntl; f=open({str(lock)!r},'w'); fcntl.flock(f, fcntl.LOCK_EX)"]
+        )
+        wait_for_waiter = time.monotonic() + 5
+        while time.monotonic() < wait_for_waiter and waiter.pid not in _waiting_pids():
+            time.sleep(0.05)
+        assert waiter.pid in _waiting_pids() and waiter.pid not in holding_locks()
+        waiter.kill()
+        waiter.wait()
+    finally:
+        film.kill()
+        film.wait()
+        if film.stdout is not None:
+            film.stdout.close()
+
+
+def _waiting_pids() -> set[int]:
+    with open("/proc/locks") as fh:
+        return {int(f[5]) for f in (line.split() for line in fh) if len(f) > 5 and f[1] == "->"}
 
 
 def _stopped(pid: int, expected: bool) -> bool:

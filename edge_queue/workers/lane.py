@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from .processes import WorkerSlot
 
@@ -30,19 +30,42 @@ LONG_JOBS_KEPT = 500
 PAUSE_S = 30.0
 
 
-def to_pause(slots: Iterable[WorkerSlot], now: float, overrun_s: float) -> list[WorkerSlot]:
+def to_pause(
+    slots: Iterable[WorkerSlot], now: float, overrun_s: float, locking: Collection[int] = ()
+) -> list[WorkerSlot]:
     """The workers to stop while the lane runs a job: not the lane's, alive, running a job that
-    started ``overrun_s`` seconds or more before ``now`` (monotonic seconds)."""
+    started ``overrun_s`` seconds or more before ``now`` (monotonic seconds), and not holding a
+    file lock (their pids not in ``locking``, :func:`holding_locks`): a worker making a model's
+    int8 copy or joining the bundled base holds the models folder's lock, which the lane's job
+    may wait for (``kinds/int8_models.py``, ``kinds/bundled.py``)."""
     return [
         s
         for s in slots
         if not s.lane
         and s.process is not None
         and s.pid is not None
+        and s.pid not in locking
         and s.jobs
         and s.jobs[0].started is not None
         and now - s.jobs[0].started >= overrun_s
     ]
+
+
+def holding_locks(table: str = "/proc/locks") -> set[int]:
+    """The pids of the processes that hold a file lock (``flock`` or POSIX), from Linux's
+    ``/proc/locks`` (lines ``1: FLOCK  ADVISORY  WRITE <pid> <dev:inode> 0 EOF``; a waiter's
+    line has ``->`` and holds nothing). Empty where the table cannot be read."""
+    try:
+        with open(table) as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return set()
+    pids = set()
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 5 and fields[1] != "->" and fields[4].isdigit():
+            pids.add(int(fields[4]))
+    return pids
 
 
 def warm(slots: Iterable[WorkerSlot]) -> None:
@@ -103,7 +126,8 @@ class ShortLane:
             return
         if now < self.quiet_until:
             return
-        for slot in to_pause(slots, now, overrun_s):
+        candidates = to_pause(slots, now, overrun_s)
+        for slot in to_pause(candidates, now, overrun_s, holding_locks()) if candidates else ():
             assert slot.pid is not None
             if slot.pid not in self.stopped and _signal(slot.pid, signal.SIGSTOP):
                 self.stopped_at = self.stopped_at if self.stopped else now
