@@ -210,6 +210,7 @@ def test_a_spoken_command_is_transcribed_and_nothing_of_it_kept(
     )
     wait_until(lambda: "Wyoming listener on" in svc.log(), 10, "the Wyoming listener")
     finished = svc.watcher("ha/finished")
+    everything = svc.watcher("#")  # what any MQTT user allowed to read the service's topics sees
     # When Home Assistant asks what it serves: one installed asr program, its models' languages
     info, seconds = asyncio.run(describe(port))
     assert seconds < 1
@@ -228,6 +229,10 @@ def test_a_spoken_command_is_transcribed_and_nothing_of_it_kept(
     assert stat.S_IMODE(voice_dir.stat().st_mode) == 0o700
     assert list(voice_dir.iterdir()) == []
     wait_until(lambda: jobs_listed(svc) == [], 10, "the voice command's job to be purged")
+    # and no MQTT subscriber read its words: its job's state and events carry no transcript
+    seen = [(topic, payload) for topic, payload, *_ in everything.messages if b"kitchen" in payload.lower()]
+    everything.close()
+    assert seen == [], seen
     # and Home Assistant gets no "Job finished" of it, while a batch job's comes as before
     with svc.watcher("response/#") as w:
         assert svc.request("submit", {"kind": "noop"}, w)["status"] == "ok"

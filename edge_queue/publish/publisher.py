@@ -75,8 +75,9 @@ class Publisher(Component):
         supervisor: the worker pool, for the queue summary's worker pids and count.
         paused: returns whether the queue is paused, for the queue summary.
         ha_last: whether Home Assistant's ``<base>/ha/last`` is published (discovery on).
-        private: True for a job whose end Home Assistant is not told of (neither ``<base>/ha/last``
-            nor ``<base>/ha/finished``): a voice command's.
+        private: True for a private job (a voice command's): Home Assistant is not told of its
+            end (neither ``<base>/ha/last`` nor ``<base>/ha/finished``), and its retained state
+            and events carry its result without the transcript's ``text`` (:meth:`job_body`).
     """
 
     def __init__(
@@ -92,7 +93,7 @@ class Publisher(Component):
         private: Callable[[dict[str, Any]], bool] = lambda job: False,
     ) -> None:
         self.bridge, self.topics, self.store, self.supervisor = bridge, topics, store, supervisor
-        #: jobs Home Assistant is not told of (a voice command's: Assist has its answer already)
+        #: private jobs (a voice command's: Assist has its answer already, and no one else reads it)
         self.private = private
         self.paused, self.nodes = paused, nodes
         self.ha_enabled = ha_last
@@ -117,11 +118,20 @@ class Publisher(Component):
         self.events_receipt = self.events_acknowledged  # one bound method for every event's receipt
         self.ha_finished.on_birth = self.wake_unheard
 
+    def job_body(self, job: dict[str, Any]) -> bytes:
+        """The job object (docs/topics.md, "The job object") as published: a private job's
+        result without its transcript's ``text``, which only its caller is answered with."""
+        obj = payloads.job_object(job)
+        result = obj.get("result")
+        if isinstance(result, dict) and "text" in result and self.private(job):
+            obj["result"] = {k: v for k, v in result.items() if k != "text"}
+        return payloads.encode(obj)
+
     def publish_job(self, job: dict[str, Any], event: str | None = None) -> None:
         """An event now; the retained job topic once per turn with the job's latest state (a
         job that changes several times in one turn is published once, ``seq`` only grows);
         the job's batch; marks ``<base>/queue`` for update."""
-        body = payloads.encode(payloads.job_object(job))
+        body = self.job_body(job)
         terminal = is_terminal(job["state"])
         self.turn_jobs[job["job_id"]] = (body, terminal)
         if terminal:
@@ -380,7 +390,7 @@ class Republisher(Component):
                 if pub.unpublished(job["job_id"]):
                     continue
                 left = pub.expiry_left(job, now)
-                body = payloads.encode(payloads.job_object(job)) if left is None or left > 0 else b""
+                body = pub.job_body(job) if left is None or left > 0 else b""
                 bridge.publish(pub.topics.job(job["job_id"]), body, retain=True, expiry_s=left or 0)
             self.count += len(page)
             self.at = ("jobs", page[-1]["job_id"]) if len(page) == REPUBLISH_PAGE else ("batches", "")
