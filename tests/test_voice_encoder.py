@@ -93,3 +93,24 @@ def test_the_mel_filters_are_librosas_slaney_filters() -> None:
     # each filter a triangle of unit area on the Hz axis (Slaney's normalization, 40 Hz bins)
     assert np.allclose(filters.sum(axis=1) * 40.0, 1.0, atol=0.08)
     assert voice_encoder.mel_frames(np.zeros(16000, np.float32)).shape == (101, 40)
+
+
+def test_the_lstm_runs_its_products_on_one_blas_thread(weights: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """numpy's OpenBLAS spreads each small product over every core; on a busy 2-core box the
+    threads wait on each other (480 products: 4.7 s on 2 threads, 0.14 s on one)."""
+    import numpy as np
+    from threadpoolctl import threadpool_info
+
+    enc = voice_encoder.encoder()
+    seen: list[list[int]] = []
+    embed = enc._embed  # noqa: SLF001  (the test's own wrap of the step under the limit)
+
+    def counted(x: object) -> object:
+        seen.append([lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"])
+        return embed(x)
+
+    monkeypatch.setattr(enc, "_embed", counted)
+    out = enc.embed_mels(np.zeros((2, 160, 40), np.float32))
+    assert out.shape == (2, 256)
+    need(bool(seen[0]), "numpy has no BLAS that threadpoolctl knows here")
+    assert seen == [[1] * len(seen[0])], seen

@@ -20,7 +20,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from .blas_threads import one_blas_thread
+from threadpoolctl import ThreadpoolController
+
 from .torch_weights import load_state_dict
 
 SAMPLE_RATE = 16000
@@ -48,6 +49,16 @@ SHAPES: dict[str, tuple[int, ...]] = {
     "linear.weight": (HIDDEN, HIDDEN),
     "linear.bias": (HIDDEN,),
 }
+
+
+@cache
+def _blas() -> ThreadpoolController:
+    """The BLAS libraries loaded in this process (numpy's OpenBLAS), found once numpy is: the
+    LSTM's 480 small products in a row run on one thread, as spreading each over the cores of a
+    busy 2-core box made them 30 times slower (4.7 s against 0.14 s at a load average of 10)."""
+    import numpy  # noqa: F401  (loads its BLAS before the libraries are listed)
+
+    return ThreadpoolController()
 
 
 class NoVoiceModel(RuntimeError):
@@ -140,7 +151,7 @@ class VoiceEncoder:
         order: input, forget, cell, output)."""
         import numpy as np
 
-        with one_blas_thread():
+        with _blas().limit(limits=1, user_api="blas"):
             return self._embed(mels.astype(np.float32))
 
     def _embed(self, x: Any) -> Any:
