@@ -62,7 +62,7 @@ def spoken_wav(tmp: Path) -> tuple[bytes, bytes]:
     return pcm, out.getvalue()
 
 
-def post_speech(inst: dict[str, Any], entity_id: str, wav: bytes) -> tuple[int, Any]:
+def post_speech(inst: dict[str, Any], entity_id: str, wav: bytes, content: str = SPEECH_CONTENT) -> tuple[int, Any]:
     """``POST /api/stt/<entity_id>`` with the WAV as its body, as a voice satellite sends it."""
     import json
     import urllib.error
@@ -72,7 +72,7 @@ def post_speech(inst: dict[str, Any], entity_id: str, wav: bytes) -> tuple[int, 
         f"{inst['url']}/api/stt/{entity_id}",
         data=wav,
         method="POST",
-        headers={"Authorization": f"Bearer {inst['token']}", "X-Speech-Content": SPEECH_CONTENT},
+        headers={"Authorization": f"Bearer {inst['token']}", "X-Speech-Content": content},
     )
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
@@ -173,6 +173,8 @@ def test_home_assistant_transcribes_a_command_through_edge_queue(ha, tmp_path: P
         eid = wait_until(stt_entity, 30, "the wyoming entry's speech-to-text entity", interval=0.2)
         code, spec = h.http("GET", f"{url}/api/stt/{eid}", token=tok)
         assert code == 200 and "en" in spec["languages"], (code, spec)
+        # (a language that is not one of the entity's own exactly is refused, before any audio)
+        assert post_speech(inst, eid, wav[:44], SPEECH_CONTENT.replace("=en", "=en-US"))[0] == 415
         # When a spoken command is posted to Home Assistant's speech-to-text API
         started = time.monotonic()
         code, answer = post_speech(inst, eid, wav)
@@ -203,6 +205,7 @@ def test_home_assistant_transcribes_a_command_through_edge_queue(ha, tmp_path: P
         h.ws_call(inst, "assist_pipeline/pipeline/delete", pipeline_id=pipeline["id"])
         figures(
             home_assistant=inst.get("ha_version"),
+            stt_entity=eid,
             audio_s=round(len(pcm) / 32000, 2),
             rest_stt_s=round(rest_s, 2),
             pipeline_stt_s=round(pipeline_s, 2),
