@@ -6,7 +6,9 @@ on, and waiting on Home Assistant's states."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -70,17 +72,25 @@ INCLUDED = {"automations.yaml": "[]\n", "scripts.yaml": "{}\n", "edge_queue_mqtt
 EXTRA = "extra.yaml"
 
 
+def harness() -> Any:
+    """The harness's module, once its Home Assistant is set up (else the test skips locally,
+    fails under CI=true)."""
+    need((HARNESS / "ha_harness.py").is_file(), f"no Home Assistant harness in {HARNESS}")
+    if str(HARNESS) not in sys.path:
+        sys.path.insert(0, str(HARNESS))
+    import ha_harness as h
+
+    need(h.venv_exists(), "Home Assistant is not set up: python3 ../shared/tools/homeassistant/ha_harness.py setup")
+    return h
+
+
 @contextmanager
 def home_assistant() -> Iterator[tuple[Any, dict[str, Any], Broker]]:
     """A real Home Assistant Core with its MQTT integration on a broker of its own, in a fresh
     configuration folder of this checkout's own (two checkouts on one machine do not share one),
     configured as docs/home-assistant.md's reader has it (``EXTRA_YAML``: the included
     automations, scripts and MQTT sensors, empty; the phone's notify group)."""
-    need((HARNESS / "ha_harness.py").is_file(), f"no Home Assistant harness in {HARNESS}")
-    sys.path.insert(0, str(HARNESS))
-    import ha_harness as h
-
-    need(h.venv_exists(), "Home Assistant is not set up: python3 ../shared/tools/homeassistant/ha_harness.py setup")
+    h = harness()
     need(shutil.which("mosquitto") is not None, "mosquitto not installed")
     config = Path(f"{h.DEFAULT_CONFIG}-{ROOT.name}")
     if (config / "harness.json").exists():  # one left running by an interrupted session
@@ -271,3 +281,63 @@ class StateChanges(Events):
     def __init__(self, h: Any, inst: dict[str, Any], entity_id: str) -> None:
         super().__init__(h, inst, "state_changed", entity_id)
         self.states = self.items
+
+
+#: Why a Home Assistant integration's requirements could not be installed, by integration.
+_UNINSTALLABLE: dict[str, str] = {}
+
+
+def integration_requirements(h: Any, domain: str) -> None:
+    """Install the requirements of one of Home Assistant's integrations (its ``manifest.json``,
+    pinned by Home Assistant's ``package_constraints.txt``) into the harness's Home Assistant,
+    which runs with ``--skip-pip`` and installs only those of its default integrations and
+    MQTT: once (idempotent; a second call only reads the installed versions), with the
+    runtime's own pip from PyPI, as ``ha_harness.py setup`` installs them. Skips the test
+    locally, fails it under CI=true, when they cannot be installed."""
+    if domain not in _UNINSTALLABLE:
+        _UNINSTALLABLE[domain] = _install_requirements(h, domain)
+    need(not _UNINSTALLABLE[domain], _UNINSTALLABLE[domain])
+
+
+#: Run by Home Assistant's own Python: the requirements of an integration and of the
+#: integrations it depends on that are not installed at their pinned version (a JSON list),
+#: and the path of Home Assistant's pins.
+_MISSING_REQUIREMENTS = r"""
+import json, pathlib, sys, homeassistant, importlib.metadata as md
+here = pathlib.Path(homeassistant.__file__).parent
+todo, seen, reqs = {sys.argv[1]}, set(), set()
+while todo:
+    domain = todo.pop()
+    seen.add(domain)
+    manifest = json.loads((here / "components" / domain / "manifest.json").read_text())
+    reqs.update(manifest.get("requirements", []))
+    todo.update(set(manifest.get("dependencies", [])) - seen)
+def installed(req):
+    name, _, version = req.partition("==")
+    try:
+        return md.version(name.split("[")[0]) == version
+    except md.PackageNotFoundError:
+        return False
+print(json.dumps([sorted(r for r in reqs if not installed(r)), str(here / "package_constraints.txt")]))
+"""
+
+
+def _install_requirements(h: Any, domain: str) -> str:
+    """``""`` once installed, else why not."""
+    try:
+        out = subprocess.run(
+            h.rt_cmd([h.venv_py(), "-c", _MISSING_REQUIREMENTS, domain]),
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout
+        missing, constraints = json.loads(out)
+        if missing:
+            pip = [h.venv_py(), "-m", "pip", "--disable-pip-version-check", "install", "-q", "-c", constraints]
+            run = ["nice", "-n", "10", *h.rt_cmd([*pip, *missing])]
+            subprocess.run(run, capture_output=True, text=True, check=True, timeout=600)
+    except (OSError, ValueError, subprocess.SubprocessError) as err:
+        detail = getattr(err, "stderr", None) or err
+        return f"the requirements of Home Assistant's {domain} integration cannot be installed: {detail}"
+    return ""
