@@ -145,10 +145,13 @@ def test_four_clients_at_once_with_other_requests(
 def test_kill_9_during_a_burst_loses_nothing_acknowledged(
     shipped_mosquitto: PrivateMosquitto, tmp_path: Path, rig: Callable[..., Rig]
 ) -> None:
+    # Given a burst of 10,000 submits, the service killed once 2,000 are answered: a turn's
+    # requests committed or not, up to 2,000 waiting in its socket, and thousands still in
+    # the broker (docs/operations.md, "Load and back-pressure")
     r = rig(shipped_mosquitto, tmp_path)
     svc, responses, pub = r.start()
-    txs = pub.submits(50_000, "k")
-    wait_until(lambda: responses.answered(txs) >= 10_000, 300, "10,000 answers", 0.2)
+    txs = pub.submits(10_000, "k")
+    wait_until(lambda: responses.answered(txs) >= 2_000, 300, "2,000 answers", 0.2)
     svc.kill()
     before = {t for t in txs if responses.count[t]}
     r.restart()
@@ -162,9 +165,10 @@ def test_kill_9_during_a_burst_loses_nothing_acknowledged(
     jobs = conn.execute("SELECT count(*) FROM jobs").fetchone()[0]
     integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
     conn.close()
-    figures(kill9_burst=50_000, answered_before_kill=len(before), jobs=jobs)
+    figures(kill9_burst=len(txs), answered_before_kill=len(before), jobs=jobs)
+    assert len(before) < len(txs) / 2  # killed mid-burst: most were still to be answered
     assert before <= keys  # everything answered before the kill is in the store
-    assert keys == set(txs) and jobs == 50_000 and integrity == "ok"  # once each
+    assert keys == set(txs) and jobs == len(txs) and integrity == "ok"  # once each
 
 
 class PersistentEvents:
