@@ -63,8 +63,9 @@ def store_jobs(db: Path) -> tuple[int, str]:
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # its waits run to 600 s under a parallel run's load
 # 100,000 alone (-m serial): its turns are bounded by the watchdog's wall time, which three
-# other workers on two cores stretch six-fold (a 5-s turn seen where it takes 0.5 s alone)
-@pytest.mark.parametrize("n", [10_000, 50_000, pytest.param(100_000, marks=pytest.mark.serial)])
+# other workers on two cores stretch six-fold (a 5-s turn seen where it takes 0.5 s alone).
+# 10,000 shows the same bounds under a parallel run's load; a size between adds nothing.
+@pytest.mark.parametrize("n", [10_000, pytest.param(100_000, marks=pytest.mark.serial)])
 def test_burst_of_submits_from_one_client_is_answered_exactly_once(
     shipped_mosquitto: PrivateMosquitto, tmp_path: Path, n: int, rig: Callable[..., Rig]
 ) -> None:
