@@ -99,13 +99,17 @@ def test_burst_of_submits_from_one_client_is_answered_exactly_once(
 def test_four_clients_at_once_with_other_requests(
     shipped_mosquitto: PrivateMosquitto, tmp_path: Path, rig: Callable[..., Rig]
 ) -> None:
+    # Four clients of 2,500 submits each, with reads, control and invalid JSON mixed in:
+    # 11,600 requests at once, more than the service takes into a turn or its socket
+    # (docs/operations.md, "Load and back-pressure")
     r = rig(shipped_mosquitto, tmp_path)
     svc, responses, _ = r.start()
     expected: list[list[str]] = [[] for _ in range(4)]
+    per_client = 2_500
 
     def client(k: int) -> None:
         pub = Publisher(shipped_mosquitto, svc.base)
-        for i in range(5_000):
+        for i in range(per_client):
             tx = f"c{k}-{i}"
             pub.request("submit", {"kind": "noop", "idempotency_key": tx, "transaction": tx})
             expected[k].append(tx)
@@ -133,11 +137,11 @@ def test_four_clients_at_once_with_other_requests(
     wait_until(lambda: responses.answered(txs) == len(txs) or svc.proc.poll() is not None, 600, "every answer", 0.5)
     assert svc.proc.poll() is None, svc.log()[-3000:]
     assert max(responses.count[t] for t in txs) == 1
-    assert responses.count[None] == 4 * 200  # the invalid JSON ones, one answer each
+    assert responses.count[None] == 4 * per_client // 25  # the invalid JSON ones, one answer each
     peak = peak_rss_mb(svc.proc.pid)
     longest = stop_and_longest_turn_ms(svc)
-    figures(clients=4, requests=len(txs) + 800, peak_rss_mb=round(peak), longest_turn_ms=longest)
-    assert store_jobs(svc.db) == (20_000, "ok")
+    figures(clients=4, requests=len(txs) + 4 * per_client // 25, peak_rss_mb=round(peak), longest_turn_ms=longest)
+    assert store_jobs(svc.db) == (4 * per_client, "ok")
     assert peak < RSS_BOUND_MB and longest < WATCHDOG_S * 1000 / 2
 
 
