@@ -63,8 +63,9 @@ def store_jobs(db: Path) -> tuple[int, str]:
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # its waits run to 600 s under a parallel run's load
 # 100,000 alone (-m serial): its turns are bounded by the watchdog's wall time, which three
-# other workers on two cores stretch six-fold (a 5-s turn seen where it takes 0.5 s alone)
-@pytest.mark.parametrize("n", [10_000, 50_000, pytest.param(100_000, marks=pytest.mark.serial)])
+# other workers on two cores stretch six-fold (a 5-s turn seen where it takes 0.5 s alone).
+# 10,000 shows the same bounds under a parallel run's load; a size between adds nothing.
+@pytest.mark.parametrize("n", [10_000, pytest.param(100_000, marks=pytest.mark.serial)])
 def test_burst_of_submits_from_one_client_is_answered_exactly_once(
     shipped_mosquitto: PrivateMosquitto, tmp_path: Path, n: int, rig: Callable[..., Rig]
 ) -> None:
@@ -98,13 +99,17 @@ def test_burst_of_submits_from_one_client_is_answered_exactly_once(
 def test_four_clients_at_once_with_other_requests(
     shipped_mosquitto: PrivateMosquitto, tmp_path: Path, rig: Callable[..., Rig]
 ) -> None:
+    # Four clients of 2,500 submits each, with reads, control and invalid JSON mixed in:
+    # 11,600 requests at once, more than the service takes into a turn or its socket
+    # (docs/operations.md, "Load and back-pressure")
     r = rig(shipped_mosquitto, tmp_path)
     svc, responses, _ = r.start()
     expected: list[list[str]] = [[] for _ in range(4)]
+    per_client = 2_500
 
     def client(k: int) -> None:
         pub = Publisher(shipped_mosquitto, svc.base)
-        for i in range(5_000):
+        for i in range(per_client):
             tx = f"c{k}-{i}"
             pub.request("submit", {"kind": "noop", "idempotency_key": tx, "transaction": tx})
             expected[k].append(tx)
@@ -132,11 +137,11 @@ def test_four_clients_at_once_with_other_requests(
     wait_until(lambda: responses.answered(txs) == len(txs) or svc.proc.poll() is not None, 600, "every answer", 0.5)
     assert svc.proc.poll() is None, svc.log()[-3000:]
     assert max(responses.count[t] for t in txs) == 1
-    assert responses.count[None] == 4 * 200  # the invalid JSON ones, one answer each
+    assert responses.count[None] == 4 * per_client // 25  # the invalid JSON ones, one answer each
     peak = peak_rss_mb(svc.proc.pid)
     longest = stop_and_longest_turn_ms(svc)
-    figures(clients=4, requests=len(txs) + 800, peak_rss_mb=round(peak), longest_turn_ms=longest)
-    assert store_jobs(svc.db) == (20_000, "ok")
+    figures(clients=4, requests=len(txs) + 4 * per_client // 25, peak_rss_mb=round(peak), longest_turn_ms=longest)
+    assert store_jobs(svc.db) == (4 * per_client, "ok")
     assert peak < RSS_BOUND_MB and longest < WATCHDOG_S * 1000 / 2
 
 
@@ -145,10 +150,13 @@ def test_four_clients_at_once_with_other_requests(
 def test_kill_9_during_a_burst_loses_nothing_acknowledged(
     shipped_mosquitto: PrivateMosquitto, tmp_path: Path, rig: Callable[..., Rig]
 ) -> None:
+    # Given a burst of 10,000 submits, the service killed once 2,000 are answered: a turn's
+    # requests committed or not, up to 2,000 waiting in its socket, and thousands still in
+    # the broker (docs/operations.md, "Load and back-pressure")
     r = rig(shipped_mosquitto, tmp_path)
     svc, responses, pub = r.start()
-    txs = pub.submits(50_000, "k")
-    wait_until(lambda: responses.answered(txs) >= 10_000, 300, "10,000 answers", 0.2)
+    txs = pub.submits(10_000, "k")
+    wait_until(lambda: responses.answered(txs) >= 2_000, 300, "2,000 answers", 0.2)
     svc.kill()
     before = {t for t in txs if responses.count[t]}
     r.restart()
@@ -162,9 +170,10 @@ def test_kill_9_during_a_burst_loses_nothing_acknowledged(
     jobs = conn.execute("SELECT count(*) FROM jobs").fetchone()[0]
     integrity = conn.execute("PRAGMA integrity_check").fetchone()[0]
     conn.close()
-    figures(kill9_burst=50_000, answered_before_kill=len(before), jobs=jobs)
+    figures(kill9_burst=len(txs), answered_before_kill=len(before), jobs=jobs)
+    assert len(before) < len(txs) / 2  # killed mid-burst: most were still to be answered
     assert before <= keys  # everything answered before the kill is in the store
-    assert keys == set(txs) and jobs == 50_000 and integrity == "ok"  # once each
+    assert keys == set(txs) and jobs == len(txs) and integrity == "ok"  # once each
 
 
 class PersistentEvents:

@@ -118,13 +118,14 @@ def test_two_chunks_at_once_give_the_same_segments_in_order(
     ]
     assert two["chunks"] == one["chunks"] == 3
     # And a job asking for beam 6 decodes one chunk at a time: its decoders' memory is bounded
-    # (transcribe.chunks_at_once)
+    # (transcribe.chunks_at_once). Two chunks show it: 60 s in chunks of 30 s
     from edge_queue.kinds.transcribe import Transcribe
 
     calls.clear()
-    settings = Settings(data_dir=tmp_path / "wide", transcribe={"chunks_at_once": 2})
-    Transcribe().run(Ctx(settings, tmp_path / "wide" / "out"), str(path), Transcribe.Options(beam_size=6))
-    assert calls and max(calls) == 0, calls
+    short, _ = long_recording(60)
+    settings = Settings(data_dir=tmp_path / "wide", transcribe={"chunks_at_once": 2, "chunk_s": 30})
+    wide = Transcribe().run(Ctx(settings, tmp_path / "wide" / "out"), str(short), Transcribe.Options(beam_size=6))
+    assert wide["chunks"] >= 2 and calls and max(calls) == 0, (wide["chunks"], calls)
 
 
 @pytest.mark.serial  # its bound is wall time between two checkpoints (1 s)
