@@ -54,13 +54,6 @@ CI = os.environ.get("CI") == "true"
 SYSTEM_MQTT = ("127.0.0.1", 1883)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests marked ``slow`` first, each group in its collected order: run four at a time,
-    the long ones start while short ones are left to fill the end, instead of a long test
-    starting last and the others waiting for it (every worker collects the same order)."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 @pytest.fixture(autouse=True)
 def collected_at_the_end() -> Iterator[None]:
     """Runs the garbage collector after each test, so that a socket or file a test left

@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from edge_queue.cli import main as cli
 from edge_queue.config.settings import Settings, load_settings
 from edge_queue.errors import NON_RETRYABLE, ErrorCode
+from edge_queue.http.statuses import STATUS
 from edge_queue.kinds import BUILTIN
 from edge_queue.mqtt import payloads
 from edge_queue.mqtt.topics import COMMANDS, Topics
@@ -438,3 +439,16 @@ def test_home_assistant_yaml_is_valid() -> None:
     assert blocks
     for block in blocks:
         yaml.safe_load(block)
+
+
+def test_every_http_error_code_is_documented() -> None:
+    docs = read("http-api.md")
+    raised: set[str] = set()
+    for module in (Path(__file__).resolve().parent.parent / "edge_queue" / "http").glob("*.py"):
+        raised |= {code.lower() for code in re.findall(r"code=ErrorCode\.([A-Z_]+)", module.read_text())}
+    assert {"forbidden", "busy", "disk_full", "model_not_found", "stopping"} <= raised
+    assert raised <= set(STATUS), (
+        f"codes raised without a status in edge_queue/http/statuses.py: {raised - set(STATUS)}"
+    )
+    missing = sorted(c for c in STATUS if f"`{c}`" not in docs)
+    assert not missing, f"error codes of edge_queue/http not in docs/http-api.md: {missing}"
