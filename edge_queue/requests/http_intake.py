@@ -2,7 +2,7 @@
 thread, run by the queue (:class:`~.queue.Queue`) when the loop drains its intakes, answered
 after the turn's commit; and the end of the jobs those requests wait for.
 
-Thread-safe by construction: the API's thread only appends to a :class:`collections.deque`
+Thread-safe by construction: the API's thread only hands calls over (:class:`~.handoff.Handoff`)
 and writes one byte to the wake socket; everything else runs on the loop's thread, and each
 answer reaches the API as a :class:`concurrent.futures.Future` (docs/http-api.md, "How a
 call becomes a job").
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from edge_queue.mqtt import payloads
 from edge_queue.rules.states import is_terminal
 from edge_queue.store import Store
 
+from .handoff import Handoff
 from .models import Request, RetryRequest, SubmitRequest
 from .queue import Caller, Queue
 
@@ -73,18 +73,16 @@ class HttpIntake(Component):
         wake: socket.socket,
         ended: Mapping[str, dict[str, Any]],
     ) -> None:
-        self._settings, self._queue, self._job_store, self._wake = settings, queue, job_store, wake
+        self._settings, self._queue, self._job_store = settings, queue, job_store
         self._uploads = settings.uploads_dir
         self._ended = ended
-        self._incoming: deque[_Call] = deque()
+        self._incoming: Handoff[_Call] = Handoff(wake)
         #: run this turn, answered at its commit
         self._turn: list[tuple[_Call, dict[str, Any]]] = []
         #: job id -> the futures waiting for its end
         self._waiting: dict[str, list[Future[Ended]]] = {}
         #: jobs found already ended by this turn's submits (a duplicate of a finished job)
         self._done_now: list[str] = []
-        #: set by :meth:`stop`: a request handed over after it is let go at once
-        self._stopped = False
 
     # -- the API's thread ---------------------------------------------------------------
 
@@ -114,14 +112,7 @@ class HttpIntake(Component):
         return call.answered, call.ended
 
     def _hand_over(self, call: _Call) -> None:
-        self._incoming.append(call)
-        if self._stopped:  # after stop() took the requests waiting: let this one go too
-            _let_go(call)
-            return
-        try:
-            self._wake.send(b"\0")
-        except (BlockingIOError, OSError):
-            pass  # the socket's buffer is full: the loop is awake already
+        self._incoming.put(call)
 
     # -- the loop's thread --------------------------------------------------------------
 
@@ -131,8 +122,7 @@ class HttpIntake(Component):
 
     def turn(self, now: float) -> None:
         """Run up to :data:`CALLS_PER_TURN` waiting requests inside the turn's transaction."""
-        for _ in range(min(CALLS_PER_TURN, len(self._incoming))):
-            call = self._incoming.popleft()
+        for call in self._incoming.take(CALLS_PER_TURN):
             if call.answered.cancelled():
                 continue
             response = self._queue.answer(call.command, call.request, call.caller)
@@ -216,16 +206,8 @@ class HttpIntake(Component):
     def stop(self) -> None:
         """The service stops: every caller still waiting is let go (its job stays queued), and
         so is every request handed over after (the API answers them 503 ``stopping``)."""
-        self._stopped = True  # before taking the waiting requests: none is missed by both
-        while self._incoming:
-            _let_go(self._incoming.popleft())
+        self._incoming.stop()
         for waiters in self._waiting.values():
             for fut in waiters:
                 fut.cancel()
         self._waiting.clear()
-
-
-def _let_go(call: _Call) -> None:
-    call.answered.cancel()
-    if call.ended is not None:
-        call.ended.cancel()

@@ -11,7 +11,7 @@ command is kept), and a command whose caller went away is cancelled while it wai
 runs already ends: a cancel would end its worker process, whose model the next command needs).
 
 Thread-safe as :class:`~edge_queue.requests.http_intake.HttpIntake` is: the listener's thread
-only appends to a deque and writes one byte to the wake socket; each answer comes back as a
+only hands commands over (:class:`~edge_queue.requests.handoff.Handoff`); each answer comes back as a
 :class:`concurrent.futures.Future`.
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from edge_queue.component import Component
 from edge_queue.config.settings import Settings
 from edge_queue.errors import ErrorCode, NotFoundError
 from edge_queue.mqtt import payloads
+from edge_queue.requests.handoff import Handoff
 from edge_queue.requests.models import CancelRequest, Request, SubmitRequest
 from edge_queue.requests.queue import Caller, Queue
 from edge_queue.rules.states import is_terminal
@@ -82,18 +82,17 @@ class VoiceIntake(Component):
         ended: Mapping[str, dict[str, Any]],
         purge: Callable[[list[str]], list[str]],
     ) -> None:
-        self._queue, self._job_store, self._wake, self._ended, self._purge = queue, job_store, wake, ended, purge
+        self._queue, self._job_store, self._ended, self._purge = queue, job_store, ended, purge
         self.voice_dir = settings.voice_dir
         self._wait_s = settings.wyoming.wait_s
         user = settings.wyoming.user
         self._caller = Caller(user, settings.access.role_of(user), (self.voice_dir,))
-        self._incoming: deque[_Call] = deque()
+        self._incoming: Handoff[_Call] = Handoff(wake)
         self._turn: list[tuple[_Call, dict[str, Any]]] = []
         #: job id -> the future waiting for its end
         self._waiting: dict[str, Future[dict[str, Any]]] = {}
         #: voice jobs that ended: purged in the next turn
         self._to_purge: list[str] = []
-        self._stopped = False
 
     # -- the listener's thread ----------------------------------------------------------
 
@@ -124,14 +123,7 @@ class VoiceIntake(Component):
         self._hand_over(_Call(CancelRequest(job_id=job_id)))
 
     def _hand_over(self, call: _Call) -> None:
-        self._incoming.append(call)
-        if self._stopped:
-            _let_go(call)
-            return
-        try:
-            self._wake.send(b"\0")
-        except (BlockingIOError, OSError):
-            pass  # the socket's buffer is full: the loop is awake already
+        self._incoming.put(call)
 
     # -- the loop's thread --------------------------------------------------------------
 
@@ -147,8 +139,7 @@ class VoiceIntake(Component):
             self._to_purge = [j for j in self._to_purge if j not in done]
             if done:
                 self._purge(done)
-        for _ in range(min(CALLS_PER_TURN, len(self._incoming))):
-            call = self._incoming.popleft()
+        for call in self._incoming.take(CALLS_PER_TURN):
             if call.answered.cancelled():
                 continue
             if isinstance(call.request, CancelRequest) and not self._worth_cancelling(call.request.job_id):
@@ -209,9 +200,7 @@ class VoiceIntake(Component):
 
     def stop(self) -> None:
         """The service stops: every command waiting is let go (the listener answers ``stopping``)."""
-        self._stopped = True
-        while self._incoming:
-            _let_go(self._incoming.popleft())
+        self._incoming.stop()
         for fut in self._waiting.values():
             fut.cancel()
         self._waiting.clear()
@@ -222,9 +211,3 @@ def _terminal(store: Store, job_id: str) -> bool:
         return is_terminal(store.get(job_id)["state"])
     except NotFoundError:  # gone already (purged by a request): nothing to purge
         return False
-
-
-def _let_go(call: _Call) -> None:
-    call.answered.cancel()
-    if call.ended is not None:
-        call.ended.cancel()
