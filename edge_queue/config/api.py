@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from edge_queue.config.values import NOT_IN_USER, host_problem
+from edge_queue.config.values import NOT_IN_USER, Host
 
 #: The shortest API key taken: 16 characters (``openssl rand -hex 16`` makes 32).
 MIN_KEY_CHARS = 16
@@ -24,7 +24,7 @@ class ApiSettings(BaseModel):
     #: Serve the HTTP API; false: no listener.
     enabled: bool = True
     #: Address to listen on (``0.0.0.0``: every IPv4 interface).
-    host: str = Field("0.0.0.0", min_length=1, max_length=255)
+    host: Host = Field("0.0.0.0", min_length=1, max_length=255)
     #: TCP port: 9000, whisper-asr-webservice's (Bazarr's default address is ``http://<box>:9000``).
     port: int = Field(9000, ge=1, le=65535)
     #: API keys: user name -> key. A caller sends ``Authorization: Bearer <key>`` (or
@@ -50,13 +50,6 @@ class ApiSettings(BaseModel):
     #: Seconds a call waits for its job to end (Bazarr waits 3,600); then it is answered 504
     #: and the job goes on: the same audio sent again is answered from it.
     wait_s: float = Field(3 * 3600.0, gt=0, le=7 * 86400)
-
-    @field_validator("host")
-    @classmethod
-    def _host(cls, v: str) -> str:
-        if (problem := host_problem(v)) is not None:
-            raise ValueError(problem)
-        return v
 
     @field_validator("keys")
     @classmethod

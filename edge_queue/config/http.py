@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from edge_queue.config.values import address_problem, host_problem, origin_problem
+from edge_queue.config.values import Host, address_problem, origin_problem
 
 
 class HttpSettings(BaseModel):
@@ -20,7 +20,7 @@ class HttpSettings(BaseModel):
     #: Serve the page; false: no HTTP server at all.
     enabled: bool = True
     #: Address to listen on (``0.0.0.0``: every IPv4 interface, so phones on the LAN reach it).
-    host: str = Field("0.0.0.0", min_length=1, max_length=255)
+    host: Host = Field("0.0.0.0", min_length=1, max_length=255)
     #: TCP port of the page: ``http://<host>:8099/``.
     port: int = Field(8099, ge=1, le=65535)
     #: The broker's MQTT-over-WebSocket port; the page connects to ``ws://<the host it was
@@ -44,13 +44,6 @@ class HttpSettings(BaseModel):
     #: ``172.30.32.2``): their relayed WebSockets are not bounded per address, and their
     #: ``X-Forwarded-Host`` and ``X-Forwarded-Proto`` are believed (from no other address).
     trusted_proxies: list[str] = Field([], max_length=16)
-
-    @field_validator("host")
-    @classmethod
-    def _host(cls, v: str) -> str:
-        if (problem := host_problem(v)) is not None:
-            raise ValueError(problem)
-        return v
 
     @field_validator("frame_ancestors", "allowed_origins")
     @classmethod

@@ -25,7 +25,7 @@ from pydantic_settings import (
 from edge_queue.config.api import ApiSettings
 from edge_queue.config.http import HttpSettings
 from edge_queue.config.sources import not_json_in_environment, toml_type_problems
-from edge_queue.config.values import NODE_ID_PATTERN, NOT_IN_USER, host_problem
+from edge_queue.config.values import NODE_ID_PATTERN, NOT_IN_USER, Host
 from edge_queue.config.wyoming import WyomingSettings
 from edge_queue.errors import ConfigError
 
@@ -71,7 +71,7 @@ class TlsSettings(_Section):
 class MqttSettings(_Section):
     """Connection to the MQTT broker (docs/configuration.md, "`[mqtt]`")."""
 
-    host: str = "127.0.0.1"
+    host: Host = "127.0.0.1"
     port: int = Field(1883, ge=1, le=65535)
     username: str | None = None
     password: SecretStr | None = None
@@ -92,13 +92,6 @@ class MqttSettings(_Section):
     #: ``max_packet_size``. Nothing the service sends is larger (docs/configuration.md).
     max_packet_size: int = Field(16 * 2**20, ge=4096, le=MQTT_PACKET_MAX_BYTES)
     tls: TlsSettings = TlsSettings()
-
-    @field_validator("host")
-    @classmethod
-    def _host(cls, v: str) -> str:
-        if (problem := host_problem(v)) is not None:
-            raise ValueError(problem)
-        return v
 
     @field_validator("base_topic")
     @classmethod

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from typing import Annotated
+
+from pydantic import AfterValidator
 
 #: A host name (RFC 1123 section 2.1; RFC 3696 section 2: the last label is not all digits,
 #: so ``999.1.1.1`` is neither a name nor an address).
@@ -82,3 +85,14 @@ def address_problem(address: str) -> str | None:
 NOT_IN_USER = re.compile(r"[/+#\x00-\x1f\x7f]")
 #: A worker node's broker user name: its node id, a topic level of ``<base>/nodes/<node_id>``.
 NODE_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+
+
+def checked_host(host: str) -> str:
+    """``host`` itself; raises ``ValueError`` with :func:`host_problem`'s reason."""
+    if (problem := host_problem(host)) is not None:
+        raise ValueError(problem)
+    return host
+
+
+#: A setting's host: an IP address or a host name (RFC 1123), checked by :func:`checked_host`.
+Host = Annotated[str, AfterValidator(checked_host)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from edge_queue.config.values import NOT_IN_USER, host_problem
+from edge_queue.config.values import NOT_IN_USER, Host
 
 
 class WyomingSettings(BaseModel):
@@ -21,7 +21,7 @@ class WyomingSettings(BaseModel):
     #: Serve the Wyoming protocol; false (the default): no listener.
     enabled: bool = False
     #: Address to listen on (``0.0.0.0``: every IPv4 interface).
-    host: str = Field("0.0.0.0", min_length=1, max_length=255)
+    host: Host = Field("0.0.0.0", min_length=1, max_length=255)
     #: TCP port: 10300, the one Wyoming speech-to-text servers use (wyoming-faster-whisper's).
     port: int = Field(10300, ge=1, le=65535)
     #: The user the voice commands' jobs are submitted as (its role from [access]).
@@ -37,13 +37,6 @@ class WyomingSettings(BaseModel):
     idle_timeout_s: float = Field(30.0, gt=0, le=3600)
     #: Seconds a command waits for its job to end, and its job's timeout; then ``error`` ``timeout``.
     wait_s: float = Field(60.0, gt=0, le=3600)
-
-    @field_validator("host")
-    @classmethod
-    def _host(cls, v: str) -> str:
-        if (problem := host_problem(v)) is not None:
-            raise ValueError(problem)
-        return v
 
     @field_validator("user")
     @classmethod
