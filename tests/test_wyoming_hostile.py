@@ -29,7 +29,10 @@ from .conftest import wait_until
 from .helpers.ports import free_port
 
 #: Seconds without a byte before the listener closes a connection (short, for the tests).
-IDLE_S = 1.0
+IDLE_S = 3.0
+#: How long a connection must stay open after its answers to count as "open": well inside
+#: ``IDLE_S``, whose clock starts at the last byte the listener read, before it answered.
+OPEN_S = 0.5
 A16 = {"rate": 16_000, "width": 2, "channels": 1}
 
 
@@ -86,6 +89,8 @@ def exchange(port: int, sent: bytes, wait_s: float = 3.0) -> list[Any]:
                     break
                 out.append((event.type, event.data.get("code")))
         except TimeoutError:
+            # an "open" read longer than OPEN_S races the listener's idle timeout
+            assert wait_s <= OPEN_S, f"a connection idle {wait_s:g} s may be closed for idling"
             out.append("open")
         except ConnectionResetError:
             out.append("closed")
@@ -96,7 +101,7 @@ def exchange(port: int, sent: bytes, wait_s: float = 3.0) -> list[Any]:
 
 
 def still_serves(port: int) -> bool:
-    return exchange(port, header("describe"), wait_s=0.5) == [("info", None), "open"]
+    return exchange(port, header("describe"), wait_s=OPEN_S) == [("info", None), "open"]
 
 
 @pytest.mark.parametrize(
@@ -131,7 +136,7 @@ def test_a_refused_audio_start_is_told_once_and_its_audio_dropped(listener: tupl
     before = len(recorder.commands)
     for fmt in ({"rate": 192_000, "width": 4, "channels": 8}, {"rate": 16_000, "width": 2, "channels": 3}, {}):
         sent = header("transcribe") + header("audio-start", data=fmt) + chunk(b"\0" * 64, **fmt) * 5
-        answers = exchange(server.port, sent + header("audio-stop") + header("describe"), wait_s=0.5)
+        answers = exchange(server.port, sent + header("audio-stop") + header("describe"), wait_s=OPEN_S)
         assert answers == [("error", "invalid_request"), ("info", None), "open"], fmt
     assert len(recorder.commands) == before
     assert not list(server.voice_dir.iterdir())
@@ -152,7 +157,7 @@ def test_a_chunk_unlike_its_audio_start_is_refused(listener: tuple[VoiceServer, 
     before = len(recorder.commands)
     good = chunk(b"\0" * 320, **A16)
     sent = header("transcribe") + header("audio-start", data=A16) + good + bad + good + header("audio-stop")
-    assert exchange(server.port, sent + header("describe"), wait_s=0.5) == [
+    assert exchange(server.port, sent + header("describe"), wait_s=OPEN_S) == [
         ("error", "invalid_request"),
         ("info", None),
         "open",
@@ -161,7 +166,7 @@ def test_a_chunk_unlike_its_audio_start_is_refused(listener: tuple[VoiceServer, 
     assert not list(server.voice_dir.iterdir())
     # the same connection's next command, in order, is taken
     ok = header("transcribe") + header("audio-start", data=A16) + good + header("audio-stop")
-    assert exchange(server.port, ok, wait_s=0.5) == [("transcript", None), "open"]
+    assert exchange(server.port, ok, wait_s=OPEN_S) == [("transcript", None), "open"]
 
 
 def test_a_caller_that_stops_sending_is_told_timeout(listener: tuple[VoiceServer, Recorder]) -> None:
@@ -207,7 +212,7 @@ def test_an_event_of_another_service_is_let_pass(listener: tuple[VoiceServer, Re
     assert server.port is not None
     event = Event("ping", {"text": "x"})
     sent = header(event.type, data=event.data) + header("describe")
-    assert exchange(server.port, sent, wait_s=0.5) == [("info", None), "open"]
+    assert exchange(server.port, sent, wait_s=OPEN_S) == [("info", None), "open"]
 
 
 def test_a_chunk_is_at_most_a_second_of_the_largest_format(listener: tuple[VoiceServer, Recorder]) -> None:
@@ -217,6 +222,6 @@ def test_a_chunk_is_at_most_a_second_of_the_largest_format(listener: tuple[Voice
     assert server.port is not None
     stereo = {"rate": 48_000, "width": 2, "channels": 2}
     second = header("transcribe") + header("audio-start", data=stereo) + chunk(b"\0" * 192_000, **stereo)
-    assert exchange(server.port, second + header("audio-stop"), wait_s=1) == [("transcript", None), "open"]
+    assert exchange(server.port, second + header("audio-stop"), wait_s=OPEN_S) == [("transcript", None), "open"]
     over = header("audio-chunk", data=stereo, payload_length=256 * 1024 + 4)
     assert exchange(server.port, over) == [("error", "payload_too_large"), "closed"]
