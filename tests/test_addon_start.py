@@ -86,6 +86,7 @@ def test_the_add_on_names_its_device_plainly_and_links_the_ingress_panel(
     made = json.loads(printed.stdout)
     assert made["EDGE_QUEUE_HOMEASSISTANT__NAME"] == "edge-queue"
     assert made["EDGE_QUEUE_HOMEASSISTANT__DEVICE_URL"] == f"homeassistant://hassio/ingress/{SLUG}"
+    assert made["EDGE_QUEUE_WYOMING__ZEROCONF"] == "false"  # the Supervisor announces it, not mDNS too
     # When the service runs with them, then the device config Home Assistant reads says so
     proc = subprocess.Popen([sys.executable, str(RUN)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     w = Watcher(mosquitto.host, mosquitto.port, [f"{base}-ha/device/+/config", f"{base}/status"])

@@ -153,6 +153,8 @@ def settings(options: dict[str, Any], mqtt: dict[str, Any] | None) -> dict[str, 
     if options.get("wyoming", True):
         env["EDGE_QUEUE_WYOMING__ENABLED"] = "true"
         env["EDGE_QUEUE_WYOMING__PORT"] = str(WYOMING_PORT)
+        # the Supervisor's discovery tells Home Assistant; an mDNS announcement would offer it twice
+        env["EDGE_QUEUE_WYOMING__ZEROCONF"] = "false"
     keys = {k["user"]: k["key"] for k in options.get("api_keys", []) if k.get("user") and k.get("key")}
     if keys:
         env["EDGE_QUEUE_API__KEYS"] = json.dumps(keys)

@@ -24,6 +24,9 @@ class WyomingSettings(BaseModel):
     host: Host = Field("0.0.0.0", min_length=1, max_length=255)
     #: TCP port: 10300, the one Wyoming speech-to-text servers use (wyoming-faster-whisper's).
     port: int = Field(10300, ge=1, le=65535)
+    #: Announce the listener by mDNS (``_wyoming._tcp.local.``) so Home Assistant discovers it;
+    #: only a listener reachable from the LAN is announced.
+    zeroconf: bool = True
     #: The user the voice commands' jobs are submitted as (its role from [access]).
     user: str = Field("assist", min_length=1, max_length=64)
     #: Connections open at once from one address; one more is answered with ``error`` ``busy``.

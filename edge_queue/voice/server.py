@@ -39,6 +39,7 @@ from edge_queue.errors import ErrorCode, RequestError
 
 from .command import Command
 from .info import info_event_data
+from .mdns import Announcement, announcement
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ class VoiceServer:
         self.server: asyncio.base_events.Server | None = None
         self.thread: threading.Thread | None = None
         self.port: int | None = None  # the port bound (``wyoming.port``, or the one 0 gave)
+        self.announcement: Announcement | None = None  # ``wyoming.zeroconf``'s, once bound
         self.per_address: Counter[str] = Counter()
         self.open = 0
         self.stopping = False
@@ -106,6 +108,9 @@ class VoiceServer:
             self._started.set()
             loop.close()
             return
+        self.announcement = announcement(self.settings, self.port)
+        if self.announcement is not None:
+            loop.create_task(self.announcement.start())
         self._started.set()
         try:
             loop.run_forever()
@@ -122,6 +127,9 @@ class VoiceServer:
         async def _close() -> None:
             if self.server is not None:
                 self.server.close()
+            if self.announcement is not None:  # withdrawn first: its tasks are on this loop
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self.announcement.stop(), STOP_S / 2)
             for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
                 task.cancel()
             loop.stop()
