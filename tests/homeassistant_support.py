@@ -99,7 +99,9 @@ def home_assistant() -> Iterator[tuple[Any, dict[str, Any], Broker]]:
     config.mkdir(parents=True)
     for name, text in INCLUDED.items():
         (config / name).write_text(text)
-    (config / EXTRA).write_text(EXTRA_YAML)
+    # zeroconf: loaded on every real install (default_config has it), so the Wyoming listener's
+    # mDNS announcement is discovered (tests/test_homeassistant_voice.py)
+    (config / EXTRA).write_text(EXTRA_YAML + "\nzeroconf:\n")
     port = free_port()
     h.broker_start(port)
     try:

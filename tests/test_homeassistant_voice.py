@@ -1,6 +1,7 @@
 """edge-queue's Wyoming listener (docs/home-assistant.md, "Voice (Assist)") as the real Home
-Assistant Core uses it: its ``wyoming`` integration added through the config-flow REST API,
-as the Settings → Devices & services → Add integration dialog adds it, and a spoken command
+Assistant Core uses it: announced by mDNS, discovered by Home Assistant's zeroconf integration
+as a ``wyoming`` config flow and confirmed through the config-flow REST API, as the Discovered
+card of Settings → Devices & services confirms it, and a spoken command
 (espeak-ng) transcribed through Home Assistant's own speech-to-text REST API
 (``/api/stt/<entity>``) and through an Assist pipeline run over its WebSocket API.
 
@@ -136,12 +137,12 @@ def pipeline_transcript(h: Any, inst: dict[str, Any], pipeline_id: str, pcm: byt
 def test_home_assistant_transcribes_a_command_through_edge_queue(ha, tmp_path: Path) -> None:
     h, inst, broker = ha
     pcm, wav = spoken_wav(tmp_path)
-    # Given edge-queue with its Wyoming listener on
+    # Given edge-queue with its Wyoming listener on, on every interface, as a LAN box has it
     port = free_port()
     svc = service(broker, tmp_path, [tmp_path], "data")
     svc.env.update(
         EDGE_QUEUE_WYOMING__ENABLED="true",
-        EDGE_QUEUE_WYOMING__HOST="127.0.0.1",
+        EDGE_QUEUE_WYOMING__HOST="0.0.0.0",
         EDGE_QUEUE_WYOMING__PORT=str(port),
         EDGE_QUEUE_WORKERS="1",
     )
@@ -149,20 +150,24 @@ def test_home_assistant_transcribes_a_command_through_edge_queue(ha, tmp_path: P
     entry_id = None
     url, tok = inst["url"], inst["token"]
     try:
-        wait_until(lambda: "Wyoming listener on" in svc.log(), 10, "the Wyoming listener")
-        # When Home Assistant's wyoming integration is added with its host and port
-        code, flow = h.http("POST", f"{url}/api/config/config_entries/flow", token=tok, body={"handler": "wyoming"})
-        assert code == 200 and flow.get("type") == "form", (code, flow)
-        code, res = h.http(
-            "POST",
-            f"{url}/api/config/config_entries/flow/{flow['flow_id']}",
-            token=tok,
-            body={"host": "127.0.0.1", "port": port},
-        )
-        # Then it is created, named as edge-queue's describe names its service
+        wait_until(lambda: "announced by zeroconf" in svc.log(), 30, "the Wyoming listener announced")
+
+        def discovered() -> dict[str, Any] | None:
+            flows = h.ws_call(inst, "config_entries/flow/progress")  # the Discovered cards
+            return next(
+                (f for f in flows if f["handler"] == "wyoming" and f["context"].get("source") == "zeroconf"), None
+            )
+
+        # When Home Assistant discovers it (the Discovered card) and its user confirms it
+        flow = wait_until(discovered, 60, "Home Assistant's zeroconf discovery of the listener", interval=0.5)
+        code, res = h.http("POST", f"{url}/api/config/config_entries/flow/{flow['flow_id']}", token=tok, body={})
+        # Then the entry is created at the announced port, named as edge-queue's describe names
+        # its service
         assert code == 200 and res.get("type") == "create_entry", (code, res)
         entry_id = res["result"]["entry_id"]
         assert res["title"] == "edge-queue", res
+        entry = next(e for e in h.ws_call(inst, "config_entries/get") if e["entry_id"] == entry_id)
+        assert entry["source"] == "zeroconf", entry
 
         def stt_entity() -> str | None:
             for e in h.ws_call(inst, "config/entity_registry/list"):
