@@ -72,5 +72,5 @@ def test_both_parts_run_and_either_failure_fails_the_command(
     tmp_path: Path, fail: str, status: int, strict: bool
 ) -> None:
     code, calls = run(readme_command(), tmp_path, fail, strict)
-    assert calls == ["pytest -n 4 -m not serial --durations=25", "pytest -m serial --durations=25"]
+    assert calls == ["pytest -n 4 --dist worksteal -m not serial --durations=25", "pytest -m serial --durations=25"]
     assert (code != 0) == bool(status), (code, calls)
