@@ -7,13 +7,15 @@ requests, durability full), Huey + SqliteHuey with one worker process, Dramatiq 
 (RedisBroker, one worker process with Dramatiq's default 8 threads, one ``send`` per job; a
 fresh private redis-server per run, bench/redis_server.py: Redis's default persistence, RDB
 snapshots, and, informative, ``appendonly yes`` + ``appendfsync always``, durable as
-edge-queue's ``full``), both in their own venv (bench/.venv-ref, bench/ref_env.py), and the
+edge-queue's ``full``), Celery on Redis (RDB; one prefork child, one ``delay()`` per job;
+informative), all three in their own venv (bench/.venv-ref, bench/ref_env.py), and the
 floor (bench/ref/floor.py: the same SQLite commits and retained publishes, no queue).
 
 Dramatiq's completion is what its client can see: a middleware of the worker counts each
 message processed without error in a Redis key after the actor returns (where Dramatiq's
 Results middleware stores a result; bench/ref/dramatiq_tasks.py), and the client polls that key
-every 5 ms, as Huey's side polls its result store. Issue 56's targets: edge-queue with one
+every 5 ms, as Huey's side polls its result store; Celery's worker counts in the same way on
+its ``task_success`` signal, sent after the result is stored. Issue 56's targets: edge-queue with one
 request per job at least 1.5x Dramatiq on RDB, with batches at least 2x.
 
 The "before" side shows what the rebuilt hot path gained on the machine at hand, measured the
@@ -130,22 +132,23 @@ def huey_run(py: Path, n: int) -> float:
         return res["jobs_per_s"]
 
 
-def dramatiq_run(py: Path, n: int, persistence: str) -> float:
-    """One run of Dramatiq (bench/ref/dramatiq_drain.py) on a fresh private redis-server with
-    the persistence ``persistence`` (``rdb`` or ``aof-always``: bench/redis_server.py): jobs
-    per second from the first ``send`` to the processed-message counter seen at ``n``."""
-    with RedisServer(persistence) as redis, tempfile.TemporaryDirectory(prefix="eqdramatiq-") as d:
+def redis_ref_run(py: Path, n: int, queue: str, persistence: str) -> float:
+    """One run of ``queue`` (``dramatiq`` or ``celery``: bench/ref/<queue>_drain.py) on a fresh
+    private redis-server with the persistence ``persistence`` (``rdb`` or ``aof-always``:
+    bench/redis_server.py): jobs per second from the first send to the worker's counter of
+    processed jobs seen at ``n``."""
+    with RedisServer(persistence) as redis, tempfile.TemporaryDirectory(prefix=f"eq{queue}-") as d:
         out = subprocess.run(
-            [str(py), str(BENCH / "ref" / "dramatiq_drain.py"), str(n), redis.url, d],
+            [str(py), str(BENCH / "ref" / f"{queue}_drain.py"), str(n), redis.url, d],
             capture_output=True,
             text=True,
             timeout=900,
         )
         if out.returncode != 0:
-            raise RuntimeError(f"dramatiq ({persistence}): {out.stderr[-1500:]}")
+            raise RuntimeError(f"{queue} ({persistence}): {out.stderr[-1500:]}")
         res = json.loads(out.stdout.strip().splitlines()[-1])
         if res["done"] < n:
-            raise RuntimeError(f"dramatiq ({persistence}) processed only {res['done']} of {n}")
+            raise RuntimeError(f"{queue} ({persistence}) processed only {res['done']} of {n}")
         return float(res["jobs_per_s"])
 
 
@@ -160,6 +163,7 @@ SIDES = [
     "huey",
     "dramatiq rdb",
     "dramatiq aof-always",
+    "celery rdb",
     "floor full",
 ]
 #: with a baseline commit (``bench/run.py --baseline``): that commit's service, same modes
@@ -191,8 +195,9 @@ def _run(
         for side in order:
             if side == "huey":
                 v = huey_run(py, n)
-            elif side.startswith("dramatiq "):
-                v = dramatiq_run(py, n, side.split()[1])
+            elif side.startswith(("dramatiq ", "celery ")):
+                queue, persistence = side.split()
+                v = redis_ref_run(py, n, queue, persistence)
             elif side == "floor full":
                 v = floor_run(n, "full")
             else:
@@ -217,5 +222,6 @@ def _run(
         "n": n,
         "huey_version": refs.get("huey", "?"),
         "dramatiq_version": refs.get("dramatiq", "?"),
+        "celery_version": refs.get("celery", "?"),
         "before_commit": BEFORE_COMMIT if before else None,
     }

@@ -54,6 +54,19 @@ def p1_dramatiq_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                 None,
             )
         )
+    celery = f.get("celery rdb")
+    if celery is not None:
+        out.append(
+            row(
+                "P1",
+                f"Celery {res.get('celery_version', '')} on Redis (RDB), 1 prefork child, one delay() per job",
+                "(reference, informative)",
+                celery,
+                f"this tree, one request per job, full {fmt(f['eq single full'])}",
+                f"this tree {f['eq single full'].median / celery.median:.2f}×",
+                None,
+            )
+        )
     return out
 
 

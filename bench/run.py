@@ -269,9 +269,9 @@ def main() -> int:
     if "P1" in results:
         meta["versions"]["huey (bench/.venv-ref)"] = results["P1"].get("huey_version", "?")
         meta["versions"]["dramatiq (bench/.venv-ref)"] = results["P1"].get("dramatiq_version", "?")
-    if "P2" in results:
-        meta["versions"]["celery (bench/.venv-ref)"] = results["P2"].get("celery_version", "?")
     if {"P1", "P2"} & set(results):
+        ran = results.get("P2") or results["P1"]
+        meta["versions"]["celery (bench/.venv-ref)"] = ran.get("celery_version", "?")
         meta["versions"]["redis-server"] = redis_server.version()
     out = BENCH / "results" / f"{date}{'-quick' if q else ''}.json"
     out.parent.mkdir(exist_ok=True)
