@@ -3,9 +3,20 @@
 Sides, alternated run by run: edge-queue (batches of 100 and single requests, durability
 full and normal), edge-queue before its hot path was rebuilt (the service of commit
 :data:`BEFORE_COMMIT`, taken from this repository's history with ``git archive``, single
-requests, durability full), Huey + SqliteHuey with one worker process (its own venv,
-bench/.venv-ref), and the floor (bench/ref/floor.py: the same SQLite commits and retained
-publishes, no queue).
+requests, durability full), Huey + SqliteHuey with one worker process, Dramatiq on Redis
+(RedisBroker, one worker process with Dramatiq's default 8 threads, one ``send`` per job; a
+fresh private redis-server per run, bench/redis_server.py: Redis's default persistence, RDB
+snapshots, and, informative, ``appendonly yes`` + ``appendfsync always``, durable as
+edge-queue's ``full``), Celery on Redis (RDB; one prefork child, one ``delay()`` per job;
+informative), all three in their own venv (bench/.venv-ref, bench/ref_env.py), and the
+floor (bench/ref/floor.py: the same SQLite commits and retained publishes, no queue).
+
+Dramatiq's completion is what its client can see: a middleware of the worker counts each
+message processed without error in a Redis key after the actor returns (where Dramatiq's
+Results middleware stores a result; bench/ref/dramatiq_tasks.py), and the client polls that key
+every 5 ms, as Huey's side polls its result store; Celery's worker counts in the same way on
+its ``task_success`` signal, sent after the result is stored. Issue 56's targets: edge-queue with one
+request per job at least 1.5x Dramatiq on RDB, with batches at least 2x.
 
 The "before" side shows what the rebuilt hot path gained on the machine at hand, measured the
 same way as the others. P1's targets keep the figures they were set with: 2,160 jobs/s (ten
@@ -17,7 +28,6 @@ the side is skipped.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,39 +37,11 @@ from typing import Any
 
 import psutil
 from harness import BENCH, Figure, Service, SucceededCounter, clear_retained, uid
+from redis_server import RedisServer
+from ref_env import ensure_ref_venv, ref_versions
 
-REF_VENV = BENCH / ".venv-ref"
 #: The last commit before the hot path was rebuilt (2026-11-29): P1's "before" side.
 BEFORE_COMMIT = "99beaa1"
-# The reference version, pinned so that the reference side measures the same code everywhere.
-HUEY = "huey==3.5.4"
-
-
-def _huey_version(py: Path) -> str | None:
-    """huey's version in the interpreter ``py``, or None when it is missing or unusable."""
-    if not py.exists():
-        return None
-    out = subprocess.run([str(py), "-c", "import huey; print(huey.__version__)"], capture_output=True, text=True)
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
-def ensure_ref_venv(log: Any) -> Path:
-    """bench/.venv-ref with huey from PyPI, created on first use (never the project's venv).
-
-    A venv left half-made by an interrupted or failed creation (no huey in it) is made again."""
-    py = REF_VENV / "bin" / "python"
-    if _huey_version(py) is not None:
-        return py
-    log(f"creating {REF_VENV} with {HUEY} (reference side of P1)")
-    shutil.rmtree(REF_VENV, ignore_errors=True)
-    # With pip (the venv module runs ensurepip itself); -m pip, so no script path matters.
-    subprocess.run([sys.executable, "-m", "venv", str(REF_VENV)], check=True)
-    subprocess.run(
-        [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", HUEY], check=True, timeout=600
-    )
-    if _huey_version(py) is None:
-        raise RuntimeError(f"{REF_VENV}: huey does not import after pip install {HUEY}")
-    return py
 
 
 def before_tree(dest: Path, log: Any, commit: str = BEFORE_COMMIT) -> Path | None:
@@ -150,6 +132,26 @@ def huey_run(py: Path, n: int) -> float:
         return res["jobs_per_s"]
 
 
+def redis_ref_run(py: Path, n: int, queue: str, persistence: str) -> float:
+    """One run of ``queue`` (``dramatiq`` or ``celery``: bench/ref/<queue>_drain.py) on a fresh
+    private redis-server with the persistence ``persistence`` (``rdb`` or ``aof-always``:
+    bench/redis_server.py): jobs per second from the first send to the worker's counter of
+    processed jobs seen at ``n``."""
+    with RedisServer(persistence) as redis, tempfile.TemporaryDirectory(prefix=f"eq{queue}-") as d:
+        out = subprocess.run(
+            [str(py), str(BENCH / "ref" / f"{queue}_drain.py"), str(n), redis.url, d],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        if out.returncode != 0:
+            raise RuntimeError(f"{queue} ({persistence}): {out.stderr[-1500:]}")
+        res = json.loads(out.stdout.strip().splitlines()[-1])
+        if res["done"] < n:
+            raise RuntimeError(f"{queue} ({persistence}) processed only {res['done']} of {n}")
+        return float(res["jobs_per_s"])
+
+
 SIDES = [
     "eq batch full",
     "eq batch normal",
@@ -159,6 +161,9 @@ SIDES = [
     "stock batch full",
     "stock single full",
     "huey",
+    "dramatiq rdb",
+    "dramatiq aof-always",
+    "celery rdb",
     "floor full",
 ]
 #: with a baseline commit (``bench/run.py --baseline``): that commit's service, same modes
@@ -190,6 +195,9 @@ def _run(
         for side in order:
             if side == "huey":
                 v = huey_run(py, n)
+            elif side.startswith(("dramatiq ", "celery ")):
+                queue, persistence = side.split()
+                v = redis_ref_run(py, n, queue, persistence)
             elif side == "floor full":
                 v = floor_run(n, "full")
             else:
@@ -206,7 +214,14 @@ def _run(
                 f"P1 run {r + 1}/{runs} {side}: {v:,.0f} jobs/s"
                 + (f", service CPU {ms:.3f} ms/job" if side in cpu else "")
             )
-    hv = _huey_version(py) or "?"
+    refs = ref_versions(py) or {}
     figures = {s: Figure(v, "jobs/s") for s, v in got.items()}
     figures.update({f"{s} cpu": Figure(v, "ms/job") for s, v in cpu.items()})
-    return {"figures": figures, "n": n, "huey_version": hv, "before_commit": BEFORE_COMMIT if before else None}
+    return {
+        "figures": figures,
+        "n": n,
+        "huey_version": refs.get("huey", "?"),
+        "dramatiq_version": refs.get("dramatiq", "?"),
+        "celery_version": refs.get("celery", "?"),
+        "before_commit": BEFORE_COMMIT if before else None,
+    }

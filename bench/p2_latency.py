@@ -4,7 +4,15 @@ Per job: publish -> response seen, publish -> ``running`` seen, publish -> ``suc
 (all by a plain paho subscriber of the job topics and ``<base>/events``, which carries every
 transition; the retained job topic coalesces a ``running`` that lasts under 20 ms), and
 ``finished_at`` (the service's wall clock, ms) ->
-``succeeded`` seen. p50/p95/p99 per run; each figure is the median over runs.
+``succeeded`` seen. p50/p90/p95/p99 per run; each figure is the median over runs.
+
+Celery on Redis (issue 56's reference for P2), in the same runs, its order alternated with the
+brokers': a Celery worker with one prefork child on a fresh private redis-server with Redis's
+default persistence (bench/redis_server.py), Redis its broker and result backend, Celery from
+bench/.venv-ref (bench/ref_env.py). Per task, ``delay()`` -> the result seen by the client
+(``AsyncResult.get()``, notified by the result backend's pub/sub), the same measure as
+edge-queue's submit->succeeded, one task at a time, 10 ms apart (bench/ref/celery_latency.py).
+The target: edge-queue's submit->succeeded p50 at most Celery's.
 
 The floor, in the same runs on each broker: publish -> response seen through an MQTT echo
 (bench/ref/echo.py, its own process) with the same publishing and watching clients, so the
@@ -13,13 +21,17 @@ figures can be read on a machine of another speed: what the service adds is the 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from harness import BENCH, HOST, Figure, Publisher, Service, Watcher, percentile, uid
+from redis_server import RedisServer
+from ref_env import ensure_ref_venv, ref_versions
 
 from edge_queue.store import parse_iso
 
@@ -88,45 +100,75 @@ def echo_run(n: int, port: int) -> list[float]:
     return out
 
 
+def celery_run(py: Path, n: int) -> list[float]:
+    """``n`` Celery tasks, one at a time, on a fresh private redis-server (RDB, Redis's
+    default): ``delay()`` -> result seen, ms each (bench/ref/celery_latency.py)."""
+    with RedisServer("rdb") as redis, tempfile.TemporaryDirectory(prefix="eqcelery-") as d:
+        out = subprocess.run(
+            [str(py), str(BENCH / "ref" / "celery_latency.py"), str(n), redis.url, d],
+            capture_output=True,
+            text=True,
+            timeout=120 + n,
+        )
+        if out.returncode != 0:
+            raise RuntimeError(f"celery: {out.stderr[-1500:]}")
+        got: list[float] = json.loads(out.stdout.strip().splitlines()[-1])["submit->succeeded"]
+        return got
+
+
 def run(runs: int, n: int, log: Any, brokers: dict[str, int], baseline: str | None = None) -> dict[str, Any]:
     """``brokers``: name -> port; every run measures on each broker, alternating the order.
     ``baseline``: a commit whose service is measured too, alternated with this tree's
     (figures ``<broker> base: ...``)."""
-    import tempfile
-
     import harness
     from p1_throughput import before_tree
 
+    py = ensure_ref_venv(log)
     with tempfile.TemporaryDirectory(prefix="eqbase-") as d:
         base = before_tree(Path(d), log, baseline) if baseline else None
-        res = _run(runs, n, log, brokers, base)
+        res = _run(runs, n, log, brokers, base, py)
         res["baseline"] = baseline if base is not None else None
+        res["celery_version"] = (ref_versions(py) or {}).get("celery", "?")
         harness.use_port(brokers[next(iter(brokers))])
         return res
 
 
-def _run(runs: int, n: int, log: Any, brokers: dict[str, int], base: Path | None) -> dict[str, Any]:
+PERCENTILES = (50, 90, 95, 99)
+
+
+def _run(runs: int, n: int, log: Any, brokers: dict[str, int], base: Path | None, py: Path) -> dict[str, Any]:
     import harness
 
     figs: dict[str, list[float]] = {}
-    names = list(brokers)
+    names = ["celery", *brokers]
     for r in range(runs):
         for b in names if r % 2 == 0 else names[::-1]:
+            if b == "celery":
+                lat = celery_run(py, n)
+                for p in PERCENTILES:
+                    figs.setdefault(f"celery: submit->succeeded p{p}", []).append(percentile(lat, p))
+                log(
+                    f"P2 run {r + 1}/{runs} [celery on redis]: submit->succeeded "
+                    f"p50 {percentile(lat, 50):.1f}, p90 {percentile(lat, 90):.1f} ms"
+                )
+                continue
             harness.use_port(brokers[b])
             trees = [("", None), (" base", base)] if base is not None else [("", None)]
             for tag, root in trees if r % 2 == 0 else trees[::-1]:
                 res = one_run(n, log, root)
                 for m, vals in res.items():
-                    for p in (50, 95, 99):
+                    for p in PERCENTILES:
                         figs.setdefault(f"{b}{tag}: {m} p{p}", []).append(percentile(vals, p))
                 ps = [percentile(res["submit->running"], p) for p in (50, 95, 99)]
+                ok = [percentile(res["submit->succeeded"], p) for p in (50, 90)]
                 log(
                     f"P2 run {r + 1}/{runs} [{b}{', baseline' if tag else ''}]: submit->running "
-                    f"p50 {ps[0]:.1f}, p95 {ps[1]:.1f}, p99 {ps[2]:.1f} ms"
+                    f"p50 {ps[0]:.1f}, p95 {ps[1]:.1f}, p99 {ps[2]:.1f} ms; submit->succeeded "
+                    f"p50 {ok[0]:.1f}, p90 {ok[1]:.1f} ms"
                 )
             echo = echo_run(n, brokers[b])  # the floor, on the same broker
             for p in (50, 95, 99):
                 figs.setdefault(f"{b}: echo floor p{p}", []).append(percentile(echo, p))
             log(f"P2 run {r + 1}/{runs} [{b}]: echo floor p50 {percentile(echo, 50):.2f} ms")
-    harness.use_port(brokers[names[0]])
+    harness.use_port(next(iter(brokers.values())))
     return {"figures": {k: Figure(v, "ms") for k, v in figs.items()}, "n": n}

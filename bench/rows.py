@@ -7,32 +7,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from cells import fmt, row
 from harness import Figure
-
-
-def fmt(f: Figure) -> str:
-    def n(x: float) -> str:
-        if abs(x) >= 100:
-            return f"{x:,.0f}"
-        return f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}" if abs(x) >= 0.1 or x == 0 else f"{x:.3f}"
-
-    return f"{n(f.median)} [{n(min(f.runs))}-{n(max(f.runs))}] {f.unit}"
-
-
-def row(
-    pid: str, what: str, target: str, fig: Figure | None, reference: str, ratio: str, met: bool | None
-) -> dict[str, Any]:
-    return {
-        "id": pid,
-        "what": what,
-        "target": target,
-        "measured": fmt(fig) if fig else "-",
-        "reference": reference,
-        "ratio": ratio,
-        "met": met,
-        "figure": fig.as_dict() if fig else None,
-    }
-
+from ref_rows import p1_dramatiq_rows, p2_celery_rows
 
 #: The P3 long-file sides held to the targets: the default path and ``chunks_at_once = 2``.
 OURS = ("edge-queue batched", "edge-queue batched, 2 chunks at once")
@@ -242,6 +219,7 @@ def _p1_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
             None,
         )
     )
+    out += p1_dramatiq_rows(res)
     out.append(
         row("P1", "floor: 3 SQLite FULL commits + 3 retained QoS 1 publishes per job", "(floor)", fl, "", "", None)
     )
@@ -302,6 +280,7 @@ def rows_for(pid: str, res: dict[str, Any]) -> list[dict[str, Any]]:
                             None,
                         )
                     )
+        out += p2_celery_rows(res)
         for b in ("shipped", "nagle"):
             for p in (50, 95, 99):
                 if f"{b}: echo floor p{p}" in f:

@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness  # noqa: E402
 import provenance  # noqa: E402
+import redis_server  # noqa: E402
 from harness import BENCH, ROOT, Figure  # noqa: E402
 from rows import fmt, rows_for, table, target_of  # noqa: E402
 
@@ -97,7 +98,10 @@ The 1-hour P4 recording ran once. The brokers were private mosquitto processes o
 "shipped" with the delivery settings of `broker/mosquitto.conf` (`max_queued_messages`,
 `set_tcp_nodelay`; no persistence, no authentication), used by every benchmark; "nagle" the
 same without `set_tcp_nodelay`, as mosquitto ships (P2 only; docs/operations.md, "Requests
-answered 30-90 ms late"). The services ran
+answered 30-90 ms late"). Issue 56's references, Dramatiq (P1) and Celery (P2) on Redis, ran in
+bench/.venv-ref on private redis-server processes on loopback, a fresh one per run
+(`bench/redis_server.py`): Redis's default persistence (RDB snapshots, no append-only file) and,
+for Dramatiq's informative second row, `appendonly yes` + `appendfsync always`. The services ran
 with `log_level` WARNING (the default, INFO, logs three lines per job). Ratios for latencies
 and times are measured divided by reference (lower is better); for throughput, measured divided by reference.
 
@@ -264,6 +268,11 @@ def main() -> int:
     }
     if "P1" in results:
         meta["versions"]["huey (bench/.venv-ref)"] = results["P1"].get("huey_version", "?")
+        meta["versions"]["dramatiq (bench/.venv-ref)"] = results["P1"].get("dramatiq_version", "?")
+    if {"P1", "P2"} & set(results):
+        ran = results.get("P2") or results["P1"]
+        meta["versions"]["celery (bench/.venv-ref)"] = ran.get("celery_version", "?")
+        meta["versions"]["redis-server"] = redis_server.version()
     out = BENCH / "results" / f"{date}{'-quick' if q else ''}.json"
     out.parent.mkdir(exist_ok=True)
     extra = {pid: {k: v for k, v in r.items() if k != "figures"} for pid, r in results.items()}
