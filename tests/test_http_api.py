@@ -287,7 +287,7 @@ def test_openai_package(
     media.mkdir()
     svc, url = api_service(service_factory, mosquitto, media)
     client = OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
-    assert [m.id for m in client.models.list()] == ["whisper-1"]
+    assert [m.id for m in client.models.list()] == ["whisper-1", "gpt-4o-transcribe-diarize"]
     flac = speech / "jfk.flac"
 
     def create(**kw: Any) -> Any:
@@ -318,7 +318,7 @@ def test_openai_package(
     # a key not in [api] keys acts as api.anonymous_user, set here (tests/test_http_errors.py
     # has it unset: 401)
     with OpenAI(base_url=url + "/v1", api_key="x" * 32, max_retries=0) as placeholder:
-        assert [m.id for m in placeholder.models.list()] == ["whisper-1"]
+        assert [m.id for m in placeholder.models.list()] == ["whisper-1", "gpt-4o-transcribe-diarize"]
     nobody = OpenAI(base_url=url + "/v1", api_key=NOBODY_KEY, max_retries=0)  # role none
     with nobody, pytest.raises(PermissionDeniedError), open(flac, "rb") as f:
         nobody.audio.transcriptions.create(model="whisper-1", file=f)
