@@ -1,12 +1,17 @@
 """Who said what through the real service (docs/topics.md, "Speakers"; docs/http-api.md): a
-two-voice conversation built from the shared clips, with an exact reference, sent to
-``POST /asr?diarize=true``; and ``max_speakers`` below ``min_speakers`` refused at submit over
-MQTT."""
+two-voice conversation built from the shared clips, with an exact reference, sent through every
+door with diarize: ``POST /asr?diarize=true``, OpenAI's own client (``diarized_json``,
+``gpt-4o-transcribe-diarize``, known speakers refused), a ``submit`` published by mosquitto_pub,
+and a watch folder whose rule asks for it; ``max_speakers`` below ``min_speakers`` refused at
+submit over MQTT. One transcription per test."""
 
 from __future__ import annotations
 
 import base64
 import json
+import os
+import re
+import subprocess
 import warnings
 from pathlib import Path
 from typing import Any
@@ -16,6 +21,7 @@ import pytest
 
 from edge_queue.requests.outputs import cues
 
+from .conftest import wait_until
 from .helpers.conversation import conversation, need_voice_model, voice_of
 from .helpers.http_api import KEY, api_service, jobs_listed
 
@@ -154,3 +160,87 @@ def test_openai_package_reads_the_speakers_of_a_two_voice_conversation(
         client.audio.translations.create(model="whisper-1", file=f, response_format="diarized_json")  # type: ignore[arg-type]
     assert no_format.value.param == "response_format"
     client.close()
+
+
+#: The conversation's voices as the job's files name them (first appearance: JFK).
+SPEAKERS = {"jfk": "SPEAKER_00", "reader": "SPEAKER_01"}
+
+
+def assert_speaker_turns(outputs: dict[str, str], ref: list[tuple[str, float, float]]) -> None:
+    """The job's ``srt``, ``vtt`` and ``txt`` files show the conversation's turns: every cue
+    spoken by the voice its mark names, and one ``txt`` line per turn."""
+    srt = Path(outputs["srt"]).read_text()
+    assert srt.count("[SPEAKER_00] ") == 2 and srt.count("[SPEAKER_01] ") == 2, srt
+    who = None
+    for cue in cues(srt, "srt"):
+        if mark := re.match(r"\[(SPEAKER_\d\d)\] ", cue["text"]):
+            who = mark.group(1)
+        assert who == SPEAKERS[voice_of(cue, ref)], (cue, srt)
+    vtt = Path(outputs["vtt"]).read_text()
+    for cue in cues(vtt, "vtt"):
+        voice = re.match(r"<v (SPEAKER_\d\d)>", cue["text"])
+        assert voice is not None and voice.group(1) == SPEAKERS[voice_of(cue, ref)], (cue, vtt)
+    turns = Path(outputs["txt"]).read_text().splitlines()
+    assert [line.split("] ")[0] for line in turns] == ["[SPEAKER_00", "[SPEAKER_01"] * 2, turns
+    assert "fellow Americans" in turns[0] and "Dashwood" in turns[1] and "amiable" in turns[3], turns
+
+
+@pytest.mark.slow
+def test_mosquitto_pub_diarize_writes_the_speaker_turns(
+    service_factory: Any, mosquitto: Any, speech: Path, tmp_path: Path, model_installed: None, mosquitto_clients: None
+) -> None:
+    need_voice_model()
+    # Given a two-voice conversation in a media root
+    media = tmp_path / "media"
+    media.mkdir()
+    ref = conversation(speech, media / "talk.wav")
+    svc = service_factory(mosquitto, [media]).start()
+
+    # When it is submitted with diarize by mosquitto_pub, as docs/topics.md's example does
+    payload = {"kind": "transcribe", "input": str(media / "talk.wav"), "options": {"language": "en", "diarize": True}}
+    with svc.watcher("jobs/+", "response/submit") as w:
+        command = ["mosquitto_pub", "-h", mosquitto.host, "-p", str(mosquitto.port), "-q", "1"]
+        subprocess.run(
+            [*command, "-t", f"{svc.base}/request/submit", "-m", json.dumps(payload)], check=True, timeout=10
+        )
+        answer = w.wait_json(f"{svc.base}/response/submit", lambda m: True)
+        assert answer["status"] == "ok", answer
+        job_id = answer["data"]["jobs"][0]["job_id"]
+        done = w.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] in ("succeeded", "failed"), timeout=180)
+
+    # Then the job found two speakers, and its files carry the conversation's turns
+    assert done["state"] == "succeeded", done
+    assert done["result"]["speakers"] == 2
+    assert_speaker_turns(done["result"]["outputs"], ref)
+
+
+@pytest.mark.slow
+def test_a_watch_folder_with_diarize_writes_the_speaker_turns_beside_the_recording(
+    service_factory: Any, mosquitto: Any, speech: Path, root: Path, model_installed: None
+) -> None:
+    need_voice_model()
+    # Given a watch folder whose rule asks for diarize, its transcripts beside the recordings
+    inbox = root / "inbox"
+    rule = {
+        "path": str(inbox),
+        "kind": "transcribe",
+        "options": {"diarize": True, "language": "en", "output": "beside", "formats": ["srt", "vtt", "txt"]},
+        "settle_s": 1.0,
+        "mode": "events",
+    }
+    svc = service_factory(mosquitto, [root], {"EDGE_QUEUE_WATCH": json.dumps([rule])}).start()
+
+    # When a two-voice conversation lands in it (renamed in whole)
+    ref = conversation(speech, root / "elsewhere" / "talk.wav")
+    os.rename(root / "elsewhere" / "talk.wav", inbox / "talk.wav")
+
+    # Then its job diarizes, and the files beside it carry the conversation's turns
+    def ended() -> list[dict[str, Any]]:
+        return [j for j in jobs_listed(svc) if j["state"] in ("succeeded", "failed")]
+
+    job = wait_until(ended, 180, "the watch folder's job to end")[0]
+    assert job["state"] == "succeeded" and job["options"]["diarize"] is True, job
+    assert job["result"]["speakers"] == 2, job
+    outputs = job["result"]["outputs"]
+    assert outputs == {fmt: str(inbox / f"talk.en.{fmt}") for fmt in ("srt", "vtt", "txt")}, outputs
+    assert_speaker_turns(outputs, ref)
