@@ -53,8 +53,9 @@ class OpenAiCall:
 
 def model_names(models: dict[str, Any]) -> list[str]:
     """The names of ``GET /v1/models``: ``whisper-1``, ``gpt-4o-transcribe-diarize``, then each
-    name of ``transcribe.models`` (``models``)."""
-    return [DEFAULT_MODEL, DIARIZE_MODEL, *models]
+    other name of ``transcribe.models`` (``models``; those two names always mean the configured
+    ``transcribe.model``)."""
+    return [DEFAULT_MODEL, DIARIZE_MODEL, *(m for m in models if m not in (DEFAULT_MODEL, DIARIZE_MODEL))]
 
 
 def read_call(upload: Upload, task: str, models: dict[str, Any]) -> OpenAiCall:
@@ -90,7 +91,7 @@ def read_call(upload: Upload, task: str, models: dict[str, Any]) -> OpenAiCall:
     if granularities - {"word", "segment"}:
         raise RequestError("timestamp_granularities[] takes word and segment", code=ErrorCode.INVALID_REQUEST)
     options: dict[str, Any] = {"task": task}
-    if model in models:
+    if model not in (DEFAULT_MODEL, DIARIZE_MODEL):
         options["model"] = model
     if task == "transcribe" and field(upload, "language"):
         options["language"] = field(upload, "language")
