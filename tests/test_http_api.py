@@ -74,6 +74,35 @@ def test_openai_shapes() -> None:
     assert transcripts.language_name("de") == "german" and transcripts.language_name("zz") == "zz"
 
 
+def test_openai_speakers() -> None:
+    from openai.types.audio import TranscriptionDiarized
+
+    said = {
+        **DOCUMENT,
+        "segments": [
+            {**DOCUMENT["segments"][0], "speaker": "SPEAKER_00"},
+            {
+                **DOCUMENT["segments"][1],
+                "speaker": "SPEAKER_01",
+                "words": [{**w, "speaker": "SPEAKER_01"} for w in DOCUMENT["segments"][1]["words"]],
+            },
+        ],
+    }
+    diarized = TranscriptionDiarized.model_validate(json.loads(transcripts.openai_diarized(said)))
+    assert [(s.id, s.speaker, s.start, s.end) for s in diarized.segments] == [
+        ("seg_0", "A", 0.0, 1.5),
+        ("seg_1", "B", 1.5, 3.25),
+    ]
+    assert diarized.task == "transcribe" and diarized.duration == 11.0 and diarized.text == DOCUMENT["text"]
+    verbose = json.loads(transcripts.openai_verbose(said, "transcribe", words=True))
+    assert [s["speaker"] for s in verbose["segments"]] == ["SPEAKER_00", "SPEAKER_01"]
+    assert {w["speaker"] for w in verbose["words"]} == {"SPEAKER_01"}
+    assert "speaker" not in json.loads(transcripts.openai_verbose(DOCUMENT, "transcribe", words=True))["segments"][0]
+    letters = [transcripts.speaker_letter(f"SPEAKER_{n:02d}") for n in (0, 1, 25, 26, 31)]
+    assert letters == ["A", "B", "Z", "AA", "AF"]
+    assert transcripts.speaker_letter("agent") == "agent" and transcripts.speaker_letter(None) == "A"
+
+
 def test_callers() -> None:
     api = ApiSettings(keys={"alice": KEY})
     assert presented_key("Bearer " + KEY, None) == KEY and presented_key(None, KEY) == KEY
@@ -287,7 +316,7 @@ def test_openai_package(
     media.mkdir()
     svc, url = api_service(service_factory, mosquitto, media)
     client = OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0)
-    assert [m.id for m in client.models.list()] == ["whisper-1"]
+    assert [m.id for m in client.models.list()] == ["whisper-1", "gpt-4o-transcribe-diarize"]
     flac = speech / "jfk.flac"
 
     def create(**kw: Any) -> Any:
@@ -318,7 +347,7 @@ def test_openai_package(
     # a key not in [api] keys acts as api.anonymous_user, set here (tests/test_http_errors.py
     # has it unset: 401)
     with OpenAI(base_url=url + "/v1", api_key="x" * 32, max_retries=0) as placeholder:
-        assert [m.id for m in placeholder.models.list()] == ["whisper-1"]
+        assert [m.id for m in placeholder.models.list()] == ["whisper-1", "gpt-4o-transcribe-diarize"]
     nobody = OpenAI(base_url=url + "/v1", api_key=NOBODY_KEY, max_retries=0)  # role none
     with nobody, pytest.raises(PermissionDeniedError), open(flac, "rb") as f:
         nobody.audio.transcriptions.create(model="whisper-1", file=f)

@@ -1,18 +1,23 @@
 """The voice encoder of `diarize` (edge_queue/kinds/voice_encoder.py): Resemblyzer's weights
-read without PyTorch, the exact file pinned, and its embeddings those of Resemblyzer itself."""
+read without PyTorch, the exact file pinned, and its embeddings those of Resemblyzer itself;
+``edge-queue doctor``'s check of them, installed, missing and damaged."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import pickle
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from edge_queue.kinds import voice_encoder
 from edge_queue.kinds.torch_weights import MAGIC, PROTOCOL, WeightsError, load_state_dict
 
-from .conftest import need
+from .conftest import need, run_doctor
 
 #: SHA-256 of resemblyzer 0.1.4's pretrained.pt (the wheel is pinned in requirements/model.txt).
 WEIGHTS_SHA256 = "39373b86598fa3da9fcddee6142382efe09777e8d37dc9c0561f41f0070f134e"
@@ -114,3 +119,53 @@ def test_the_lstm_runs_its_products_on_one_blas_thread(weights: Path, monkeypatc
     assert out.shape == (2, 256)
     need(bool(seen[0]), "numpy has no BLAS that threadpoolctl knows here")
     assert seen == [[1] * len(seen[0])], seen
+
+
+def test_doctor_says_whether_the_speaker_model_is_there_and_loads(
+    mosquitto: Any, tmp_path: Path, root: Path, weights: Path
+) -> None:
+    # Given a box whose other checks pass (the shared mosquitto, a fresh data dir, a media root)
+    env = {
+        **os.environ,
+        "EDGE_QUEUE_DATA_DIR": str(tmp_path / "data"),
+        "EDGE_QUEUE_MEDIA_ROOTS": json.dumps([str(root)]),
+        "EDGE_QUEUE_MQTT__HOST": mosquitto.host,
+        "EDGE_QUEUE_MQTT__PORT": str(mosquitto.port),
+        "EDGE_QUEUE_MQTT__BASE_TOPIC": "spk" + uuid.uuid4().hex[:8],
+        "EDGE_QUEUE_HTTP__ENABLED": "false",
+    }
+
+    def doctor(resemblyzer: bytes | None = None, **extra: str) -> tuple[int, str]:
+        """``doctor``'s exit code and its speaker model line; with ``resemblyzer``, a package of
+        that name found before the installed one, its ``pretrained.pt`` those bytes (b"": none)."""
+        run_env = {**env, **extra}
+        if resemblyzer is not None:
+            shadow = tmp_path / f"shadow-{uuid.uuid4().hex[:6]}" / "resemblyzer"
+            shadow.mkdir(parents=True)
+            (shadow / "__init__.py").write_text("raise ImportError('never imported: its weights are read')\n")
+            if resemblyzer:
+                (shadow / "pretrained.pt").write_bytes(resemblyzer)
+            run_env["PYTHONPATH"] = os.pathsep.join([str(shadow.parent), env.get("PYTHONPATH", "")])
+        out = run_doctor(run_env)
+        lines = [line for line in out.stdout.splitlines() if "speaker model:" in line]
+        assert len(lines) == 1, out.stdout + out.stderr
+        return out.returncode, lines[0]
+
+    # When the weights are installed: they load and run
+    code, line = doctor()
+    assert code == 0 and line.startswith(f"ok    speaker model: {weights} loads and runs"), line
+
+    # When they are not: a warning that says what fails and how to install them...
+    code, line = doctor(b"")
+    assert code == 0 and line.startswith("warn  speaker model: no voice model: install resemblyzer"), line
+    assert "jobs with diarize fail internal_error" in line
+    # ...and a failure when a watch folder's rule asks for diarize (every job of it would fail)
+    rule = {"path": str(root / "inbox"), "kind": "transcribe", "options": {"diarize": True}}
+    code, line = doctor(b"", EDGE_QUEUE_WATCH=json.dumps([rule]))
+    assert code == 1 and line.startswith("FAIL  speaker model: no voice model"), line
+    assert str(root / "inbox") in line
+
+    # When the file is there but damaged (cut short): a failure naming the file and the remedy
+    code, line = doctor(weights.read_bytes()[:4096])
+    assert code == 1 and line.startswith("FAIL  speaker model: ") and "cannot be loaded" in line, line
+    assert "pretrained.pt" in line and "--force-reinstall" in line

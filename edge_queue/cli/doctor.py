@@ -267,6 +267,45 @@ def _model(settings: Settings) -> Iterator[Check]:
             yield Check(key, False, f"{ref or 'bundled model'}: {type(e).__name__}: {e}")
 
 
+def _speaker_model(settings: Settings) -> Iterator[Check]:
+    """The voice encoder of ``diarize`` (Resemblyzer's weights, requirements/model.txt): found,
+    loaded and run on one window of silence (about 0.1 s). Not there: a ``warn`` (only jobs with
+    ``diarize`` need it, and they fail ``internal_error``), a failure when a ``[[watch]]`` rule
+    asks for ``diarize``; there but not loading: a failure."""
+    from edge_queue.kinds.torch_weights import load_state_dict
+    from edge_queue.kinds.voice_encoder import NoVoiceModel, VoiceEncoder, partial_mels, weights_path
+
+    name = "speaker model"
+    try:
+        path = weights_path()
+    except NoVoiceModel as e:
+        asking = [str(w.path) for w in settings.watch if (w.options or {}).get("diarize") is True]
+        why = f"{e}; jobs with diarize fail internal_error"
+        if asking:
+            yield Check(name, False, f"{why}, as every job of the watch folder(s) {', '.join(asking)} would")
+        else:
+            yield Check(name, True, why, warn=True)
+        return
+    try:
+        import numpy as np
+
+        started = time.monotonic()
+        encoder = VoiceEncoder(load_state_dict(path))
+        windows, _ = partial_mels(np.zeros(16000, np.float32))
+        embedding = encoder.embed_mels(windows)
+        if embedding.shape != (1, 256) or not np.isfinite(embedding).all():
+            raise ValueError(f"an embedding of shape {embedding.shape} with values that are not numbers")
+    except Exception as e:  # a damaged or foreign file: the reader and the shapes raise plain errors
+        yield Check(
+            name,
+            False,
+            f"{path} cannot be loaded ({type(e).__name__}: {e}); jobs with diarize fail internal_error: "
+            "install resemblyzer again from requirements/model.txt (--no-deps --force-reinstall)",
+        )
+        return
+    yield Check(name, True, f"{path} loads and runs (Resemblyzer's voice encoder, {time.monotonic() - started:.1f} s)")
+
+
 def _cuda(settings: Settings) -> Iterator[Check]:
     """``[transcribe] device = "cuda"``: whether CTranslate2 sees a CUDA device, and why not."""
     if settings.transcribe.device != "cuda":
@@ -362,8 +401,10 @@ def _hub_view(settings: Settings, service: dict[str, Any]) -> Iterator[Check]:
 
 def run_checks(settings: Settings, *, model: bool = True, node: bool = False) -> Iterator[Check]:
     """Every check, in order: broker, data dir, disk, database, media roots, watch folders,
-    the queue page, model(s). With ``node``, what a worker node needs: broker, the hub's view
-    of this node, media roots, path maps, CUDA, model(s); nothing of a store it does not keep."""
+    the queue page, the speaker model, model(s). With ``node``, what a worker node needs:
+    broker, the hub's view of this node, media roots, path maps, CUDA, the speaker model,
+    model(s); nothing of a store it does not keep. ``model`` False skips the Whisper models
+    only (the speaker model loads in 0.1 s)."""
     service: dict[str, Any] = {}
     yield from _broker(settings, service)
     if node:
@@ -371,6 +412,7 @@ def run_checks(settings: Settings, *, model: bool = True, node: bool = False) ->
         yield from _media_roots(settings, {})
         yield from _path_maps(settings)
         yield from _cuda(settings)
+        yield from _speaker_model(settings)
         if model:
             yield from _model(settings)
         return
@@ -381,5 +423,6 @@ def run_checks(settings: Settings, *, model: bool = True, node: bool = False) ->
     yield from _page(settings)
     yield from _path_maps(settings)
     yield from _cuda(settings)
+    yield from _speaker_model(settings)
     if model:
         yield from _model(settings)

@@ -41,17 +41,17 @@ from edge_queue.written import NotTheFileWritten, read_written
 
 from . import transcripts
 from .callers import Caller, caller_of, count_call, presented_key
+from .openai_form import REFUSED_FIELDS, model_names, read_call
 from .receiving import UploadReceiver
 from .shares import Shares
 from .statuses import RETRY_AFTER_S, code_of, error_response, status_of, stopping
-from .uploads import PCM_RATE, PCM_WIDTH, Upload, field
+from .uploads import PCM_RATE, PCM_WIDTH, Upload
+from .values import count, flag
 
 log = logging.getLogger(__name__)
 #: Refused calls, one INFO line each, at most 20 in 10 s (a client can repeat them without end).
 refusals = RejectionLog("refused HTTP call(s)", logging.INFO, log)
 
-#: The model name OpenAI's clients send by default: the configured ``transcribe.model``.
-DEFAULT_MODEL = "whisper-1"
 #: Seconds of a raw PCM upload kept by ``/detect-language`` (Whisper detects on the first 30).
 DETECT_S = 30
 #: An output file is read up to this many bytes (a ``json`` of a 10-hour recording is ~20 MB).
@@ -83,26 +83,6 @@ class JobGateway(Protocol):
     ) -> tuple[Future[dict[str, Any]], Future[Ended]]: ...
 
     def retry_and_wait(self, job_id: str, user: str | None) -> tuple[Future[dict[str, Any]], Future[Ended]]: ...
-
-
-def flag(value: Any, default: bool) -> bool:
-    """A query or form flag: ``true``/``1``/``yes``/``on`` or ``false``/``0``/``no``/``off``."""
-    if value is None or value == "":
-        return default
-    text = str(value).strip().lower()
-    if text in ("true", "1", "yes", "on"):
-        return True
-    if text in ("false", "0", "no", "off"):
-        return False
-    raise RequestError(f"{str(value)[:40]!r} is not true or false", code=ErrorCode.INVALID_REQUEST)
-
-
-def count(value: str, name: str) -> int:
-    """A query's whole number (``min_speakers=2``); anything else is ``invalid_request``."""
-    try:
-        return int(value.strip())
-    except ValueError:
-        raise RequestError(f"{name}: {value[:40]!r} is not a whole number", field=name) from None
 
 
 class Api:
@@ -143,9 +123,9 @@ class Api:
         return JSONResponse({"status": "ok", "service": "edge-queue", "version": self.version})
 
     async def models(self, request: Request) -> Response:
-        """``GET /v1/models``: ``whisper-1`` (the configured model) and each of ``transcribe.models``."""
-        names = [DEFAULT_MODEL, *self.settings.transcribe.models]
-        data = [_model_object(n) for n in names]
+        """``GET /v1/models``: ``whisper-1`` (the configured model), ``gpt-4o-transcribe-diarize``
+        (the same with ``diarize``) and each of ``transcribe.models``."""
+        data = [_model_object(n) for n in model_names(self.settings.transcribe.models)]
         return await self._guarded(request, lambda caller: _json({"object": "list", "data": data}))
 
     async def model(self, request: Request) -> Response:
@@ -153,7 +133,7 @@ class Api:
         return await self._guarded(request, lambda caller: self._model(request.path_params["model_id"]))
 
     async def _model(self, name: str) -> Response:
-        if name != DEFAULT_MODEL and name not in self.settings.transcribe.models:
+        if name not in model_names(self.settings.transcribe.models):
             raise RequestError(
                 f"no model {name[:100]!r}; GET /v1/models lists them", code=ErrorCode.MODEL_NOT_FOUND, field="model"
             )
@@ -226,7 +206,8 @@ class Api:
 
     async def openai_transcriptions(self, request: Request) -> Response:
         """``POST /v1/audio/transcriptions`` (OpenAI's fields: ``file``, ``model``,
-        ``language``, ``prompt``, ``response_format``, ``timestamp_granularities[]``)."""
+        ``language``, ``prompt``, ``response_format``, ``timestamp_granularities[]``; speakers:
+        :mod:`.openai_form`)."""
         return await self._guarded(request, lambda caller: self._openai(request, caller, "transcribe"))
 
     async def openai_translations(self, request: Request) -> Response:
@@ -235,45 +216,14 @@ class Api:
         return await self._guarded(request, lambda caller: self._openai(request, caller, "translate"))
 
     async def _openai(self, request: Request, caller: Caller, task: str) -> Response:
-        upload = await self.receiver.receive(request, caller, "file", raw_pcm=False)
-        model = field(upload, "model")
-        if not model:
-            raise RequestError("model is required (GET /v1/models lists them)", code=ErrorCode.INVALID_REQUEST)
-        if model != DEFAULT_MODEL and model not in self.settings.transcribe.models:
-            raise RequestError(
-                f"no model {model[:100]!r}; GET /v1/models lists them", code=ErrorCode.MODEL_NOT_FOUND, field="model"
-            )
-        if flag(field(upload, "stream"), False):
-            raise RequestError(
-                "stream is not supported: send the call without it for the text",
-                code=ErrorCode.INVALID_REQUEST,
-                field="stream",
-            )
-        fmt = field(upload, "response_format", "json")
-        if fmt not in transcripts.OPENAI_FORMATS:
-            raise RequestError(
-                f"response_format must be one of {', '.join(transcripts.OPENAI_FORMATS)}",
-                code=ErrorCode.INVALID_REQUEST,
-            )
-        granularities = set(
-            upload.fields.get("timestamp_granularities[]", []) + upload.fields.get("timestamp_granularities", [])
-        )
-        if granularities - {"word", "segment"}:
-            raise RequestError("timestamp_granularities[] takes word and segment", code=ErrorCode.INVALID_REQUEST)
-        options: dict[str, Any] = {"task": task}
-        if model != DEFAULT_MODEL:
-            options["model"] = model
-        if task == "transcribe" and field(upload, "language"):
-            options["language"] = field(upload, "language")
-        if field(upload, "prompt"):
-            options["initial_prompt"] = field(upload, "prompt")
-        if "word" in granularities:
-            options["word_timestamps"] = True
-        ended = await self._run(request, caller, upload, options)
+        upload = await self.receiver.receive(request, caller, "file", raw_pcm=False, refused_fields=REFUSED_FIELDS)
+        call = read_call(upload, task, self.settings.transcribe.models)
+        ended = await self._run(request, caller, upload, call.options)
         if ended is None:
             return Response(status_code=499)
+        fmt = call.response_format
         document_fmt = {"json": "openai_json", "text": "openai_text", "verbose_json": "verbose"}.get(fmt, fmt)
-        body = await self._render(ended, document_fmt, "openai", task=task, granularities=granularities)
+        body = await self._render(ended, document_fmt, "openai", task=task, granularities=set(call.granularities))
         return Response(body, media_type=transcripts.CONTENT_TYPES[fmt])
 
     # -- one call -----------------------------------------------------------------------
@@ -406,6 +356,8 @@ class Api:
             return transcripts.openai_json(document)
         if fmt == "openai_text":
             return transcripts.openai_text(document)
+        if fmt == "diarized_json":
+            return transcripts.openai_diarized(document)
         grains = granularities or set()
         return transcripts.openai_verbose(document, task, "word" in grains, segments=not grains or "segment" in grains)
 

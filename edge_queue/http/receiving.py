@@ -12,7 +12,7 @@ import asyncio
 import errno
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import anyio
@@ -53,12 +53,20 @@ class UploadReceiver:
                 delete(upload.path)
 
     async def receive(
-        self, request: Request, caller: Caller, file_field: str, *, raw_pcm: bool, keep_bytes: int | None = None
+        self,
+        request: Request,
+        caller: Caller,
+        file_field: str,
+        *,
+        raw_pcm: bool,
+        keep_bytes: int | None = None,
+        refused_fields: Mapping[str, str] | None = None,
     ) -> Upload:
         """Stream the body to an upload file of the caller's user's folder, in one of the
         upload slots (:class:`~.shares.Shares`); each upload at least :data:`MIN_UPLOAD_BYTES_S`
         over every :data:`RATE_WINDOW_S`, done within ``api.max_upload_s``, and the user's
-        uploads on disk within :func:`~.shares.user_bytes_allowed`."""
+        uploads on disk within :func:`~.shares.user_bytes_allowed`; a form field named in
+        ``refused_fields`` (name -> message) refused as its part begins."""
         self.shares.may_wait(caller)
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > self.api.max_upload_mb * 2**20 + 2**20:
@@ -74,6 +82,7 @@ class UploadReceiver:
             max_bytes=self.api.max_upload_mb * 2**20,
             min_free_bytes=self.settings.limits.min_free_disk_mb * 2**20,
             keep_bytes=keep_bytes,
+            refused_fields=refused_fields,
         )
         slot = self.shares.take(caller, time.monotonic())
         dropped = asyncio.ensure_future(slot.dropped.wait())

@@ -13,7 +13,10 @@ caller gets exactly what an MQTT job of the same audio writes. The rest are made
   (a language name, as OpenAI gives it), "duration", "text", "segments", "words"?}``; the
   ``segments`` with OpenAI's fields: ``tokens``, ``avg_logprob``, ``compression_ratio`` and
   ``no_speech_prob`` as the model gave them (:func:`confidence`), ``seek`` and ``temperature``,
-  which the job does not keep, 0).
+  which the job does not keep, 0; segments and words carry the job's ``speaker`` when it has
+  one).
+- OpenAI's ``diarized_json`` (:func:`openai_diarized`): the segments with their speakers
+  labelled as OpenAI labels them, ``A``, ``B``, ...
 """
 
 from __future__ import annotations
@@ -22,9 +25,8 @@ from typing import Any
 
 import orjson
 
-#: Formats of ``POST /asr`` (``output``) and of OpenAI's routes (``response_format``).
+#: Formats of ``POST /asr`` (``output``); OpenAI's routes' are in :mod:`.openai_form`.
 ASR_FORMATS = ("txt", "vtt", "srt", "tsv", "json")
-OPENAI_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
 #: The job's own output files that are sent as they are.
 FILE_FORMATS = ("txt", "srt", "vtt")
 
@@ -37,6 +39,7 @@ CONTENT_TYPES = {
     "tsv": "text/tab-separated-values; charset=utf-8",
     "json": "application/json",
     "verbose_json": "application/json",
+    "diarized_json": "application/json",
 }
 
 
@@ -143,12 +146,18 @@ def openai_verbose(document: dict[str, Any], task: str, words: bool, segments: b
                 "text": s["text"],
                 "temperature": 0.0,
                 **confidence(s),
+                **({"speaker": s["speaker"]} if isinstance(s.get("speaker"), str) else {}),
             }
             for i, s in enumerate(listed)
         ]
     if words:
         out["words"] = [
-            {"word": w["word"], "start": float(w["start"]), "end": float(w["end"])}
+            {
+                "word": w["word"],
+                "start": float(w["start"]),
+                "end": float(w["end"]),
+                **({"speaker": w["speaker"]} if isinstance(w.get("speaker"), str) else {}),
+            }
             for s in listed
             for w in s.get("words") or []
             if isinstance(w, dict)
@@ -158,6 +167,49 @@ def openai_verbose(document: dict[str, Any], task: str, words: bool, segments: b
         ]
     out["usage"] = usage(document)
     return orjson.dumps(out)
+
+
+def openai_diarized(document: dict[str, Any]) -> bytes:
+    """OpenAI's ``diarized_json`` (the ``openai`` package's ``TranscriptionDiarized``):
+    ``{"task": "transcribe", "duration" (seconds), "text", "segments": [{"type":
+    "transcript.text.segment", "id": "seg_<n>", "start", "end", "text", "speaker"}], "usage"}``,
+    a segment of the job's each, its speaker as OpenAI labels one (:func:`speaker_letter`)."""
+    listed = segments_of(document)
+    return orjson.dumps(
+        {
+            "task": "transcribe",
+            "duration": float(document.get("duration_s") or (listed[-1]["end"] if listed else 0.0)),
+            "text": _text(document),
+            "segments": [
+                {
+                    "type": "transcript.text.segment",
+                    "id": f"seg_{i}",
+                    "start": float(s["start"]),
+                    "end": float(s["end"]),
+                    "text": s["text"],
+                    "speaker": speaker_letter(s.get("speaker")),
+                }
+                for i, s in enumerate(listed)
+            ],
+            "usage": usage(document),
+        }
+    )
+
+
+def speaker_letter(label: Any) -> str:
+    """OpenAI's label of a speaker: ``SPEAKER_00`` -> ``A``, ``SPEAKER_01`` -> ``B``, ...,
+    ``SPEAKER_26`` -> ``AA`` (as spreadsheet columns); any other string as it is, and no label
+    ``A``."""
+    if not isinstance(label, str):
+        return "A"
+    prefix, _, number = label.rpartition("_")
+    if prefix != "SPEAKER" or not number.isdigit():
+        return label
+    n, letters = int(number) + 1, ""
+    while n:
+        n, rest = divmod(n - 1, 26)
+        letters = chr(ord("A") + rest) + letters
+    return letters
 
 
 def usage(document: dict[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ import shutil
 import threading
 import uuid
 import wave
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -71,7 +72,10 @@ class Upload:
     ``folder``: ``<data_dir>/uploads``; ``file_field``: the name of the file part;
     ``raw_pcm``: wrap the file in a WAV header; ``max_bytes``: the largest file;
     ``min_free_bytes``: the free space the disk keeps (``limits.min_free_disk_mb``);
-    ``keep_bytes``: keep only the file's first bytes (the rest is read and dropped)."""
+    ``keep_bytes``: keep only the file's first bytes (the rest is read and dropped);
+    ``refused_fields``: form fields refused as their part begins, before their value is read
+    (name -> the message of the ``invalid_request`` raised, its ``field`` the name without
+    ``[]``)."""
 
     def __init__(
         self,
@@ -83,8 +87,10 @@ class Upload:
         max_bytes: int,
         min_free_bytes: int,
         keep_bytes: int | None = None,
+        refused_fields: Mapping[str, str] | None = None,
     ) -> None:
         self.folder, self.file_field, self.raw_pcm = folder, file_field, raw_pcm
+        self.refused_fields = refused_fields or {}
         self.max_bytes, self.min_free_bytes, self.keep_bytes = max_bytes, min_free_bytes, keep_bytes
         #: form fields: name -> values (a name may repeat: ``timestamp_granularities[]``)
         self.fields: dict[str, list[str]] = {}
@@ -207,6 +213,8 @@ class Upload:
             self._filename = params.get(b"filename", b"").decode("utf-8", "replace") or None
             self._open()
             self._in_file = True
+        elif name in self.refused_fields:
+            raise RequestError(self.refused_fields[name], code=ErrorCode.INVALID_REQUEST, field=name.removesuffix("[]"))
         else:
             self._field, self._value = name, bytearray()
 
