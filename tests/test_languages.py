@@ -472,16 +472,21 @@ def test_english_told_by_base_costs_the_memory_of_english_given(
     settings = Settings(data_dir=tmp_path / "data", media_roots=[recording.parent], transcribe={"cpu_threads": 2})
     worker = RealWorker(settings)
     try:
-        given, result = worker.peak_of(recording, tmp_path / "out", language="en")
+        # (once each first: a worker's heap grows over its first jobs and then holds, the
+        # peaks of the same job given English 367 then 398 MiB; measured so, a job told by
+        # base after them read 31-40 MiB over the first, whatever base's own cost)
+        _, result = worker.peak_of(recording, tmp_path / "out", language="en")
         assert result["model"] == "tiny.en" and result["duration_s"] > 290, result
-        # When it transcribes the same recording without its language, twice
-        told = [worker.peak_of(recording, tmp_path / "out") for _ in range(2)]
-        print(f"peak RSS: language given {given:.0f} MiB, told by base {[round(p) for p, _ in told]} MiB")
+        worker.peak_of(recording, tmp_path / "out")
+        given, _ = worker.peak_of(recording, tmp_path / "out", language="en")
+        # When it transcribes the same recording without its language
+        told, result = worker.peak_of(recording, tmp_path / "out")
+        print(f"peak RSS: language given {given:.0f} MiB, told by base {told:.0f} MiB")
         # Then base told it English and tiny.en transcribed it, and the worker's peak stays
-        # within 30 MiB of the job given English (base held beside tiny.en: 70-90 MiB more)
-        for peak, result in told:
-            assert result["language"] == "en" and result["model"] == "tiny.en", result
-            assert peak <= given + 30, f"peak {peak:.0f} MiB, {peak - given:.0f} more than with English given"
+        # within 30 MiB of the job given English (base held beside tiny.en: 70-90 MiB more;
+        # measured: 7-14 MiB more)
+        assert result["language"] == "en" and result["model"] == "tiny.en", result
+        assert told <= given + 30, f"peak {told:.0f} MiB, {told - given:.0f} more than with English given"
     finally:
         worker.stop()
 
