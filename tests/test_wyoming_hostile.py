@@ -225,3 +225,27 @@ def test_a_chunk_is_at_most_a_second_of_the_largest_format(listener: tuple[Voice
     assert exchange(server.port, second + header("audio-stop"), wait_s=OPEN_S) == [("transcript", None), "open"]
     over = header("audio-chunk", data=stereo, payload_length=256 * 1024 + 4)
     assert exchange(server.port, over) == [("error", "payload_too_large"), "closed"]
+
+
+def test_a_command_that_would_take_the_disk_below_its_floor_is_refused(tmp_path: Path) -> None:
+    """``audio-start`` when the command's longest audio would leave less than
+    ``limits.min_free_disk_mb`` free: ``disk_full``, nothing written, the next command on a
+    disk with room taken (before, the audio was written until the disk was full, under the
+    store's own files)."""
+    import shutil
+
+    free_mb = shutil.disk_usage(tmp_path).free // 2**20
+    wyoming = {"enabled": True, "host": "127.0.0.1", "port": free_port(), "idle_timeout_s": IDLE_S}
+    # the floor: 1 MiB more than is free once this command's 30 s of 16-kHz s16 (0.92 MiB) are taken
+    settings = Settings(data_dir=tmp_path, wyoming=wyoming, limits={"min_free_disk_mb": free_mb})
+    recorder = Recorder()
+    server = VoiceServer(settings, recorder)
+    server.start()
+    try:
+        assert server.port is not None
+        sent = header("transcribe") + header("audio-start", data=A16) + chunk(b"\0" * 320, **A16)
+        answers = exchange(server.port, sent + header("audio-stop") + header("describe"), wait_s=OPEN_S)
+        assert answers == [("error", "disk_full"), ("info", None), "open"]
+        assert not recorder.commands and not list(server.voice_dir.iterdir())
+    finally:
+        server.stop()

@@ -6,7 +6,8 @@ Refusals raise :class:`~edge_queue.errors.RequestError` with the code the listen
 Wyoming's ``error`` event: ``invalid_request`` (an event out of order, an audio format outside
 :data:`RATES`, :data:`WIDTHS` and :data:`CHANNELS`, a chunk of another format than its
 ``audio-start`` or not a whole number of frames), ``audio_too_long`` (past
-``wyoming.max_audio_s``), a refused submit's code, or a failed job's code. A command refused
+``wyoming.max_audio_s``), ``disk_full`` (an ``audio-start`` whose longest audio would leave the
+disk less than ``limits.min_free_disk_mb``), a refused submit's code, or a failed job's code. A command refused
 during its audio is told once: the rest of that audio, up to its ``audio-stop``, is read and
 dropped.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import time
 import wave
 from concurrent.futures import Future
@@ -59,10 +61,15 @@ class Command:
         voice_dir: where the audio goes (the service's own, 0700).
         gateway: the loop's side (:class:`~.intake.VoiceIntake`).
         name: the WAV's name, unique to the connection.
+        min_free_bytes: the free space the disk keeps (``limits.min_free_disk_mb``): a command
+            whose longest audio would go below it is refused at its ``audio-start``.
     """
 
-    def __init__(self, cfg: WyomingSettings, voice_dir: Path, gateway: Gateway, name: str) -> None:
+    def __init__(
+        self, cfg: WyomingSettings, voice_dir: Path, gateway: Gateway, name: str, min_free_bytes: int = 0
+    ) -> None:
         self.cfg, self.voice_dir, self.gateway, self.name = cfg, voice_dir, gateway, name
+        self.min_free_bytes = min_free_bytes
         self.language: str | None = None
         self.wav: wave.Wave_write | None = None
         self.file: BinaryIO | None = None  # the WAV's file (wave closes only the files it opened)
@@ -121,6 +128,14 @@ class Command:
                 code=ErrorCode.INVALID_REQUEST,
             )
         rate, width, channels = self.format = fmt
+        longest = int(self.cfg.max_audio_s * rate) * width * channels
+        free = shutil.disk_usage(self.voice_dir).free
+        if free - longest < self.min_free_bytes:
+            raise RequestError(
+                f"{free // 2**20} MiB free where edge-queue keeps {self.min_free_bytes // 2**20} "
+                "(limits.min_free_disk_mb): the command is refused",
+                code=ErrorCode.DISK_FULL,
+            )
         self.count += 1
         self.path = self.voice_dir / f"{self.name}-{self.count}.wav"
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -129,7 +144,7 @@ class Command:
         self.wav.setnchannels(channels)
         self.wav.setsampwidth(width)
         self.wav.setframerate(rate)
-        self.written, self.limit = 0, int(self.cfg.max_audio_s * rate) * width * channels
+        self.written, self.limit = 0, longest
 
     def _write(self, data: dict[str, Any], pcm: bytes) -> None:
         assert self.wav is not None

@@ -130,8 +130,11 @@ class VoiceServer:
             if self.announcement is not None:  # withdrawn first: its tasks are on this loop
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self.announcement.stop(), STOP_S / 2)
-            for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
                 task.cancel()
+            # each connection's own end: its socket closed, its command's WAV deleted
+            await asyncio.wait(tasks, timeout=STOP_S / 2) if tasks else None
             loop.stop()
 
         with contextlib.suppress(RuntimeError):  # the loop ended already
@@ -153,7 +156,8 @@ class VoiceServer:
             return
         self.open += 1
         self.per_address[address] += 1
-        command = Command(self.cfg, self.voice_dir, self.gateway, secrets.token_hex(8))
+        min_free = self.settings.limits.min_free_disk_mb * 2**20
+        command = Command(self.cfg, self.voice_dir, self.gateway, secrets.token_hex(8), min_free)
         stuck = False  # an answer the caller did not read: the connection is dropped, not flushed
         try:
             await self._events(reader, writer, command)
