@@ -299,7 +299,7 @@ class Service:
         # exits before it binds; before the first loop turn, which announces <base>/info
         self.page = start_page(self.settings, self.topics.base, package_version())
         self.api = start_api(self.settings, self.http_intake, package_version())
-        self.voice = start_voice(self.settings, self.voice_intake)
+        self.voice = start_voice(self.settings, self.voice_intake, self.announcer.instance_id)
         where = log_serving(self.settings, self.topics.base)
         self.notifier.ready(f"serving on {where}, base topic {self.topics.base}")
         while not self.stopping and self.bridge.foreign.shared is None:

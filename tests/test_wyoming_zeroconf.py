@@ -79,9 +79,10 @@ def browser() -> Iterator[Seen]:
     zc.close()
 
 
-def listener(tmp_path: Path, **wyoming: Any) -> VoiceServer:
+def listener(tmp_path: Path, instance_id: str = "", **wyoming: Any) -> VoiceServer:
     config = {"enabled": True, "host": "0.0.0.0", "port": free_port(), **wyoming}
-    server = VoiceServer(Settings(data_dir=tmp_path, wyoming=config, mqtt={"base_topic": "eq-zc"}), NoCommands())
+    settings = Settings(data_dir=tmp_path, wyoming=config, mqtt={"base_topic": "eq-zc"})
+    server = VoiceServer(settings, NoCommands(), instance_id)
     server.start()
     return server
 
@@ -97,11 +98,12 @@ async def describe(host: str, port: int) -> Info:
 def test_home_assistant_s_browser_finds_the_listener_and_loses_it_at_stop(tmp_path: Path, browser: Seen) -> None:
     lan = announced_address("0.0.0.0")
     need(lan is not None, "no interface with a route to the mDNS group (224.0.0.251): nothing to announce on")
-    server = listener(tmp_path)
+    server = listener(tmp_path, "3f7c9a1e5b2d")
     try:
         assert server.announcement is not None and server.port is not None
         name = server.announcement.name
-        assert name.endswith("._wyoming._tcp.local.") and name.startswith(instance_name(server.settings))
+        assert name == f"{instance_name(server.settings, '3f7c9a1e5b2d')}._wyoming._tcp.local.", name
+        assert name.startswith(f"edge-queue {socket.gethostname()} eq-zc 3f7c9a"), name
         wait_until(lambda: name in browser.services, SEEN_S, "the announcement seen by a browser")
         assert browser.services[name] == ([lan], server.port)
         # what Home Assistant's config flow does next: describe at the discovered address
@@ -113,10 +115,16 @@ def test_home_assistant_s_browser_finds_the_listener_and_loses_it_at_stop(tmp_pa
     wait_until(lambda: name in browser.removed, SEEN_S, "the goodbye seen by the browser")
 
 
-def test_two_installations_on_one_box_are_two_services(tmp_path: Path, browser: Seen) -> None:
+@pytest.mark.parametrize("ids", [("", ""), ("aaaaaa000001", "bbbbbb000002")], ids=["renamed", "own ids"])
+def test_two_installations_of_one_device_name_are_two_services(
+    tmp_path: Path, browser: Seen, ids: tuple[str, str]
+) -> None:
+    """Two boxes of the same host name (``raspberrypi``) and base topic: their installations'
+    ids make two names; without them, mDNS's probe renames the second (on one box, where the
+    first answers the probe: a host on the LAN that does not answer was not detected)."""
     need(announced_address("0.0.0.0") is not None, "no interface with a route to the mDNS group")
-    first = listener(tmp_path / "a")
-    second = listener(tmp_path / "b")  # the same device name: the second is renamed, not lost
+    first = listener(tmp_path / "a", ids[0])
+    second = listener(tmp_path / "b", ids[1])
     try:
         assert first.announcement is not None and second.announcement is not None
         wait_until(
@@ -150,9 +158,11 @@ def test_zeroconf_off_announces_nothing(tmp_path: Path) -> None:
     assert announcement(settings, 10300) is None
 
 
-def test_the_instance_name_is_the_device_s_within_a_dns_label(tmp_path: Path) -> None:
+def test_the_instance_name_is_the_device_s_and_the_installation_s_within_a_dns_label(tmp_path: Path) -> None:
     host = socket.gethostname()  # as the Home Assistant device's name has it
     assert instance_name(Settings(data_dir=tmp_path)) == f"edge-queue {host}"[:63].strip()
+    assert instance_name(Settings(data_dir=tmp_path), "3f7c9a1e5b2d") == f"edge-queue {host}"[:56].strip() + " 3f7c9a"
     named = Settings(data_dir=tmp_path, homeassistant={"name": "Küche " * 10})
-    assert len(instance_name(named).encode()) <= 63
-    assert instance_name(named).startswith("Küche")
+    for name in (instance_name(named), instance_name(named, "3f7c9a1e5b2d")):
+        assert len(name.encode()) <= 63 and name.startswith("Küche"), name
+    assert instance_name(named, "3f7c9a1e5b2d").endswith(" 3f7c9a")

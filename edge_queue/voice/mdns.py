@@ -64,18 +64,23 @@ def announced_address(host: str) -> str | None:
     return str(ip)
 
 
-def instance_name(settings: Settings) -> str:
+def instance_name(settings: Settings, instance_id: str = "") -> str:
     """The service instance's name: the Home Assistant device's (``homeassistant.name``, else
     ``edge-queue <host name>``, with the base topic when it is not the default), so the two
-    entries of one installation read alike; cut to :data:`MAX_LABEL_BYTES` bytes of UTF-8."""
+    entries of one installation read alike, then the first 6 digits of the installation's id
+    (``edge-queue raspberrypi 3f7c9a``): two boxes of the same host name, or a name another
+    host announced first, are not one service to Home Assistant (mDNS's own conflict check
+    sees only hosts that answer its probes). At most :data:`MAX_LABEL_BYTES` bytes of UTF-8."""
     name = device_name(settings.homeassistant.name, socket.gethostname(), settings.mqtt.base_topic)
-    return name.encode()[:MAX_LABEL_BYTES].decode(errors="ignore").strip() or "edge-queue"
+    suffix = f" {instance_id[:6]}" if instance_id else ""
+    room = MAX_LABEL_BYTES - len(suffix.encode())
+    return (name.encode()[:room].decode(errors="ignore").strip() or "edge-queue") + suffix
 
 
 class Announcement:
     """One listener's announcement: :meth:`start` and :meth:`stop` run on the listener's loop."""
 
-    def __init__(self, name: str, address: str, port: int) -> None:
+    def __init__(self, name: str, address: str, port: int, ttl_s: int = 120) -> None:
         from zeroconf.asyncio import AsyncServiceInfo
 
         self.info = AsyncServiceInfo(
@@ -84,13 +89,17 @@ class Announcement:
             addresses=[socket.inet_aton(address)],
             port=port,
             server=f"{socket.gethostname().split('.')[0]}.local.",
+            # every record lives 2 minutes (python-zeroconf gives the service's 75): a service
+            # killed without its goodbye leaves a browser's list within 2 minutes
+            host_ttl=ttl_s,
+            other_ttl=ttl_s,
         )
         self.zeroconf: AsyncZeroconf | None = None
 
     @property
     def name(self) -> str:
-        """The announced instance's full name (``<name>._wyoming._tcp.local.``; python-zeroconf
-        adds `` (2)`` when another service on the LAN has the name)."""
+        """The announced instance's full name (``<name>._wyoming._tcp.local.``; renamed by
+        python-zeroconf when a host that answers its probes has the name)."""
         return str(self.info.name)
 
     async def start(self) -> None:
@@ -120,13 +129,14 @@ class Announcement:
             await zeroconf.async_close()
 
 
-def announcement(settings: Settings, port: int) -> Announcement | None:
+def announcement(settings: Settings, port: int, instance_id: str = "") -> Announcement | None:
     """The announcement of a listener bound on ``port`` when ``wyoming.zeroconf`` is on and the
-    listener is reachable from the LAN; ``None`` otherwise (logged when it was asked for)."""
+    listener is reachable from the LAN (named by :func:`instance_name`); ``None`` otherwise
+    (logged when it was asked for)."""
     if not settings.wyoming.zeroconf:
         return None
     address = announced_address(settings.wyoming.host)
     if address is None:
         log.info("Wyoming: not announced by zeroconf: %s is not reachable from the LAN", settings.wyoming.host)
         return None
-    return Announcement(instance_name(settings), address, port)
+    return Announcement(instance_name(settings, instance_id), address, port)

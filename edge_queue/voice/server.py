@@ -67,8 +67,9 @@ class CommandGateway(Protocol):
 class VoiceServer:
     """The listener: :meth:`start` binds and serves on a thread; :meth:`stop` ends it."""
 
-    def __init__(self, settings: Settings, gateway: CommandGateway) -> None:
+    def __init__(self, settings: Settings, gateway: CommandGateway, instance_id: str = "") -> None:
         self.settings, self.cfg, self.gateway = settings, settings.wyoming, gateway
+        self.instance_id = instance_id  # the installation's (the store's), in the mDNS name
         self.info = Event("info", info_event_data(settings))
         self.voice_dir = settings.voice_dir
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -108,7 +109,7 @@ class VoiceServer:
             self._started.set()
             loop.close()
             return
-        self.announcement = announcement(self.settings, self.port)
+        self.announcement = announcement(self.settings, self.port, self.instance_id)
         if self.announcement is not None:
             loop.create_task(self.announcement.start())
         self._started.set()
@@ -135,6 +136,8 @@ class VoiceServer:
                 task.cancel()
             # each connection's own end: its socket closed, its command's WAV deleted
             await asyncio.wait(tasks, timeout=STOP_S / 2) if tasks else None
+            for _ in range(2):  # the closed transports' own callbacks (call_soon) run: sockets shut
+                await asyncio.sleep(0)
             loop.stop()
 
         with contextlib.suppress(RuntimeError):  # the loop ended already
@@ -287,12 +290,13 @@ def _error_event(code: ErrorCode, text: str) -> Event:
     return Event("error", {"text": text, "code": str(code)})
 
 
-def start_voice(settings: Settings, gateway: CommandGateway) -> VoiceServer | None:
+def start_voice(settings: Settings, gateway: CommandGateway, instance_id: str = "") -> VoiceServer | None:
     """The listener when ``wyoming.enabled``, started; ``None`` when disabled, or when its
-    port cannot be bound (logged as an error: the service runs without it)."""
+    port cannot be bound (logged as an error: the service runs without it). ``instance_id``:
+    the installation's, which makes its mDNS name its own on the LAN."""
     if not settings.wyoming.enabled:
         return None
-    server = VoiceServer(settings, gateway)
+    server = VoiceServer(settings, gateway, instance_id)
     try:
         server.start()
     except OSError as e:
