@@ -216,7 +216,7 @@ class Supervisor(Component):
                 slot.conn.send({"op": "run", "jobs": jobs})
             except (OSError, AssertionError):
                 pass  # the worker is gone: poll() reports its jobs as lost
-        warm(self.slots)
+        warm(self.slots, self.settings.voice_dir)
 
     def committed(self) -> None:
         self.dispatch()
