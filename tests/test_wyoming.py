@@ -231,8 +231,14 @@ def test_a_spoken_command_is_transcribed_and_nothing_of_it_kept(
     wait_until(lambda: jobs_listed(svc) == [], 10, "the voice command's job to be purged")
     # and no MQTT subscriber read its words: its job's state and events carry no transcript
     seen = [(topic, payload) for topic, payload, *_ in everything.messages if b"kitchen" in payload.lower()]
+    states = [json.loads(p) for t, p, *_ in everything.messages if t.startswith(f"{svc.base}/jobs/") and p]
     everything.close()
     assert seen == [], seen
+    # and its job wrote no file (the transcript is the answer; a file would be purged at once)
+    ended = [s for s in states if s.get("state") == "succeeded"]
+    assert ended and all(s["result"]["outputs"] == {} for s in ended), states
+    # and the short lane loaded no model for it (it does for a film: docs/configuration.md)
+    assert "short lane: model loaded ahead" not in svc.log()
     # and Home Assistant gets no "Job finished" of it, while a batch job's comes as before
     with svc.watcher("response/#") as w:
         assert svc.request("submit", {"kind": "noop"}, w)["status"] == "ok"
