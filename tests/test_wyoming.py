@@ -207,6 +207,7 @@ def test_a_spoken_command_is_transcribed_and_nothing_of_it_kept(
         EDGE_QUEUE_WYOMING__MAX_AUDIO_S="5",
         EDGE_QUEUE_WYOMING__CONNECTIONS_PER_ADDRESS="2",
         EDGE_QUEUE_HOMEASSISTANT__DISCOVERY="true",
+        EDGE_QUEUE_TRANSCRIBE__IDLE_UNLOAD_S="1",  # a quiet spell between commands, in seconds
     )
     wait_until(lambda: "Wyoming listener on" in svc.log(), 10, "the Wyoming listener")
     finished = svc.watcher("ha/finished")
@@ -265,6 +266,13 @@ def test_a_spoken_command_is_transcribed_and_nothing_of_it_kept(
 
     # When more connections than wyoming.connections_per_address (2 here) are open from one address
     assert asyncio.run(third_connection(port)) == "busy"
+
+    # and through the quiet spells between the commands (over transcribe.idle_unload_s, 1 s
+    # here) the worker kept the model the commands decoded with: loaded once, never released
+    wait_until(lambda: "model(s) unused for" in svc.log(), 10, "the worker's check of its idle models")
+    log = svc.log()
+    assert not re.search(r"released \d+ model\(s\) unused", log), log
+    assert len(re.findall(r"\[worker 0\] model \S+ \(int8\) loaded", log)) == 1, log
 
 
 @pytest.mark.slow

@@ -353,6 +353,16 @@ def _next_job(worker: _Worker, idle_s: float) -> dict[str, Any] | None:
             unload_idle(idle_s)
 
 
+def is_voice_command(job: dict[str, Any], settings: Settings) -> bool:
+    """True for a job of the Wyoming listener's (``[wyoming]`` on, its input in
+    ``Settings.voice_dir``): the models it decoded with are kept past
+    ``transcribe.idle_unload_s`` (docs/configuration.md), as a Wyoming server keeps its model,
+    so that a command after a quiet spell does not wait for one to load."""
+    text = job.get("input")
+    voice = f"{settings.voice_dir}/"
+    return settings.wyoming.enabled and isinstance(text, str) and text.startswith(voice)
+
+
 def warm_models(settings: Settings) -> list[str | None]:
     """The ``transcribe.model`` settings the short lane loads ahead, in order: the one that
     tells the language (``transcribe.model``; None: the bundled base); with ``[wyoming]`` on,
@@ -416,6 +426,10 @@ def main(conn: Connection, settings: Settings) -> None:
         t0 = time.monotonic()
         outcome = worker.run_one(job)
         outcome["took_s"] = time.monotonic() - t0
+        if is_voice_command(job, settings):  # its model stays loaded for the next command
+            from edge_queue.kinds.whisper import keep_warm_since
+
+            keep_warm_since(t0)
         outcome["rss_mb"] = round(worker.rss_mb(), 1)
         worker.report(outcome)
     worker.flush()
