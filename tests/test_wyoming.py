@@ -210,6 +210,8 @@ def test_a_spoken_command_is_transcribed_and_nothing_of_it_kept(
         EDGE_QUEUE_TRANSCRIBE__IDLE_UNLOAD_S="1",  # a quiet spell between commands, in seconds
     )
     wait_until(lambda: "Wyoming listener on" in svc.log(), 10, "the Wyoming listener")
+    # (the worker loads the model voice commands go to as it starts, before any command)
+    wait_until(lambda: "[worker 0] voice commands: model loaded ahead" in svc.log(), 60, "the voice model")
     finished = svc.watcher("ha/finished")
     everything = svc.watcher("#")  # what any MQTT user allowed to read the service's topics sees
     # When Home Assistant asks what it serves: one installed asr program, its models' languages
