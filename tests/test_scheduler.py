@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import time
+from multiprocessing import Pipe
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from edge_queue.mqtt.topics import Topics
 from edge_queue.nodes.hub import Nodes
 from edge_queue.rules.states import JobState
 from edge_queue.store import JobSpec, Store
-from edge_queue.workers.lane import PAUSE_S, ShortLane, holding_locks, to_pause
+from edge_queue.workers.lane import PAUSE_S, ShortLane, holding_locks, to_pause, warm
 from edge_queue.workers.processes import JobEntry, WorkerSlot
 from edge_queue.workers.supervisor import Outcome, Supervisor
 from edge_queue.workers.worker import fits_lane
@@ -267,3 +268,25 @@ def _stopped(pid: int, expected: bool) -> bool:
     while state() != expected and time.monotonic() < deadline:
         time.sleep(0.01)
     return state() == expected
+
+
+def test_a_voice_command_does_not_warm_the_short_lane_and_a_film_does(tmp_path: Path) -> None:
+    """The lane's models are loaded ahead for a film (docs/configuration.md, ``short_lane_s``),
+    not for a voice command: it ends in seconds, and the loading beside it took the cores the
+    commands after it decode on."""
+    voice_dir = tmp_path / "voice"
+    worker, lane = WorkerSlot(0), WorkerSlot(1, lane=True)
+    lane.conn, lane_end = Pipe()
+    # Given a worker running a voice command's transcription
+    worker.jobs.append(JobEntry({"job_id": "a", "kind": "transcribe", "input": f"{voice_dir}/c-1.wav"}, 60))
+    # When the supervisor dispatches it
+    warm([worker, lane], voice_dir)
+    # Then the lane is not asked to load its models
+    assert not lane_end.poll(0) and not lane.warmed
+    # When a film's transcription comes to the worker
+    worker.jobs.append(JobEntry({"job_id": "b", "kind": "transcribe", "input": str(tmp_path / "film.mkv")}, None))
+    warm([worker, lane], voice_dir)
+    # Then it is, once
+    assert lane_end.recv() == {"op": "warm"} and lane.warmed
+    warm([worker, lane], voice_dir)
+    assert not lane_end.poll(0)

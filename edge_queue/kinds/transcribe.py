@@ -141,7 +141,8 @@ class TranscribeOptions(OutputOptions):
     vad: bool | None = Field(None, description="skip silence (default: transcribe.vad, on)")
     word_timestamps: bool = False
     initial_prompt: str | None = Field(None, max_length=2000)
-    formats: list[Literal["txt", "srt", "vtt", "json"]] = Field(list(FORMATS), min_length=1)
+    #: ``[]``: no files, the transcript in the result's ``text`` only (a voice command's)
+    formats: list[Literal["txt", "srt", "vtt", "json"]] = Field(list(FORMATS))
     #: docs/topics.md, "Media libraries"
     audio_languages: list[Annotated[str, Field(pattern=r"^[A-Za-z]{2,3}$")]] = Field(
         [], max_length=8, description="audio track by its language tag, most wanted first (ISO 639)"
@@ -506,7 +507,8 @@ class Transcribe(Kind):
             path: render(fmt, {"srt": marked, "vtt": events}.get(fmt, segments), meta).encode()
             for fmt, path in planned.items()
         }
-        write_outputs(ctx, documents, overwrite=options.overwrite or options.output == "data_dir")
+        if documents:  # none asked for: no file, no record of one, no fsync (a voice command)
+            write_outputs(ctx, documents, overwrite=options.overwrite or options.output == "data_dir")
         outputs = {fmt: str(path) for fmt, path in planned.items()}
         return {
             "language": language,

@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 #: device, replicas), least recently used first, with the monotonic time of their last use.
 _MODELS: dict[tuple[str, str, int, str, int], Any] = {}
 _USED: dict[tuple[str, str, int, str, int], float] = {}
+#: Loaded models kept past ``transcribe.idle_unload_s`` (:func:`keep_warm_since`).
+_KEPT_WARM: set[tuple[str, str, int, str, int]] = set()
 #: Models a worker keeps loaded at once: the multilingual one that tells the language and the
 #: one a language goes to (``transcribe.language_models``: base and tiny.en, 237 MiB of
 #: weights in memory together); loading a third drops the least recently used. While a job
@@ -115,6 +117,18 @@ def load_model(model: str, compute_type: str, cpu_threads: int, device: str = "c
 def _drop(key: tuple[str, str, int, str, int]) -> None:
     del _MODELS[key]
     _USED.pop(key, None)
+    _KEPT_WARM.discard(key)
+
+
+def keep_warm_since(since: float) -> int:
+    """Keep the models used since ``since`` (monotonic seconds) loaded past
+    ``transcribe.idle_unload_s`` (:func:`unload_idle` passes over them; a job that needs a
+    third model, or ``transcribe.keep_models``, still releases them): the worker calls it after
+    a voice command, whose caller waits for the model to load (0.2-1.5 s) when it was released
+    in a quiet spell. Returns how many models are kept so."""
+    used = {key for key, at in _USED.items() if at >= since}
+    _KEPT_WARM.update(used)
+    return len(used)
 
 
 def to_release(held: list[Any], using: Any, keep: int) -> list[Any]:
@@ -149,12 +163,16 @@ def _release(keys: list[tuple[str, str, int, str, int]]) -> None:
 
 def unload_idle(idle_s: float, now: float | None = None) -> int:
     """Release the models not used for ``idle_s`` seconds (``transcribe.idle_unload_s``; 0
-    releases none) at ``now`` (monotonic seconds), and give their memory back to the system.
+    releases none) at ``now`` (monotonic seconds), but those kept warm
+    (:func:`keep_warm_since`), and give their memory back to the system.
     Returns how many were released. Called by the worker between jobs."""
     if idle_s <= 0:
         return 0
     now = time.monotonic() if now is None else now
     idle = [key for key, used in _USED.items() if now - used >= idle_s]
+    if kept := [key for key in idle if key in _KEPT_WARM]:
+        log.debug("kept warm %d model(s) unused for %g s: a voice command's", len(kept), idle_s)
+        idle = [key for key in idle if key not in _KEPT_WARM]
     _release(idle)
     if idle:
         log.info("released %d model(s) unused for %g s (transcribe.idle_unload_s)", len(idle), idle_s)

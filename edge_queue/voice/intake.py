@@ -5,9 +5,10 @@ answered with their job's end.
 A voice command is a ``transcribe`` job of its WAV under ``<data_dir>/voice`` (the only folder
 its caller may name), at priority :data:`PRIORITY` (claimed before every batch job; a short
 input, so the short lane takes it while every worker is busy: docs/configuration.md,
-``short_lane_s``), with one attempt (never run again once its caller is gone). The job is
-purged in the turn after it ends (docs/home-assistant.md, "Voice (Assist)": nothing of a voice
-command is kept), and a command whose caller went away is cancelled while it waits (one that
+``short_lane_s``), with one attempt (never run again once its caller is gone), writing no
+file (``formats: []``: its transcript is in its result). The job is purged in the turn after
+it ends (docs/home-assistant.md, "Voice (Assist)": nothing of a voice command is kept), and a
+command whose caller went away is cancelled while it waits (one that
 runs already ends: a cancel would end its worker process, whose model the next command needs).
 
 Thread-safe as :class:`~edge_queue.requests.http_intake.HttpIntake` is: the listener's thread
@@ -102,7 +103,9 @@ class VoiceIntake(Component):
         (docs/topics.md, "Response shapes") once the turn is committed, the second the job's
         object once it is terminal; both are cancelled when the service stops. Cancelling the
         second (the caller went away) cancels the job."""
-        options: dict[str, Any] = {"output": "data_dir", "formats": ["txt"]}
+        # no files: the result's text is the answer, and a file (its fsync, its record in the
+        # store before it is moved into place, a turn of the loop) would be purged at once
+        options: dict[str, Any] = {"output": "data_dir", "formats": []}
         if language:
             options["language"] = language
         request = SubmitRequest(

@@ -18,6 +18,8 @@ import logging
 import os
 import signal
 from collections.abc import Collection, Iterable
+from pathlib import Path
+from typing import Any
 
 from .processes import WorkerSlot
 
@@ -68,13 +70,18 @@ def holding_locks(table: str = "/proc/locks") -> set[int]:
     return pids
 
 
-def warm(slots: Iterable[WorkerSlot]) -> None:
+def warm(slots: Iterable[WorkerSlot], voice_dir: Path | None = None) -> None:
     """Once a transcription runs on a worker (the lane may be needed from then on), ask the
     lane's worker, once per process, to load the model a transcription loads first (``warm``),
     so that a short job beside a film does not wait for it (docs/configuration.md,
-    ``short_lane_s``)."""
+    ``short_lane_s``).
+
+    A voice command's transcription (its input in ``voice_dir``, ``Settings.voice_dir``) does
+    not count: it ends in seconds, and the lane's loading beside it took the cores the
+    commands after it decode on (2-3 s of CPU, base and tiny.en; more the first time, when
+    base's int8 copy is made), for a film that may never come."""
     slots = list(slots)
-    if not any(not s.lane and any(e.msg.get("kind") == "transcribe" for e in s.jobs) for s in slots):
+    if not any(not s.lane and any(may_need_lane(e.msg, voice_dir) for e in s.jobs) for s in slots):
         return
     for s in slots:
         if s.lane and not s.warmed and s.conn is not None:
@@ -83,6 +90,15 @@ def warm(slots: Iterable[WorkerSlot]) -> None:
             except OSError:
                 continue  # the worker is gone: its replacement is asked
             s.warmed = True
+
+
+def may_need_lane(msg: dict[str, Any], voice_dir: Path | None) -> bool:
+    """True for a job message (``kind``, ``input``) of a transcription that may hold its worker
+    long: any but a voice command's (its input in ``voice_dir``)."""
+    if msg.get("kind") != "transcribe":
+        return False
+    text = msg.get("input")
+    return voice_dir is None or not (isinstance(text, str) and text.startswith(f"{voice_dir}/"))
 
 
 class ShortLane:

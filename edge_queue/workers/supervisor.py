@@ -216,7 +216,7 @@ class Supervisor(Component):
                 slot.conn.send({"op": "run", "jobs": jobs})
             except (OSError, AssertionError):
                 pass  # the worker is gone: poll() reports its jobs as lost
-        warm(self.slots)
+        warm(self.slots, self.settings.voice_dir)
 
     def committed(self) -> None:
         self.dispatch()
@@ -323,6 +323,11 @@ class Supervisor(Component):
         if op == "ready":
             if not self.said_fresh_size:
                 self.said_fresh_size = fresh_size_said(self.settings.max_worker_rss_mb, msg.get("rss_mb"))
+            if self.settings.wyoming.enabled and not slot.lane and slot.conn is not None:
+                try:  # a voice command's model loaded now, not when the first command waits for it
+                    slot.conn.send({"op": "warm_voice"})
+                except OSError:
+                    pass  # the worker is gone: its replacement is asked
             return
         if op == "released":  # jobs it gave back from its queue: each is ``unstarted``
             for job_id, attempt in self.prefetch.released(slot, msg):

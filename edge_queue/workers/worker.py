@@ -242,6 +242,8 @@ class _Worker:
                     self.claimed.set()
             elif op == "warm":  # the short lane's worker: load the model now (:func:`_warm`)
                 self.jobs.put({"op": "warm"})
+            elif op == "warm_voice":  # with [wyoming] on: a voice command's model (:func:`_warm_voice`)
+                self.jobs.put({"op": "warm_voice"})
             elif op == "release":
                 self.release(msg.get("job_ids"))
             elif op == "stop":
@@ -353,6 +355,16 @@ def _next_job(worker: _Worker, idle_s: float) -> dict[str, Any] | None:
             unload_idle(idle_s)
 
 
+def is_voice_command(job: dict[str, Any], settings: Settings) -> bool:
+    """True for a job of the Wyoming listener's (``[wyoming]`` on, its input in
+    ``Settings.voice_dir``): the models it decoded with are kept past
+    ``transcribe.idle_unload_s`` (docs/configuration.md), as a Wyoming server keeps its model,
+    so that a command after a quiet spell does not wait for one to load."""
+    text = job.get("input")
+    voice = f"{settings.voice_dir}/"
+    return settings.wyoming.enabled and isinstance(text, str) and text.startswith(voice)
+
+
 def warm_models(settings: Settings) -> list[str | None]:
     """The ``transcribe.model`` settings the short lane loads ahead, in order: the one that
     tells the language (``transcribe.model``; None: the bundled base); with ``[wyoming]`` on,
@@ -365,6 +377,35 @@ def warm_models(settings: Settings) -> list[str | None]:
     if settings.wyoming.enabled:
         wanted += [ref for ref in dict.fromkeys(routes(settings.transcribe).values()) if ref not in wanted]
     return wanted
+
+
+def voice_models(settings: Settings) -> list[str | None]:
+    """The ``transcribe.model`` settings voice commands go to: the models of
+    ``transcribe.language_models`` (by default tiny.en, for English), else ``transcribe.model``."""
+    from edge_queue.kinds.languages import routes
+
+    return [*dict.fromkeys(routes(settings.transcribe).values())] or [settings.transcribe.model]
+
+
+def _warm_voice(settings: Settings) -> None:
+    """Load :func:`voice_models` as a voice command will, and keep them past
+    ``transcribe.idle_unload_s`` (:func:`~edge_queue.kinds.whisper.keep_warm_since`): the
+    first command after a start does not wait for its model, as a Wyoming server loads its
+    model before it listens."""
+    from edge_queue.kinds.transcribe import load_model, model_threads, resolve_model
+    from edge_queue.kinds.whisper import keep_warm_since
+
+    cfg = settings.transcribe
+    t0 = time.monotonic()
+    try:
+        for setting in voice_models(settings):
+            ref = resolve_model(setting, Path(settings.data_dir) / "models", cfg.compute_type)
+            load_model(ref, cfg.compute_type, model_threads(settings), cfg.device, cfg.chunks_at_once)
+    except Exception as e:  # the first command says what is wrong, as without the warm-up
+        logging.getLogger(__name__).debug("voice commands: no model loaded ahead: %s", e)
+        return
+    keep_warm_since(t0)
+    logging.getLogger(__name__).debug("voice commands: model loaded ahead in %.1f s", time.monotonic() - t0)
 
 
 def _warm(settings: Settings) -> None:
@@ -413,9 +454,18 @@ def main(conn: Connection, settings: Settings) -> None:
             worker.warming = False
             idle_s = 0.0  # the lane keeps its models: a film's next short job finds them loaded
             continue
+        if job.get("op") == "warm_voice":
+            worker.warming = True
+            _warm_voice(settings)
+            worker.warming = False
+            continue
         t0 = time.monotonic()
         outcome = worker.run_one(job)
         outcome["took_s"] = time.monotonic() - t0
+        if is_voice_command(job, settings):  # its model stays loaded for the next command
+            from edge_queue.kinds.whisper import keep_warm_since
+
+            keep_warm_since(t0)
         outcome["rss_mb"] = round(worker.rss_mb(), 1)
         worker.report(outcome)
     worker.flush()

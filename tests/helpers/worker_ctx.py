@@ -17,8 +17,11 @@ class Ctx:
         self.chunks: list[tuple[int, dict[str, Any]]] = []
         self.written: dict[str, dict[str, Any]] = {}
         self.claimed: dict[str, dict[str, Any]] = {}
+        #: the kind's calls of claim_outputs (each a round trip to the service, a commit)
+        self.claims = 0
 
     def claim_outputs(self, files: dict[str, dict[str, Any]]) -> None:
+        self.claims += 1
         self.claimed.update(files)
 
     def progress(self, percent: float, stage: str | None = None, eta_s: float | None = None) -> None:
