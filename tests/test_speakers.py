@@ -180,3 +180,31 @@ def test_max_speakers_holds_after_the_words_take_their_windows_speakers() -> Non
     for most in (1, 2):
         out, count = labelled(segments, voices, max_speakers=most)
         assert count == len({w["speaker"] for s in out for w in s["words"]}) <= most
+
+
+def test_the_http_apis_speaker_bounds_are_plain_whole_numbers_within_1_to_32_naming_their_field() -> None:
+    from edge_queue.errors import RequestError
+    from edge_queue.http.values import flag, speaker_bounds
+
+    assert speaker_bounds("2", "32") == {"min_speakers": 2, "max_speakers": 32}
+    assert speaker_bounds(None, None) == {} and speaker_bounds("3", None) == {"min_speakers": 3}
+    refused = [
+        (("0", None), "min_speakers"),
+        (("-1", None), "min_speakers"),
+        (("33", None), "min_speakers"),
+        ((None, "0"), "max_speakers"),
+        ((None, "1000000000"), "max_speakers"),
+        (("3", "2"), "max_speakers"),
+        ((" 2", None), "min_speakers"),
+        (("+2", None), "min_speakers"),
+        (("\u0662", None), "min_speakers"),  # an Arabic-Indic two
+        (("", None), "min_speakers"),
+        ((None, "2.0"), "max_speakers"),
+    ]
+    for values, name in refused:
+        with pytest.raises(RequestError) as bad:
+            speaker_bounds(*values)
+        assert bad.value.field == name and bad.value.message.startswith(f"{name}: "), (values, bad.value.message)
+    with pytest.raises(RequestError) as maybe:
+        flag("maybe", False, "diarize")
+    assert maybe.value.field == "diarize"
