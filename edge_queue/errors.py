@@ -168,7 +168,17 @@ class TransitionError(StoreError):
 
 
 class JobError(EdgeQueueError):
-    """Raised by a job kind: the attempt failed with ``code``; ``retryable`` follows the code."""
+    """Raised by a job kind: the attempt failed with ``code``; ``retryable`` follows the code
+    unless ``retryable`` is given (an ``internal_error`` a later attempt cannot mend: False)."""
+
+    def __init__(self, message: str, *, code: ErrorCode | None = None, retryable: bool | None = None) -> None:
+        super().__init__(message, code=code)
+        self._retryable = retryable
+
+    @property
+    def retryable(self) -> bool:
+        """``retryable`` as given, else True when the code is not in :data:`NON_RETRYABLE`."""
+        return self.code not in NON_RETRYABLE if self._retryable is None else self._retryable
 
 
 class MediaError(JobError):

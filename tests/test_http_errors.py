@@ -198,6 +198,39 @@ def test_a_callers_fault_is_a_4xx_in_the_error_shape_and_one_line(
 
 
 @pytest.mark.slow
+def test_a_bad_speaker_value_is_refused_naming_its_own_field(
+    service_factory: Any, mosquitto: Any, tmp_path: Path
+) -> None:
+    # before: min_speakers=0 (and the like) answered param null, naming options.min_speakers
+    media = tmp_path / "media"
+    media.mkdir()
+    _, url = api_service(service_factory, mosquitto, media)
+    audio = {"audio_file": ("a.flac", b"never transcribed")}
+    for query, param in (
+        ("min_speakers=0", "min_speakers"),
+        ("min_speakers=33", "min_speakers"),
+        ("max_speakers=1000000000", "max_speakers"),
+        ("min_speakers=3&max_speakers=2", "max_speakers"),
+        ("min_speakers=%D9%A2", "min_speakers"),
+        ("diarize=maybe", "diarize"),
+    ):
+        asked = query if query.startswith("diarize") else f"diarize=true&{query}"
+        asr = httpx.post(f"{url}/asr?{asked}", files=audio, headers=ALICE, timeout=30)
+        form = dict(pair.split("=") for pair in query.replace("%D9%A2", "\u0662").split("&"))
+        openai = httpx.post(
+            url + "/v1/audio/transcriptions",
+            files={"file": ("a.flac", b"never transcribed")},
+            data={"model": "gpt-4o-transcribe-diarize", **form},
+            headers=ALICE,
+            timeout=30,
+        )
+        for r in (asr, openai):
+            error = r.json()["error"]
+            assert r.status_code == 400 and error["code"] == "invalid_request", r.text
+            assert error["param"] == param and error["message"].startswith(f"{param}: "), (query, r.text)
+
+
+@pytest.mark.slow
 def test_a_stop_while_a_call_waits_is_a_503_with_retry_after(
     service_factory: Any, mosquitto: Any, speech: Path, tmp_path: Path
 ) -> None:

@@ -153,3 +153,58 @@ def test_max_speakers_below_min_speakers_is_refused_at_submit(tmp_path: Any) -> 
 def test_a_recording_too_short_to_tell_voices_apart_is_one_speaker() -> None:
     out, count = labelled([seg(0.0, 0.6, " Hi.")], [voice(A, 0.0, 0.6)], min_speakers=1, max_speakers=4)
     assert count == 1 and out[0]["speaker"] == "SPEAKER_00"
+
+
+def words_of(start: float, end: float) -> list[dict[str, Any]]:
+    return [{"start": start + k, "end": start + k + 0.9, "word": f" w{k}"} for k in range(int(end - start))]
+
+
+def test_min_speakers_holds_after_the_words_take_their_windows_speakers() -> None:
+    # Given JFK, then a reader in two segments whose second's windows are nearer the first's voice
+    b1, b2 = unit(0.1, 1, 0.05), unit(0.1, 1, 0.15)
+    segments = [seg(0, 4, " a", words_of(0, 4)), seg(5, 10, " b", words_of(5, 10)), seg(11, 17, " c", words_of(11, 17))]
+    voices = [voice(A, 0, 4, [A, A]), voice(b1, 5, 10, [b1, b1]), voice(b2, 11, 17, [b1, b1])]
+    # When at least three speakers are asked for: three, each on its segment's words
+    out, count = labelled(segments, voices, min_speakers=3)
+    assert count == 3
+    assert [s["speaker"] for s in out] == ["SPEAKER_00", "SPEAKER_01", "SPEAKER_02"]
+    assert {w["speaker"] for w in out[2]["words"]} == {"SPEAKER_02"}
+    # ...and without the floor, the method's own two
+    assert labelled(segments, voices)[1] == 2
+
+
+def test_max_speakers_holds_after_the_words_take_their_windows_speakers() -> None:
+    # Given three voices, each segment's windows another voice's: words never bring a fourth
+    segments = [seg(0, 4, " a", words_of(0, 4)), seg(5, 9, " b", words_of(5, 9)), seg(10, 14, " c", words_of(10, 14))]
+    voices = [voice(A, 0, 4, [C, C]), voice(B, 5, 9, [A, A]), voice(C, 10, 14, [B, B])]
+    for most in (1, 2):
+        out, count = labelled(segments, voices, max_speakers=most)
+        assert count == len({w["speaker"] for s in out for w in s["words"]}) <= most
+
+
+def test_the_http_apis_speaker_bounds_are_plain_whole_numbers_within_1_to_32_naming_their_field() -> None:
+    from edge_queue.errors import RequestError
+    from edge_queue.http.values import flag, speaker_bounds
+
+    assert speaker_bounds("2", "32") == {"min_speakers": 2, "max_speakers": 32}
+    assert speaker_bounds(None, None) == {} and speaker_bounds("3", None) == {"min_speakers": 3}
+    refused = [
+        (("0", None), "min_speakers"),
+        (("-1", None), "min_speakers"),
+        (("33", None), "min_speakers"),
+        ((None, "0"), "max_speakers"),
+        ((None, "1000000000"), "max_speakers"),
+        (("3", "2"), "max_speakers"),
+        ((" 2", None), "min_speakers"),
+        (("+2", None), "min_speakers"),
+        (("\u0662", None), "min_speakers"),  # an Arabic-Indic two
+        (("", None), "min_speakers"),
+        ((None, "2.0"), "max_speakers"),
+    ]
+    for values, name in refused:
+        with pytest.raises(RequestError) as bad:
+            speaker_bounds(*values)
+        assert bad.value.field == name and bad.value.message.startswith(f"{name}: "), (values, bad.value.message)
+    with pytest.raises(RequestError) as maybe:
+        flag("maybe", False, "diarize")
+    assert maybe.value.field == "diarize"

@@ -3,7 +3,7 @@ two-voice conversation built from the shared clips, with an exact reference, sen
 door with diarize: ``POST /asr?diarize=true``, OpenAI's own client (``diarized_json``,
 ``gpt-4o-transcribe-diarize``, known speakers refused), a ``submit`` published by mosquitto_pub,
 and a watch folder whose rule asks for it; ``max_speakers`` below ``min_speakers`` refused at
-submit over MQTT. One transcription per test."""
+submit over MQTT; a job whose weights are damaged failed at once. One transcription per test."""
 
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
+from edge_queue.kinds.voice_encoder import weights_path
 from edge_queue.requests.outputs import cues
 
-from .conftest import wait_until
+from .conftest import publish, wait_until
 from .helpers.conversation import conversation, need_voice_model, voice_of
 from .helpers.http_api import KEY, api_service, jobs_listed
 
@@ -244,3 +245,31 @@ def test_a_watch_folder_with_diarize_writes_the_speaker_turns_beside_the_recordi
     outputs = job["result"]["outputs"]
     assert outputs == {fmt: str(inbox / f"talk.en.{fmt}") for fmt in ("srt", "vtt", "txt")}, outputs
     assert_speaker_turns(outputs, ref)
+
+
+@pytest.mark.slow
+def test_a_diarize_job_with_damaged_weights_fails_once_before_decoding(
+    service_factory: Any, mosquitto: Any, speech: Path, tmp_path: Path, model_installed: None
+) -> None:
+    need_voice_model()
+    # Given a service whose resemblyzer package holds weights cut short
+    shadow = tmp_path / "shadow" / "resemblyzer"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('never imported: its weights are read')\n")
+    (shadow / "pretrained.pt").write_bytes(weights_path().read_bytes()[:4096])
+    pythonpath = os.pathsep.join([str(shadow.parent), os.environ.get("PYTHONPATH", "")])
+    svc = service_factory(mosquitto, [speech], {"PYTHONPATH": pythonpath}).start()
+
+    # When a job asks for diarize
+    payload = {"kind": "transcribe", "input": str(speech / "jfk.flac"), "options": {"diarize": True}}
+    with svc.watcher("jobs/+", "response/submit") as w:
+        publish(svc.broker, f"{svc.base}/request/submit", json.dumps(payload))
+        answer = w.wait_json(f"{svc.base}/response/submit", lambda m: True)
+        job_id = answer["data"]["jobs"][0]["job_id"]
+        done = w.wait_json(f"{svc.base}/jobs/{job_id}", lambda m: m["state"] in ("succeeded", "failed"), timeout=60)
+
+    # Then it fails at its first attempt (checked before decoding), naming the file and the remedy
+    assert done["state"] == "failed" and done["attempt"] == 1, done
+    error = done["error"]
+    assert error["code"] == "internal_error" and error["retryable"] is False, error
+    assert str(shadow / "pretrained.pt") in error["message"] and "--force-reinstall" in error["message"], error

@@ -135,17 +135,23 @@ def test_doctor_says_whether_the_speaker_model_is_there_and_loads(
         "EDGE_QUEUE_HTTP__ENABLED": "false",
     }
 
-    def doctor(resemblyzer: bytes | None = None, **extra: str) -> tuple[int, str]:
+    def doctor(resemblyzer: bytes | None = None, installed: bool = True, **extra: str) -> tuple[int, str]:
         """``doctor``'s exit code and its speaker model line; with ``resemblyzer``, a package of
-        that name found before the installed one, its ``pretrained.pt`` those bytes (b"": none)."""
+        that name found before the installed one, its ``pretrained.pt`` those bytes (b"": none,
+        b"/": a folder); not ``installed``: no package of that name found at all."""
         run_env = {**env, **extra}
-        if resemblyzer is not None:
-            shadow = tmp_path / f"shadow-{uuid.uuid4().hex[:6]}" / "resemblyzer"
-            shadow.mkdir(parents=True)
-            (shadow / "__init__.py").write_text("raise ImportError('never imported: its weights are read')\n")
-            if resemblyzer:
-                (shadow / "pretrained.pt").write_bytes(resemblyzer)
-            run_env["PYTHONPATH"] = os.pathsep.join([str(shadow.parent), env.get("PYTHONPATH", "")])
+        shadow = tmp_path / f"shadow-{uuid.uuid4().hex[:6]}"
+        (shadow / "resemblyzer").mkdir(parents=True)
+        if not installed:  # the venv's own package hidden: sitecustomize runs before doctor
+            (shadow / "sitecustomize.py").write_text("import sys\n\nsys.modules['resemblyzer'] = None\n")
+        elif resemblyzer is not None:
+            init = "raise ImportError('never imported: its weights are read')\n"
+            (shadow / "resemblyzer" / "__init__.py").write_text(init)
+            if resemblyzer == b"/":
+                (shadow / "resemblyzer" / "pretrained.pt").mkdir()
+            elif resemblyzer:
+                (shadow / "resemblyzer" / "pretrained.pt").write_bytes(resemblyzer)
+        run_env["PYTHONPATH"] = os.pathsep.join([str(shadow), env.get("PYTHONPATH", "")])
         out = run_doctor(run_env)
         lines = [line for line in out.stdout.splitlines() if "speaker model:" in line]
         assert len(lines) == 1, out.stdout + out.stderr
@@ -155,17 +161,86 @@ def test_doctor_says_whether_the_speaker_model_is_there_and_loads(
     code, line = doctor()
     assert code == 0 and line.startswith(f"ok    speaker model: {weights} loads and runs"), line
 
-    # When they are not: a warning that says what fails and how to install them...
-    code, line = doctor(b"")
+    # When resemblyzer is not installed: a warning that says what fails and how to install it...
+    code, line = doctor(installed=False)
     assert code == 0 and line.startswith("warn  speaker model: no voice model: install resemblyzer"), line
     assert "jobs with diarize fail internal_error" in line
     # ...and a failure when a watch folder's rule asks for diarize (every job of it would fail)
     rule = {"path": str(root / "inbox"), "kind": "transcribe", "options": {"diarize": True}}
-    code, line = doctor(b"", EDGE_QUEUE_WATCH=json.dumps([rule]))
+    code, line = doctor(installed=False, EDGE_QUEUE_WATCH=json.dumps([rule]))
     assert code == 1 and line.startswith("FAIL  speaker model: no voice model"), line
     assert str(root / "inbox") in line
+
+    # When the package is installed without its weights (deleted, or a folder in their place): a
+    # failure naming the file and the remedy a plain install would not give ("already satisfied")
+    for missing, said in ((b"", "is missing"), (b"/", "is not a file")):
+        code, line = doctor(missing)
+        assert code == 1 and line.startswith("FAIL  speaker model: "), line
+        assert f"resemblyzer{os.sep}pretrained.pt {said}" in line and "--force-reinstall" in line, line
 
     # When the file is there but damaged (cut short): a failure naming the file and the remedy
     code, line = doctor(weights.read_bytes()[:4096])
     assert code == 1 and line.startswith("FAIL  speaker model: ") and "cannot be loaded" in line, line
     assert "pretrained.pt" in line and "--force-reinstall" in line
+
+
+def storages_at(data: bytes) -> int:
+    """The offset of the first storage of a legacy checkpoint: after its five pickles."""
+    import io
+    import pickletools
+
+    f = io.BytesIO(data)
+    for _ in range(5):
+        for _op in pickletools.genops(f):
+            pass
+    return f.tell()
+
+
+def test_a_damaged_storage_size_is_refused_before_it_is_read(tmp_path: Path, weights: Path) -> None:
+    # Given the weights with their first storage's element count damaged, or the file cut inside it
+    data = weights.read_bytes()
+    at = storages_at(data)
+    damaged = tmp_path / "damaged.pt"
+    damaged.write_bytes(data[:at] + (94770391368112).to_bytes(8, "little") + data[at + 8 :])
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(data[: at + 4096])
+    # Then the reader says so (no MemoryError from reading terabytes)
+    with pytest.raises(WeightsError, match="holds 94770391368112 elements"):
+        load_state_dict(damaged)
+    with pytest.raises(WeightsError, match="is short"):
+        load_state_dict(cut)
+
+
+def shadow_package(root: Path, weights: bytes | None) -> Path:
+    """A ``resemblyzer`` package under ``root`` whose ``pretrained.pt`` is ``weights`` (None: none)."""
+    package = root / "resemblyzer"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("raise ImportError('never imported: its weights are read')\n")
+    if weights is not None:
+        (package / "pretrained.pt").write_bytes(weights)
+    return package / "pretrained.pt"
+
+
+@pytest.mark.parametrize("damage", ["cut", "count", "missing"])
+def test_a_diarize_job_with_unusable_weights_fails_at_once_naming_the_file_and_the_remedy(
+    tmp_path: Path, weights: Path, monkeypatch: pytest.MonkeyPatch, damage: str
+) -> None:
+    from edge_queue.errors import ErrorCode, JobError
+    from edge_queue.kinds.diarize import require_voice_model
+
+    # Given an installed resemblyzer whose weights are cut short, damaged, or gone
+    data = weights.read_bytes()
+    at = storages_at(data)
+    bad = {"cut": data[:4096], "count": data[:at] + b"\xff" * 8 + data[at + 8 :], "missing": None}[damage]
+    path = shadow_package(tmp_path, bad)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    voice_encoder.encoder.cache_clear()
+    try:
+        # When a diarize job checks the voice model (before anything is decoded)
+        with pytest.raises(JobError) as failed:
+            require_voice_model()
+    finally:
+        voice_encoder.encoder.cache_clear()
+    # Then it fails internal_error, not retried, naming the file and the remedy
+    assert failed.value.code == ErrorCode.INTERNAL_ERROR and failed.value.retryable is False
+    assert str(path) in failed.value.message and "--force-reinstall" in failed.value.message, failed.value.message

@@ -271,9 +271,16 @@ def _speaker_model(settings: Settings) -> Iterator[Check]:
     """The voice encoder of ``diarize`` (Resemblyzer's weights, requirements/model.txt): found,
     loaded and run on one window of silence (about 0.1 s). Not there: a ``warn`` (only jobs with
     ``diarize`` need it, and they fail ``internal_error``), a failure when a ``[[watch]]`` rule
-    asks for ``diarize``; there but not loading: a failure."""
-    from edge_queue.kinds.torch_weights import load_state_dict
-    from edge_queue.kinds.voice_encoder import NoVoiceModel, VoiceEncoder, partial_mels, weights_path
+    asks for ``diarize``; the package there but its ``pretrained.pt`` missing, not a file, or not
+    loading: a failure whose advice (``--force-reinstall``) mends it."""
+    from edge_queue.kinds.voice_encoder import (
+        REINSTALL,
+        DamagedVoiceModel,
+        NoVoiceModel,
+        load_encoder,
+        partial_mels,
+        weights_path,
+    )
 
     name = "speaker model"
     try:
@@ -286,22 +293,26 @@ def _speaker_model(settings: Settings) -> Iterator[Check]:
         else:
             yield Check(name, True, why, warn=True)
         return
+    except DamagedVoiceModel as e:  # installed without its weights: pip's plain install says it is there
+        yield Check(name, False, f"{e}; jobs with diarize fail internal_error")
+        return
     try:
         import numpy as np
 
         started = time.monotonic()
-        encoder = VoiceEncoder(load_state_dict(path))
+        encoder = load_encoder(path)
         windows, _ = partial_mels(np.zeros(16000, np.float32))
         embedding = encoder.embed_mels(windows)
         if embedding.shape != (1, 256) or not np.isfinite(embedding).all():
-            raise ValueError(f"an embedding of shape {embedding.shape} with values that are not numbers")
-    except Exception as e:  # a damaged or foreign file: the reader and the shapes raise plain errors
-        yield Check(
-            name,
-            False,
-            f"{path} cannot be loaded ({type(e).__name__}: {e}); jobs with diarize fail internal_error: "
-            "install resemblyzer again from requirements/model.txt (--no-deps --force-reinstall)",
-        )
+            raise DamagedVoiceModel(
+                f"{path} cannot be loaded (an embedding of shape {embedding.shape} with values that are not "
+                f"numbers): {REINSTALL}"
+            )
+    except DamagedVoiceModel as e:
+        yield Check(name, False, f"{e}; jobs with diarize fail internal_error")
+        return
+    except Exception as e:  # the encoder loaded but does not run: the file is not the encoder's weights
+        yield Check(name, False, f"{path} cannot be run ({type(e).__name__}: {e}): {REINSTALL}")
         return
     yield Check(name, True, f"{path} loads and runs (Resemblyzer's voice encoder, {time.monotonic() - started:.1f} s)")
 

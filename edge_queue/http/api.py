@@ -46,7 +46,7 @@ from .receiving import UploadReceiver
 from .shares import Shares
 from .statuses import RETRY_AFTER_S, code_of, error_response, status_of, stopping
 from .uploads import PCM_RATE, PCM_WIDTH, Upload
-from .values import count, flag
+from .values import flag, speaker_bounds
 
 log = logging.getLogger(__name__)
 #: Refused calls, one INFO line each, at most 20 in 10 s (a client can repeat them without end).
@@ -153,21 +153,21 @@ class Api:
             raise RequestError(
                 f"output must be one of {', '.join(transcripts.ASR_FORMATS)}", code=ErrorCode.INVALID_REQUEST
             )
-        upload = await self.receiver.receive(request, caller, "audio_file", raw_pcm=not flag(q.get("encode"), True))
+        upload = await self.receiver.receive(
+            request, caller, "audio_file", raw_pcm=not flag(q.get("encode"), True, "encode")
+        )
         options: dict[str, Any] = {"task": q.get("task") or "transcribe"}
         if q.get("language"):
             options["language"] = q["language"]
         if q.get("initial_prompt"):
             options["initial_prompt"] = q["initial_prompt"]
         if q.get("vad_filter") is not None:
-            options["vad"] = flag(q.get("vad_filter"), True)
-        if flag(q.get("word_timestamps"), False):
+            options["vad"] = flag(q.get("vad_filter"), True, "vad_filter")
+        if flag(q.get("word_timestamps"), False, "word_timestamps"):
             options["word_timestamps"] = True
-        if flag(q.get("diarize"), False):
+        if flag(q.get("diarize"), False, "diarize"):
             options["diarize"] = True
-        for name in ("min_speakers", "max_speakers"):
-            if q.get(name):
-                options[name] = count(q[name], name)
+        options.update(speaker_bounds(q.get("min_speakers"), q.get("max_speakers")))
         ended = await self._run(request, caller, upload, options)
         if ended is None:
             return Response(status_code=499)
@@ -185,7 +185,7 @@ class Api:
         return await self._guarded(request, lambda caller: self._detect(request, caller))
 
     async def _detect(self, request: Request, caller: Caller) -> Response:
-        raw_pcm = not flag(request.query_params.get("encode"), True)
+        raw_pcm = not flag(request.query_params.get("encode"), True, "encode")
         keep = DETECT_S * PCM_RATE * PCM_WIDTH if raw_pcm else None
         upload = await self.receiver.receive(request, caller, "audio_file", raw_pcm=raw_pcm, keep_bytes=keep)
         ended = await self._run(request, caller, upload, {"task": "detect"})

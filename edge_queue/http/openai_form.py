@@ -17,7 +17,7 @@ from typing import Any
 from edge_queue.errors import ErrorCode, RequestError
 
 from .uploads import Upload, field
-from .values import count, flag
+from .values import flag, speaker_bounds
 
 #: The model name OpenAI's clients send by default: the configured ``transcribe.model``.
 DEFAULT_MODEL = "whisper-1"
@@ -72,7 +72,7 @@ def read_call(upload: Upload, task: str, models: dict[str, Any]) -> OpenAiCall:
         raise RequestError(
             f"no model {model[:100]!r}; GET /v1/models lists them", code=ErrorCode.MODEL_NOT_FOUND, field="model"
         )
-    if flag(field(upload, "stream"), False):
+    if flag(field(upload, "stream"), False, "stream"):
         raise RequestError(
             "stream is not supported: send the call without it for the text",
             code=ErrorCode.INVALID_REQUEST,
@@ -99,9 +99,7 @@ def read_call(upload: Upload, task: str, models: dict[str, Any]) -> OpenAiCall:
         options["initial_prompt"] = field(upload, "prompt")
     if "word" in granularities:
         options["word_timestamps"] = True
-    if model == DIARIZE_MODEL or fmt == "diarized_json" or flag(field(upload, "diarize"), False):
+    if flag(field(upload, "diarize"), False, "diarize") or model == DIARIZE_MODEL or fmt == "diarized_json":
         options["diarize"] = True
-    for name in ("min_speakers", "max_speakers"):
-        if field(upload, name):
-            options[name] = count(field(upload, name), name)
+    options.update(speaker_bounds(field(upload, "min_speakers"), field(upload, "max_speakers")))
     return OpenAiCall(options, fmt, granularities)

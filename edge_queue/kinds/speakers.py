@@ -7,7 +7,8 @@ Clustering is agglomerative with average linkage on cosine distance (the linkage
 and most diarization pipelines' clustering uses), stopped at :data:`THRESHOLD`, then held
 within ``min_speakers``..``max_speakers``. Only segments of at least :data:`ANCHOR_S` are
 clustered (a shorter one's embedding is mostly padding); the others, and each window of a
-long segment, take the speaker whose centroid is nearest.
+long segment, take the speaker whose centroid is nearest; a speaker the clustering found is
+never lost to that (:func:`kept_clusters`), so the bounds hold for the speakers reported.
 """
 
 from __future__ import annotations
@@ -177,14 +178,13 @@ def labelled(
     word where the speaker changes (its text the words', its tokens left out); and the number
     of speakers found (0 without segments)."""
     labels, centres = segment_labels(voices, min_speakers, max_speakers)
+    per_word = kept_clusters(
+        labels,
+        [word_labels(s.get("words") or [], v, x, centres) for s, v, x in zip(segments, voices, labels, strict=True)],
+    )
     pieces: list[tuple[dict[str, Any], int]] = []
-    for seg, voice, label in zip(segments, voices, labels, strict=True):
-        words = seg.get("words") or []
-        if not words:
-            pieces.append((seg, label))
-            continue
-        per_word = word_labels(words, voice, label, centres)
-        pieces.extend(cut(seg, per_word))
+    for seg, label, mine in zip(segments, labels, per_word, strict=True):
+        pieces.extend(cut(seg, mine) if seg.get("words") else [(seg, label)])
     names = speaker_names([label for _, label in pieces])
     out = []
     for seg, label in pieces:
@@ -193,6 +193,23 @@ def labelled(
             named["words"] = [{**w, "speaker": names[label]} for w in seg["words"]]
         out.append(named)
     return out, len(names)
+
+
+def kept_clusters(labels: list[int], per_word: list[list[int]]) -> list[list[int]]:
+    """``per_word`` (each segment's words' clusters) with every cluster of ``labels`` (each
+    segment's) still spoken somewhere: the words of each segment of a cluster no word kept
+    take their segment's cluster again, until none is left out. The words' relabelling can
+    move speakers within and between segments, never take a speaker the clustering found
+    away (so ``min_speakers`` holds as it held for the segments)."""
+    out = [list(mine) for mine in per_word]
+    while True:
+        spoken = {x for mine, label in zip(out, labels, strict=True) for x in (mine or [label])}
+        lost = set(labels) - spoken
+        if not lost:
+            return out
+        for k, label in enumerate(labels):
+            if label in lost:
+                out[k] = [label] * len(out[k])
 
 
 def cut(seg: dict[str, Any], labels: list[int]) -> list[tuple[dict[str, Any], int]]:

@@ -13,6 +13,7 @@ the elements, little-endian. Only the few globals a state dict needs are resolve
 
 from __future__ import annotations
 
+import os
 import pickle
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -87,7 +88,8 @@ def load_state_dict(path: Path, entry: str = "model_state") -> dict[str, Any]:
     """The tensors of ``path``'s ``entry`` (a state dict) as numpy arrays, by name.
 
     Raises :class:`WeightsError` when the file is not a legacy PyTorch checkpoint (a magic
-    number or protocol that differs, a global other than :data:`ALLOWED`, a short storage) or
+    number or protocol that differs, a global other than :data:`ALLOWED`, a storage short or of
+    another size than its tensors say, checked before it is read) or
     has no such entry."""
     import numpy as np
 
@@ -103,11 +105,17 @@ def load_state_dict(path: Path, entry: str = "model_state") -> dict[str, Any]:
             raise WeightsError(f"{path}: {e}") from e
         data: dict[str, Any] = {}
         for key in keys:
-            storage = reader.storages[str(key)]
-            (count,) = np.frombuffer(f.read(8), "<i8")
-            raw = f.read(int(count) * np.dtype(storage.dtype).itemsize)
-            if count != storage.size or len(raw) != count * np.dtype(storage.dtype).itemsize:
+            storage = reader.storages.get(str(key))
+            if storage is None:
+                raise WeightsError(f"{path}: storage {str(key)[:40]!r} is not one the tensors name")
+            head = f.read(8)
+            count = int(np.frombuffer(head, "<i8")[0]) if len(head) == 8 else -1
+            if count != storage.size:  # checked before reading: a damaged count could ask for terabytes
+                raise WeightsError(f"{path}: storage {key} holds {count} elements, not {storage.size}")
+            want = count * np.dtype(storage.dtype).itemsize
+            if want > os.fstat(f.fileno()).st_size - f.tell():
                 raise WeightsError(f"{path}: storage {key} is short")
+            raw = f.read(want)
             data[storage.key] = np.frombuffer(raw, storage.dtype)
     if not isinstance(top, dict) or not isinstance(top.get(entry), dict):
         raise WeightsError(f"{path} has no {entry!r}")

@@ -62,18 +62,43 @@ def _blas() -> ThreadpoolController:
 
 
 class NoVoiceModel(RuntimeError):
-    """Resemblyzer's weights are not installed (requirements/model.txt)."""
+    """Resemblyzer is not installed (requirements/model.txt)."""
+
+
+class DamagedVoiceModel(RuntimeError):
+    """Resemblyzer is installed but its weights cannot be used: ``pretrained.pt`` is missing
+    from the package, is not a file, or cannot be read as the encoder's weights. The message
+    names the file and the remedy (:data:`REINSTALL`)."""
+
+
+#: What mends an installed package whose weights are missing or damaged.
+REINSTALL = "install resemblyzer again from requirements/model.txt (--no-deps --force-reinstall)"
 
 
 def weights_path() -> Path:
     """``pretrained.pt`` of the installed ``resemblyzer`` package, found without importing it
-    (its ``__init__`` imports torch). Raises :class:`NoVoiceModel` when it is not there."""
+    (its ``__init__`` imports torch). Raises :class:`NoVoiceModel` when no such package is
+    installed, :class:`DamagedVoiceModel` when the package has no such file."""
     spec = importlib.util.find_spec("resemblyzer")
-    for folder in (spec.submodule_search_locations or []) if spec else []:
-        path = Path(folder) / "pretrained.pt"
+    folders = [Path(folder) for folder in (spec.submodule_search_locations or [])] if spec else []
+    for folder in folders:
+        path = folder / "pretrained.pt"
         if path.is_file():
             return path
+    if folders:
+        path = folders[0] / "pretrained.pt"
+        what = "is not a file" if path.exists() else "is missing"
+        raise DamagedVoiceModel(f"{path} {what} (the resemblyzer package is installed): {REINSTALL}")
     raise NoVoiceModel("no voice model: install resemblyzer from requirements/model.txt (--no-deps)")
+
+
+def load_encoder(path: Path) -> VoiceEncoder:
+    """The voice encoder of the weights at ``path``. Raises :class:`DamagedVoiceModel` naming
+    ``path`` and the remedy when they cannot be read as the encoder's weights."""
+    try:
+        return VoiceEncoder(load_state_dict(path))
+    except Exception as e:  # a damaged or foreign file: the reader and the shapes raise plain errors
+        raise DamagedVoiceModel(f"{path} cannot be loaded ({type(e).__name__}: {e}): {REINSTALL}") from e
 
 
 @cache
@@ -220,5 +245,6 @@ def _sigmoid(x: Any) -> Any:
 @cache
 def encoder() -> VoiceEncoder:
     """The voice encoder of the installed weights, loaded once per process (0.1 s, 5.6 MB of
-    float32). Raises :class:`NoVoiceModel` when they are not installed."""
-    return VoiceEncoder(load_state_dict(weights_path()))
+    float32). Raises :class:`NoVoiceModel` when they are not installed, :class:`DamagedVoiceModel`
+    when they are but cannot be used (neither is kept: a later call tries again)."""
+    return load_encoder(weights_path())
