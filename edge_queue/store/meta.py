@@ -42,10 +42,13 @@ class Meta:
         self._upsert(key, value)
 
     def _upsert(self, key: str, value: int | str) -> None:
-        if self.c.group_depth:
+        if self.c.group_depth == 1:
             # with the group's deferred rows: a value set per request (Home Assistant's last
             # submit) is one statement per turn, and the turn's submits stay one executemany
             self.c.deferred_meta[key] = value
+            return
+        if self.c.group_depth:  # in a savepoint: undone with it
+            self.c.conn.execute(SET_META, [key, value])
             return
         with self.c.immediate():
             self.c.conn.execute(SET_META, [key, value])
