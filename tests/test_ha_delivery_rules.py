@@ -72,6 +72,25 @@ def test_owed_runs_are_kept_bounded_oldest_dropped_and_counted(tmp_path: Path, m
     store.close()
 
 
+def test_a_turns_owed_runs_are_written_together_in_its_transaction(tmp_path: Path) -> None:
+    """The runs a turn ends are owed with one statement, in the turn's transaction: a read in
+    the turn sees them, the commit keeps them, a failed turn keeps none."""
+    store = Store(tmp_path / "s.db")
+    with store.group():
+        for i in (1, 2, 3):
+            store.ha_owed.owe(i, f"j{i}", "succeeded", None)
+        assert len(next(iter(store.connection.deferred_rows.values()))) == 3  # not one by one
+        assert [r["event_id"] for r in store.ha_owed.owed()[0]] == [1, 2, 3]
+        store.ha_owed.owe(4, "j4", "failed", "t")
+    with pytest.raises(RuntimeError), store.group():
+        store.ha_owed.owe(5, "j5", "succeeded", None)
+        raise RuntimeError("the turn failed")
+    other = sqlite3.connect(tmp_path / "s.db")
+    assert [r[0] for r in other.execute("SELECT event_id FROM ha_owed ORDER BY event_id")] == [1, 2, 3, 4]
+    other.close()
+    store.close()
+
+
 def test_an_older_stores_offline_cursor_becomes_owed_runs(tmp_path: Path) -> None:
     # Given a store of the previous edge-queue, which kept the event id when Home Assistant went
     # offline: two jobs ended after it, one before

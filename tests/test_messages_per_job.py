@@ -227,7 +227,8 @@ def test_messages_and_objects_per_job_in_steady_state(service: Any, monkeypatch:
         # Then each job costs what docs/topics.md, "Messages per job", says:
         # its final retained state, once (queued and running coalesced away)
         assert got.pop("jobs") == JOBS, counted.published
-        # one response and one retained ha/submit per submit request
+        # one response per submit request, and one retained ha/submit per turn that answered
+        # one (here one request at a time: one per request)
         assert got.pop("response/submit") == requests, counted.published
         assert got.pop("ha/submit") == requests, counted.published
         # ha/last at most once per loop turn in which jobs ended: once per job one after the other
@@ -247,6 +248,34 @@ def test_messages_and_objects_per_job_in_steady_state(service: Any, monkeypatch:
         # And the loop builds no paho Properties nor ReasonCode for them (shared, read-only ones:
         # the finished state's Message Expiry, the PUBACKs' reason codes)
         assert counted.objects == {}, counted.objects
+    finally:
+        client.close()
+
+
+def test_a_turn_of_submits_sends_one_ha_submit_the_turns_last(service: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    svc, base = service, service.topics.base
+    broker = svc.test_broker
+    counted = Counted(base, monkeypatch)
+    client = Client(broker.host, broker.port, base, counted)
+    try:
+        settle(svc)
+        # Given five submits on the shared request topic, all arrived
+        for i in range(5):
+            client.submit({"kind": "noop", "input": f"burst{i}"})
+        inbox = svc.bridge.inbox.items
+        wait_until(lambda: svc.bridge.pump(time.monotonic()) or len(inbox) >= 5, 10, "the requests", interval=0)
+        counted.reset()
+        # When one loop turn takes them
+        svc.step(max_wait_s=0)
+        assert not inbox
+        # Then each has its response, and <base>/ha/submit is sent once: the turn's last
+        assert counted.published["response/submit"] == 5, counted.published
+        assert counted.published["ha/submit"] == 1, counted.published
+        settle(svc)
+        with Watcher(broker.host, broker.port, [f"{base}/ha/submit"], mqtt.MQTTv5) as w:
+            last = w.wait_json(f"{base}/ha/submit", lambda m: True, 10)
+        assert last["input"] == "burst4" and last["summary"].startswith("queued "), last
+        assert json.loads(svc.job_store().meta_text("ha_submit") or "null") == last  # for the next start
     finally:
         client.close()
 

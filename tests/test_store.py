@@ -385,6 +385,37 @@ def test_a_failed_group_leaves_none_of_its_plain_submits(store: Store, tmp_path:
     assert [e["id"] for e in store.events(a.job["job_id"])] == [a.job["event_id"]]
 
 
+def test_a_groups_meta_values_join_its_deferred_rows(store: Store, tmp_path: Path) -> None:
+    """A value set per request inside a group (Home Assistant's last submit) is written with
+    the group's deferred rows, the last one per key: the turn's plain submits stay unwritten
+    until a statement reads the store, one ``executemany`` for all of them. A read inside the
+    group sees the value; the commit keeps it; a failed group keeps none."""
+    store.set_meta_text("ha_submit", "before")
+    with store.group():
+        store.submit([spec("/m/a")], 1.0)
+        store.set_meta_text("ha_submit", "a")
+        store.submit([spec("/m/b")], 1.0)
+        store.set_meta_text("ha_submit", "b")
+        store.set_meta("requests_seen", 2)
+        assert len(store.connection.deferred_jobs) == 2  # not written one by one
+        assert store.meta_text("ha_submit") == "b" and store.meta("requests_seen") == 2
+        assert not store.connection.deferred_jobs
+        store.set_meta_text("ha_submit", "c")
+    other = sqlite3.connect(tmp_path / "q.db")
+    assert other.execute("SELECT value FROM store_meta WHERE key = 'ha_submit'").fetchone() == ("c",)
+    assert other.execute("SELECT count(*) FROM jobs").fetchone() == (2,)
+    with pytest.raises(RuntimeError):
+        with store.group():
+            store.set_meta_text("ha_submit", "lost")
+            raise RuntimeError("the turn failed")
+    assert store.meta_text("ha_submit") == "c"
+    with store.group():
+        with pytest.raises(RuntimeError), store.connection.immediate():  # a savepoint, undone
+            store.set_meta_text("ha_submit", "undone")
+            raise RuntimeError("the operation failed")
+    assert store.meta_text("ha_submit") == "c"
+
+
 def test_a_plain_submit_sqlite_cannot_store_fails_alone(store: Store) -> None:
     """An input SQLite cannot take (a lone surrogate from a non-UTF-8 file name) fails its own
     submit, at once, and not the group's other submits."""

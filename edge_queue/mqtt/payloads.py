@@ -66,13 +66,14 @@ def envelope(data: Any) -> tuple[JsonValue, str | None]:
         return None, None
     reply_to = data.get("reply_to")
     transaction = data.get("transaction")
-    try:
-        if transaction_too_large(transaction):
-            transaction = None  # too large to echo back
-    except (TypeError, ValueError, RecursionError):
-        transaction = None
-    if not is_unicode(transaction):
-        transaction = None
+    if transaction is not None:  # (most requests have none: nothing to encode)
+        try:
+            if transaction_too_large(transaction):
+                transaction = None  # too large to echo back
+        except (TypeError, ValueError, RecursionError):
+            transaction = None
+        if not is_unicode(transaction):
+            transaction = None
     if not isinstance(reply_to, str) or len(reply_to) > 1024 or not is_unicode(reply_to):
         reply_to = None
     return transaction, reply_to

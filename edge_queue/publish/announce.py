@@ -146,9 +146,9 @@ class Announcer:
         self.bridge.publish(discovery.diagnostics_topic(self.topics), payloads.encode(body), retain=True)
 
     def submitted(self, request: bytes, response: dict[str, Any]) -> None:
-        """A submit was answered on the shared request topic (Home Assistant's "Submit" text
-        and anyone else's): ``<base>/ha/submit`` (with discovery on), kept in the store for the
-        next start."""
+        """The last submit a loop turn answered on the shared request topic (Home Assistant's
+        "Submit" text and anyone else's): ``<base>/ha/submit`` (with discovery on), kept in the
+        store for the next start."""
         if not self.settings.homeassistant.discovery:
             return
         body = payloads.encode(discovery.submit_payload(request, response, iso(time.time())))

@@ -108,10 +108,12 @@ class Publisher(Component):
         # Retained job state is coalesced: job id -> (latest state, is terminal) decided this
         # turn, and job id -> (latest state, monotonic time it changed first) of committed
         # non-terminal states held back for COALESCE_S (see publish_states).
-        self.turn_jobs: dict[str, tuple[bytes, bool]] = {}
+        # A state that is not final is kept as a copy of its row and made into the job object
+        # only when published (most are replaced by the job's next state first).
+        self.turn_jobs: dict[str, tuple[bytes | dict[str, Any], bool]] = {}
         #: the rows of the jobs that ended in the turn, job id -> row (for the HTTP API's waiters)
         self.turn_ended: dict[str, dict[str, Any]] = {}
-        self.held_jobs: dict[str, tuple[bytes, float]] = {}
+        self.held_jobs: dict[str, tuple[bytes | dict[str, Any], float]] = {}
         self.ha_last: dict[str, Any] | None = None  # the turn's last finished job, for <base>/ha/last
         #: whether anyone reads <base>/events (rules/unheard): not sent while nobody does
         self.events_heard = Unheard()
@@ -127,13 +129,17 @@ class Publisher(Component):
             obj["result"] = {k: v for k, v in result.items() if k != "text"}
         return payloads.encode(obj)
 
+    def encoded(self, body: bytes | dict[str, Any]) -> bytes:
+        """A kept state as published: :meth:`job_body` of a row kept as it was."""
+        return body if isinstance(body, bytes) else self.job_body(body)
+
     def publish_job(self, job: dict[str, Any], event: str | None = None) -> None:
         """An event now; the retained job topic once per turn with the job's latest state (a
         job that changes several times in one turn is published once, ``seq`` only grows);
         the job's batch; marks ``<base>/queue`` for update."""
-        body = self.job_body(job)
         terminal = is_terminal(job["state"])
-        self.turn_jobs[job["job_id"]] = (body, terminal)
+        body: bytes | None = self.job_body(job) if terminal else None
+        self.turn_jobs[job["job_id"]] = (body if body is not None else dict(job), terminal)
         if terminal:
             self.turn_ended[job["job_id"]] = job
         elif self.turn_ended:
@@ -144,6 +150,9 @@ class Publisher(Component):
         # state change's id in the store's event log (the events request's cursor); progress
         # is not a state change and has none. Not sent while nobody reads <base>/events.
         if self.events_heard.send(time.monotonic()):
+            if body is None:
+                body = self.job_body(job)
+                self.turn_jobs[job["job_id"]] = (body, terminal)
             event_id = job.get("event_id")
             self.bridge.publish(
                 self.topics.events,
@@ -190,7 +199,9 @@ class Publisher(Component):
         for job_id, (body, terminal) in self.turn_jobs.items():
             if terminal:
                 held.pop(job_id, None)
-                self.bridge.publish(self.topics.job(job_id), body, retain=True, expiry_s=self.finished_expiry_s)
+                self.bridge.publish(
+                    self.topics.job(job_id), self.encoded(body), retain=True, expiry_s=self.finished_expiry_s
+                )
             else:
                 since = held[job_id][1] if job_id in held else mono
                 held[job_id] = (body, since)
@@ -201,7 +212,7 @@ class Publisher(Component):
         due = [j for j, (_, since) in held.items() if everything or mono - since >= COALESCE_S]
         for job_id in due:
             body, _ = held.pop(job_id)
-            self.bridge.publish(self.topics.job(job_id), body, retain=True)
+            self.bridge.publish(self.topics.job(job_id), self.encoded(body), retain=True)
 
     @property
     def finished_expiry_s(self) -> int:

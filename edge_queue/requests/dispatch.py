@@ -76,8 +76,10 @@ class Dispatcher(Component):
         self.on_connected: Callable[[Connected], None] = lambda item: None
         #: the requests taken in this turn (answered with the error when its commit fails)
         self.taken: list[Incoming] = []
-        #: told (request payload, response) of every submit answered on the shared topic
+        #: told (request payload, response) of the last submit answered on the shared topic in
+        #: a turn, once at the turn's end (Home Assistant's retained <base>/ha/submit)
         self.on_shared_submit = on_shared_submit
+        self.shared_submit: tuple[bytes, dict[str, Any]] | None = None
         #: told the command of every request taken (the publisher: its sender may be listening)
         self.on_request: Callable[[str], None] = lambda command: None
         self.rate = RequestRate(settings.limits.max_requests_per_s)
@@ -127,6 +129,14 @@ class Dispatcher(Component):
             else:
                 inbox.popleft()
                 on_connected(item)
+        self.tell_shared_submit()
+
+    def tell_shared_submit(self) -> None:
+        """:attr:`on_shared_submit` of the last submit answered on the shared topic since the
+        last call, if any (once per turn: a retained topic keeps only the last one anyway)."""
+        if self.shared_submit is not None and self.on_shared_submit is not None:
+            self.on_shared_submit(*self.shared_submit)
+        self.shared_submit = None
 
     def wait_s(self, now: float) -> float | None:
         """0 when :meth:`turn` would take a request now, else None."""
@@ -285,8 +295,8 @@ class Dispatcher(Component):
         user = msg.user
         if user is None:
             self.bridge.respond(self.topics.response(msg.command), body)
-            if msg.command == "submit" and self.on_shared_submit is not None:
-                self.on_shared_submit(msg.payload, response)
+            if msg.command == "submit":
+                self.shared_submit = (msg.payload, response)  # told at the turn's end
         else:  # a user's own request topic: the response is for that user only
             self.bridge.respond(self.topics.user_response(user, msg.command), body, once=True)
         self.bridge.ack(msg)
@@ -340,6 +350,7 @@ class Dispatcher(Component):
                     continue
                 transaction, reply_to = payloads.peek_envelope(msg.payload)
                 self.answer(msg, payloads.error(code, message, transaction), reply_to)
+            self.tell_shared_submit()
         return code
 
 

@@ -16,7 +16,7 @@ import sqlite_utils
 
 from edge_queue.rules.states import JobState
 
-from .rows import INSERT_DEFERRED_EVENT, INSERT_JOB, REMEMBER_REQUEST, decode_row
+from .rows import INSERT_DEFERRED_EVENT, INSERT_JOB, REMEMBER_REQUEST, SET_META, decode_row
 
 #: The write-ahead log's size once no outside reader holds a snapshot: SQLite's automatic
 #: checkpoint runs at 1,000 pages (4 MiB), and a reset log is cut back to this.
@@ -66,6 +66,12 @@ class Connection:
         self.deferred_events: list[tuple[int, str, str, str | None, str, int]] = []
         self.deferred_requests: list[tuple[bytes, bytes, str | None, float, int]] = []
         self.deferred_dedupe: dict[tuple[str, str | None], dict[str, Any]] = {}
+        #: ``store_meta`` values set inside the group (``Meta.set_meta``), by key: the last one
+        #: of each key written with the deferred rows (one statement per turn, not per request)
+        self.deferred_meta: dict[str, int | str] = {}
+        #: rows of the group's other deferred writes, by statement (``HaOwed.owe``: a row per
+        #: job that ended), written after the rows above: one ``executemany`` per statement
+        self.deferred_rows: dict[str, list[Sequence[Any]]] = {}
         #: the ``job_events`` id the next deferred ``queued`` event gets (read once per group)
         self.next_event_id = 0
         #: jobs per state, kept up to date by every write (loaded by the store once its schema is there)
@@ -99,24 +105,25 @@ class Connection:
     def conn(self) -> sqlite3.Connection:
         """The connection, with the group's deferred rows written first: every statement
         that is not a plain submit sees them (``Store.submit``)."""
-        if self.deferred_jobs or self.deferred_requests:
+        if self.deferred_jobs or self.deferred_requests or self.deferred_meta or self.deferred_rows:
             self.write_deferred()
         return self.raw
 
     @property
     def db(self) -> sqlite_utils.Database:
         """sqlite-utils on :attr:`conn` (the deferred rows written first)."""
-        if self.deferred_jobs or self.deferred_requests:
+        if self.deferred_jobs or self.deferred_requests or self.deferred_meta or self.deferred_rows:
             self.write_deferred()
         return self.utils
 
     def write_deferred(self) -> None:
-        """Write the rows deferred by ``Store.submit`` and ``RequestRecords.remember_request``: one
-        ``executemany`` per table, inside the group's transaction. A failure fails the group
-        (it is rolled back whole, these rows with it)."""
+        """Write the rows deferred by ``Store.submit``, ``RequestRecords.remember_request``,
+        ``Meta.set_meta`` and :meth:`defer`: one ``executemany`` per table, inside the group's
+        transaction. A failure fails the group (it is rolled back whole, these rows with it)."""
         jobs, events, requests = self.deferred_jobs, self.deferred_events, self.deferred_requests
+        meta, rows = self.deferred_meta, self.deferred_rows
         self.deferred_jobs, self.deferred_events, self.deferred_requests = [], [], []
-        self.deferred_dedupe = {}
+        self.deferred_dedupe, self.deferred_meta, self.deferred_rows = {}, {}, {}
         conn = self.raw
         try:
             if jobs:
@@ -124,14 +131,25 @@ class Connection:
                 conn.executemany(INSERT_DEFERRED_EVENT, events)
             if requests:
                 conn.executemany(REMEMBER_REQUEST, requests)
+            if meta:
+                conn.executemany(SET_META, meta.items())
+            for sql, params in rows.items():
+                conn.executemany(sql, params)
         except sqlite3.Error:
             raise
         except Exception as e:  # a value SQLite cannot take: the group fails as one, as for SQLite's errors
             raise sqlite3.DatabaseError(f"writing the deferred submits: {type(e).__name__}: {e}") from e
 
+    def defer(self, sql: str, row: Sequence[Any]) -> None:
+        """Run ``sql`` with ``row`` later in the group (directly inside :meth:`group`, not in a
+        savepoint): with the group's other deferred rows, before any other statement and
+        before the commit, one ``executemany`` for all the rows of ``sql``. For a statement of
+        one row that cannot fail but with the group's transaction."""
+        self.deferred_rows.setdefault(sql, []).append(row)
+
     def drop_deferred(self) -> None:
         self.deferred_jobs, self.deferred_events, self.deferred_requests = [], [], []
-        self.deferred_dedupe = {}
+        self.deferred_dedupe, self.deferred_meta, self.deferred_rows = {}, {}, {}
 
     def load_counts(self) -> dict[str, int]:
         counts = {s.value: 0 for s in JobState}

@@ -7,7 +7,7 @@ carrying it reached a subscriber (:mod:`edge_queue.rules.ha_delivery`). At most
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from edge_queue.rules.ha_delivery import OWED_MAX
@@ -40,6 +40,9 @@ def create_ha_owed_table(c: Connection) -> None:
             c.conn.execute("DELETE FROM store_meta WHERE key = ?", [OLD_CURSOR_KEY])
 
 
+OWE = "INSERT OR REPLACE INTO ha_owed (event_id, job_id, state, finished_at) VALUES (?, ?, ?, ?)"
+
+
 class HaOwed:
     """The ``ha_owed`` table."""
 
@@ -47,11 +50,13 @@ class HaOwed:
         self.c = c
 
     def owe(self, event_id: int, job_id: str, state: str, finished_at: str | None) -> None:
-        """A run ended (inside the turn's group: the same transaction as its end)."""
-        self._write(
-            "INSERT OR REPLACE INTO ha_owed (event_id, job_id, state, finished_at) VALUES (?, ?, ?, ?)",
-            [[event_id, job_id, state, finished_at]],
-        )
+        """A run ended (inside the turn's group: the same transaction as its end; written with
+        the group's deferred rows, one statement for the turn's ends)."""
+        row = (event_id, job_id, state, finished_at)
+        if self.c.group_depth == 1:
+            self.c.defer(OWE, row)
+        else:
+            self._write(OWE, [row])
 
     def delivered(self, event_ids: Iterable[int]) -> None:
         """Runs that reached Home Assistant: no longer owed."""
@@ -88,7 +93,7 @@ class HaOwed:
         row = self.c.conn.execute("SELECT value FROM store_meta WHERE key = ?", [DROPPED_KEY]).fetchone()
         return None if row is None else int(row[0])
 
-    def _write(self, sql: str, rows: list[list[Any]]) -> None:
+    def _write(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
         if self.c.group_depth:
             self.c.conn.executemany(sql, rows)
         else:

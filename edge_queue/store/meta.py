@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .connection import Connection
 from .ids import iso
+from .rows import SET_META
 
 
 class Meta:
@@ -26,7 +27,8 @@ class Meta:
 
     def set_meta(self, key: str, value: int) -> None:
         """Set a number the service keeps in the store (one statement: atomic by itself,
-        so inside :meth:`.Connection.group` it needs no savepoint of its own)."""
+        so inside :meth:`.Connection.group` it needs no savepoint of its own; there it is
+        written with the group's deferred rows, before any other statement reads the store)."""
         self._upsert(key, value)
 
     def meta_text(self, key: str) -> str | None:
@@ -36,16 +38,20 @@ class Meta:
 
     def set_meta_text(self, key: str, value: str) -> None:
         """Set a text the service keeps in the store (one statement, like :meth:`set_meta`:
-        inside :meth:`.Connection.group` it joins the group's transaction)."""
+        inside :meth:`.Connection.group` it joins the group's transaction, deferred as there)."""
         self._upsert(key, value)
 
     def _upsert(self, key: str, value: int | str) -> None:
-        sql = "INSERT INTO store_meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
-        if self.c.group_depth:
-            self.c.conn.execute(sql, [key, value])
+        if self.c.group_depth == 1:
+            # with the group's deferred rows: a value set per request (Home Assistant's last
+            # submit) is one statement per turn, and the turn's submits stay one executemany
+            self.c.deferred_meta[key] = value
+            return
+        if self.c.group_depth:  # in a savepoint: undone with it
+            self.c.conn.execute(SET_META, [key, value])
             return
         with self.c.immediate():
-            self.c.conn.execute(sql, [key, value])
+            self.c.conn.execute(SET_META, [key, value])
 
     def instance_id(self) -> str:
         """The installation's id: 12 hex digits made with the store, the same for its whole life

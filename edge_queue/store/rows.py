@@ -128,6 +128,7 @@ INSERT_DEFERRED_EVENT = (
     "INSERT INTO job_events (id, job_id, at, from_state, to_state, attempt, detail) VALUES (?, ?, ?, ?, ?, ?, NULL)"
 )
 REMEMBER_REQUEST = "INSERT OR REPLACE INTO delivered_requests (key, response, reply_to, at, seq) VALUES (?, ?, ?, ?, ?)"
+SET_META = "INSERT INTO store_meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 
 
 @dataclass(frozen=True, slots=True)
