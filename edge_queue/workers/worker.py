@@ -392,37 +392,35 @@ def _warm_voice(settings: Settings) -> None:
     ``transcribe.idle_unload_s`` (:func:`~edge_queue.kinds.whisper.keep_warm_since`): the
     first command after a start does not wait for its model, as a Wyoming server loads its
     model before it listens."""
-    from edge_queue.kinds.transcribe import load_model, model_threads, resolve_model
     from edge_queue.kinds.whisper import keep_warm_since
 
-    cfg = settings.transcribe
     t0 = time.monotonic()
-    try:
-        for setting in voice_models(settings):
-            ref = resolve_model(setting, Path(settings.data_dir) / "models", cfg.compute_type)
-            load_model(ref, cfg.compute_type, model_threads(settings), cfg.device, cfg.chunks_at_once)
-    except Exception as e:  # the first command says what is wrong, as without the warm-up
-        logging.getLogger(__name__).debug("voice commands: no model loaded ahead: %s", e)
-        return
-    keep_warm_since(t0)
-    logging.getLogger(__name__).debug("voice commands: model loaded ahead in %.1f s", time.monotonic() - t0)
+    if _load_ahead(settings, voice_models(settings), "voice commands"):
+        keep_warm_since(t0)
 
 
 def _warm(settings: Settings) -> None:
-    """Load :func:`warm_models` as its jobs will (the same cache key: the model resolved for
-    ``transcribe.compute_type``, so int8's stored copy of a bundled model)."""
+    """Load :func:`warm_models` as its jobs will (the short lane)."""
+    _load_ahead(settings, warm_models(settings), "short lane")
+
+
+def _load_ahead(settings: Settings, models: list[str | None], who: str) -> bool:
+    """Load ``models`` as their jobs will (the same cache key: the model resolved for
+    ``transcribe.compute_type``, so int8's stored copy of a bundled model). False when one
+    cannot be loaded: logged at DEBUG, the first job that needs it says what is wrong."""
     from edge_queue.kinds.transcribe import load_model, model_threads, resolve_model
 
     cfg = settings.transcribe
     t0 = time.monotonic()
     try:
-        for setting in warm_models(settings):
+        for setting in models:
             ref = resolve_model(setting, Path(settings.data_dir) / "models", cfg.compute_type)
             load_model(ref, cfg.compute_type, model_threads(settings), cfg.device, cfg.chunks_at_once)
-    except Exception as e:  # its first job says what is wrong, as without the warm-up
-        logging.getLogger(__name__).debug("short lane: no model loaded ahead: %s", e)
-        return
-    logging.getLogger(__name__).debug("short lane: model loaded ahead in %.1f s", time.monotonic() - t0)
+    except Exception as e:  # as without the warm-up: the first job tells
+        logging.getLogger(__name__).debug("%s: no model loaded ahead: %s", who, e)
+        return False
+    logging.getLogger(__name__).debug("%s: model loaded ahead in %.1f s", who, time.monotonic() - t0)
+    return True
 
 
 def main(conn: Connection, settings: Settings) -> None:
